@@ -1,0 +1,10 @@
+// Each bind_*.cpp file registers one concern of the core on the module.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+namespace dpsharp::bindings {
+
+void bind_numerics(pybind11::module_& m);
+
+}  // namespace dpsharp::bindings

@@ -1,0 +1,42 @@
+// Log-space arithmetic shared by every accountant in the core.
+//
+// Privacy numerics combine quantities that span hundreds of orders of magnitude (log-moments
+// of order 10^4, deltas of 1e-15), so everything is carried as a logarithm and combined with
+// the stable identities below. Nothing here may be compiled with -ffast-math: the infinities
+// are meaningful (log 0 = -inf is "no mass", +inf is "no guarantee").
+#pragma once
+
+#include <cmath>
+#include <limits>
+
+namespace dpsharp {
+
+inline constexpr double kInf = std::numeric_limits<double>::infinity();
+inline constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+inline constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+// log(exp(a) + exp(b)) without overflow; -inf is the identity.
+inline double log_add_exp(double a, double b) noexcept {
+  if (a == kNegInf) return b;
+  if (b == kNegInf) return a;
+  const double hi = a > b ? a : b;
+  const double lo = a > b ? b : a;
+  return hi + std::log1p(std::exp(lo - hi));
+}
+
+// log(exp(a) - exp(b)) for a >= b; returns NaN when a < b (a negative mass is a bug upstream).
+inline double log_sub_exp(double a, double b) noexcept {
+  if (b == kNegInf) return a;
+  if (a < b) return kNaN;
+  if (a == b) return kNegInf;
+  // log(e^a - e^b) = a + log(1 - e^{b-a}); log1p(-exp(x)) loses accuracy for x near 0,
+  // so switch to log(-expm1(x)) there (Maechler 2012, "Accurately computing log(1 - exp(-|a|))").
+  const double x = b - a;
+  return a + (x > -0.6931471805599453 ? std::log(-std::expm1(x)) : std::log1p(-std::exp(x)));
+}
+
+// log(Phi(x)) for the standard normal CDF, accurate to double precision in both tails:
+// erfc for x > -20, the asymptotic Mills-ratio series below (where erfc would underflow).
+double log_normal_cdf(double x) noexcept;
+
+}  // namespace dpsharp

@@ -1,0 +1,47 @@
+"""dpsharp: tight, certified privacy accounting and fast differentially private training.
+
+The public API: events (what a mechanism did), accountants (what it cost), calibration, and
+the registry that names every accountant. See README.md for a tour.
+"""
+
+from __future__ import annotations
+
+from dpsharp._native import core as _core_module  # fails loudly if the extension is missing
+from dpsharp.accountants import (
+    Accountant,
+    PrivacyGuarantee,
+    UnsupportedEventError,
+    accountant,
+    available,
+)
+from dpsharp.events import (
+    Composed,
+    Event,
+    Gaussian,
+    Laplace,
+    Neighbouring,
+    PoissonSampled,
+    Repeated,
+    SampledWithoutReplacement,
+    Shuffled,
+)
+
+__version__: str = _core_module.build_info()["version"]
+
+__all__ = [
+    "Accountant",
+    "Composed",
+    "Event",
+    "Gaussian",
+    "Laplace",
+    "Neighbouring",
+    "PoissonSampled",
+    "PrivacyGuarantee",
+    "Repeated",
+    "SampledWithoutReplacement",
+    "Shuffled",
+    "UnsupportedEventError",
+    "__version__",
+    "accountant",
+    "available",
+]

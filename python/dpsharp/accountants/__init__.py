@@ -1,0 +1,15 @@
+"""Privacy accountants: one module per family, a shared interface (base) and a registry."""
+
+from __future__ import annotations
+
+from dpsharp.accountants.base import Accountant, PrivacyGuarantee, UnsupportedEventError
+from dpsharp.accountants.registry import accountant, available, register
+
+__all__ = [
+    "Accountant",
+    "PrivacyGuarantee",
+    "UnsupportedEventError",
+    "accountant",
+    "available",
+    "register",
+]

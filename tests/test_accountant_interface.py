@@ -1,0 +1,116 @@
+"""The shared accountant contract (base.py), exercised through a minimal pure-DP accountant
+defined here: Laplace(b) is (1/b, 0)-DP and basic composition adds epsilons (Dwork et al.
+2006), a closed form we can check exactly."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import pytest
+
+from dpsharp.accountants.base import Accountant, UnsupportedEventError
+from dpsharp.events import (
+    Composed,
+    Event,
+    Gaussian,
+    Laplace,
+    Neighbouring,
+    PoissonSampled,
+    Repeated,
+    SampledWithoutReplacement,
+)
+
+
+class PureLaplaceAccountant(Accountant):
+    name = "test-pure-laplace"
+
+    def _leaf_unsupported_reason(self, leaf: Event) -> str | None:
+        return None if isinstance(leaf, Laplace) else "only Laplace is supported"
+
+    def _total(self) -> float:
+        return math.fsum(count / leaf.scale for leaf, count in self._counts.items())  # type: ignore[attr-defined]
+
+    def _epsilon(self, delta: float) -> float:
+        return self._total()
+
+    def _delta(self, epsilon: float) -> float:
+        return 0.0 if epsilon >= self._total() else 1.0
+
+    def _options(self) -> dict[str, Any]:
+        return {}
+
+
+def test_empty_accountant_is_private() -> None:
+    acc = PureLaplaceAccountant()
+    assert acc.epsilon(1e-5) == 0.0 and acc.delta(0.0) == 0.0
+
+
+def test_compose_count_repeated_and_composed_agree() -> None:
+    by_count = PureLaplaceAccountant().compose(Laplace(2.0), 6)
+    by_repeat = PureLaplaceAccountant().compose(Repeated(Laplace(2.0), 6))
+    by_composed = PureLaplaceAccountant().compose(Composed([Laplace(2.0)] * 6))
+    one_by_one = PureLaplaceAccountant()
+    for _ in range(6):
+        one_by_one.compose(Laplace(2.0))
+    values = {acc.epsilon(0.5) for acc in (by_count, by_repeat, by_composed, one_by_one)}
+    assert values == {3.0}
+    assert one_by_one.ledger == ((Laplace(2.0), 6),)
+
+
+def test_unsupported_sub_event_is_named_and_state_unchanged() -> None:
+    acc = PureLaplaceAccountant().compose(Laplace(1.0))
+    before = acc.state_dict()
+    bad = Composed([Laplace(1.0), Gaussian(0.5)])
+    assert not acc.supports(bad)
+    with pytest.raises(UnsupportedEventError, match=r"Gaussian\(noise_multiplier=0.5\)"):
+        acc.compose(bad)
+    assert acc.state_dict() == before
+
+
+def test_wrong_neighbouring_relation_is_refused() -> None:
+    add_remove = PureLaplaceAccountant()
+    replace_one = PureLaplaceAccountant(neighbouring="replace_one")
+    assert replace_one.neighbouring is Neighbouring.REPLACE_ONE
+    wor = SampledWithoutReplacement(Laplace(1.0), 5, 10)
+    poisson = PoissonSampled(Laplace(1.0), 0.1)
+    with pytest.raises(UnsupportedEventError, match="replace_one"):
+        add_remove.compose(wor)
+    with pytest.raises(UnsupportedEventError, match="add_remove"):
+        replace_one.compose(poisson)
+    with pytest.raises(ValueError, match="neighbouring"):
+        PureLaplaceAccountant(neighbouring="swap")
+
+
+@pytest.mark.parametrize("delta", [0.0, 1.0, -1e-5, math.nan, math.inf])
+def test_bad_delta(delta: float) -> None:
+    with pytest.raises(ValueError, match="delta"):
+        PureLaplaceAccountant().compose(Laplace(1.0)).epsilon(delta)
+
+
+@pytest.mark.parametrize("epsilon", [-0.1, math.nan, -math.inf])
+def test_bad_epsilon(epsilon: float) -> None:
+    with pytest.raises(ValueError, match="epsilon"):
+        PureLaplaceAccountant().compose(Laplace(1.0)).delta(epsilon)
+
+
+def test_bad_count() -> None:
+    acc = PureLaplaceAccountant()
+    with pytest.raises(ValueError, match="count"):
+        acc.compose(Laplace(1.0), -1)
+    with pytest.raises(TypeError, match="count"):
+        acc.compose(Laplace(1.0), 1.5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="event"):
+        acc.compose("Laplace(1)")  # type: ignore[arg-type]
+
+
+def test_state_dict_round_trip_through_json() -> None:
+    acc = PureLaplaceAccountant().compose(Laplace(3.0), 7).compose(Laplace(0.7)).compose(Laplace(3.0))
+    state = json.loads(json.dumps(acc.state_dict()))
+    restored = PureLaplaceAccountant()
+    restored.load_state_dict(state)
+    assert restored.epsilon(1e-6) == acc.epsilon(1e-6) == pytest.approx(8 / 3.0 + 1 / 0.7, rel=1e-15)
+    assert restored.ledger == acc.ledger
+    with pytest.raises(ValueError, match="add_remove"):
+        PureLaplaceAccountant(neighbouring="replace_one").load_state_dict(state)
