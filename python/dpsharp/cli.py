@@ -1,25 +1,155 @@
-"""The ``dpsharp`` command.
+"""The ``dpsharp`` command (also ``python -m dpsharp``).
 
 Sub-commands:
 
 ``dpsharp demo``
-    The main job. For now: a privacy report of the two classic settings of Abadi et al. 2016
-    (MNIST: q = 256/60000, sigma = 1.1, 60 epochs; the moments-accountant example q = 0.01,
-    sigma = 4, T = 10^4) under every registered accountant, at delta = 1e-5.
+    The main job: a privacy report of the two classic settings of Abadi et al. 2016 (MNIST:
+    q = 256/60000, sigma = 1.1, 60 epochs; the moments-accountant example q = 0.01, sigma = 4,
+    T = 10^4) under every registered accountant, at delta = 1e-5.
+``dpsharp epsilon``
+    The privacy statement of a DP-SGD run, in the vocabulary of TF Privacy's
+    ``compute_dp_sgd_privacy`` and Opacus: ``--dataset-size N --batch-size B (--epochs E |
+    --steps T) --noise-multiplier S --delta D [--sampling poisson|shuffle|fixed]
+    [--accountant NAME ... | all] [--json] [--plot FILE.png]``.
+``dpsharp calibrate``
+    The noise multiplier that reaches ``--target-epsilon`` at ``--delta`` under an accountant.
+``dpsharp curve``
+    The trade-off curve of the composition (tight accountant) next to G_mu and the
+    (epsilon, delta) curves, written to ``--output FILE.png``.
+``dpsharp accountants``
+    The registered accountant names.
 
+The noise multiplier is noise standard deviation / clipping norm, as in TF Privacy and Opacus;
+how each sampling scheme turns it into events is documented in :mod:`dpsharp._dpsgd`.
 Usage errors print one line naming the flag and exit with status 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
-from typing import Sequence
+from typing import Any, NoReturn, Sequence
 
 __all__ = ["main"]
 
+_DEFAULT_CALIBRATION_ACCOUNTANT = "pld"
 
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (no usage block) and exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+# ---------------------------------------------------------------------------- flag types
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def _finite_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = _finite_float(text)
+    if value <= 0.0:
+        raise argparse.ArgumentTypeError(f"must be in (0, inf), got {text!r}")
+    return value
+
+
+def _delta(text: str) -> float:
+    value = _finite_float(text)
+    if not 0.0 < value < 1.0:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1), got {text!r}")
+    return value
+
+
+def _add_run_flags(parser: argparse.ArgumentParser, *, noise: bool = True) -> None:
+    parser.add_argument("--dataset-size", type=_positive_int, required=True, metavar="N",
+                        help="number of training examples n")
+    parser.add_argument("--batch-size", type=_positive_int, required=True, metavar="B",
+                        help="(expected) batch size; sampling rate q = B/N")
+    length = parser.add_mutually_exclusive_group(required=True)
+    length.add_argument("--epochs", type=_positive_float, metavar="E",
+                        help="passes over the data; steps = ceil(E*N/B) as in TF Privacy")
+    length.add_argument("--steps", type=_positive_int, metavar="T", help="number of noisy steps")
+    if noise:
+        parser.add_argument("--noise-multiplier", type=_positive_float, required=True,
+                            metavar="S", help="noise standard deviation / clipping norm")
+    parser.add_argument("--delta", type=_delta, required=True, metavar="D",
+                        help="target delta in (0, 1)")
+    parser.add_argument("--sampling", choices=("poisson", "shuffle", "fixed"), default="poisson",
+                        help="how batches are drawn (default poisson; see the statement)")
+
+
+def _run_from_args(args: argparse.Namespace, noise_multiplier: float | None = None) -> Any:
+    from dpsharp._dpsgd import DPSGDRun, steps_for_epochs
+
+    if args.batch_size > args.dataset_size:
+        args._parser.error(
+            f"argument --batch-size: must be at most --dataset-size={args.dataset_size}, "
+            f"got {args.batch_size}"
+        )
+    if args.steps is not None:
+        steps = args.steps
+    else:
+        steps = steps_for_epochs(args.epochs, args.dataset_size, args.batch_size)
+    sigma = args.noise_multiplier if noise_multiplier is None else noise_multiplier
+    return DPSGDRun(args.dataset_size, args.batch_size, steps, sigma, args.sampling)
+
+
+def _accountant_names(args: argparse.Namespace, requested: Sequence[str] | None) -> list[str]:
+    import dpsharp
+
+    available = dpsharp.available()
+    if not requested or list(requested) == ["all"]:
+        return available
+    names: list[str] = []
+    for name in requested:
+        if name == "all":
+            args._parser.error("argument --accountant: 'all' cannot be combined with names")
+        if name not in available:
+            args._parser.error(
+                f"argument --accountant: must be 'all' or one of {', '.join(available)}; "
+                f"got {name!r}"
+            )
+        if name not in names:
+            names.append(name)
+    return names
+
+
+def _check_plot_flag(args: argparse.Namespace, flag: str) -> None:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        args._parser.error(
+            f"argument {flag}: plotting needs matplotlib, which is not installed "
+            "(pip install \"dpsharp[plot]\")"
+        )
+
+
+def _fmt(value: float | None, digits: int = 4) -> str:
+    if value is None:
+        return "inf"
+    return f"{value:.{digits}f}"
+
+
+# ---------------------------------------------------------------------------- demo
 def _demo_settings() -> list[tuple[str, float, float, int]]:
     mnist_q = 256 / 60000
     return [
@@ -51,22 +181,275 @@ def _run_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------- epsilon
+def _inputs(run: Any, args: argparse.Namespace) -> dict[str, Any]:
+    from dpsharp.events import event_to_dict
+
+    return {
+        "dataset_size": run.dataset_size,
+        "batch_size": run.batch_size,
+        "epochs": args.epochs if args.epochs is not None else run.epochs,
+        "steps": run.steps,
+        "noise_multiplier": run.noise_multiplier,
+        "delta": args.delta,
+        "sampling": run.sampling,
+        "sampling_probability": run.sampling_probability,
+        "neighbouring": run.neighbouring.value,
+        "event": event_to_dict(run.event),
+        "count": run.count,
+        "assumption": run.assumption(),
+    }
+
+
+def _describe(fields: dict[str, Any]) -> str:
+    if not fields["applicable"]:
+        return f"not applicable: {fields['reason']}"
+    parts = ["certified upper bound" if fields["certified"] else "approximation"]
+    if fields.get("epsilon_lower") is not None:
+        parts.append(f"lower bound {_fmt(fields['epsilon_lower'])}")
+    if fields.get("order") is not None:
+        parts.append(f"order {fields['order']:g}")
+    if fields.get("mu") is not None:
+        parts.append(f"mu = {fields['mu']:.4g}")
+    if fields.get("gdp_mu") is not None:
+        parts.append(f"certified GDP mu = {fields['gdp_mu']:.4g}")
+    if fields.get("rho") is not None:
+        parts.append(f"rho = {fields['rho']:.4g}")
+    text = "; ".join(parts)
+    if fields.get("warning"):
+        text += f". Warning: {fields['warning']}"
+    return text
+
+
+def _print_statement(run: Any, args: argparse.Namespace, results: list[Any]) -> None:
+    import dpsharp
+
+    print(f"dpsharp {dpsharp.__version__} privacy statement")
+    length = (f"{args.epochs:g} epochs = {run.steps} steps" if args.epochs is not None
+              else f"{run.steps} steps = {run.epochs:.4g} epochs")
+    print(
+        f"DP-SGD with {run.dataset_size} examples, batch size {run.batch_size}, {length}, "
+        f"noise multiplier {run.noise_multiplier:g} (noise std / clipping norm), delta = {args.delta:g}."
+    )
+    print(f"Assumption: {run.assumption()}")
+    print()
+    width = max(len(result.name) for result in results)
+    for result in results:
+        fields = result.fields
+        value = _fmt(fields.get("epsilon")) if fields["applicable"] else "-"
+        print(f"  {result.name:<{width}}  epsilon = {value:>9}  ({_describe(fields)})")
+    certified = [r for r in results if r.applicable and r.fields["certified"]]
+    print()
+    if certified:
+        best = min(certified, key=lambda r: math.inf if r.fields["epsilon"] is None else r.fields["epsilon"])
+        print(
+            f"The run is ({_fmt(best.fields['epsilon'])}, {args.delta:g})-DP "
+            f"(certified, {best.name} accountant). Approximations are labelled and are not bounds."
+        )
+    gdp = next((r for r in results if r.applicable and r.fields.get("gdp_mu") is not None), None)
+    clt = next((r for r in results if r.applicable and r.name == "gdp" and r.fields.get("mu") is not None), None)
+    if gdp is not None or clt is not None:
+        pieces = []
+        if gdp is not None:
+            pieces.append(f"certified mu = {gdp.fields['gdp_mu']:.4g} ({gdp.name})")
+        if clt is not None:
+            pieces.append(f"central-limit mu = {clt.fields['mu']:.4g} (approximation)")
+        print("Gaussian DP: " + "; ".join(pieces) + ".")
+
+
+def _run_epsilon(args: argparse.Namespace) -> int:
+    from dpsharp._report import epsilon_series, evaluate
+
+    run = _run_from_args(args)
+    names = _accountant_names(args, args.accountant)
+    if args.plot is not None:
+        _check_plot_flag(args, "--plot")
+    results = [evaluate(run, name, args.delta) for name in names]
+    document: dict[str, Any] = {
+        "inputs": _inputs(run, args),
+        "accountants": {result.name: result.fields for result in results},
+    }
+    if args.plot is not None:
+        from dpsharp import plots
+
+        series = {}
+        for result in results:
+            if not result.applicable:
+                continue
+            data = epsilon_series(run, result.name, args.delta)
+            if data is not None:
+                series[result.name] = data
+        plots.epsilon_vs_epochs(
+            series,
+            delta=args.delta,
+            certified={r.name: bool(r.fields.get("certified")) for r in results if r.applicable},
+            title=f"n={run.dataset_size}, B={run.batch_size}, sigma={run.noise_multiplier:g}, {run.sampling}",
+            path=args.plot,
+        )
+        document["plot"] = {
+            "file": str(args.plot),
+            "epochs": {name: xs.tolist() for name, (xs, _) in series.items()},
+            "epsilon": {name: ys.tolist() for name, (_, ys) in series.items()},
+        }
+    if args.json:
+        print(json.dumps(document, indent=2, allow_nan=False))
+    else:
+        _print_statement(run, args, results)
+        if args.plot is not None:
+            print(f"Plot of epsilon against epochs written to {args.plot}.")
+    return 0
+
+
+# ---------------------------------------------------------------------------- calibrate
+def _run_calibrate(args: argparse.Namespace) -> int:
+    import dpsharp
+    from dpsharp._report import evaluate
+
+    names = _accountant_names(args, [args.accountant])
+    name = names[0]
+    template = _run_from_args(args, noise_multiplier=1.0)
+    sigma = _calibrate_noise(template, name, args.target_epsilon, args.delta)
+    run = _run_from_args(args, noise_multiplier=sigma)
+    result = evaluate(run, name, args.delta)
+    document = {
+        "inputs": {**_inputs(run, args), "target_epsilon": args.target_epsilon, "accountant": name},
+        "noise_multiplier": sigma,
+        "epsilon": result.fields.get("epsilon"),
+        "certified": result.fields.get("certified"),
+        "accountant": result.fields,
+    }
+    if args.json:
+        print(json.dumps(document, indent=2, allow_nan=False))
+    else:
+        kind = "certified upper bound" if result.fields.get("certified") else "approximation"
+        print(f"dpsharp {dpsharp.__version__} calibration ({name} accountant, {run.sampling} sampling)")
+        print(f"noise multiplier = {sigma:.6g}")
+        print(
+            f"achieved epsilon = {_fmt(result.fields.get('epsilon'), 6)} at delta = {args.delta:g} "
+            f"({kind}; target {args.target_epsilon:g}) after {run.steps} steps"
+        )
+    return 0
+
+
+def _calibrate_noise(template: Any, name: str, target_epsilon: float, delta: float) -> float:
+    """The smallest noise multiplier whose run meets the target, from dpsharp.calibrate."""
+    from dpsharp import calibrate
+
+    return float(
+        calibrate.noise_multiplier(
+            lambda sigma: template.event_for(sigma),
+            template.count,
+            target_epsilon=target_epsilon,
+            delta=delta,
+            accountant=lambda: _fresh_accountant(template, name),
+        )
+    )
+
+
+def _fresh_accountant(template: Any, name: str) -> Any:
+    import dpsharp
+
+    return dpsharp.accountant(name, **template.accountant_options(name))
+
+
+# ---------------------------------------------------------------------------- curve
+def _run_curve(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from dpsharp import plots
+    from dpsharp._report import tradeoff_data
+
+    _check_plot_flag(args, "--output")
+    run = _run_from_args(args)
+    alphas = np.concatenate([np.geomspace(1e-6, 1e-2, 40, endpoint=False), np.linspace(1e-2, 1.0, 161)])
+    alphas = np.concatenate([[0.0], alphas])
+    data = tradeoff_data(run, args.delta, alphas)
+    curves: dict[str, Any] = {"tight accountant (certified)": data["pld"]}
+    curves[f"G_mu, certified mu = {data['gdp_mu_certified']:.3g}"] = data["gdp_certified"]
+    if "gdp_clt" in data:
+        curves[f"G_mu, CLT mu = {data['gdp_mu_clt']:.3g} (approx.)"] = data["gdp_clt"]
+    curves[f"({data['epsilon_pld']:.3g}, {args.delta:g})-DP, tight"] = data["eps_delta"]
+    if "eps_delta_rdp" in data:
+        curves[f"({data['epsilon_rdp']:.3g}, {args.delta:g})-DP, RDP"] = data["eps_delta_rdp"]
+    plots.tradeoff_curves(
+        curves,
+        alphas=alphas,
+        title=f"n={run.dataset_size}, B={run.batch_size}, sigma={run.noise_multiplier:g}, T={run.steps}",
+        path=args.output,
+    )
+    summary = {key: value for key, value in data.items() if not isinstance(value, np.ndarray)}
+    if args.json:
+        document = {"inputs": _inputs(run, args), "output": str(args.output), **summary,
+                    "curves": {key: value.tolist() for key, value in data.items()
+                               if isinstance(value, np.ndarray)}}
+        print(json.dumps(document, indent=2, allow_nan=False))
+    else:
+        print(f"Trade-off curve written to {args.output}.")
+        print(f"certified GDP mu = {data['gdp_mu_certified']:.4g}; "
+              f"epsilon({args.delta:g}) = {data['epsilon_pld']:.4f} (tight accountant)")
+        if "gdp_mu_clt" in data:
+            print(f"central-limit GDP mu = {data['gdp_mu_clt']:.4g} (approximation)")
+    return 0
+
+
+# ---------------------------------------------------------------------------- accountants
+def _run_accountants(args: argparse.Namespace) -> int:
+    import dpsharp
+
+    for name in dpsharp.available():
+        cls = type(dpsharp.accountant(name))
+        doc = (cls.__doc__ or "").strip().splitlines()
+        kind = "certified" if cls.certified else "approximation"
+        print(f"{name:<10} {cls.__name__} ({kind}): {doc[0] if doc else ''}")
+    return 0
+
+
+# ---------------------------------------------------------------------------- parser
 def _build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dpsharp", description=__doc__.split("\n\n")[0])
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog="dpsharp", description="Privacy accounting for DP-SGD: "
+                     "statements, calibration and plots from every dpsharp accountant.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
     demo = commands.add_parser("demo", help="the main job: a privacy report of classic settings")
-    demo.add_argument("--delta", type=float, default=1e-5, help="target delta (default 1e-5)")
-    demo.set_defaults(handler=_run_demo)
+    demo.add_argument("--delta", type=_delta, default=1e-5, help="target delta (default 1e-5)")
+    demo.set_defaults(handler=_run_demo, _parser=demo)
+
+    epsilon = commands.add_parser("epsilon", help="privacy statement of a DP-SGD run")
+    _add_run_flags(epsilon)
+    epsilon.add_argument("--accountant", nargs="+", metavar="NAME", default=["all"],
+                         help="accountants to ask (names, or 'all', the default)")
+    epsilon.add_argument("--json", action="store_true", help="print one JSON object")
+    epsilon.add_argument("--plot", metavar="FILE.png", help="also draw epsilon against epochs")
+    epsilon.set_defaults(handler=_run_epsilon, _parser=epsilon)
+
+    calibrate = commands.add_parser("calibrate", help="noise multiplier for a target epsilon")
+    calibrate.add_argument("--target-epsilon", type=_positive_float, required=True, metavar="EPS")
+    _add_run_flags(calibrate, noise=False)
+    calibrate.add_argument("--accountant", default=_DEFAULT_CALIBRATION_ACCOUNTANT, metavar="NAME",
+                           help=f"accountant to calibrate against (default {_DEFAULT_CALIBRATION_ACCOUNTANT})")
+    calibrate.add_argument("--json", action="store_true", help="print one JSON object")
+    calibrate.set_defaults(handler=_run_calibrate, _parser=calibrate)
+
+    curve = commands.add_parser("curve", help="trade-off curve of the composition (PNG)")
+    _add_run_flags(curve)
+    curve.add_argument("--output", required=True, metavar="FILE.png", help="where to write the figure")
+    curve.add_argument("--json", action="store_true", help="also print the curves as JSON")
+    curve.set_defaults(handler=_run_curve, _parser=curve)
+
+    listing = commands.add_parser("accountants", help="list the registered accountants")
+    listing.set_defaults(handler=_run_accountants, _parser=listing)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status (0 ok, 2 usage error)."""
     parser = _build_parser()
     args = parser.parse_args(argv)
     try:
         return int(args.handler(args))
-    except (ValueError, TypeError) as exc:
-        print(f"dpsharp {args.command}: error: {exc}", file=sys.stderr)
+    except (ValueError, TypeError, ImportError) as exc:
+        message = " ".join(str(exc).split())
+        print(f"dpsharp {args.command}: error: {message}", file=sys.stderr)
         return 2
 
 

@@ -1,0 +1,177 @@
+"""Ask every accountant the same question and collect uniform answers (used by the CLI and the
+plots). Every number comes from an accountant through the generic interface of
+:mod:`dpsharp.accountants.base`; nothing here computes privacy itself."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from dpsharp._dpsgd import DPSGDRun
+from dpsharp.accountants import Accountant, accountant
+
+__all__ = ["AccountantResult", "epsilon_series", "evaluate", "tradeoff_data"]
+
+# Keys of PrivacyGuarantee.details that mean "the optimal RDP order" in different families.
+_ORDER_KEYS = ("order", "optimal_order", "best_order", "alpha", "lambda")
+
+
+@dataclass
+class AccountantResult:
+    """One accountant's answer for a run: ``fields`` is the JSON object of the statement."""
+
+    name: str
+    accountant: Accountant | None
+    fields: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def applicable(self) -> bool:
+        return bool(self.fields.get("applicable"))
+
+
+def _json_scalar(value: Any) -> Any:
+    """Floats that JSON cannot hold (inf, nan) become None; numpy scalars become Python ones."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        value = float(value)
+        return value if math.isfinite(value) else None
+    if isinstance(value, str) or value is None:
+        return value
+    return None
+
+
+def build_accountant(run: DPSGDRun, name: str) -> tuple[Accountant | None, str | None]:
+    """A fresh accountant ``name`` configured for the run's sampling, or (None, why not)."""
+    try:
+        acc = accountant(name, **run.accountant_options(name))
+    except (TypeError, ValueError) as exc:
+        return None, f"cannot be configured for {run.sampling} sampling: {exc}"
+    reason = acc.unsupported_reason(run.event)
+    if reason is not None:
+        return None, reason
+    return acc, None
+
+
+def evaluate(run: DPSGDRun, name: str, delta: float) -> AccountantResult:
+    """Compose the run into accountant ``name`` and report its guarantee at ``delta``.
+
+    The fields are: ``applicable``; if not, ``reason``; else ``epsilon`` (the reported number:
+    a certified upper bound when ``certified``), ``epsilon_lower`` (a proven lower bound or
+    None), ``certified``, ``neighbouring``, ``warning``, the accountant's details (e.g. the
+    RDP ``order``), and the family's parameter where it has one: ``mu`` (GDP), ``rho`` (zCDP),
+    ``gdp_mu`` (the tight accountant's certified GDP parameter).
+    """
+    acc, reason = build_accountant(run, name)
+    if acc is None:
+        return AccountantResult(name, None, {"applicable": False, "reason": reason})
+    try:
+        acc.compose(run.event, run.count)
+        guarantee = acc.guarantee(delta)
+    except ValueError as exc:
+        return AccountantResult(name, None, {"applicable": False, "reason": str(exc)})
+    fields: dict[str, Any] = {
+        "applicable": True,
+        "epsilon": _json_scalar(guarantee.epsilon),
+        "epsilon_lower": _json_scalar(guarantee.epsilon_lower),
+        "certified": bool(guarantee.certified),
+        "neighbouring": guarantee.neighbouring.value,
+        "warning": guarantee.warning,
+    }
+    for key, value in guarantee.details.items():
+        scalar = _json_scalar(value)
+        if scalar is not None or value is None:
+            fields.setdefault(str(key), scalar)
+    if "order" not in fields:
+        for key in _ORDER_KEYS[1:]:
+            if fields.get(key) is not None:
+                fields["order"] = fields[key]
+                break
+    for attribute in ("mu", "rho"):
+        if attribute not in fields and hasattr(type(acc), attribute):
+            fields[attribute] = _json_scalar(getattr(acc, attribute))
+    gdp_mu = getattr(acc, "gdp_mu", None)
+    if callable(gdp_mu) and "gdp_mu" not in fields:
+        try:
+            fields["gdp_mu"] = _json_scalar(gdp_mu())
+        except ValueError:
+            fields["gdp_mu"] = None
+    return AccountantResult(name, acc, fields)
+
+
+def epsilon_series(
+    run: DPSGDRun, name: str, delta: float, *, points: int = 40
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """epsilon(delta) of accountant ``name`` after each of ``points`` evenly spaced prefixes of
+    the run (x in epochs), or None if the accountant cannot analyse the run.
+
+    One accountant is composed incrementally (compose the next increment, query), so
+    accountants with incremental caches answer the whole curve at little more than the cost
+    of the last point.
+    """
+    acc, _ = build_accountant(run, name)
+    if acc is None:
+        return None
+    total = run.count
+    marks = sorted({math.ceil(k * total / min(points, total)) for k in range(1, min(points, total) + 1)})
+    xs, ys = [], []
+    composed = 0
+    for mark in marks:
+        acc.compose(run.event, mark - composed)
+        composed = mark
+        xs.append(float(mark) if run.sampling == "shuffle" else mark * run.batch_size / run.dataset_size)
+        ys.append(acc.epsilon(delta))
+    return np.asarray(xs), np.asarray(ys)
+
+
+def tradeoff_data(run: DPSGDRun, delta: float, alphas: Sequence[float] | np.ndarray) -> dict[str, Any]:
+    """The curves of 000's Figure 3 for the run's composition, from the accountants:
+
+    * ``pld``: the tight accountant's certified trade-off curve f(alpha) (type II error of the
+      best test at type I error alpha);
+    * ``gdp_certified``: G_mu with the tight accountant's certified mu (``gdp_mu()``),
+      G_mu(alpha) = Phi(Phi^-1(1 - alpha) - mu) (Dong, Roth, Su 2019);
+    * ``gdp_clt``: G_mu with the central-limit mu of the GDP accountant (an approximation);
+    * ``eps_delta``: f_{eps,delta}(alpha) = max(0, 1 - delta - e^eps alpha,
+      e^-eps (1 - delta - alpha)) at the PLD's certified epsilon(delta), and ``eps_delta_rdp``
+      at the RDP accountant's epsilon (the moments-accountant curve of the figure).
+    """
+    from dpsharp import tradeoff
+
+    alphas = np.asarray(alphas, dtype=float)
+    pld, reason = build_accountant(run, "pld")
+    if pld is None:
+        raise ValueError(f"the trade-off curve needs the pld accountant, which {reason}")
+    pld.compose(run.event, run.count)
+    out: dict[str, Any] = {"alpha": alphas}
+    out["pld"] = np.asarray(pld.tradeoff(alphas), dtype=float)  # type: ignore[attr-defined]
+    mu = float(pld.gdp_mu())  # type: ignore[attr-defined]
+    out["gdp_mu_certified"] = mu
+    out["gdp_certified"] = np.asarray(tradeoff.gaussian_tradeoff(alphas, mu), dtype=float)
+    epsilon = pld.epsilon(delta)
+    out["epsilon_pld"] = epsilon
+    out["eps_delta"] = np.asarray(tradeoff.eps_delta_tradeoff(alphas, epsilon, delta), dtype=float)
+    gdp, _ = build_accountant(run, "gdp") if "gdp" in _names() else (None, None)
+    if gdp is not None:
+        gdp.compose(run.event, run.count)
+        out["gdp_mu_clt"] = float(gdp.mu)  # type: ignore[attr-defined]
+        out["gdp_clt"] = np.asarray(tradeoff.gaussian_tradeoff(alphas, out["gdp_mu_clt"]), dtype=float)
+    rdp, _ = build_accountant(run, "rdp") if "rdp" in _names() else (None, None)
+    if rdp is not None:
+        rdp.compose(run.event, run.count)
+        out["epsilon_rdp"] = rdp.epsilon(delta)
+        out["eps_delta_rdp"] = np.asarray(
+            tradeoff.eps_delta_tradeoff(alphas, out["epsilon_rdp"], delta), dtype=float
+        )
+    return out
+
+
+def _names() -> list[str]:
+    from dpsharp.accountants import available
+
+    return available()

@@ -1,0 +1,136 @@
+"""Figures for privacy statements: epsilon against epochs per accountant (as in Abadi et al.
+2016, Figure 2, and Yu et al. 2019, Figure 2) and the trade-off curve of a composition next to
+G_mu and the (epsilon, delta) curves (Bu et al. 2020, Figure 3).
+
+matplotlib is an optional extra (``pip install "dpsharp[plot]"``), imported only when a figure
+is drawn. The functions build a :class:`matplotlib.figure.Figure` without pyplot (no global
+state, no GUI backend), optionally save it, and return it so its line data can be inspected.
+Every plotted number is passed in: the numbers come from the accountants
+(see :mod:`dpsharp._report`), not from this module.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping
+
+import numpy as np
+
+if TYPE_CHECKING:  # pragma: no cover
+    from matplotlib.figure import Figure
+
+__all__ = ["MatplotlibMissingError", "epsilon_vs_epochs", "tradeoff_curves"]
+
+
+class MatplotlibMissingError(ImportError):
+    """Plotting was asked for but matplotlib is not installed."""
+
+
+def _new_figure(width: float = 6.4, height: float = 4.8) -> Figure:
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError as exc:
+        raise MatplotlibMissingError(
+            "plotting needs matplotlib, an optional extra: pip install \"dpsharp[plot]\" "
+            f"(or pip install matplotlib); import failed with: {exc}"
+        ) from exc
+    figure = Figure(figsize=(width, height), layout="constrained")
+    FigureCanvasAgg(figure)
+    return figure
+
+
+def _save(figure: Figure, path: str | Path | None) -> None:
+    if path is not None:
+        figure.savefig(Path(path), dpi=120)
+
+
+def epsilon_vs_epochs(
+    series: Mapping[str, tuple[Any, Any]],
+    *,
+    delta: float,
+    certified: Mapping[str, bool] | None = None,
+    title: str | None = None,
+    path: str | Path | None = None,
+) -> Figure:
+    """epsilon(delta) against epochs, one line per accountant.
+
+    Parameters
+    ----------
+    series
+        accountant name -> (epochs, epsilons), equal-length arrays.
+    delta
+        The delta of every point (shown on the axis label).
+    certified
+        accountant name -> whether its numbers are certified upper bounds; approximations are
+        drawn dashed and labelled "(approx.)".
+    title, path
+        Optional title; if ``path`` is given the figure is written there (format from suffix).
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        One axes; its lines carry the accountant names as labels (``line.get_label()``) and
+        the exact data passed in (``line.get_xdata()``, ``line.get_ydata()``).
+    """
+    certified = certified or {}
+    figure = _new_figure()
+    axes = figure.add_subplot()
+    for name, (xs, ys) in series.items():
+        exact = certified.get(name, True)
+        axes.plot(
+            np.asarray(xs, dtype=float),
+            np.asarray(ys, dtype=float),
+            linestyle="-" if exact else "--",
+            marker="." if len(xs) <= 60 else None,
+            label=name if exact else f"{name} (approx.)",
+            gid=name,
+        )
+    axes.set_xlabel("epochs")
+    axes.set_ylabel(f"epsilon at delta = {delta:g}")
+    axes.set_title(title or "privacy loss against epochs")
+    axes.grid(True, alpha=0.3)
+    axes.legend()
+    _save(figure, path)
+    return figure
+
+
+def tradeoff_curves(
+    curves: Mapping[str, Any],
+    *,
+    alphas: Any,
+    title: str | None = None,
+    path: str | Path | None = None,
+) -> Figure:
+    """Trade-off curves beta = f(alpha) (type II against type I error, Dong, Roth, Su 2019).
+
+    Parameters
+    ----------
+    curves
+        label -> beta values at ``alphas`` (e.g. the composition's certified curve,
+        G_mu for the certified and the CLT mu, f_{eps,delta}).
+    alphas
+        Type I errors in [0, 1].
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        One square axes with the identity line (perfect privacy, ``gid="identity"``) and one
+        line per curve with ``gid`` = its label.
+    """
+    alphas = np.asarray(alphas, dtype=float)
+    figure = _new_figure(5.6, 5.6)
+    axes = figure.add_subplot()
+    axes.plot([0.0, 1.0], [1.0, 0.0], color="0.7", linewidth=0.8, gid="identity", label="_perfect privacy")
+    for label, betas in curves.items():
+        axes.plot(alphas, np.asarray(betas, dtype=float), label=label, gid=label)
+    axes.set_xlim(0.0, 1.0)
+    axes.set_ylim(0.0, 1.0)
+    axes.set_aspect("equal")
+    axes.set_xlabel("type I error")
+    axes.set_ylabel("type II error")
+    axes.set_title(title or "trade-off curve of the composition")
+    axes.grid(True, alpha=0.3)
+    axes.legend(fontsize="small")
+    _save(figure, path)
+    return figure
