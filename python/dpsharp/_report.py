@@ -48,9 +48,15 @@ def _json_scalar(value: Any) -> Any:
 
 def build_accountant(run: DPSGDRun, name: str) -> tuple[Accountant | None, str | None]:
     """A fresh accountant ``name`` configured for the run's sampling, or (None, why not)."""
+    options = run.accountant_options(name)
     try:
-        acc = accountant(name, **run.accountant_options(name))
+        acc = accountant(name, **options)
     except (TypeError, ValueError) as exc:
+        if "neighbouring" in options and "neighbouring" in str(exc):
+            return None, (
+                f"the {name} accountant has no replace-one analysis, which fixed-size sampling "
+                "without replacement needs"
+            )
         return None, f"cannot be configured for {run.sampling} sampling: {exc}"
     reason = acc.unsupported_reason(run.event)
     if reason is not None:

@@ -6,6 +6,7 @@ benchmarks look accountants up here, so one loop can compare them all on the sam
 
 from __future__ import annotations
 
+import importlib
 from typing import Any, Callable, TypeVar
 
 from dpsharp.accountants.base import Accountant
@@ -13,6 +14,31 @@ from dpsharp.accountants.base import Accountant
 __all__ = ["accountant", "available", "register"]
 
 _REGISTRY: dict[str, type[Accountant]] = {}
+
+# The modules of dpsharp's accountant families, imported on first use of the registry so every
+# family is reachable by name however dpsharp was imported. Listed tightest first: this is the
+# order of available() (and of the CLI's reports).
+_FAMILY_MODULES = (
+    "dpsharp.accountants.pld",  # "pld" (tight, certified)
+    "dpsharp.accountants.rdp",  # "rdp", "moments"
+    "dpsharp.accountants.gdp",  # "gdp" (CLT)
+    "dpsharp.accountants.zcdp",  # "zcdp"
+    "dpsharp.accountants.classic",  # "classic"
+)
+_families_loaded = False
+
+
+def _load_families() -> None:
+    global _families_loaded
+    if _families_loaded:
+        return
+    _families_loaded = True
+    for module in _FAMILY_MODULES:
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name != module:  # a real missing dependency inside the module
+                raise
 
 AccountantClass = TypeVar("AccountantClass", bound=type[Accountant])
 
@@ -31,12 +57,15 @@ def register(name: str) -> Callable[[AccountantClass], AccountantClass]:
 
 
 def available() -> list[str]:
-    """The registered accountant names, in registration order."""
+    """The registered accountant names: dpsharp's families ("pld", "rdp", "moments", "gdp",
+    "zcdp", "classic" as far as built) tightest first, then any registered later."""
+    _load_families()
     return list(_REGISTRY)
 
 
 def accountant(name: str, **options: Any) -> Accountant:
     """A new accountant of the family ``name`` (see :func:`available`), built with ``options``."""
+    _load_families()
     try:
         cls = _REGISTRY[name]
     except KeyError:
