@@ -67,7 +67,8 @@ def build_accountant(run: DPSGDRun, name: str) -> tuple[Accountant | None, str |
 def evaluate(run: DPSGDRun, name: str, delta: float) -> AccountantResult:
     """Compose the run into accountant ``name`` and report its guarantee at ``delta``.
 
-    The fields are: ``applicable``; if not, ``reason``; else ``epsilon`` (the reported number:
+    The fields are: ``applicable``; if not, ``reason``; else ``options`` (the accountant's
+    constructor options: ``dpsharp.accountant(name, **options)`` reproduces it), ``epsilon`` (the reported number:
     a certified upper bound when ``certified``), ``epsilon_lower`` (a proven lower bound or
     None), ``certified``, ``neighbouring``, ``warning``, the accountant's details (e.g. the
     RDP ``order``), and the family's parameter where it has one: ``mu`` (GDP), ``rho`` (zCDP),
@@ -76,6 +77,7 @@ def evaluate(run: DPSGDRun, name: str, delta: float) -> AccountantResult:
     acc, reason = build_accountant(run, name)
     if acc is None:
         return AccountantResult(name, None, {"applicable": False, "reason": reason})
+    options = acc.state_dict()["options"]
     try:
         acc.compose(run.event, run.count)
         guarantee = acc.guarantee(delta)
@@ -88,6 +90,7 @@ def evaluate(run: DPSGDRun, name: str, delta: float) -> AccountantResult:
         "certified": bool(guarantee.certified),
         "neighbouring": guarantee.neighbouring.value,
         "warning": guarantee.warning,
+        "options": options,
     }
     for key, value in guarantee.details.items():
         scalar = _json_scalar(value)

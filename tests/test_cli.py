@@ -1,0 +1,328 @@
+"""The ``dpsharp`` command: its statements equal the Python API, its JSON keeps the documented
+schema, usage errors are one line with exit status 2, and its plots hold the accountants'
+numbers (read back from the figure objects, not from pixels)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import dpsharp
+from dpsharp.cli import main
+
+MNIST = [
+    "--dataset-size", "60000", "--batch-size", "256", "--epochs", "60",
+    "--noise-multiplier", "1.1", "--delta", "1e-5",
+]
+MNIST_STEPS = math.ceil(60 * 60000 / 256)  # TF Privacy's step count (14063)
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    status = main(list(argv))
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+def api_guarantee(name: str, event: dpsharp.Event, count: int, delta: float, **options: object):
+    acc = dpsharp.accountant(name, **options)
+    if not acc.supports(event):
+        return acc, None
+    return acc, acc.compose(event, count).guarantee(delta)
+
+
+def test_every_family_is_reachable_by_name() -> None:
+    names = dpsharp.available()
+    assert len(names) == len(set(names))
+    for name in names:
+        acc = dpsharp.accountant(name)
+        assert isinstance(acc, dpsharp.Accountant) and acc.name == name
+        assert type(acc).__doc__, f"{name} has no docstring"
+    with pytest.raises(ValueError, match="accountant name must be one of"):
+        dpsharp.accountant("no-such-accountant")
+
+
+def test_epsilon_json_equals_python_api_for_every_accountant(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, err = run_cli(capsys, "epsilon", *MNIST, "--accountant", "all", "--json")
+    assert status == 0, err
+    document = json.loads(out)
+    inputs = document["inputs"]
+    assert inputs["steps"] == MNIST_STEPS == 14063
+    assert inputs["sampling"] == "poisson" and inputs["neighbouring"] == "add_remove"
+    event = dpsharp.PoissonSampled(dpsharp.Gaussian(1.1), 256 / 60000)
+    assert dpsharp.events.event_from_dict(inputs["event"]) == event
+    assert set(document["accountants"]) == set(dpsharp.available())
+    for name, fields in document["accountants"].items():
+        if not fields["applicable"]:
+            assert fields["reason"] and not dpsharp.accountant(name).supports(event)
+            continue
+        _, guarantee = api_guarantee(name, event, MNIST_STEPS, 1e-5, **fields["options"])
+        assert guarantee is not None
+        assert fields["applicable"] is True
+        assert fields["epsilon"] == guarantee.epsilon, name
+        assert fields["certified"] is guarantee.certified
+        assert fields["epsilon_lower"] == guarantee.epsilon_lower
+        assert fields["warning"] == guarantee.warning
+    accountants = document["accountants"]
+    if "gdp" in accountants:
+        # REFERENCE.md (seeds/000, Bu et al.): MNIST, sigma 1.1, 60 epochs -> mu_CLT 0.574, eps 2.324.
+        assert accountants["gdp"]["certified"] is False
+        assert accountants["gdp"]["mu"] == pytest.approx(0.574, abs=6e-4)
+        assert accountants["gdp"]["epsilon"] == pytest.approx(2.324, abs=2e-3)
+    if "pld" in accountants:
+        pld = accountants["pld"]
+        assert pld["certified"] is True
+        assert pld["epsilon_lower"] <= pld["epsilon"]
+        assert pld["gdp_mu"] > 0
+    if "rdp" in accountants:
+        assert accountants["rdp"]["order"] > 1
+        if "pld" in accountants:  # the tight certified bound is below the RDP bound
+            assert accountants["pld"]["epsilon"] <= accountants["rdp"]["epsilon"]
+
+
+def test_text_statement_states_assumption_and_labels(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, _ = run_cli(capsys, "epsilon", *MNIST)
+    assert status == 0
+    assert "Poisson sampling" in out and "q = 256/60000" in out and "14063 steps" in out
+    assert "adding or removing one example" in out
+    for name in dpsharp.available():
+        assert f"  {name} " in out
+    if "gdp" in dpsharp.available():
+        assert "approximation" in out and "central-limit mu = 0.57" in out
+
+
+def test_shuffle_sampling_uses_epoch_events_and_reports_inapplicable(capsys: pytest.CaptureFixture[str]) -> None:
+    # REFERENCE.md (seeds/004, Yu et al.): q = 0.01, sigma = 6, 400 epochs of reshuffling:
+    # rho = 400 / (2 * 36), and the simple conversion rho + 2 sqrt(rho log(1/delta)) = 21.551.
+    argv = ["epsilon", "--dataset-size", "10000", "--batch-size", "100", "--epochs", "400",
+            "--noise-multiplier", "6", "--delta", "1e-5", "--sampling", "shuffle", "--json"]
+    status, out, err = run_cli(capsys, *argv)
+    assert status == 0, err
+    document = json.loads(out)
+    assert document["inputs"]["count"] == 400
+    event = dpsharp.Shuffled(dpsharp.Gaussian(6.0), 100, 10000)
+    assert dpsharp.events.event_from_dict(document["inputs"]["event"]) == event
+    for name, fields in document["accountants"].items():
+        if not fields["applicable"]:
+            assert "Shuffled" in fields["reason"]
+            continue
+        _, guarantee = api_guarantee(name, event, 400, 1e-5, **fields["options"])
+        assert guarantee is not None and fields["epsilon"] == guarantee.epsilon
+    zcdp = document["accountants"].get("zcdp")
+    if zcdp is not None:
+        assert zcdp["rho"] == pytest.approx(400 / 72, rel=1e-12)
+        assert zcdp["epsilon"] <= 21.551 + 1e-3
+        rho = 400 / 72
+        assert rho + 2 * math.sqrt(rho * math.log(1e5)) == pytest.approx(21.551, abs=1e-3)
+    assert any(not fields["applicable"] for fields in document["accountants"].values())
+
+
+def test_fixed_sampling_is_replace_one_with_half_noise_multiplier(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["epsilon", "--dataset-size", "1000", "--batch-size", "50", "--steps", "200",
+            "--noise-multiplier", "2.0", "--delta", "1e-6", "--sampling", "fixed", "--json"]
+    status, out, err = run_cli(capsys, *argv)
+    assert status == 0, err
+    document = json.loads(out)
+    assert document["inputs"]["neighbouring"] == "replace_one"
+    event = dpsharp.events.event_from_dict(document["inputs"]["event"])
+    # The clipped sum's sensitivity is 2C under replace one: Gaussian(sigma / 2).
+    assert event == dpsharp.SampledWithoutReplacement(dpsharp.Gaussian(1.0), 50, 1000)
+    assert "sensitivity 2C" in document["inputs"]["assumption"]
+    for name, fields in document["accountants"].items():
+        if not fields["applicable"]:
+            assert fields["reason"]
+            continue
+        assert fields["options"].get("neighbouring", "replace_one") == "replace_one"
+        _, guarantee = api_guarantee(name, event, 200, 1e-6, **fields["options"])
+        assert guarantee is not None and fields["epsilon"] == guarantee.epsilon
+        assert fields["neighbouring"] == "replace_one"
+
+
+def test_steps_flag_and_accountant_selection(capsys: pytest.CaptureFixture[str]) -> None:
+    name = dpsharp.available()[0]
+    status, out, _ = run_cli(capsys, "epsilon", "--dataset-size", "1000", "--batch-size", "10",
+                             "--steps", "500", "--noise-multiplier", "1.0", "--delta", "1e-5",
+                             "--accountant", name, "--json")
+    assert status == 0
+    document = json.loads(out)
+    assert list(document["accountants"]) == [name]
+    assert document["inputs"]["steps"] == 500 and document["inputs"]["epochs"] == 5.0
+
+
+USAGE_ERRORS = [
+    (["epsilon", *MNIST[:-2], "--delta", "1.5"], "--delta"),
+    (["epsilon", *MNIST[:-2], "--delta", "nan"], "--delta"),
+    (["epsilon", *MNIST[:-2], "--delta", "abc"], "--delta"),
+    (["epsilon", "--dataset-size", "100", "--batch-size", "200", "--steps", "3",
+      "--noise-multiplier", "1", "--delta", "1e-5"], "--batch-size"),
+    (["epsilon", "--dataset-size", "-5", "--batch-size", "2", "--steps", "3",
+      "--noise-multiplier", "1", "--delta", "1e-5"], "--dataset-size"),
+    (["epsilon", "--dataset-size", "100", "--batch-size", "2", "--steps", "3",
+      "--noise-multiplier", "0", "--delta", "1e-5"], "--noise-multiplier"),
+    (["epsilon", "--dataset-size", "100", "--batch-size", "2", "--steps", "3",
+      "--noise-multiplier", "inf", "--delta", "1e-5"], "--noise-multiplier"),
+    (["epsilon", "--dataset-size", "100", "--batch-size", "2", "--steps", "3", "--epochs", "2",
+      "--noise-multiplier", "1", "--delta", "1e-5"], "--epochs"),
+    (["epsilon", "--dataset-size", "100", "--batch-size", "2",
+      "--noise-multiplier", "1", "--delta", "1e-5"], "--epochs"),
+    (["epsilon", "--dataset-size", "100", "--batch-size", "2", "--steps", "1.5",
+      "--noise-multiplier", "1", "--delta", "1e-5"], "--steps"),
+    (["epsilon", *MNIST, "--sampling", "uniform"], "--sampling"),
+    (["epsilon", *MNIST, "--accountant", "nope"], "--accountant"),
+    (["epsilon", *MNIST, "--accountant", "all", "gdp"], "--accountant"),
+    (["calibrate", "--target-epsilon", "-1", "--dataset-size", "100", "--batch-size", "2",
+      "--steps", "3", "--delta", "1e-5"], "--target-epsilon"),
+    (["curve", *MNIST], "--output"),
+    (["frobnicate"], "COMMAND"),
+]
+
+
+@pytest.mark.parametrize(("argv", "flag"), USAGE_ERRORS)
+def test_usage_errors_are_one_line_naming_the_flag(
+    argv: list[str], flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as excinfo:
+        main(argv)
+    assert excinfo.value.code == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert flag in lines[0] and "error" in lines[0]
+
+
+def test_module_and_console_script_run(tmp_path: Path) -> None:
+    argv = ["epsilon", "--dataset-size", "1000", "--batch-size", "10", "--steps", "100",
+            "--noise-multiplier", "1.0", "--delta", "1e-5", "--json"]
+    result = subprocess.run([sys.executable, "-m", "dpsharp", *argv], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["inputs"]["steps"] == 100
+    bad = subprocess.run([sys.executable, "-m", "dpsharp", "epsilon", "--delta", "2"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+    script = Path(sys.executable).with_name("dpsharp")
+    if script.exists():
+        result = subprocess.run([str(script), *argv], capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0 and json.loads(result.stdout)["inputs"]["steps"] == 100
+
+
+def test_demo_still_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, _ = run_cli(capsys, "demo")
+    assert status == 0
+    assert "MNIST, batch 256, sigma 1.1, 60 epochs" in out and "q 0.01, sigma 4" in out
+
+
+def test_accountants_listing(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, _ = run_cli(capsys, "accountants")
+    assert status == 0
+    assert [line.split()[0] for line in out.strip().splitlines()] == dpsharp.available()
+
+
+# ---------------------------------------------------------------------------- plots
+def test_epsilon_plot_is_written_and_holds_each_accountants_numbers(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "eps.png"
+    argv = ["epsilon", "--dataset-size", "10000", "--batch-size", "100", "--epochs", "20",
+            "--noise-multiplier", "1.0", "--delta", "1e-5", "--json", "--plot", str(path)]
+    status, out, err = run_cli(capsys, *argv)
+    assert status == 0, err
+    assert path.stat().st_size > 1000 and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    plot = json.loads(out)["plot"]
+    applicable = [n for n, f in json.loads(out)["accountants"].items() if f["applicable"]]
+    assert sorted(plot["epsilon"]) == sorted(applicable)
+    for name in applicable:
+        epochs, epsilons = plot["epochs"][name], plot["epsilon"][name]
+        assert epochs[-1] == pytest.approx(20.0) and len(epochs) == len(epsilons) == 40
+        for x, y in list(zip(epochs, epsilons))[::13] + [(epochs[-1], epsilons[-1])]:
+            steps = round(x * 10000 / 100)
+            options = json.loads(out)["accountants"][name]["options"]
+            fresh = dpsharp.accountant(name, **options).compose(
+                dpsharp.PoissonSampled(dpsharp.Gaussian(1.0), 0.01), steps)
+            assert y == pytest.approx(fresh.epsilon(1e-5), rel=1e-9, abs=1e-12), (name, x)
+
+
+def test_plot_functions_return_figures_with_the_accountant_data(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from dpsharp import plots
+    from dpsharp._dpsgd import DPSGDRun
+    from dpsharp._report import epsilon_series
+
+    run = DPSGDRun(5000, 50, 1000, 0.9)
+    series = {}
+    for name in dpsharp.available():
+        data = epsilon_series(run, name, 1e-5, points=10)
+        if data is not None:
+            series[name] = data
+    figure = plots.epsilon_vs_epochs(series, delta=1e-5, path=tmp_path / "e.png")
+    lines = {line.get_gid(): line for line in figure.axes[0].get_lines()}
+    assert set(lines) == set(series)
+    for name, line in lines.items():
+        xs, ys = line.get_xdata(), line.get_ydata()
+        assert list(xs) == pytest.approx([k * 100 * 50 / 5000 for k in range(1, 11)])
+        for x, y in zip(xs, ys):
+            fresh = dpsharp.accountant(name, **run.accountant_options(name))
+            fresh.compose(run.event, round(x * 5000 / 50))
+            assert y == pytest.approx(fresh.epsilon(1e-5), rel=1e-9, abs=1e-12)
+    assert (tmp_path / "e.png").stat().st_size > 1000
+
+
+def test_curve_plot_holds_tradeoff_curves(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("matplotlib")
+    if "pld" not in dpsharp.available():
+        pytest.skip("the pld accountant is not built in this checkout")
+    import numpy as np
+
+    from dpsharp import tradeoff
+    from dpsharp._dpsgd import DPSGDRun
+    from dpsharp._report import tradeoff_data
+
+    path = tmp_path / "curve.png"
+    argv = ["curve", "--dataset-size", "60000", "--batch-size", "256", "--epochs", "15",
+            "--noise-multiplier", "1.1", "--delta", "1e-5", "--output", str(path), "--json"]
+    status, out, err = run_cli(capsys, *argv)
+    assert status == 0, err
+    assert path.stat().st_size > 1000
+    document = json.loads(out)
+    run = DPSGDRun(60000, 256, math.ceil(15 * 60000 / 256), 1.1)
+    pld = dpsharp.accountant("pld").compose(run.event, run.count)
+    alphas = np.asarray(document["curves"]["alpha"])
+    assert document["gdp_mu_certified"] == pld.gdp_mu()
+    assert np.array_equal(document["curves"]["pld"], pld.tradeoff(alphas))
+    assert np.allclose(document["curves"]["gdp_certified"],
+                       tradeoff.gaussian_tradeoff(alphas, pld.gdp_mu()), rtol=0, atol=1e-15)
+    # the certified G_mu lies below the composition's curve (that is what mu-GDP means)
+    assert np.all(np.asarray(document["curves"]["gdp_certified"]) <= np.asarray(document["curves"]["pld"]) + 1e-9)
+    data = tradeoff_data(run, 1e-5, alphas)
+    from dpsharp import plots
+
+    figure = plots.tradeoff_curves({"pld": data["pld"], "g": data["gdp_certified"]}, alphas=alphas)
+    lines = {line.get_gid(): line for line in figure.axes[0].get_lines()}
+    assert np.array_equal(lines["pld"].get_ydata(), pld.tradeoff(alphas))
+    assert np.array_equal(lines["pld"].get_xdata(), alphas)
+
+
+def test_missing_matplotlib_is_a_clear_one_line_error(tmp_path: Path) -> None:
+    script = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'matplotlib' or name.startswith('matplotlib.'):\n"
+        "            raise ImportError('blocked for the test')\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "from dpsharp.cli import main\n"
+        f"sys.exit(main(['epsilon', '--dataset-size', '100', '--batch-size', '10', '--steps', '5',"
+        f" '--noise-multiplier', '1', '--delta', '1e-5', '--plot', {str(tmp_path / 'x.png')!r}]))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            timeout=120, env={**os.environ})
+    assert result.returncode == 2
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert "--plot" in result.stderr and "matplotlib" in result.stderr and "pip install" in result.stderr
+    assert not (tmp_path / "x.png").exists()
