@@ -326,3 +326,67 @@ def test_missing_matplotlib_is_a_clear_one_line_error(tmp_path: Path) -> None:
     assert len(result.stderr.strip().splitlines()) == 1
     assert "--plot" in result.stderr and "matplotlib" in result.stderr and "pip install" in result.stderr
     assert not (tmp_path / "x.png").exists()
+
+
+# ---------------------------------------------------------------------------- calibrate
+def certified_names(run: object, delta: float) -> list[str]:
+    """Accountants that analyse ``run`` and report a certified bound for it."""
+    names = []
+    for name in dpsharp.available():
+        try:
+            acc = dpsharp.accountant(name, **run.accountant_options(name))  # type: ignore[attr-defined]
+        except TypeError:
+            continue
+        if acc.supports(run.event) and acc.compose(run.event, run.count).guarantee(delta).certified:  # type: ignore[attr-defined]
+            names.append(name)
+    return names
+
+
+@pytest.mark.parametrize("sampling", ["poisson", "shuffle", "fixed"])
+def test_calibrate_matches_api_and_is_conservative(sampling: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from dpsharp._dpsgd import DPSGDRun
+
+    certified = certified_names(DPSGDRun(20000, 200, 2000, 1.0, sampling), 1e-5)
+    if not certified:
+        pytest.skip(f"no certified accountant analyses {sampling} sampling in this checkout")
+    name = certified[0]
+    target, delta = 2.0, 1e-5
+    argv = ["calibrate", "--target-epsilon", str(target), "--delta", str(delta), "--steps", "2000",
+            "--dataset-size", "20000", "--batch-size", "200", "--sampling", sampling,
+            "--accountant", name, "--json"]
+    status, out, err = run_cli(capsys, *argv)
+    assert status == 0, err
+    document = json.loads(out)
+    sigma = document["noise_multiplier"]
+    run = DPSGDRun(20000, 200, 2000, 1.0, sampling)
+    api_sigma = dpsharp.calibrate.noise_multiplier(
+        target, delta, steps=run.count,
+        accountant=lambda: dpsharp.accountant(name, **run.accountant_options(name)),
+        event=lambda s, _q: run.event_for(s),
+    )
+    assert sigma == api_sigma
+    achieved = dpsharp.accountant(name, **run.accountant_options(name)).compose(
+        run.event_for(sigma), run.count).epsilon(delta)
+    assert document["epsilon"] == achieved
+    assert target * (1 - 1e-3) <= achieved <= target  # conservative and tight
+    # a slightly smaller noise multiplier would break the target: the answer is not wasteful
+    looser = dpsharp.accountant(name, **run.accountant_options(name)).compose(
+        run.event_for(sigma * 0.99), run.count).epsilon(delta)
+    assert looser > achieved
+
+
+def test_calibrate_text_and_refusals(capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["calibrate", "--target-epsilon", "3", "--delta", "1e-5", "--epochs", "10",
+            "--dataset-size", "60000", "--batch-size", "256"]
+    if "gdp" in dpsharp.available():
+        status, _, err = run_cli(capsys, *base, "--accountant", "gdp")
+        assert status == 2 and "--allow-approximation" in err and len(err.strip().splitlines()) == 1
+        status, out, _ = run_cli(capsys, *base, "--accountant", "gdp", "--allow-approximation")
+        assert status == 0 and "approximation" in out and "noise multiplier = " in out
+    from dpsharp._dpsgd import DPSGDRun
+
+    name = certified_names(DPSGDRun(100, 100, 10, 1.0), 1e-5)[0]
+    status, _, err = run_cli(capsys, "calibrate", "--target-epsilon", "1e-9", "--delta", "1e-12",
+                             "--steps", "100000", "--dataset-size", "100", "--batch-size", "100",
+                             "--accountant", name)
+    assert status == 2 and "unreachable" in err and len(err.strip().splitlines()) == 1

@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from dpsharp._dpsgd import DPSGDRun
 from dpsharp.accountants import Accountant, accountant
+from dpsharp.events import Event
 
-__all__ = ["AccountantResult", "epsilon_series", "evaluate", "tradeoff_data"]
+__all__ = ["AccountantResult", "calibrate_noise", "epsilon_series", "evaluate", "tradeoff_data"]
 
 # Keys of PrivacyGuarantee.details that mean "the optimal RDP order" in different families.
 _ORDER_KEYS = ("order", "optimal_order", "best_order", "alpha", "lambda")
@@ -184,3 +185,36 @@ def _names() -> list[str]:
     from dpsharp.accountants import available
 
     return available()
+
+
+def calibrate_noise(
+    event_for: Callable[[float], Event],
+    count: int,
+    name: str,
+    *,
+    target_epsilon: float,
+    delta: float,
+    options: dict[str, Any] | None = None,
+    epsilon_tolerance: float | None = None,
+    require_certified: bool = True,
+) -> float:
+    """The noise multiplier sigma with epsilon(delta) of ``count`` runs of ``event_for(sigma)``
+    under accountant ``name`` in [target (1 - rtol), target], from
+    :func:`dpsharp.calibrate.noise_multiplier` (Brent's method on the accountant's reported
+    epsilon; conservative: achieved <= target). ``epsilon_tolerance`` is absolute (Opacus'
+    convention) and becomes rtol = tolerance / target (at most 0.25); default rtol 1e-3."""
+    from dpsharp import calibrate
+
+    options = dict(options or {})
+    rtol = 1e-3 if epsilon_tolerance is None else min(0.25, epsilon_tolerance / target_epsilon)
+    return float(
+        calibrate.noise_multiplier(
+            target_epsilon,
+            delta,
+            steps=count,
+            accountant=lambda: accountant(name, **options),
+            rtol=rtol,
+            event=lambda sigma, _q: event_for(sigma),
+            require_certified=require_certified,
+        )
+    )

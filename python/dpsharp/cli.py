@@ -308,7 +308,7 @@ def _run_calibrate(args: argparse.Namespace) -> int:
     names = _accountant_names(args, [args.accountant])
     name = names[0]
     template = _run_from_args(args, noise_multiplier=1.0)
-    sigma = _calibrate_noise(template, name, args.target_epsilon, args.delta)
+    sigma = _calibrate_noise(args, template, name)
     run = _run_from_args(args, noise_multiplier=sigma)
     result = evaluate(run, name, args.delta)
     document = {
@@ -331,25 +331,23 @@ def _run_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _calibrate_noise(template: Any, name: str, target_epsilon: float, delta: float) -> float:
-    """The smallest noise multiplier whose run meets the target, from dpsharp.calibrate."""
-    from dpsharp import calibrate
+def _calibrate_noise(args: argparse.Namespace, template: Any, name: str) -> float:
+    """The noise multiplier that meets the target, from dpsharp.calibrate (conservative)."""
+    from dpsharp._report import calibrate_noise
 
-    return float(
-        calibrate.noise_multiplier(
-            lambda sigma: template.event_for(sigma),
+    try:
+        return calibrate_noise(
+            template.event_for,
             template.count,
-            target_epsilon=target_epsilon,
-            delta=delta,
-            accountant=lambda: _fresh_accountant(template, name),
+            name,
+            target_epsilon=args.target_epsilon,
+            delta=args.delta,
+            options=template.accountant_options(name),
+            require_certified=not args.allow_approximation,
         )
-    )
-
-
-def _fresh_accountant(template: Any, name: str) -> Any:
-    import dpsharp
-
-    return dpsharp.accountant(name, **template.accountant_options(name))
+    except ValueError as exc:
+        message = str(exc).replace("Pass require_certified=False", "Pass --allow-approximation")
+        raise ValueError(message) from exc
 
 
 # ---------------------------------------------------------------------------- curve
@@ -427,6 +425,9 @@ def _build_parser() -> argparse.ArgumentParser:
     _add_run_flags(calibrate, noise=False)
     calibrate.add_argument("--accountant", default=_DEFAULT_CALIBRATION_ACCOUNTANT, metavar="NAME",
                            help=f"accountant to calibrate against (default {_DEFAULT_CALIBRATION_ACCOUNTANT})")
+    calibrate.add_argument("--allow-approximation", action="store_true",
+                           help="allow calibrating on an approximate accountant (gdp, zcdp with "
+                           "Poisson sampling); not conservative")
     calibrate.add_argument("--json", action="store_true", help="print one JSON object")
     calibrate.set_defaults(handler=_run_calibrate, _parser=calibrate)
 

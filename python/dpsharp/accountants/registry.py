@@ -25,6 +25,7 @@ _FAMILY_MODULES = (
     "dpsharp.accountants.zcdp",  # "zcdp"
     "dpsharp.accountants.classic",  # "classic"
 )
+_FAMILY_ORDER = ("pld", "rdp", "moments", "gdp", "zcdp", "classic")
 _families_loaded = False
 
 
@@ -60,7 +61,8 @@ def available() -> list[str]:
     """The registered accountant names: dpsharp's families ("pld", "rdp", "moments", "gdp",
     "zcdp", "classic" as far as built) tightest first, then any registered later."""
     _load_families()
-    return list(_REGISTRY)
+    rank = {name: index for index, name in enumerate(_FAMILY_ORDER)}
+    return sorted(_REGISTRY, key=lambda name: rank.get(name, len(rank)))
 
 
 def accountant(name: str, **options: Any) -> Accountant:
