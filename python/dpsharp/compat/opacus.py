@@ -324,7 +324,9 @@ def get_noise_multiplier(
     ("dpsharp_pld", ...) or an Opacus name ("prv" -> "pld", "rdp", "gdp"). The result is
     conservative: the achieved epsilon is <= ``target_epsilon`` and within
     ``epsilon_tolerance`` of it (Opacus' tolerance). Extra keyword arguments are ignored, as in
-    Opacus.
+    Opacus. With ``accountant="gdp"`` the calibration is on the central-limit approximation,
+    as Opacus' own "gdp" calibration is (not a certified guarantee); every other accountant
+    must report a certified bound.
     """
     from dpsharp._report import calibrate_noise
 
@@ -351,4 +353,5 @@ def get_noise_multiplier(
         target_epsilon=target_epsilon,
         delta=target_delta,
         epsilon_tolerance=tolerance,
+        require_certified=name != "gdp",
     )
