@@ -187,7 +187,7 @@ class PrivacyAccountant:
         relation = Neighbouring.ADD_REMOVE if neighboring_relation is None else _relation(neighboring_relation)
         self._relation = relation
         self._accountant: Accountant = accountant(self.family, neighbouring=relation.value, **options)
-        self._events: list[tuple[Any, int]] = []
+        self._builder: Any = None
 
     @property
     def neighboring_relation(self) -> Any:
@@ -224,17 +224,19 @@ class PrivacyAccountant:
         converted, reason = self._convert(event)
         if converted is None or reason is not None:
             raise _error_class()(f"Unsupported event: {event}. Error: [{reason}]")
+        if self._builder is None:
+            self._builder = dp.DpEventBuilder()
+        # dp-accounting's own ledger: validates count (an int >= 1) as dp-accounting does
+        self._builder.compose(event if isinstance(event, dp.DpEvent) else to_dp_event(event), count)
         self._accountant.compose(converted, count)
-        self._events.append((event if isinstance(event, dp.DpEvent) else to_dp_event(event), count))
         return self
 
     @property
     def ledger(self) -> Any:
         """The composed events as dp-accounting's ``DpEventBuilder`` would build them."""
-        builder = _dp().DpEventBuilder()
-        for event, count in self._events:
-            builder.compose(event, count)
-        return builder.build()
+        if self._builder is None:
+            return _dp().NoOpDpEvent()
+        return self._builder.build()
 
     def get_epsilon(self, target_delta: float) -> float:
         """epsilon(target_delta) of the composition (dpsharp's ``epsilon``)."""
