@@ -15,6 +15,7 @@ from dpsharp.accountants import (
     available,
 )
 from dpsharp import calibrate, composition, tradeoff
+from dpsharp import compat, plots
 from dpsharp.accountants.classic import ClassicAccountant
 from dpsharp.accountants.gdp import GDPAccountant, clt_equivalent_noise, clt_equivalent_noise_for
 from dpsharp.accountants.zcdp import ZCDPAccountant
@@ -44,6 +45,8 @@ __all__ = [
     "calibrate_noise_multiplier",
     "calibrate_sampling_probability",
     "calibrate_steps",
+    "compat",
+    "plots",
     "clt_equivalent_noise",
     "clt_equivalent_noise_for",
     "composition",
