@@ -82,7 +82,7 @@ def evaluate(run: DPSGDRun, name: str, delta: float) -> AccountantResult:
     try:
         acc.compose(run.event, run.count)
         guarantee = acc.guarantee(delta)
-    except ValueError as exc:
+    except (ValueError, ArithmeticError) as exc:
         return AccountantResult(name, None, {"applicable": False, "reason": str(exc)})
     fields: dict[str, Any] = {
         "applicable": True,
@@ -132,10 +132,14 @@ def epsilon_series(
     xs, ys = [], []
     composed = 0
     for mark in marks:
-        acc.compose(run.event, mark - composed)
+        try:
+            acc.compose(run.event, mark - composed)
+            epsilon = acc.epsilon(delta)
+        except (ValueError, ArithmeticError):
+            return None  # the accountant refused part of the curve: leave it out, not half-drawn
         composed = mark
         xs.append(float(mark) if run.sampling == "shuffle" else mark * run.batch_size / run.dataset_size)
-        ys.append(acc.epsilon(delta))
+        ys.append(epsilon)
     return np.asarray(xs), np.asarray(ys)
 
 
