@@ -11,9 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 import dpsharp
+import pytest
 from dpsharp.cli import main
 
 MNIST = [
@@ -198,16 +197,16 @@ def test_usage_errors_are_one_line_naming_the_flag(
 def test_module_and_console_script_run(tmp_path: Path) -> None:
     argv = ["epsilon", "--dataset-size", "1000", "--batch-size", "10", "--steps", "100",
             "--noise-multiplier", "1.0", "--delta", "1e-5", "--json"]
-    result = subprocess.run([sys.executable, "-m", "dpsharp", *argv], capture_output=True,
+    result = subprocess.run([sys.executable, "-m", "dpsharp", *argv], check=False, capture_output=True,
                             text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["inputs"]["steps"] == 100
     bad = subprocess.run([sys.executable, "-m", "dpsharp", "epsilon", "--delta", "2"],
-                         capture_output=True, text=True, timeout=120)
+                         check=False, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
     script = Path(sys.executable).with_name("dpsharp")
     if script.exists():
-        result = subprocess.run([str(script), *argv], capture_output=True, text=True, timeout=120)
+        result = subprocess.run([str(script), *argv], check=False, capture_output=True, text=True, timeout=120)
         assert result.returncode == 0 and json.loads(result.stdout)["inputs"]["steps"] == 100
 
 
@@ -278,7 +277,6 @@ def test_curve_plot_holds_tradeoff_curves(tmp_path: Path, capsys: pytest.Capture
     if "pld" not in dpsharp.available():
         pytest.skip("the pld accountant is not built in this checkout")
     import numpy as np
-
     from dpsharp import tradeoff
     from dpsharp._dpsgd import DPSGDRun
     from dpsharp._report import tradeoff_data
@@ -320,7 +318,7 @@ def test_missing_matplotlib_is_a_clear_one_line_error(tmp_path: Path) -> None:
         f"sys.exit(main(['epsilon', '--dataset-size', '100', '--batch-size', '10', '--steps', '5',"
         f" '--noise-multiplier', '1', '--delta', '1e-5', '--plot', {str(tmp_path / 'x.png')!r}]))\n"
     )
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+    result = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True, text=True,
                             timeout=120, env={**os.environ})
     assert result.returncode == 2
     assert len(result.stderr.strip().splitlines()) == 1

@@ -7,12 +7,11 @@ from __future__ import annotations
 import math
 import textwrap
 
+import dpsharp
 import pytest
 
-import dpsharp
-
 dp = pytest.importorskip("dp_accounting")
-from dpsharp.compat import dp_accounting as compat  # noqa: E402
+from dpsharp.compat import dp_accounting as compat
 
 pytestmark = pytest.mark.peers
 

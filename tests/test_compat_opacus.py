@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import math
 
-import pytest
-
 import dpsharp
+import pytest
 from dpsharp.compat import opacus as compat
+
 
 # Opacus' own notices when secure_mode is off; nothing about accounting.
 def opacus_notices(test):  # type: ignore[no-untyped-def]
@@ -175,8 +175,8 @@ def test_rdp_adapter_matches_opacus_rdp_accountant() -> None:
             mine.step(noise_multiplier=sigma, sample_rate=q)
     assert mine.history == theirs.history
     alphas = theirs.DEFAULT_ALPHAS
-    eps_theirs, order_theirs = theirs.get_privacy_spent(delta=1e-5, alphas=alphas)
-    eps_mine, order_mine = mine.get_privacy_spent(delta=1e-5, alphas=alphas)
+    eps_theirs, _ = theirs.get_privacy_spent(delta=1e-5, alphas=alphas)
+    eps_mine, _ = mine.get_privacy_spent(delta=1e-5, alphas=alphas)
     # same orders; dpsharp's default conversion may be tighter than Opacus' classic one
     assert eps_mine <= eps_theirs * (1 + 1e-6)
     assert eps_mine >= 0.8 * eps_theirs

@@ -3,9 +3,8 @@ checked against prv-accountant 0.2.0 on the same settings."""
 
 from __future__ import annotations
 
-import pytest
-
 import dpsharp
+import pytest
 from dpsharp.compat.prv_accountant import Accountant
 
 

@@ -30,7 +30,8 @@ import argparse
 import json
 import math
 import sys
-from typing import Any, NoReturn, Sequence
+from collections.abc import Sequence
+from typing import Any, NoReturn
 
 __all__ = ["main"]
 

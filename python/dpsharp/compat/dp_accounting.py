@@ -39,7 +39,8 @@ dp-accounting is imported lazily, only to build or recognise its objects.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from dpsharp.accountants import Accountant, accountant
 from dpsharp.events import (

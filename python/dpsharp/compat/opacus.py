@@ -39,7 +39,8 @@ from __future__ import annotations
 import math
 import sys
 from collections import OrderedDict
-from typing import Any, Callable, ClassVar, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
 
 from dpsharp._validation import require_count, require_delta, require_probability, require_real
 from dpsharp.accountants import Accountant, accountant
