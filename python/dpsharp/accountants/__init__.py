@@ -7,11 +7,13 @@ from dpsharp.accountants.registry import accountant, available, register
 from dpsharp.accountants.classic import ClassicAccountant
 from dpsharp.accountants.gdp import GDPAccountant
 from dpsharp.accountants.zcdp import ZCDPAccountant
+from dpsharp.accountants.pld import PLDAccountant
 
 __all__ = [
     "Accountant",
     "ClassicAccountant",
     "GDPAccountant",
+    "PLDAccountant",
     "PrivacyGuarantee",
     "UnsupportedEventError",
     "ZCDPAccountant",
