@@ -21,7 +21,7 @@ conservative; pass ``require_certified=False`` to calibrate on it anyway.
 from __future__ import annotations
 
 import math
-from typing import Callable, Union
+from collections.abc import Callable
 
 from scipy.optimize import brentq
 
@@ -40,7 +40,7 @@ __all__ = ["AccountantSpec", "noise_multiplier", "sampling_probability", "steps"
 
 #: A registry name ("rdp", "pld", "gdp", ...) or a zero-argument callable returning a fresh
 #: accountant (e.g. ``lambda: ZCDPAccountant(batching="sample")``).
-AccountantSpec = Union[str, Callable[[], Accountant]]
+AccountantSpec = str | Callable[[], Accountant]
 EventFactory = Callable[[float, float], Event]
 
 _SIGMA_MIN, _SIGMA_MAX = 1e-3, 1e6
