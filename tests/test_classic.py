@@ -259,3 +259,23 @@ def test_registry_and_exact_delta_consistency() -> None:
     acc = ClassicAccountant("basic").compose(Gaussian(2.0))
     assert acc.epsilon(1e-5) == pytest.approx(gdp_epsilon(1e-5, 0.5), rel=1e-12)
     assert gdp_delta(acc.epsilon(1e-5), 0.5) <= 1e-5
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda: advanced_composition(0.1, 0.0, -1, delta_slack=1e-5), "steps"),
+        (lambda: advanced_composition(0.1, 0.0, 10, delta_slack=0.0), "delta_slack"),
+        (lambda: advanced_composition(float("nan"), 0.0, 10, delta_slack=1e-5), "epsilon"),
+        (lambda: advanced_composition(0.1, 1.0, 10, delta_slack=1e-5), "delta"),
+        (lambda: extended_advanced_composition([0.1], [0.0], delta_slack=1e-5, form="x"), "form"),
+        (lambda: optimal_composition_delta(0.1, 0.0, 10, -1.0), "epsilon_total"),
+        (lambda: optimal_composition_epsilon(0.1, 0.0, 10, target_delta=0.0), "target_delta"),
+        (lambda: analytic_gaussian_sigma(0.0, 1e-5), "epsilon"),
+        (lambda: analytic_gaussian_epsilon(-1.0, 1e-5), "noise_multiplier"),
+        (lambda: classical_gaussian_sigma(0.5, 2.0), "delta"),
+    ],
+)
+def test_composition_bad_input(call, match: str) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ValueError, match=match):
+        call()

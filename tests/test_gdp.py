@@ -157,3 +157,16 @@ def test_tiny_sigma_is_no_privacy_not_an_error() -> None:
 
 def test_registry() -> None:
     assert isinstance(dpsharp.accountant("gdp"), GDPAccountant)
+
+
+@pytest.mark.peers
+@pytest.mark.parametrize(("sigma", "q", "steps"), [(0.7, Q, 10547), (1.1, 0.01, 5000), (2.0, 0.05, 300)])
+def test_clt_matches_opacus_gdp(sigma: float, q: float, steps: int) -> None:
+    """Opacus 1.6.0's analysis.gdp implements the same CLT (Bu et al. 2020) with a root finder
+    on delta(eps; mu); mu must agree to rounding and epsilon to its solver tolerance."""
+    opacus_gdp = pytest.importorskip("opacus.accountants.analysis.gdp")
+    acc = GDPAccountant().compose(PoissonSampled(Gaussian(sigma), q), steps)
+    mu = opacus_gdp.compute_mu_poisson(steps=steps, noise_multiplier=sigma, sample_rate=q)
+    assert acc.mu == pytest.approx(mu, rel=1e-12)
+    eps = opacus_gdp.compute_eps_poisson(steps=steps, noise_multiplier=sigma, sample_rate=q, delta=1e-5)
+    assert acc.epsilon(1e-5) == pytest.approx(eps, rel=1e-6)

@@ -186,3 +186,33 @@ def test_empty() -> None:
     acc = ZCDPAccountant()
     assert acc.rho == 0.0 and acc.epsilon(1e-5) == 0.0 and acc.delta(1.0) == 0.0
     assert isinstance(dpsharp.accountant("zcdp", batching="sample"), ZCDPAccountant)
+
+
+def test_random_sampling_heterogeneous_composition_case_2() -> None:
+    """Theorem 3, composition case 2: rho_hat = sum_i P(q_i, sigma_i), alpha limited to
+    min_i U(q_i, sigma_i); plain Gaussians add their rho and impose no limit."""
+    acc = ZCDPAccountant(batching="sample")
+    acc.compose(PoissonSampled(Gaussian(6.0), 0.01), 1000)
+    acc.compose(PoissonSampled(Gaussian(3.0), 0.02), 500)
+    acc.compose(Gaussian(20.0), 2)
+    expected_rho = 1000 * 0.01**2 / 36 + 500 * 0.02**2 / 9 + 2 / 800
+    expected_u = min(36 * math.log(1 / 0.06) + 1, 9 * math.log(1 / 0.06) + 1)
+    assert acc.rho == pytest.approx(expected_rho, rel=1e-14)
+    assert acc.alpha_max == pytest.approx(expected_u)
+    eps = acc.epsilon(DELTA)
+    assert zcdp_delta(acc.rho, eps, alpha_max=acc.alpha_max) <= DELTA * (1 + 1e-6)
+    assert acc.delta(eps) <= DELTA * (1 + 1e-6)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    rho=st.floats(min_value=1e-4, max_value=5.0),
+    u=st.floats(min_value=1.5, max_value=500.0),
+    log10_delta=st.floats(min_value=-14.0, max_value=-1.0),
+)
+def test_restricted_conversions_round_trip(rho: float, u: float, log10_delta: float) -> None:
+    delta = 10.0**log10_delta
+    eps = zcdp_epsilon(rho, delta, alpha_max=u)
+    assert zcdp_delta(rho, eps, alpha_max=u) <= delta * (1 + 1e-6)
+    # restricting alpha can only cost: never below the unrestricted bound
+    assert eps >= zcdp_epsilon(rho, delta) * (1 - 1e-9)
