@@ -62,7 +62,11 @@ SCRIPT = textwrap.dedent(
         dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), steps)
     accountant = make_accountant()
     assert accountant.supports(event)
-    assert not accountant.supports(dp_accounting.NonPrivateDpEvent())
+    assert accountant.supports(dp_accounting.NonPrivateDpEvent())
+    assert not accountant.supports(dp_accounting.UnsupportedDpEvent())
+    blown = make_accountant().compose(dp_accounting.ComposedDpEvent(
+        [dp_accounting.GaussianDpEvent(1.0), dp_accounting.NonPrivateDpEvent()]))
+    blown_eps, blown_delta = blown.get_epsilon(1e-5), blown.get_delta(1.0)
     try:
         accountant.compose(dp_accounting.UnsupportedDpEvent())
     except dp_accounting.UnsupportedEventError:
@@ -95,6 +99,8 @@ def test_dp_accounting_script_runs_unchanged(family: str, ours: str, theirs: obj
     mine = run_script(getattr(compat, ours))
     peer = run_script(theirs)
     assert mine["refused"] is True and peer["refused"] is True
+    assert mine["blown_eps"] == peer["blown_eps"] == math.inf
+    assert mine["blown_delta"] == peer["blown_delta"] == 1.0
     assert mine["ledger"] == peer["ledger"]
     assert mine["relation"] == peer["relation"] == dp.NeighboringRelation.ADD_OR_REMOVE_ONE
     # equal to dpsharp's own API on the same events
@@ -127,8 +133,8 @@ def test_refused_compose_leaves_state_unchanged() -> None:
     built("rdp")
     acc = compat.RDPAccountant().compose(dp.GaussianDpEvent(3.0), 4)
     before = acc.get_epsilon(1e-5)
-    bad = dp.ComposedDpEvent([dp.GaussianDpEvent(1.0), dp.NonPrivateDpEvent()])
-    with pytest.raises(dp.UnsupportedEventError, match="NonPrivateDpEvent"):
+    bad = dp.ComposedDpEvent([dp.GaussianDpEvent(1.0), dp.UnsupportedDpEvent()])
+    with pytest.raises(dp.UnsupportedEventError, match="UnsupportedDpEvent"):
         acc.compose(bad)
     assert acc.get_epsilon(1e-5) == before
     assert acc.ledger == dp.SelfComposedDpEvent(dp.GaussianDpEvent(3.0), 4)

@@ -79,7 +79,7 @@ def evaluate(run: DPSGDRun, name: str, delta: float) -> AccountantResult:
     acc, reason = build_accountant(run, name)
     if acc is None:
         return AccountantResult(name, None, {"applicable": False, "reason": reason})
-    options = acc.state_dict()["options"]
+    options = {**acc.state_dict()["options"], **run.accountant_options(name)}
     try:
         acc.compose(run.event, run.count)
         guarantee = acc.guarantee(delta)
@@ -121,9 +121,9 @@ def epsilon_series(
     """epsilon(delta) of accountant ``name`` after each of ``points`` evenly spaced prefixes of
     the run (x in epochs), or None if the accountant cannot analyse the run.
 
-    One accountant is composed incrementally (compose the next increment, query), so
-    accountants with incremental caches answer the whole curve at little more than the cost
-    of the last point.
+    Each point is a fresh accountant composed with that prefix, so it is exactly the number
+    ``dpsharp epsilon`` reports for that many steps (an incrementally grown accountant may
+    differ in the last digits, where its caches depend on when it was queried).
     """
     acc, _ = build_accountant(run, name)
     if acc is None:
@@ -131,14 +131,13 @@ def epsilon_series(
     total = run.count
     marks = sorted({math.ceil(k * total / min(points, total)) for k in range(1, min(points, total) + 1)})
     xs, ys = [], []
-    composed = 0
     for mark in marks:
+        acc, _ = build_accountant(run, name)
+        assert acc is not None
         try:
-            acc.compose(run.event, mark - composed)
-            epsilon = acc.epsilon(delta)
+            epsilon = acc.compose(run.event, mark).epsilon(delta)
         except (ValueError, ArithmeticError):
             return None  # the accountant refused part of the curve: leave it out, not half-drawn
-        composed = mark
         xs.append(float(mark) if run.sampling == "shuffle" else mark * run.batch_size / run.dataset_size)
         ys.append(epsilon)
     return np.asarray(xs), np.asarray(ys)

@@ -31,7 +31,9 @@ The noise parameters carry over unchanged: dp-accounting's accountants (like dps
 ``noise_multiplier`` as noise standard deviation / sensitivity under the accountant's
 neighbouring relation (its RDP accountant applies the same formula to a Gaussian whichever the
 relation). Events with no dpsharp counterpart (NonPrivate, Unsupported, RandomizedResponse,
-tree aggregation, ...) raise :class:`UnsupportedEventError` naming the event; dpsharp's
+tree aggregation, ...) raise :class:`UnsupportedEventError` naming the event, except that the
+accountants accept ``NonPrivateDpEvent`` inside compositions and then report epsilon = inf and
+delta = 1, as dp-accounting's do; dpsharp's
 ``Shuffled`` has no dp-accounting counterpart and :func:`to_dp_event` refuses it.
 
 dp-accounting is imported lazily, only to build or recognise its objects.
@@ -39,6 +41,7 @@ dp-accounting is imported lazily, only to build or recognise its objects.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -152,6 +155,22 @@ def to_dp_event(event: Event) -> Any:
     raise TypeError(f"event must be a dpsharp event, got {event!r} ({type(event).__name__})")
 
 
+def _strip_non_private(event: Any) -> tuple[Any, bool]:
+    """Remove ``NonPrivateDpEvent`` parts reachable through composition (dp-accounting's
+    accountants accept them and then report epsilon = inf, delta = 1); returns the rest and
+    whether any was found."""
+    dp = _dp()
+    if isinstance(event, dp.NonPrivateDpEvent):
+        return dp.NoOpDpEvent(), True
+    if isinstance(event, dp.SelfComposedDpEvent):
+        inner, found = _strip_non_private(event.event)
+        return dp.SelfComposedDpEvent(inner, event.count), found and event.count > 0
+    if isinstance(event, dp.ComposedDpEvent):
+        parts = [_strip_non_private(inner) for inner in event.events]
+        return dp.ComposedDpEvent([part for part, _ in parts]), any(found for _, found in parts)
+    return event, False
+
+
 def _relation(neighboring_relation: Any) -> Neighbouring:
     """dp-accounting's NeighboringRelation (or its name, or a dpsharp Neighbouring) -> ours."""
     if isinstance(neighboring_relation, Neighbouring):
@@ -189,6 +208,7 @@ class PrivacyAccountant:
         self._relation = relation
         self._accountant: Accountant = accountant(self.family, neighbouring=relation.value, **options)
         self._builder: Any = None
+        self._non_private = False
 
     @property
     def neighboring_relation(self) -> Any:
@@ -200,19 +220,22 @@ class PrivacyAccountant:
     def dpsharp_accountant(self) -> Accountant:
         return self._accountant
 
-    def _convert(self, event: Any) -> tuple[Event | None, str | None]:
+    def _convert(self, event: Any) -> tuple[Event | None, str | None, bool]:
+        """(dpsharp event, why unsupported or None, whether it contains a NonPrivateDpEvent)."""
         if isinstance(event, Event):
             converted: Event = event
+            non_private = False
         else:
+            event, non_private = _strip_non_private(event)
             try:
                 converted = from_dp_event(event)
             except UnsupportedEventError as exc:
-                return None, str(exc)
-        return converted, self._accountant.unsupported_reason(converted)
+                return None, str(exc), non_private
+        return converted, self._accountant.unsupported_reason(converted), non_private
 
     def supports(self, event: Any) -> bool:
         """Whether :meth:`compose` would accept ``event``."""
-        converted, reason = self._convert(event)
+        converted, reason, _ = self._convert(event)
         return converted is not None and reason is None
 
     def compose(self, event: Any, count: int = 1) -> PrivacyAccountant:
@@ -222,7 +245,7 @@ class PrivacyAccountant:
         dp = _dp()
         if not isinstance(event, (dp.DpEvent, Event)):
             raise TypeError(f"`event` must be `DpEvent`. Found {type(event)}.")
-        converted, reason = self._convert(event)
+        converted, reason, non_private = self._convert(event)
         if converted is None or reason is not None:
             raise _error_class()(f"Unsupported event: {event}. Error: [{reason}]")
         if self._builder is None:
@@ -230,6 +253,7 @@ class PrivacyAccountant:
         # dp-accounting's own ledger: validates count (an int >= 1) as dp-accounting does
         self._builder.compose(event if isinstance(event, dp.DpEvent) else to_dp_event(event), count)
         self._accountant.compose(converted, count)
+        self._non_private = self._non_private or (non_private and count > 0)
         return self
 
     @property
@@ -240,12 +264,16 @@ class PrivacyAccountant:
         return self._builder.build()
 
     def get_epsilon(self, target_delta: float) -> float:
-        """epsilon(target_delta) of the composition (dpsharp's ``epsilon``)."""
-        return float(self._accountant.epsilon(target_delta))
+        """epsilon(target_delta) of the composition (dpsharp's ``epsilon``); inf once a
+        ``NonPrivateDpEvent`` was composed (as in dp-accounting)."""
+        epsilon = float(self._accountant.epsilon(target_delta))
+        return math.inf if self._non_private else epsilon
 
     def get_delta(self, target_epsilon: float) -> float:
-        """delta(target_epsilon) of the composition (dpsharp's ``delta``)."""
-        return float(self._accountant.delta(target_epsilon))
+        """delta(target_epsilon) of the composition (dpsharp's ``delta``); 1 once a
+        ``NonPrivateDpEvent`` was composed (as in dp-accounting)."""
+        delta = float(self._accountant.delta(target_epsilon))
+        return 1.0 if self._non_private else delta
 
 
 class PLDAccountant(PrivacyAccountant):
