@@ -47,9 +47,10 @@ def test_history_semantics_match_opacus(cls: type[compat.OpacusAccountant]) -> N
     # direct assignment (what opacus.accountants.utils.get_noise_multiplier does) is honoured
     acc.history = [(2.0, 0.02, 50)]
     assert acc.get_epsilon(1e-5) == ours(cls.family, [(2.0, 0.02, 50)], 1e-5)
-    # in-place extension of the last entry composes the difference only, with the same answer
+    # in-place edits are seen too, and the answer depends on the history only, not on when the
+    # accountant was queried before
     acc.history[-1] = (2.0, 0.02, 80)
-    assert acc.get_epsilon(1e-5) == pytest.approx(ours(cls.family, [(2.0, 0.02, 80)], 1e-5), rel=1e-12)
+    assert acc.get_epsilon(1e-5) == ours(cls.family, [(2.0, 0.02, 80)], 1e-5)
     assert cls.mechanism() == f"dpsharp_{cls.family}"
 
 

@@ -158,41 +158,29 @@ class OpacusAccountant:
 
     @property
     def dpsharp_accountant(self) -> Accountant:
-        """The dpsharp accountant holding exactly the recorded history (synchronised lazily;
-        extending the last entry or appending entries composes only the difference)."""
+        """The dpsharp accountant holding exactly the recorded history (rebuilt lazily when the
+        history has changed since the last query)."""
         self._sync()
         return self._inner
 
     def _sync(self) -> None:
+        # Rebuilt from the whole history whenever it changed, so every answer is a function of
+        # the history alone (as with Opacus' own accountants, and so a checkpoint restored into
+        # a fresh adapter answers exactly as the live one): growing one accountant step by step
+        # could leave answers depending on when it was queried.
         history = [_entry(*entry) for entry in self.history]
         if history == self._synced:
             return
-        synced = self._synced
-        prefix_ok = (
-            len(synced) <= len(history)
-            and synced[:-1] == history[: max(len(synced) - 1, 0)]
-            and (not synced or (synced[-1][:2] == history[len(synced) - 1][:2]
-                                and synced[-1][2] <= history[len(synced) - 1][2]))
-        )
-        if not prefix_ok:
-            self._inner = accountant(self.family, **self._accountant_options)
-            self._no_noise = False
-            synced = []
-        additions: list[HistoryEntry] = []
-        if synced:
-            last = len(synced) - 1
-            extra = history[last][2] - synced[last][2]
-            if extra:
-                additions.append((history[last][0], history[last][1], extra))
-        additions.extend(history[len(synced):])
-        for sigma, rate, steps in additions:
+        inner = accountant(self.family, **self._accountant_options)
+        no_noise = False
+        for sigma, rate, steps in history:
             if steps == 0:
                 continue
             if sigma == 0.0:
-                self._no_noise = True
+                no_noise = True
                 continue
-            self._inner.compose(PoissonSampled(Gaussian(sigma), rate), steps)
-        self._synced = history
+            inner.compose(PoissonSampled(Gaussian(sigma), rate), steps)
+        self._inner, self._no_noise, self._synced = inner, no_noise, history
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(history={self.history!r})"
