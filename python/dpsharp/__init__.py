@@ -9,11 +9,14 @@ from __future__ import annotations
 from dpsharp._native import core as _core_module  # fails loudly if the extension is missing
 from dpsharp.accountants import (
     Accountant,
+    MomentsAccountant,
     PrivacyGuarantee,
+    RDPAccountant,
     UnsupportedEventError,
     accountant,
     available,
 )
+from dpsharp import rdp
 from dpsharp.events import (
     Composed,
     Event,
@@ -34,9 +37,11 @@ __all__ = [
     "Event",
     "Gaussian",
     "Laplace",
+    "MomentsAccountant",
     "Neighbouring",
     "PoissonSampled",
     "PrivacyGuarantee",
+    "RDPAccountant",
     "Repeated",
     "SampledWithoutReplacement",
     "Shuffled",
@@ -44,4 +49,5 @@ __all__ = [
     "__version__",
     "accountant",
     "available",
+    "rdp",
 ]

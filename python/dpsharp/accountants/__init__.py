@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from dpsharp.accountants.base import Accountant, PrivacyGuarantee, UnsupportedEventError
 from dpsharp.accountants.registry import accountant, available, register
+from dpsharp.accountants.rdp import MomentsAccountant, RDPAccountant
 
 __all__ = [
     "Accountant",
+    "MomentsAccountant",
     "PrivacyGuarantee",
+    "RDPAccountant",
     "UnsupportedEventError",
     "accountant",
     "available",
