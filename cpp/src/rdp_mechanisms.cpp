@@ -69,6 +69,15 @@ void laplace(double scale, const double* orders, std::size_t n, double* out) {
   check_orders(orders, n);
   for (std::size_t i = 0; i < n; ++i) {
     const double a = orders[i];
+    const double beta = a - 1.0;
+    if (beta / scale < 50.0) {
+      // The argument of the log is 1 + (alpha-1)/(2 alpha-1) * [alpha expm1(beta/b)/beta
+      // + expm1(-alpha/b)]; its first-order terms cancel, so form the bracket with expm1 and
+      // take log1p (no cancellation of the leading 1 as alpha -> 1 or b grows).
+      const double bracket = a * std::expm1(beta / scale) / beta + std::expm1(-a / scale);
+      out[i] = std::log1p(beta / (2.0 * a - 1.0) * bracket) / beta;
+      continue;
+    }
     const double first = std::log(a / (2.0 * a - 1.0)) + (a - 1.0) / scale;
     const double second = std::log((a - 1.0) / (2.0 * a - 1.0)) - a / scale;
     out[i] = log_add_exp(first, second) / (a - 1.0);
