@@ -9,8 +9,10 @@ from __future__ import annotations
 from dpsharp._native import core as _core_module  # fails loudly if the extension is missing
 from dpsharp.accountants import (
     Accountant,
+    MomentsAccountant,
     PLDAccountant,
     PrivacyGuarantee,
+    RDPAccountant,
     UnsupportedEventError,
     accountant,
     available,
@@ -23,6 +25,7 @@ from dpsharp.accountants.zcdp import ZCDPAccountant
 from dpsharp.calibrate import noise_multiplier as calibrate_noise_multiplier
 from dpsharp.calibrate import sampling_probability as calibrate_sampling_probability
 from dpsharp.calibrate import steps as calibrate_steps
+from dpsharp import rdp
 from dpsharp.events import (
     Composed,
     Event,
@@ -45,10 +48,12 @@ __all__ = [
     "GDPAccountant",
     "Gaussian",
     "Laplace",
+    "MomentsAccountant",
     "Neighbouring",
     "PLDAccountant",
     "PoissonSampled",
     "PrivacyGuarantee",
+    "RDPAccountant",
     "Repeated",
     "SampledWithoutReplacement",
     "Shuffled",
@@ -66,5 +71,6 @@ __all__ = [
     "compat",
     "composition",
     "plots",
+    "rdp",
     "tradeoff",
 ]

@@ -8,13 +8,16 @@ from dpsharp.accountants.classic import ClassicAccountant
 from dpsharp.accountants.gdp import GDPAccountant
 from dpsharp.accountants.zcdp import ZCDPAccountant
 from dpsharp.accountants.pld import PLDAccountant
+from dpsharp.accountants.rdp import MomentsAccountant, RDPAccountant
 
 __all__ = [
     "Accountant",
     "ClassicAccountant",
     "GDPAccountant",
+    "MomentsAccountant",
     "PLDAccountant",
     "PrivacyGuarantee",
+    "RDPAccountant",
     "UnsupportedEventError",
     "ZCDPAccountant",
     "accountant",
