@@ -216,3 +216,15 @@ def test_restricted_conversions_round_trip(rho: float, u: float, log10_delta: fl
     assert zcdp_delta(rho, eps, alpha_max=u) <= delta * (1 + 1e-6)
     # restricting alpha can only cost: never below the unrestricted bound
     assert eps >= zcdp_epsilon(rho, delta) * (1 - 1e-9)
+
+
+def test_replace_one_relation() -> None:
+    """Under replace-one the noise is stated relative to that relation's sensitivity, so a
+    Gaussian or a Shuffled epoch is accounted the same; Poisson sampling (an add/remove
+    analysis) is refused by the base class."""
+    acc = ZCDPAccountant(neighbouring="replace_one").compose(Shuffled(Gaussian(SIGMA), BATCH, N), 2)
+    assert acc.rho == pytest.approx(2 / 72)
+    with pytest.raises(dpsharp.UnsupportedEventError, match="add_remove"):
+        ZCDPAccountant(batching="sample", neighbouring="replace_one").compose(PoissonSampled(Gaussian(SIGMA), Q))
+    assert dpsharp.GDPAccountant(neighbouring="replace_one").compose(Gaussian(1.0)).mu == 1.0
+    assert dpsharp.ClassicAccountant(neighbouring="replace_one").neighbouring.value == "replace_one"

@@ -79,7 +79,15 @@ from dpsharp.composition import (
     extended_advanced_composition,
     optimal_composition_epsilon,
 )
-from dpsharp.events import Event, Gaussian, Laplace, PoissonSampled, Shuffled, flatten
+from dpsharp.events import (
+    Event,
+    Gaussian,
+    Laplace,
+    Neighbouring,
+    PoissonSampled,
+    Shuffled,
+    flatten,
+)
 from dpsharp.tradeoff import gdp_epsilon
 
 __all__ = ["ClassicAccountant", "paper_strong_composition_002"]
@@ -134,12 +142,18 @@ class ClassicAccountant(Accountant):
 
     certified = True
 
-    def __init__(self, composition: str = "advanced", *, gaussian: str = "analytic") -> None:
+    def __init__(
+        self,
+        composition: str = "advanced",
+        *,
+        gaussian: str = "analytic",
+        neighbouring: Neighbouring | str = Neighbouring.ADD_REMOVE,
+    ) -> None:
         if composition not in _COMPOSITIONS:
             raise ValueError(f"composition must be one of {_COMPOSITIONS}, got {composition!r}")
         if gaussian not in _GAUSSIAN_CALIBRATIONS:
             raise ValueError(f"gaussian must be one of {_GAUSSIAN_CALIBRATIONS}, got {gaussian!r}")
-        super().__init__()
+        super().__init__(neighbouring=neighbouring)
         self._composition = composition
         self._gaussian = gaussian
 

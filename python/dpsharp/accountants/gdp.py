@@ -26,7 +26,7 @@ from dpsharp._validation import (
 )
 from dpsharp.accountants.base import Accountant, PrivacyGuarantee
 from dpsharp.accountants.registry import register
-from dpsharp.events import Event, Gaussian, PoissonSampled
+from dpsharp.events import Event, Gaussian, Neighbouring, PoissonSampled
 from dpsharp.tradeoff import gdp_delta, gdp_epsilon, gdp_mu_for
 
 __all__ = [
@@ -94,8 +94,8 @@ class GDPAccountant(Accountant):
 
     certified = False  # class-level: the family is approximate; instances refine it
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, *, neighbouring: Neighbouring | str = Neighbouring.ADD_REMOVE) -> None:
+        super().__init__(neighbouring=neighbouring)
         self._mu_squared = 0.0
         self._approximate = False
 

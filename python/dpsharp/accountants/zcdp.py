@@ -34,7 +34,7 @@ from scipy.optimize import minimize_scalar
 from dpsharp._validation import require_delta, require_epsilon, require_real
 from dpsharp.accountants.base import Accountant, PrivacyGuarantee
 from dpsharp.accountants.registry import register
-from dpsharp.events import Event, Gaussian, Laplace, PoissonSampled, Shuffled
+from dpsharp.events import Event, Gaussian, Laplace, Neighbouring, PoissonSampled, Shuffled
 
 __all__ = [
     "SAMPLING_WARNING",
@@ -201,10 +201,15 @@ class ZCDPAccountant(Accountant):
 
     certified = True
 
-    def __init__(self, batching: str = "reshuffle") -> None:
+    def __init__(
+        self,
+        batching: str = "reshuffle",
+        *,
+        neighbouring: Neighbouring | str = Neighbouring.ADD_REMOVE,
+    ) -> None:
         if batching not in ("reshuffle", "sample"):
             raise ValueError(f"batching must be 'reshuffle' or 'sample', got {batching!r}")
-        super().__init__()
+        super().__init__(neighbouring=neighbouring)
         self._batching = batching
         self._rho = 0.0
         self._alpha_max: float | None = None
