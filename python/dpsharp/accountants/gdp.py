@@ -10,6 +10,11 @@ multiplier sigma are asymptotically mu-GDP with
 This module generalises it to heterogeneous steps by adding the per-step contributions,
 mu^2 = sum_t p_t^2 (e^{1/sigma_t^2} - 1), and composes unsampled Gaussian mechanisms exactly
 (Gaussian(sigma) is exactly (1/sigma)-GDP and mu-GDP composes as mu^2 = sum mu_i^2).
+
+Reproduces Bu et al.'s MNIST values (q = 256/60000, delta = 1e-5; tests/test_gdp.py):
+sigma 0.7 / 45 epochs mu 1.134, eps 5.066; 1.1 / 60: 0.574, 2.324; 1.06 / 20: 0.350, 1.341;
+0.638 / 70: 1.785, 8.697; and the Figure 4 calibration sigma~ = 1.056 (paper 1.06) for the
+moments accountant's 1.3498 at 20 epochs, 0.6385 (paper 0.638) for 8.6757 at 70 epochs.
 """
 
 from __future__ import annotations
