@@ -86,7 +86,7 @@ class GDPAccountant(Accountant):
       limit and can be far below the true privacy loss for finite T (RELIABILITY.md item 9:
       q = 0.1, sigma = 1, T = 10 gives epsilon 1.62 at delta 1e-5 while the tight value is
       2.85). Any such composition makes every :meth:`guarantee` carry ``certified=False`` and
-      :data:`CLT_WARNING`.
+      :data:`CLT_WARNING`. (With p = 1 the event is the plain Gaussian and is composed exactly.)
 
     For a certified GDP parameter of subsampled mechanisms use the tight accountant's
     ``gdp_mu()`` (``dpsharp.accountant("pld")``), which bounds the composed trade-off curve
@@ -120,6 +120,8 @@ class GDPAccountant(Accountant):
         if isinstance(leaf, Gaussian):
             return 1.0 / (leaf.noise_multiplier * leaf.noise_multiplier)
         assert isinstance(leaf, PoissonSampled) and isinstance(leaf.event, Gaussian)
+        if leaf.sampling_probability == 1.0:  # sampling everyone: exactly the Gaussian
+            return 1.0 / (leaf.event.noise_multiplier * leaf.event.noise_multiplier)
         return _clt_mu_squared_term(leaf.sampling_probability, leaf.event.noise_multiplier)
 
     def _on_compose(self, leaves: list[tuple[Event, int]]) -> None:
@@ -131,7 +133,9 @@ class GDPAccountant(Accountant):
         self._mu_squared = math.fsum(
             count * self._leaf_mu_squared(leaf) for leaf, count in merged.items()
         )
-        self._approximate = any(isinstance(leaf, PoissonSampled) for leaf in merged)
+        self._approximate = any(
+            isinstance(leaf, PoissonSampled) and leaf.sampling_probability < 1.0 for leaf in merged
+        )
 
     def _reset_caches(self) -> None:
         self._mu_squared = 0.0
