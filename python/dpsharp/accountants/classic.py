@@ -296,12 +296,14 @@ class ClassicAccountant(Accountant):
             except ValueError:  # e.g. classical calibration outside its range
                 return False
 
+        if self._delta_weight() == 0.0 and self._basic_epsilon(0.5) <= epsilon:
+            return 0.0  # pure-DP steps: basic composition holds with delta = 0
         hi = math.log1p(-1e-12)
         if not within(hi):
             return 1.0
         lo = math.log(1e-300)
         if within(lo):
-            return 1e-300
+            return 1e-300  # the floor of the search, not a claim that delta is exactly this
         while hi - lo > 1e-9 * max(1.0, abs(hi)):
             mid = 0.5 * (lo + hi)
             if within(mid):
