@@ -274,17 +274,21 @@ class ClassicAccountant(Accountant):
         return eps
 
     def split(self, delta: float) -> dict[str, float]:
-        """The per-step delta split used at ``delta``: {"delta_slack", "delta0", "fraction"}."""
+        """The per-step delta split used at ``delta``: the fraction f of delta left as the
+        theorem's slack, ``delta_slack`` = f delta, and ``delta0``, the per-step delta of each
+        Gaussian before amplification (a step sampled at rate q spends q delta0)."""
         delta = require_delta(delta)
         weight = self._delta_weight()
         if self._composition == "basic" or self.is_empty:
             return {"delta_slack": 0.0, "delta0": delta / weight if weight else 0.0, "fraction": 0.0}
         _, fraction = self._best_split(delta)
-        return {
-            "delta_slack": fraction * delta,
-            "delta0": (1.0 - fraction) * delta / weight if weight else 0.0,
-            "fraction": fraction,
-        }
+        if self._composition == "optimal" and weight:
+            ((leaf, count),) = self._counts.items()
+            step_delta = -math.expm1(math.log1p(-(1.0 - fraction) * delta) / count)
+            delta0 = step_delta / _mechanism(leaf)[1]
+        else:
+            delta0 = (1.0 - fraction) * delta / weight if weight else 0.0
+        return {"delta_slack": fraction * delta, "delta0": delta0, "fraction": fraction}
 
     def _delta(self, epsilon: float) -> float:
         # epsilon(delta) decreases in delta: bisection on log delta keeping a bracket
