@@ -9,13 +9,15 @@ from __future__ import annotations
 from dpsharp._native import core as _core_module  # fails loudly if the extension is missing
 from dpsharp.accountants import (
     Accountant,
+    MomentsAccountant,
     PLDAccountant,
     PrivacyGuarantee,
+    RDPAccountant,
     UnsupportedEventError,
     accountant,
     available,
 )
-from dpsharp import calibrate, composition, tradeoff
+from dpsharp import calibrate, composition, rdp, tradeoff
 from dpsharp.accountants.classic import ClassicAccountant
 from dpsharp.accountants.gdp import GDPAccountant, clt_equivalent_noise, clt_equivalent_noise_for
 from dpsharp.accountants.zcdp import ZCDPAccountant
@@ -44,10 +46,12 @@ __all__ = [
     "GDPAccountant",
     "Gaussian",
     "Laplace",
+    "MomentsAccountant",
     "Neighbouring",
     "PLDAccountant",
     "PoissonSampled",
     "PrivacyGuarantee",
+    "RDPAccountant",
     "Repeated",
     "SampledWithoutReplacement",
     "Shuffled",
@@ -63,5 +67,6 @@ __all__ = [
     "clt_equivalent_noise",
     "clt_equivalent_noise_for",
     "composition",
+    "rdp",
     "tradeoff",
 ]
