@@ -279,3 +279,9 @@ def test_registry_and_exact_delta_consistency() -> None:
 def test_composition_bad_input(call, match: str) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_pure_dp_delta_is_zero() -> None:
+    acc = ClassicAccountant("advanced").compose(Laplace(1.0), 2)
+    assert acc.delta(2.0) == 0.0
+    assert acc.delta(1.0) > 0.0

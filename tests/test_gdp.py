@@ -170,3 +170,9 @@ def test_clt_matches_opacus_gdp(sigma: float, q: float, steps: int) -> None:
     assert acc.mu == pytest.approx(mu, rel=1e-12)
     eps = opacus_gdp.compute_eps_poisson(steps=steps, noise_multiplier=sigma, sample_rate=q, delta=1e-5)
     assert acc.epsilon(1e-5) == pytest.approx(eps, rel=1e-6)
+
+
+def test_sampling_everyone_is_the_exact_gaussian() -> None:
+    acc = GDPAccountant().compose(PoissonSampled(Gaussian(2.0), 1.0), 4)
+    assert acc.mu == pytest.approx(1.0) and not acc.is_approximate
+    assert acc.guarantee(1e-5).certified

@@ -216,3 +216,41 @@ def test_restricted_conversions_round_trip(rho: float, u: float, log10_delta: fl
     assert zcdp_delta(rho, eps, alpha_max=u) <= delta * (1 + 1e-6)
     # restricting alpha can only cost: never below the unrestricted bound
     assert eps >= zcdp_epsilon(rho, delta) * (1 - 1e-9)
+
+
+def test_replace_one_relation() -> None:
+    """Under replace-one the noise is stated relative to that relation's sensitivity, so a
+    Gaussian or a Shuffled epoch is accounted the same; Poisson sampling (an add/remove
+    analysis) is refused by the base class."""
+    acc = ZCDPAccountant(neighbouring="replace_one").compose(Shuffled(Gaussian(SIGMA), BATCH, N), 2)
+    assert acc.rho == pytest.approx(2 / 72)
+    with pytest.raises(dpsharp.UnsupportedEventError, match="add_remove"):
+        ZCDPAccountant(batching="sample", neighbouring="replace_one").compose(PoissonSampled(Gaussian(SIGMA), Q))
+    assert dpsharp.GDPAccountant(neighbouring="replace_one").compose(Gaussian(1.0)).mu == 1.0
+    assert dpsharp.ClassicAccountant(neighbouring="replace_one").neighbouring.value == "replace_one"
+
+
+@pytest.mark.parametrize(
+    ("schedule", "epochs_ref"),
+    [
+        (lambda t: 8.0, 100),
+        (lambda t: 10.0 / (1 + 0.05 * t), 38),
+        (lambda t: 10.0 * 0.6 ** (t // 10), 31),
+        (lambda t: 10.0 * math.exp(-0.01 * t), 71),
+        (lambda t: (10.0 - 2.0) * (1 - t / 100) ** 3 + 2.0, 44),
+    ],
+)
+def test_table_ii_dynamic_budget_epochs(schedule, epochs_ref: int) -> None:  # type: ignore[no-untyped-def]
+    """REFERENCE.md, Table II of seeds/004: budget rho = 0.78125, one sigma_t per epoch
+    (t from 0), reshuffling accounting, stop before the epoch whose cost would exceed it."""
+    budget = 0.78125
+    acc = ZCDPAccountant()
+    epoch = 0
+    while True:
+        trial = ZCDPAccountant()
+        trial.load_state_dict(acc.state_dict())
+        trial.compose(Shuffled(Gaussian(schedule(epoch)), 256, 60000))
+        if trial.rho > budget:
+            break
+        acc, epoch = trial, epoch + 1
+    assert epoch == epochs_ref

@@ -17,7 +17,7 @@ from dpsharp.accountants import (
     accountant,
     available,
 )
-from dpsharp import calibrate, composition, tradeoff
+from dpsharp import calibrate, composition, rdp, tradeoff
 from dpsharp import compat, plots
 from dpsharp.accountants.classic import ClassicAccountant
 from dpsharp.accountants.gdp import GDPAccountant, clt_equivalent_noise, clt_equivalent_noise_for
@@ -25,7 +25,6 @@ from dpsharp.accountants.zcdp import ZCDPAccountant
 from dpsharp.calibrate import noise_multiplier as calibrate_noise_multiplier
 from dpsharp.calibrate import sampling_probability as calibrate_sampling_probability
 from dpsharp.calibrate import steps as calibrate_steps
-from dpsharp import rdp
 from dpsharp.events import (
     Composed,
     Event,

@@ -6,6 +6,8 @@ from dpsharp.accountants.base import Accountant, PrivacyGuarantee, UnsupportedEv
 from dpsharp.accountants.registry import accountant, available, register
 from dpsharp.accountants.classic import ClassicAccountant
 from dpsharp.accountants.gdp import GDPAccountant
+from dpsharp.accountants.pld import PLDAccountant
+from dpsharp.accountants.rdp import MomentsAccountant, RDPAccountant
 from dpsharp.accountants.zcdp import ZCDPAccountant
 from dpsharp.accountants.pld import PLDAccountant
 from dpsharp.accountants.rdp import MomentsAccountant, RDPAccountant

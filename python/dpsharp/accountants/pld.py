@@ -56,6 +56,8 @@ _GAUSSIAN, _LAPLACE, _REMOVE, _ADD, _SYMMETRIC = 0, 1, 2, 3, 4
 
 #: Budget for the mass beyond the truncations (per composition, before relative scaling).
 _TAIL_BUDGET = 1e-12
+#: Smallest truncation budget (beyond it the round-off of the FFT dominates).
+_MIN_TAIL = 1e-30
 #: Largest FFT circle (2^24 points, 128 MiB of doubles) before giving up refining.
 _MAX_SIZE = 1 << 24
 
@@ -238,11 +240,11 @@ class PLDAccountant(Accountant):
 
     def _check_floor(self, results: list[ComposedPLD], delta: float) -> None:
         noise = max(r.roundoff for r in results) + 1e-16 * max(math.sqrt(r.mass.size) for r in results)
-        if delta < 100.0 * noise or delta < 1e-15:
+        if delta < 10.0 * noise or delta < 1e-15:
             raise ValueError(
                 f"delta={delta!r} is below what double-precision FFT composition can certify for "
                 f"this composition (round-off level ~{noise:.1e}); ask for delta >= "
-                f"{max(100.0 * noise, 1e-15):.1e}"
+                f"{max(10.0 * noise, 1e-15):.1e}"
             )
 
     def _delta(self, epsilon: float) -> float:
@@ -273,9 +275,15 @@ class PLDAccountant(Accountant):
         epsilon = require_epsilon(epsilon)
         if self.is_empty:
             return 0.0, 0.0
-        uppers = self._bounds_at(0, _TAIL_BUDGET, True)
-        lowers = self._bounds_at(0, _TAIL_BUDGET, False)
-        upper = max(r.delta(epsilon, pessimistic=True) for r in uppers)
+        tail = _TAIL_BUDGET
+        for _ in range(2):
+            uppers = self._bounds_at(0, tail, True)
+            upper = max(r.delta(epsilon, pessimistic=True) for r in uppers)
+            refined = _tail_for(max(upper, 1e-300), self._precision)
+            if refined >= tail:
+                break
+            tail = refined
+        lowers = self._bounds_at(0, tail, False)
         lower = max(r.delta(epsilon, pessimistic=False) for r in lowers)
         return min(lower, upper), upper
 
@@ -377,7 +385,8 @@ def _loss_variance(leaf: Event) -> float:
 def _tail_for(delta: float, precision: float) -> float:
     """Truncation budget for a delta query: its effect on delta is at most 1e-2 * precision *
     delta, i.e. far below the requested relative precision of epsilon."""
-    return min(1e-2 * precision * delta, 1e-8)
+    budget = max(min(1e-2 * precision * delta, _TAIL_BUDGET), _MIN_TAIL)
+    return 10.0 ** math.floor(math.log10(budget))
 
 
 def _gaussian_delta(eps: np.ndarray, mu: float) -> np.ndarray:
