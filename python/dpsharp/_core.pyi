@@ -31,3 +31,31 @@ def pld_discretize(
 
 def pld_log_hockey_stick(mechanism: int, parameter: float, sampling_rate: float, loss: float) -> float:
     """log delta(eps = loss) of the continuous dominating pair (-inf when delta is 0)."""
+
+# --- Renyi DP (cpp/bindings/bind_rdp.cpp) ---------------------------------------------------
+def rdp_poisson_gaussian(
+    sampling_probability: float, noise_multiplier: float, orders: npt.ArrayLike
+) -> np.ndarray:
+    """RDP of the Poisson-subsampled Gaussian (add/remove one) at each order."""
+
+def rdp_poisson_gaussian_log_a_minus_one(
+    sampling_probability: float, noise_multiplier: float, order: float, use_quadrature: bool = False
+) -> float:
+    """log(A_alpha - 1) of the Poisson-subsampled Gaussian."""
+
+def rdp_gaussian(noise_multiplier: float, orders: npt.ArrayLike) -> np.ndarray:
+    """RDP of the Gaussian mechanism."""
+
+def rdp_laplace(scale: float, orders: npt.ArrayLike) -> np.ndarray:
+    """RDP of the Laplace mechanism."""
+
+def rdp_sampled_without_replacement_gaussian(
+    sampling_rate: float, noise_multiplier: float, orders: npt.ArrayLike
+) -> np.ndarray:
+    """Upper bound on the RDP of a Gaussian on a subsample without replacement (replace one)."""
+
+def rdp_epsilon(orders: npt.ArrayLike, rdp: npt.ArrayLike, delta: float, kind: int) -> tuple[float, int]:
+    """(epsilon, index of the optimal order); kind 0 = classic, 1 = tight."""
+
+def rdp_delta(orders: npt.ArrayLike, rdp: npt.ArrayLike, epsilon: float, kind: int) -> tuple[float, int]:
+    """(delta, index of the optimal order); kind 0 = classic, 1 = tight."""
