@@ -117,14 +117,18 @@ def tradeoff_curves(
     -------
     matplotlib.figure.Figure
         One square axes with the identity line (perfect privacy, ``gid="identity"``) and one
-        line per curve with ``gid`` = its label.
+        line per curve with ``gid`` = its label; the first curve is drawn on top.
     """
     alphas = np.asarray(alphas, dtype=float)
     figure = _new_figure(5.6, 5.6)
     axes = figure.add_subplot()
     axes.plot([0.0, 1.0], [1.0, 0.0], color="0.7", linewidth=0.8, gid="identity", label="_perfect privacy")
-    for label, betas in curves.items():
-        axes.plot(alphas, np.asarray(betas, dtype=float), label=label, gid=label)
+    for index, (label, betas) in enumerate(curves.items()):
+        # the first curve (the composition's own) is drawn on top, thicker, so that curves that
+        # coincide with it (a good CLT approximation) do not hide it
+        axes.plot(alphas, np.asarray(betas, dtype=float), label=label, gid=label,
+                  linewidth=2.6 if index == 0 else 1.4, zorder=3 if index == 0 else 2,
+                  alpha=0.8 if index == 0 else 1.0)
     axes.set_xlim(0.0, 1.0)
     axes.set_ylim(0.0, 1.0)
     axes.set_aspect("equal")
