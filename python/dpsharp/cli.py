@@ -19,6 +19,22 @@ Sub-commands:
 ``dpsharp accountants``
     The registered accountant names.
 
+``dpsharp epsilon --json`` prints one object::
+
+    {"inputs": {"dataset_size", "batch_size", "epochs", "steps", "noise_multiplier", "delta",
+                "sampling", "sampling_probability", "neighbouring", "event" (the unit event as
+                dpsharp.events.event_to_dict gives it), "count", "assumption"},
+     "accountants": {NAME: {"applicable": true, "epsilon" (the reported number: a certified
+                            upper bound when "certified"), "epsilon_lower" (proven lower bound
+                            or null), "certified", "neighbouring", "warning", "options" (the
+                            constructor options: dpsharp.accountant(NAME, **options)
+                            reproduces it), the accountant's scalar details, and "order" (RDP,
+                            moments), "mu" (gdp), "rho" (zcdp), "gdp_mu" (pld, certified)}
+                     | {"applicable": false, "reason": "..."}},
+     "plot": {"file", "epochs": {NAME: [...]}, "epsilon": {NAME: [...]}}   (with --plot)}
+
+Non-finite numbers are written as null.
+
 The noise multiplier is noise standard deviation / clipping norm, as in TF Privacy and Opacus;
 how each sampling scheme turns it into events is documented in :mod:`dpsharp._dpsgd`.
 Usage errors print one line naming the flag and exit with status 2.
