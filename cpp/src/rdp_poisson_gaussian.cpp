@@ -217,13 +217,14 @@ double log_a_minus_one_quadrature(double q, double sigma, double alpha) {
   const double lo = -40.0;
   const double hi = std::max(alpha / sigma, 0.5 / sigma) + 40.0;
   std::vector<double> cuts{lo, -20.0, hi};
-  for (double t = -12.0; t <= 12.0; t += 2.0) cuts.push_back(t);
+  for (double t = -12.0; t <= 12.0; t += 3.0) cuts.push_back(t);
   cuts.push_back(0.5 / sigma);
   cuts.push_back(2.0 / sigma);
   cuts.push_back(alpha / sigma);
   for (const auto& [mode, width] : modes_of_envelope(f)) {
-    const double w = std::min(width, (hi - lo) / 32.0);
-    for (int k = -12; k <= 12; ++k) cuts.push_back(mode + k * w);
+    // +-10 widths hold all but ~e^-50 of a Gaussian-shaped peak; adaptivity refines further.
+    const double w = std::min(2.0 * width, (hi - lo) / 16.0);
+    for (int k = -5; k <= 5; ++k) cuts.push_back(mode + k * w);
   }
   std::sort(cuts.begin(), cuts.end());
   std::vector<Piece> pieces;
