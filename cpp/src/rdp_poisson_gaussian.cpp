@@ -217,13 +217,14 @@ double log_a_minus_one_quadrature(double q, double sigma, double alpha) {
   const double lo = -40.0;
   const double hi = std::max(alpha / sigma, 0.5 / sigma) + 40.0;
   std::vector<double> cuts{lo, -20.0, hi};
-  for (double t = -12.0; t <= 12.0; t += 2.0) cuts.push_back(t);
+  for (double t = -12.0; t <= 12.0; t += 3.0) cuts.push_back(t);
   cuts.push_back(0.5 / sigma);
   cuts.push_back(2.0 / sigma);
   cuts.push_back(alpha / sigma);
   for (const auto& [mode, width] : modes_of_envelope(f)) {
-    const double w = std::min(width, (hi - lo) / 32.0);
-    for (int k = -12; k <= 12; ++k) cuts.push_back(mode + k * w);
+    // +-10 widths hold all but ~e^-50 of a Gaussian-shaped peak; adaptivity refines further.
+    const double w = std::min(2.0 * width, (hi - lo) / 16.0);
+    for (int k = -5; k <= 5; ++k) cuts.push_back(mode + k * w);
   }
   std::sort(cuts.begin(), cuts.end());
   std::vector<Piece> pieces;
@@ -274,36 +275,84 @@ double log_a_minus_one_quadrature(double q, double sigma, double alpha) {
 }
 
 // log(A - 1) for integer alpha by the non-negative binomial sum.
+//   term(k) = log C(alpha,k) + (alpha-k) log(1-q) + k log q + log expm1(k(k-1) c),  c = 1/(2 sigma^2).
+// Terms more than kSkip nats below the largest term change the sum by < alpha e^-kSkip relative,
+// so runs of them are skipped with a proven upper bound: for i >= k the increment
+// term(i+1) - term(i) is at most log((alpha-k)/(k+1)) + log(q/(1-q)) + kappa 2 i c with
+// kappa = 1/(1 - exp(-k(k-1)c)) (log expm1 has derivative 1/(1-e^{-y}), decreasing in y), so
+// after j steps term(k+j) <= term(k) + j a0 + kappa c j (2k + j - 1). The sweep jumps to the
+// first j where that bound reaches the threshold. The threshold uses a lower bound of the
+// largest term (the maximum over a coarse sample of k), so nothing that matters is skipped.
 double log_a_minus_one_binomial(double q, double sigma, double alpha) {
+  constexpr double kSkip = 60.0;
   const double log_q = std::log(q);
   const double log_1mq = q < 1.0 ? std::log1p(-q) : kNegInf;
-  const double shift = 0.5 / (sigma * sigma);
+  const double c = 0.5 / (sigma * sigma);
   const double lgamma_alpha = std::lgamma(alpha + 1.0);
   const long n = static_cast<long>(alpha);
-  double running_max = kNegInf;
-  double running_sum = 0.0;
-  // log C(alpha, k) by the recurrence C(alpha, k) = C(alpha, k-1) (alpha - k + 1) / k, anchored
-  // with lgamma every 64 steps so rounding cannot accumulate.
-  double log_binom = 0.0;
-  for (long k = 2; k <= n; ++k) {
+  auto log_expm1_fast = [](double y) { return y > 37.0 ? y : log_expm1(y); };
+  auto term_at = [&](long k, double log_binom) {
     const double kd = static_cast<double>(k);
     const double rest = alpha - kd;
-    if ((k & 63) == 2) {
-      log_binom = lgamma_alpha - std::lgamma(kd + 1.0) - std::lgamma(rest + 1.0);
-    } else {
-      log_binom += std::log((rest + 1.0) / kd);
+    return log_binom + (rest > 0.0 ? rest * log_1mq : 0.0) + kd * log_q +
+           log_expm1_fast(kd * (kd - 1.0) * c);
+  };
+  auto exact_log_binom = [&](long k) {
+    const double kd = static_cast<double>(k);
+    return lgamma_alpha - std::lgamma(kd + 1.0) - std::lgamma(alpha - kd + 1.0);
+  };
+  // A lower bound on the largest term: a coarse sample (both ends, the binomial mode, 64 points).
+  double sampled_max = kNegInf;
+  const long stride = std::max(1L, n / 64);
+  for (long k = 2; k <= n; k += stride) sampled_max = std::max(sampled_max, term_at(k, exact_log_binom(k)));
+  sampled_max = std::max(sampled_max, term_at(n, exact_log_binom(n)));
+  const long mode = std::min(n, std::max(2L, static_cast<long>(q * alpha)));
+  sampled_max = std::max(sampled_max, term_at(mode, exact_log_binom(mode)));
+  const double threshold = sampled_max - kSkip;
+  const double log_odds = q < 1.0 ? log_q - log_1mq : kInf;
+
+  double running_max = kNegInf;
+  double running_sum = 0.0;
+  long k = 2;
+  double log_binom = exact_log_binom(2);
+  long since_anchor = 0;
+  while (k <= n) {
+    const double term = term_at(k, log_binom);
+    if (term >= threshold) {
+      if (term > running_max) {
+        running_sum = running_sum * std::exp(running_max - term) + 1.0;
+        running_max = term;
+      } else {
+        running_sum += std::exp(term - running_max);
+      }
+    } else if (q < 1.0 && k < n) {
+      const double kd = static_cast<double>(k);
+      const double y = kd * (kd - 1.0) * c;
+      const double kappa = 1.0 / -std::expm1(-y);
+      const double a0 = std::log((alpha - kd) / (kd + 1.0)) + log_odds;
+      const double b = kappa * c;  // bound(j) = term + j a0 + b j (2k + j - 1)
+      // smallest j >= 1 with b j^2 + (a0 + b (2k - 1)) j + (term - threshold) >= 0
+      const double lin = a0 + b * (2.0 * kd - 1.0);
+      const double gap = threshold - term;  // > 0
+      double j_real;
+      const double disc = lin * lin + 4.0 * b * gap;
+      j_real = (-lin + std::sqrt(disc)) / (2.0 * b);
+      long jump = static_cast<long>(std::floor(j_real));
+      if (!(jump > 1)) jump = 1;  // also catches NaN
+      if (jump > 1) {
+        k = std::min(n, k + jump);
+        log_binom = exact_log_binom(k);
+        since_anchor = 0;
+        continue;
+      }
     }
-    const double mass_rest = rest > 0.0 ? rest * log_1mq : 0.0;
-    const double exponent = kd * (kd - 1.0) * shift;
-    const double term = log_binom + mass_rest + kd * log_q +
-                        (exponent > 40.0 ? exponent + std::log1p(-std::exp(-exponent))
-                                         : log_expm1(exponent));
-    if (term == kNegInf || term < running_max - 745.0) continue;  // exp would underflow to 0
-    if (term > running_max) {
-      running_sum = running_sum * std::exp(running_max - term) + 1.0;
-      running_max = term;
+    // next term: C(alpha, k+1) = C(alpha, k) (alpha - k) / (k + 1), re-anchored every 64 steps
+    ++k;
+    if (++since_anchor == 64) {
+      log_binom = exact_log_binom(k);
+      since_anchor = 0;
     } else {
-      running_sum += std::exp(term - running_max);
+      log_binom += std::log((alpha - static_cast<double>(k) + 1.0) / static_cast<double>(k));
     }
   }
   if (running_max == kNegInf) return kNegInf;
