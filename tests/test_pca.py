@@ -207,3 +207,19 @@ def test_bad_data() -> None:
         DPPCA(2, 1.0, 1.0).projection()
     with pytest.raises(ValueError, match="no privacy guarantee"):
         DPPCA(2, 0.0, 1.0).privacy_event()
+
+
+def test_full_data_event_and_replace_one_sensitivity() -> None:
+    pca = DPPCA(2, 16.0, 1.0, seed=0)
+    assert pca.full_data_event() == Gaussian(16.0)
+    assert pca.full_data_event("replace_one") == Gaussian(16.0 / math.sqrt(2.0))
+    # Replace-one sensitivity: ||x x^T - y y^T||_F = sqrt(2 - 2 (x.y)^2), at most sqrt(2) (x ⟂ y).
+    rng = np.random.default_rng(1)
+    for _ in range(100):
+        x, y = rng.standard_normal((2, 7))
+        x, y = x / np.linalg.norm(x), y / np.linalg.norm(y)
+        diff = np.linalg.norm(np.outer(x, x) - np.outer(y, y))
+        assert diff == pytest.approx(math.sqrt(2 - 2 * (x @ y) ** 2), rel=1e-10)
+        assert diff <= math.sqrt(2) + 1e-12
+    with pytest.raises(ValueError, match="sampling_probability 1"):
+        DPPCA(2, 16.0, 0.5).full_data_event()

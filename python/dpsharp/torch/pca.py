@@ -41,6 +41,7 @@ rho = 1/(2 sigma_pca^2) for q = 1 under zCDP).
 
 from __future__ import annotations
 
+import math
 import secrets
 from typing import Any
 
@@ -48,7 +49,7 @@ import numpy as np
 import torch
 
 from dpsharp._validation import require_count, require_probability, require_real
-from dpsharp.events import Gaussian, PoissonSampled
+from dpsharp.events import Gaussian, Neighbouring, PoissonSampled
 
 __all__ = ["DPPCA", "PCAProjection", "symmetric_gaussian_noise"]
 
@@ -165,6 +166,24 @@ class DPPCA:
         if self.noise_multiplier == 0.0:
             raise ValueError("noise_multiplier is 0: DP-PCA without noise has no privacy guarantee")
         return PoissonSampled(Gaussian(self.noise_multiplier), self.sampling_probability)
+
+    def full_data_event(self, neighbouring: Neighbouring | str = Neighbouring.ADD_REMOVE) -> Gaussian:
+        """The cost of one :meth:`fit` as an unsampled ``Gaussian`` event, for q = 1 only (e.g.
+        for the zCDP accountant, which has no exact analysis of Poisson sampling: 004 reports
+        rho = 1/(2 sigma_pca^2)). Under add/remove the Frobenius sensitivity is 1, so it is
+        ``Gaussian(sigma)``; under replace-one it is ||x x^T - y y^T||_F =
+        sqrt(2 - 2 (x.y)^2) <= sqrt(2) for unit rows, so ``Gaussian(sigma / sqrt(2))``."""
+        relation = Neighbouring(neighbouring)
+        if self.sampling_probability != 1.0:
+            raise ValueError(
+                f"full_data_event needs sampling_probability 1, got {self.sampling_probability!r}; "
+                "use privacy_event() (PoissonSampled) for q < 1"
+            )
+        if self.noise_multiplier == 0.0:
+            raise ValueError("noise_multiplier is 0: DP-PCA without noise has no privacy guarantee")
+        if relation is Neighbouring.ADD_REMOVE:
+            return Gaussian(self.noise_multiplier)
+        return Gaussian(self.noise_multiplier / math.sqrt(2.0))
 
     def fit(self, data: Any) -> PoissonSampled | None:
         """Run DP-PCA on ``data`` (n x d, or n x (any shape) flattened to n x d rows).
