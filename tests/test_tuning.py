@@ -407,3 +407,31 @@ def test_poisson_search_can_run_nothing() -> None:
     ]
     empty = [r for r in results if r.runs == 0]
     assert empty and all(r.index == -1 and r.candidate is None for r in empty)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_search_bounds_hold_for_random_toy_mechanisms(seed: int) -> None:
+    """Random base pairs (5 ordered outputs, likelihood ratios up to ~e^1.5): the exact
+    divergence of the best-of-K search never exceeds either bound, for several distributions."""
+    rng = np.random.default_rng(1000 + seed)
+    p = rng.dirichlet(np.ones(5))
+    q = p * np.exp(rng.uniform(-0.75, 0.75, size=5))
+    q /= q.sum()
+    base = _base_rdp(p, q, TOY_ORDERS)
+    for eta, gamma in ((1.0, 0.05), (0.0, 0.2), (-0.3, 0.1)):
+        e, g = mpmath.mpf(eta), mpmath.mpf(gamma)
+
+        def pgf(s):  # type: ignore[no-untyped-def]
+            if eta == 0:
+                return mpmath.log(1 - (1 - g) * s) / mpmath.log(g)
+            return ((1 - (1 - g) * s) ** (-e) - 1) / (g ** (-e) - 1)
+
+        bound = truncated_negative_binomial_tuning_rdp(base, TOY_ORDERS, eta=eta, gamma=gamma)
+        for alpha, value in zip(TOY_ORDERS, bound):
+            assert _exact_search_rdp(p, q, pgf, float(alpha), 0.0) <= value
+    for mean in (0.3, 2.0, 20.0):
+        m = mpmath.mpf(mean)
+        bound = poisson_tuning_rdp(base, TOY_ORDERS, mean=mean)
+        for alpha, value in zip(TOY_ORDERS, bound):
+            exact = _exact_search_rdp(p, q, lambda s: mpmath.e ** (m * (s - 1)), float(alpha), float(mpmath.e ** (-m)))
+            assert exact <= value
