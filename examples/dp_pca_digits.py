@@ -18,11 +18,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from sklearn.datasets import load_digits
-from torch.utils.data import DataLoader, TensorDataset
-
 from dpsharp.accountants import accountant as make_accountant
 from dpsharp.torch import DPPCA, PrivacyEngine
+from sklearn.datasets import load_digits
+from torch.utils.data import DataLoader, TensorDataset
 
 
 def run(

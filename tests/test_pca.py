@@ -12,8 +12,8 @@ from scipy import stats
 
 torch = pytest.importorskip("torch")
 
-from dpsharp.events import Gaussian, PoissonSampled  # noqa: E402
-from dpsharp.torch import DPPCA, PCAProjection, symmetric_gaussian_noise  # noqa: E402
+from dpsharp.events import Gaussian, PoissonSampled
+from dpsharp.torch import DPPCA, PCAProjection, symmetric_gaussian_noise
 
 pytestmark = pytest.mark.torch
 

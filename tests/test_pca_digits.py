@@ -12,9 +12,9 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("sklearn")
 pytest.importorskip("dpsharp.torch.clipper")
 
-from dpsharp.accountants import accountant as make_accountant  # noqa: E402
-from dpsharp.accountants import available  # noqa: E402
-from dpsharp.events import Gaussian, PoissonSampled  # noqa: E402
+from dpsharp.accountants import accountant as make_accountant
+from dpsharp.accountants import available
+from dpsharp.events import Gaussian, PoissonSampled
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 

@@ -10,8 +10,6 @@ import math
 import mpmath
 import numpy as np
 import pytest
-from scipy import stats
-
 from dpsharp.events import Gaussian, PoissonSampled, Repeated, event_from_dict, event_to_dict
 from dpsharp.tuning import (
     exponential_mechanism,
@@ -38,6 +36,7 @@ from dpsharp.tuning_events import (
     TruncatedNegativeBinomialTuning,
     rdp_to_delta,
 )
+from scipy import stats
 
 ORDERS = np.concatenate([np.linspace(1.1, 10.9, 99), np.arange(12.0, 64.0), [128.0, 256.0, 1024.0]])
 
@@ -409,6 +408,20 @@ def test_poisson_search_can_run_nothing() -> None:
     assert empty and all(r.index == -1 and r.candidate is None for r in empty)
 
 
+def _tnb_pgf(eta: float, gamma: float):  # type: ignore[no-untyped-def]
+    """E[s^K] for K ~ D_{eta, gamma}: ((1 - (1-gamma) s)^(-eta) - 1)/(gamma^(-eta) - 1), or
+    log(1 - (1-gamma) s)/log(gamma) for eta = 0."""
+    e, g = mpmath.mpf(eta), mpmath.mpf(gamma)
+    if eta == 0:
+        return lambda s: mpmath.log(1 - (1 - g) * s) / mpmath.log(g)
+    return lambda s: ((1 - (1 - g) * s) ** (-e) - 1) / (g ** (-e) - 1)
+
+
+def _poisson_pgf(mean: float):  # type: ignore[no-untyped-def]
+    m = mpmath.mpf(mean)
+    return lambda s: mpmath.e ** (m * (s - 1))
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_search_bounds_hold_for_random_toy_mechanisms(seed: int) -> None:
     """Random base pairs (5 ordered outputs, likelihood ratios up to ~e^1.5): the exact
@@ -419,19 +432,13 @@ def test_search_bounds_hold_for_random_toy_mechanisms(seed: int) -> None:
     q /= q.sum()
     base = _base_rdp(p, q, TOY_ORDERS)
     for eta, gamma in ((1.0, 0.05), (0.0, 0.2), (-0.3, 0.1)):
-        e, g = mpmath.mpf(eta), mpmath.mpf(gamma)
-
-        def pgf(s):  # type: ignore[no-untyped-def]
-            if eta == 0:
-                return mpmath.log(1 - (1 - g) * s) / mpmath.log(g)
-            return ((1 - (1 - g) * s) ** (-e) - 1) / (g ** (-e) - 1)
-
+        pgf = _tnb_pgf(eta, gamma)
         bound = truncated_negative_binomial_tuning_rdp(base, TOY_ORDERS, eta=eta, gamma=gamma)
         for alpha, value in zip(TOY_ORDERS, bound):
             assert _exact_search_rdp(p, q, pgf, float(alpha), 0.0) <= value
     for mean in (0.3, 2.0, 20.0):
-        m = mpmath.mpf(mean)
         bound = poisson_tuning_rdp(base, TOY_ORDERS, mean=mean)
+        poisson_pgf = _poisson_pgf(mean)
         for alpha, value in zip(TOY_ORDERS, bound):
-            exact = _exact_search_rdp(p, q, lambda s: mpmath.e ** (m * (s - 1)), float(alpha), float(mpmath.e ** (-m)))
+            exact = _exact_search_rdp(p, q, poisson_pgf, float(alpha), float(mpmath.e ** (-mean)))
             assert exact <= value

@@ -6,10 +6,15 @@ from __future__ import annotations
 import math
 
 import pytest
-
 from dpsharp.accountants.base import UnsupportedEventError
 from dpsharp.events import Gaussian, PoissonSampled, Repeated, Shuffled
-from dpsharp.tuning_events import DisjointParts, PoissonTuning, PureDP, RandomChoice, TruncatedNegativeBinomialTuning
+from dpsharp.tuning_events import (
+    DisjointParts,
+    PoissonTuning,
+    PureDP,
+    RandomChoice,
+    TruncatedNegativeBinomialTuning,
+)
 
 zcdp = pytest.importorskip("dpsharp.accountants.zcdp")
 classic = pytest.importorskip("dpsharp.accountants.classic")

@@ -18,12 +18,18 @@ Three analyses, from the oldest to the tightest:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Generic, Sequence, TypeVar
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from dpsharp._validation import require_count, require_positive_finite, require_probability, require_real
+from dpsharp._validation import (
+    require_count,
+    require_positive_finite,
+    require_probability,
+    require_real,
+)
 from dpsharp.events import Event
 from dpsharp.tuning_events import (
     DisjointParts,

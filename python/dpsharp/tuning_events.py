@@ -21,8 +21,8 @@ of these types, so a host accountant adds one dispatch line.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -30,11 +30,11 @@ from dpsharp._validation import require_positive_finite, require_real
 from dpsharp.events import Event, register_event_type
 
 __all__ = [
+    "TUNING_EVENT_TYPES",
     "DisjointParts",
     "PoissonTuning",
     "PureDP",
     "RandomChoice",
-    "TUNING_EVENT_TYPES",
     "TruncatedNegativeBinomialTuning",
     "epsilon_delta_of_leaf",
     "poisson_tuning_rdp",
