@@ -220,7 +220,11 @@ def reference_gaussian(
     k2 = (b2 << 21) | (b3 >> 11)
     u1 = (k1 + 1).to(torch.float64) * two_m53
     u2 = k2.to(torch.float64) * two_m53
-    radius = torch.sqrt(-2.0 * _reference_log_unit(u1))
+    # numpy's sqrt is the correctly rounded IEEE one; torch's CPU float64 sqrt is not always
+    # (it differs in the last bit for some inputs), and the kernel uses the IEEE one.
+    import numpy as np
+
+    radius = torch.from_numpy(np.sqrt((-2.0 * _reference_log_unit(u1)).numpy()))
     sin_v, cos_v = _reference_sincos_two_pi(u2)
     z = torch.stack([radius * cos_v, radius * sin_v], dim=1).reshape(-1)
     return z[:numel]

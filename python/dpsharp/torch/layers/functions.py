@@ -189,9 +189,13 @@ class _FallbackFn(torch.autograd.Function):
 
         float_inputs = tuple(x for x, flt in zip(inputs, float_mask) if flt)
         other_inputs = tuple(x for x, flt in zip(inputs, float_mask) if not flt)
-        grad_params, grad_inputs = torch.func.vmap(
-            one_example, in_dims=(None, 0, 0, 0), randomness="error"
-        )(params, float_inputs, other_inputs, grad_out)
+        handle.bypass = True  # type: ignore[attr-defined]
+        try:
+            grad_params, grad_inputs = torch.func.vmap(
+                one_example, in_dims=(None, 0, 0, 0), randomness="error"
+            )(params, float_inputs, other_inputs, grad_out)
+        finally:
+            handle.bypass = False  # type: ignore[attr-defined]
         b = grad_out.shape[0]
         scale = handle.scale_of(b)
         grads = {}
@@ -261,9 +265,12 @@ def patch_module(module: nn.Module, kind: str, handle: LayerHandle) -> None:
         named = list(module.named_parameters())
         handle.param_names = [n for n, _ in named]  # type: ignore[attr-defined]
         handle.param_objects = [p for _, p in named]  # type: ignore[attr-defined]
+        handle.bypass = False  # type: ignore[attr-defined]
 
         def forward(*args: Any, **kwargs: Any) -> Any:
-            if not torch.is_grad_enabled() or not _any_trainable(handle.param_objects):  # type: ignore[attr-defined]
+            if (handle.bypass  # type: ignore[attr-defined]
+                    or not torch.is_grad_enabled()
+                    or not _any_trainable(handle.param_objects)):  # type: ignore[attr-defined]
                 return original(*args, **kwargs)
             if kwargs or not all(isinstance(a, torch.Tensor) for a in args):
                 raise TypeError(
