@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from dpsharp.accountants.base import Accountant, PrivacyGuarantee, UnsupportedEventError
 from dpsharp.accountants.registry import accountant, available, register
+from dpsharp.accountants.pld import PLDAccountant
 
 __all__ = [
     "Accountant",
+    "PLDAccountant",
     "PrivacyGuarantee",
     "UnsupportedEventError",
     "accountant",
