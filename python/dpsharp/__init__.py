@@ -10,11 +10,14 @@ from dpsharp._native import core as _core_module  # fails loudly if the extensio
 from dpsharp.accountants import (
     Accountant,
     PLDAccountant,
+    MomentsAccountant,
     PrivacyGuarantee,
+    RDPAccountant,
     UnsupportedEventError,
     accountant,
     available,
 )
+from dpsharp import rdp
 from dpsharp.events import (
     Composed,
     Event,
@@ -47,10 +50,12 @@ __all__ = [
     "Event",
     "Gaussian",
     "Laplace",
+    "MomentsAccountant",
     "Neighbouring",
     "PLDAccountant",
     "PoissonSampled",
     "PrivacyGuarantee",
+    "RDPAccountant",
     "Repeated",
     "SampledWithoutReplacement",
     "Shuffled",
@@ -58,4 +63,5 @@ __all__ = [
     "__version__",
     "accountant",
     "available",
+    "rdp",
 ]

@@ -1,0 +1,84 @@
+// RDP curve -> (epsilon, delta): the classic tail bound and the tight conversion.
+#include <cmath>
+#include <cstddef>
+#include <stdexcept>
+#include <string>
+
+#include "dpsharp/numerics.hpp"
+#include "dpsharp/rdp.hpp"
+
+namespace dpsharp::rdp {
+namespace {
+
+void check_curve(const double* orders, const double* rdp, std::size_t n, int kind) {
+  if (n == 0) throw std::invalid_argument("orders must not be empty");
+  if (kind != 0 && kind != 1) throw std::invalid_argument("conversion kind must be 0 or 1");
+  for (std::size_t i = 0; i < n; ++i) {
+    if (!std::isfinite(orders[i]) || !(orders[i] > 1.0)) {
+      throw std::invalid_argument("orders must be finite and > 1, got " + std::to_string(orders[i]));
+    }
+    if (std::isnan(rdp[i]) || rdp[i] < 0.0) {
+      throw std::invalid_argument("rdp values must be >= 0 (or +inf), got " + std::to_string(rdp[i]));
+    }
+  }
+}
+
+}  // namespace
+
+Conversion epsilon_from_rdp(const double* orders, const double* rdp, std::size_t n, double delta,
+                            int kind) {
+  check_curve(orders, rdp, n, kind);
+  if (!std::isfinite(delta) || !(delta > 0.0) || !(delta < 1.0)) {
+    throw std::invalid_argument("delta must be in (0, 1), got " + std::to_string(delta));
+  }
+  const double log_delta = std::log(delta);
+  Conversion best{kInf, 0};
+  for (std::size_t i = 0; i < n; ++i) {
+    const double a = orders[i], r = rdp[i];
+    double eps;
+    if (r == kInf) {
+      eps = kInf;
+    } else if (kind == 0) {
+      eps = r - log_delta / (a - 1.0);
+    } else if (delta * delta + std::expm1(-r) > 0.0) {
+      // Total variation <= sqrt(1 - exp(-KL)) <= sqrt(1 - exp(-D_alpha)) <= delta: (0, delta)-DP.
+      eps = 0.0;
+    } else if (a > 1.01) {
+      eps = r + std::log1p(-1.0 / a) - (log_delta + std::log(a)) / (a - 1.0);
+    } else {
+      eps = kInf;  // the tight bound is numerically unstable as alpha -> 1
+    }
+    if (eps < best.value) best = {eps, i};
+  }
+  if (best.value < 0.0) best.value = 0.0;
+  return best;
+}
+
+Conversion delta_from_rdp(const double* orders, const double* rdp, std::size_t n, double epsilon,
+                          int kind) {
+  check_curve(orders, rdp, n, kind);
+  if (!std::isfinite(epsilon) || epsilon < 0.0) {
+    throw std::invalid_argument("epsilon must be in [0, inf), got " + std::to_string(epsilon));
+  }
+  Conversion best{kInf, 0};  // log delta
+  for (std::size_t i = 0; i < n; ++i) {
+    const double a = orders[i], r = rdp[i];
+    double log_delta;
+    if (r == kInf) {
+      log_delta = kInf;
+    } else if (kind == 0) {
+      log_delta = (a - 1.0) * (r - epsilon);
+    } else {
+      log_delta = r == 0.0 ? kNegInf : 0.5 * std::log1p(-std::exp(-r));
+      if (a > 1.01) {
+        const double bound = (a - 1.0) * (r - epsilon + std::log1p(-1.0 / a)) - std::log(a);
+        if (bound < log_delta) log_delta = bound;
+      }
+    }
+    if (log_delta < best.value) best = {log_delta, i};
+  }
+  best.value = best.value >= 0.0 ? 1.0 : std::exp(best.value);
+  return best;
+}
+
+}  // namespace dpsharp::rdp

@@ -1,0 +1,114 @@
+// Closed-form and bounded RDP curves: the plain Gaussian, Laplace, and the Gaussian on a
+// subsample drawn without replacement (replace-one relation).
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <stdexcept>
+#include <string>
+
+#include "dpsharp/numerics.hpp"
+#include "dpsharp/rdp.hpp"
+
+namespace dpsharp::rdp {
+namespace {
+
+constexpr double kLog2 = 0.69314718055994530942;
+constexpr double kMaxOrder = 1e6;
+
+void check_orders(const double* orders, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) {
+    if (!std::isfinite(orders[i]) || !(orders[i] > 1.0) || orders[i] > kMaxOrder) {
+      throw std::invalid_argument("orders must be finite and in (1, 1e6], got " +
+                                  std::to_string(orders[i]));
+    }
+  }
+}
+
+void check_positive(const char* name, double value) {
+  if (!std::isfinite(value) || !(value > 0.0)) {
+    throw std::invalid_argument(std::string(name) + " must be in (0, inf), got " +
+                                std::to_string(value));
+  }
+}
+
+// Theorem 9 of Wang, Balle, Kasiviswanathan 2019 for integer alpha >= 2 with the Gaussian's
+// eps(j) = j / (2 sigma^2) and eps(inf) = inf (so every min{2, (e^eps(inf) - 1)^j} is 2):
+//   (alpha - 1) D_alpha <= log(1 + gamma^2 C(alpha,2) min{4 (e^eps(2) - 1), 2 e^eps(2)}
+//                             + sum_{j=3}^{alpha} 2 gamma^j C(alpha,j) e^{(j-1) eps(j)}),
+// capped by the unsampled Gaussian's (alpha - 1) alpha / (2 sigma^2). Returns (alpha-1) D_alpha.
+double wor_scaled_bound(double gamma, double sigma, long alpha) {
+  const double a = static_cast<double>(alpha);
+  const double c = 0.5 / (sigma * sigma);
+  const double unsampled = (a - 1.0) * a * c;
+  const double log_gamma = std::log(gamma);
+  const double lgamma_alpha = std::lgamma(a + 1.0);
+  const double eps2 = 2.0 * c;
+  const double second =
+      std::min(std::log(4.0) + std::log(std::expm1(eps2)), kLog2 + eps2);
+  double log_sum = 2.0 * log_gamma + std::log(a * (a - 1.0) / 2.0) + second;
+  for (long j = 3; j <= alpha; ++j) {
+    const double jd = static_cast<double>(j);
+    const double log_binom = lgamma_alpha - std::lgamma(jd + 1.0) - std::lgamma(a - jd + 1.0);
+    log_sum = log_add_exp(log_sum, kLog2 + jd * log_gamma + log_binom + (jd - 1.0) * jd * c);
+  }
+  const double bound = log_sum < 0.0 ? std::log1p(std::exp(log_sum))
+                                     : log_sum + std::log1p(std::exp(-log_sum));
+  return std::min(bound, unsampled);
+}
+
+}  // namespace
+
+void gaussian(double sigma, const double* orders, std::size_t n, double* out) {
+  check_positive("noise_multiplier", sigma);
+  check_orders(orders, n);
+  for (std::size_t i = 0; i < n; ++i) out[i] = orders[i] * 0.5 / (sigma * sigma);
+}
+
+void laplace(double scale, const double* orders, std::size_t n, double* out) {
+  check_positive("scale", scale);
+  check_orders(orders, n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const double a = orders[i];
+    const double beta = a - 1.0;
+    if (beta / scale < 50.0) {
+      // The argument of the log is 1 + (alpha-1)/(2 alpha-1) * [alpha expm1(beta/b)/beta
+      // + expm1(-alpha/b)]; its first-order terms cancel, so form the bracket with expm1 and
+      // take log1p (no cancellation of the leading 1 as alpha -> 1 or b grows).
+      const double bracket = a * std::expm1(beta / scale) / beta + std::expm1(-a / scale);
+      out[i] = std::log1p(beta / (2.0 * a - 1.0) * bracket) / beta;
+      continue;
+    }
+    const double first = std::log(a / (2.0 * a - 1.0)) + (a - 1.0) / scale;
+    const double second = std::log((a - 1.0) / (2.0 * a - 1.0)) - a / scale;
+    out[i] = log_add_exp(first, second) / (a - 1.0);
+  }
+}
+
+void sampled_without_replacement_gaussian(double gamma, double sigma, const double* orders,
+                                          std::size_t n, double* out) {
+  if (!std::isfinite(gamma) || !(gamma > 0.0) || gamma > 1.0) {
+    throw std::invalid_argument("sampling_rate must be in (0, 1], got " + std::to_string(gamma));
+  }
+  check_positive("noise_multiplier", sigma);
+  check_orders(orders, n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const double alpha = orders[i];
+    const double unsampled = alpha * 0.5 / (sigma * sigma);
+    const double floor_alpha = std::floor(alpha);
+    double scaled;  // an upper bound on (alpha - 1) D_alpha
+    if (alpha == floor_alpha) {
+      scaled = wor_scaled_bound(gamma, sigma, static_cast<long>(alpha));
+    } else if (alpha < 2.0) {
+      // K(alpha) = (alpha-1) D_alpha is convex with K(1) = 0, so K(alpha) <= (alpha-1) K(2).
+      scaled = (alpha - 1.0) * wor_scaled_bound(gamma, sigma, 2);
+    } else {
+      const double theta = alpha - floor_alpha;
+      const long lower = static_cast<long>(floor_alpha);
+      scaled = (1.0 - theta) * wor_scaled_bound(gamma, sigma, lower) +
+               theta * wor_scaled_bound(gamma, sigma, lower + 1);
+    }
+    out[i] = std::min(scaled / (alpha - 1.0), unsampled);
+  }
+}
+
+}  // namespace dpsharp::rdp

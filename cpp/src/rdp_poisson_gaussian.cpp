@@ -1,0 +1,363 @@
+// Renyi divergence of the Poisson-subsampled Gaussian mechanism under add/remove one.
+//
+// With L(z) = exp((2z - 1)/(2 sigma^2)) the likelihood ratio N(1, sigma^2)/N(0, sigma^2) and
+// u = q (L - 1), Mironov, Talwar, Zhang 2019 (Sections 3.1-3.3) show that
+//   D_alpha = log(A_alpha)/(alpha - 1),  A_alpha = E_{z ~ N(0, sigma^2)}[(1 + u)^alpha],
+// the maximum over the two directions of the add/remove relation. Since E[u] = 0,
+//   A_alpha - 1 = E[(1 + u)^alpha - 1 - alpha u],
+// an expectation of a NON-NEGATIVE function (convexity of x^alpha). Computing A - 1 directly,
+// as a sum or integral of non-negative terms, is what makes tiny divergences (q = 1e-6,
+// sigma = 1000: D ~ 1e-18) come out to full relative precision, where computing A and then
+// log(A) would cancel catastrophically. log A = log1p(A - 1) keeps that precision.
+//
+// Integer alpha: the binomial expansion (MTZ Section 3.3) with the "- 1" folded into each term,
+//   A - 1 = sum_{k=2}^{alpha} C(alpha, k) (1-q)^(alpha-k) q^k expm1(k (k-1) / (2 sigma^2)),
+// all terms >= 0, summed in log space.
+// Fractional alpha: adaptive Gauss-Kronrod (7/15) quadrature in t = z / sigma of
+//   phi(t) g(u),  g(u) = beta * [(1+u) log(1+u) - u] + (1+u) * e1(beta log(1+u)),
+// beta = alpha - 1, e1(x) = expm1(x) - x. Both brackets are >= 0 for every u > -1, so g is
+// evaluated without cancellation (each bracket by its Taylor series near 0). The quadrature
+// carries its error estimate; if it cannot certify the target precision it returns +inf.
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "dpsharp/numerics.hpp"
+#include "dpsharp/rdp.hpp"
+
+namespace dpsharp::rdp {
+namespace {
+
+constexpr double kLogSqrt2Pi = 0.91893853320467274178;  // log(sqrt(2 pi))
+constexpr double kLog2 = 0.69314718055994530942;
+// The quadrature stops when its (pessimistic) Kronrod-Gauss error estimate is below this
+// fraction of the integral; the true error of the Kronrod result is far smaller still.
+constexpr double kQuadratureTolerance = 1e-12;
+constexpr std::size_t kMaxIntervals = 4000;
+// Orders above this are refused (the integer sum costs O(alpha)).
+constexpr double kMaxOrder = 1e6;
+
+// log(expm1(y)) for y > 0.
+double log_expm1(double y) noexcept {
+  if (y > 0.5) return y + std::log1p(-std::exp(-y));
+  return std::log(std::expm1(y));
+}
+
+// log(exp(x) - 1 - x) for any real x (the value is >= 0, and 0 only at x = 0).
+double log_e1(double x) noexcept {
+  if (x == 0.0) return kNegInf;
+  if (std::fabs(x) < 0.5) {
+    // x^2/2 * (1 + x/3 + x^2/12 + ...) = sum_{k>=2} x^k / k!
+    double term = 1.0;  // x^(k-2) * 2 / k!, starting at k = 2
+    double sum = 1.0;
+    for (int k = 3; k < 40; ++k) {
+      term *= x / k;
+      sum += term;
+      if (std::fabs(term) < 1e-18 * sum) break;
+    }
+    return 2.0 * std::log(std::fabs(x)) - kLog2 + std::log(sum);
+  }
+  if (x > 0.0) {
+    if (x < 40.0) return std::log(std::expm1(x) - x);
+    return x + std::log1p(-(1.0 + x) * std::exp(-x));
+  }
+  return std::log(std::exp(x) - 1.0 - x);
+}
+
+// log((1+u) log(1+u) - u) for u > -1, given u and L = log1p(u) (u may be +inf, then L is
+// finite and large).
+double log_phi(double u, double L) noexcept {
+  if (u == 0.0) return kNegInf;
+  if (std::fabs(u) < 0.25) {
+    // sum_{k>=2} (-1)^k u^k / (k (k-1)) = u^2/2 - u^3/6 + u^4/12 - ...
+    double power = 1.0;  // (-u)^(k-2)
+    double sum = 0.5;
+    for (int k = 3; k < 60; ++k) {
+      power *= -u;
+      const double term = power / (static_cast<double>(k) * (k - 1));
+      sum += term;
+      if (std::fabs(term) < 1e-18 * sum) break;
+    }
+    return 2.0 * std::log(std::fabs(u)) + std::log(sum);
+  }
+  if (std::isinf(u)) return L + std::log(L - 1.0);
+  return std::log((1.0 + u) * L - u);
+}
+
+struct Integrand {
+  double q, sigma, alpha;
+  double log_q, log_1mq, beta, log_beta, inv_sigma, shift;
+
+  Integrand(double q_, double sigma_, double alpha_)
+      : q(q_),
+        sigma(sigma_),
+        alpha(alpha_),
+        log_q(std::log(q_)),
+        log_1mq(std::log1p(-q_)),
+        beta(alpha_ - 1.0),
+        log_beta(std::log(alpha_ - 1.0)),
+        inv_sigma(1.0 / sigma_),
+        shift(0.5 / (sigma_ * sigma_)) {}
+
+  // log of phi(t) * g(u(t)), the integrand of A - 1 in t = z / sigma.
+  double operator()(double t) const noexcept {
+    const double s = t * inv_sigma - shift;
+    double u;
+    double L;
+    if (s < 700.0) {
+      u = q * std::expm1(s);
+      L = std::log1p(u);
+    } else {
+      u = kInf;
+      L = log_q + s + std::log1p(std::exp(log_1mq - log_q - s));
+    }
+    const double log_term1 = log_beta + log_phi(u, L);
+    const double log_term2 = L + log_e1(beta * L);
+    return -0.5 * t * t - kLogSqrt2Pi + log_add_exp(log_term1, log_term2);
+  }
+};
+
+// Gauss-Kronrod 7/15 nodes and weights on [-1, 1] (QUADPACK qk15).
+constexpr double kXgk[8] = {0.991455371120812639206854697526329, 0.949107912342758524526189684047851,
+                            0.864864423359769072789712788640926, 0.741531185599394439863864773280788,
+                            0.586087235467691130294144845693013, 0.405845151377397166906606412076961,
+                            0.207784955007898467600689403773245, 0.000000000000000000000000000000000};
+constexpr double kWgk[8] = {0.022935322010529224963732008058970, 0.063092092629978553290700663189204,
+                            0.104790010322250183839876322541518, 0.140653259715525918745189590510238,
+                            0.169004726639267902826583426598550, 0.190350578064785409913256402421014,
+                            0.204432940075298892414161999234649, 0.209482141084727828012999174891714};
+constexpr double kWg[4] = {0.129484966168869693270611432679082, 0.279705391489276667901467771423780,
+                           0.381830050505118944950369775488975, 0.417959183673469387755102040816327};
+
+struct Piece {
+  double a, b;
+  double log_max;  // the largest log-integrand value seen on the piece
+  double kronrod;  // integral / exp(log_max)
+  double error;    // |kronrod - gauss| / exp(log_max)
+};
+
+Piece integrate_piece(const Integrand& f, double a, double b) {
+  const double half = 0.5 * (b - a);
+  const double mid = 0.5 * (a + b);
+  double values[15];
+  values[7] = f(mid);
+  for (int j = 0; j < 7; ++j) {
+    values[j] = f(mid - half * kXgk[j]);
+    values[14 - j] = f(mid + half * kXgk[j]);
+  }
+  double log_max = kNegInf;
+  for (double v : values) log_max = std::max(log_max, v);
+  Piece piece{a, b, log_max, 0.0, 0.0};
+  if (log_max == kNegInf) return piece;
+  double kronrod = kWgk[7] * std::exp(values[7] - log_max);
+  double gauss = kWg[3] * std::exp(values[7] - log_max);
+  for (int j = 0; j < 7; ++j) {
+    const double pair = std::exp(values[j] - log_max) + std::exp(values[14 - j] - log_max);
+    kronrod += kWgk[j] * pair;
+    if (j % 2 == 1) gauss += kWg[j / 2] * pair;
+  }
+  piece.kronrod = kronrod * half;
+  piece.error = std::fabs(kronrod - gauss) * half;
+  return piece;
+}
+
+// The modes of h(t) = -t^2/2 + alpha log(1 - q + q e^{s(t)}), which bounds the log-integrand
+// from above where u > 0 and matches it where u >> 1/alpha. h' = -t + alpha p(t)/sigma with
+// p a logistic function of t, so h'' = -1 + (alpha/sigma^2) p (1-p) changes sign at most twice
+// and h has at most two local maxima, all in [0, alpha/sigma]; each is bracketed between the
+// inflection points and found by bisection.
+std::vector<std::pair<double, double>> modes_of_envelope(const Integrand& f) {
+  const double q = f.q, sigma = f.sigma, alpha = f.alpha;
+  const double logit_q = f.log_q - f.log_1mq;
+  auto p_of = [&](double t) {
+    const double x = logit_q + t / sigma - f.shift;
+    return x >= 0 ? 1.0 / (1.0 + std::exp(-x)) : std::exp(x) / (1.0 + std::exp(x));
+  };
+  auto dh = [&](double t) { return -t + alpha * p_of(t) / sigma; };
+  auto t_of_p = [&](double p) { return sigma * (std::log(p / (1.0 - p)) - logit_q + f.shift); };
+  std::vector<double> cuts{0.0, alpha / sigma};
+  const double disc = 1.0 - 4.0 * sigma * sigma / alpha;
+  if (disc > 0.0) {
+    const double root = std::sqrt(disc);
+    for (double p : {0.5 * (1.0 - root), 0.5 * (1.0 + root)}) {
+      if (p > 0.0 && p < 1.0) {
+        const double t = t_of_p(p);
+        if (t > 0.0 && t < alpha / sigma) cuts.push_back(t);
+      }
+    }
+  }
+  std::sort(cuts.begin(), cuts.end());
+  std::vector<std::pair<double, double>> modes;  // (location, width)
+  for (std::size_t i = 0; i + 1 < cuts.size(); ++i) {
+    double lo = cuts[i], hi = cuts[i + 1];
+    const double dlo = dh(lo), dhi = dh(hi);
+    if (!(dlo >= 0.0 && dhi <= 0.0)) continue;  // a maximum needs h' going from + to -
+    for (int it = 0; it < 200 && hi - lo > 1e-12 * (1.0 + std::fabs(hi)); ++it) {
+      const double m = 0.5 * (lo + hi);
+      (dh(m) > 0.0 ? lo : hi) = m;
+    }
+    const double t = 0.5 * (lo + hi);
+    const double p = p_of(t);
+    const double curvature = 1.0 - alpha / (sigma * sigma) * p * (1.0 - p);
+    modes.emplace_back(t, 1.0 / std::sqrt(std::max(curvature, 1e-8)));
+  }
+  (void)q;
+  return modes;
+}
+
+// log(A - 1) by adaptive quadrature, or +inf if the precision cannot be certified.
+double log_a_minus_one_quadrature(double q, double sigma, double alpha) {
+  const Integrand f(q, sigma, alpha);
+  // The integrand is negligible outside [-40, alpha/sigma + 40]: left of t = 1/(2 sigma) it is
+  // at most phi(t) alpha q; right of alpha/sigma it is below phi(t)(1+u)^alpha, whose log has
+  // derivative <= alpha/sigma - t, so it falls by > 800 nats within 40 units.
+  const double lo = -40.0;
+  const double hi = std::max(alpha / sigma, 0.5 / sigma) + 40.0;
+  std::vector<double> cuts{lo, -20.0, hi};
+  for (double t = -12.0; t <= 12.0; t += 2.0) cuts.push_back(t);
+  cuts.push_back(0.5 / sigma);
+  cuts.push_back(2.0 / sigma);
+  cuts.push_back(alpha / sigma);
+  for (const auto& [mode, width] : modes_of_envelope(f)) {
+    const double w = std::min(width, (hi - lo) / 32.0);
+    for (int k = -12; k <= 12; ++k) cuts.push_back(mode + k * w);
+  }
+  std::sort(cuts.begin(), cuts.end());
+  std::vector<Piece> pieces;
+  pieces.reserve(256);
+  double previous = lo;
+  for (double c : cuts) {
+    if (c <= previous) continue;
+    if (c > hi) c = hi;
+    if (c - previous > 1e-9) {
+      pieces.push_back(integrate_piece(f, previous, c));
+      previous = c;
+    }
+    if (c >= hi) break;
+  }
+  while (true) {
+    double global_max = kNegInf;
+    for (const Piece& p : pieces) global_max = std::max(global_max, p.log_max);
+    if (global_max == kNegInf) return kNegInf;  // cannot happen for q > 0; A - 1 = 0
+    if (!std::isfinite(global_max)) return kInf;
+    double total = 0.0, total_error = 0.0;
+    std::size_t worst = 0;
+    double worst_error = -1.0;
+    for (std::size_t i = 0; i < pieces.size(); ++i) {
+      const double scale = std::exp(pieces[i].log_max - global_max);
+      total += pieces[i].kronrod * scale;
+      const double err = pieces[i].error * scale;
+      total_error += err;
+      if (err > worst_error) {
+        worst_error = err;
+        worst = i;
+      }
+    }
+    if (!(total > 0.0) || !std::isfinite(total)) return kInf;
+    // D_alpha = log1p(A - 1)/(alpha - 1) needs A - 1 only to relative precision
+    // tol * max(1, log A): when A is large, log A absorbs a relative error of A - 1 as an
+    // absolute one. (Rounding in the log-integrand is ~1e-16 * log A, so this is reachable.)
+    const double log_am1 = global_max + std::log(total);
+    const double log_a = log_am1 < 0.0 ? std::log1p(std::exp(log_am1))
+                                       : log_am1 + std::log1p(std::exp(-log_am1));
+    if (total_error <= kQuadratureTolerance * std::max(1.0, log_a) * total) return log_am1;
+    if (pieces.size() >= kMaxIntervals) return kInf;  // fail closed
+    const Piece split = pieces[worst];
+    const double mid = 0.5 * (split.a + split.b);
+    if (!(mid > split.a && mid < split.b)) return kInf;
+    pieces[worst] = integrate_piece(f, split.a, mid);
+    pieces.push_back(integrate_piece(f, mid, split.b));
+  }
+}
+
+// log(A - 1) for integer alpha by the non-negative binomial sum.
+double log_a_minus_one_binomial(double q, double sigma, double alpha) {
+  const double log_q = std::log(q);
+  const double log_1mq = q < 1.0 ? std::log1p(-q) : kNegInf;
+  const double shift = 0.5 / (sigma * sigma);
+  const double lgamma_alpha = std::lgamma(alpha + 1.0);
+  const long n = static_cast<long>(alpha);
+  double running_max = kNegInf;
+  double running_sum = 0.0;
+  // log C(alpha, k) by the recurrence C(alpha, k) = C(alpha, k-1) (alpha - k + 1) / k, anchored
+  // with lgamma every 64 steps so rounding cannot accumulate.
+  double log_binom = 0.0;
+  for (long k = 2; k <= n; ++k) {
+    const double kd = static_cast<double>(k);
+    const double rest = alpha - kd;
+    if ((k & 63) == 2) {
+      log_binom = lgamma_alpha - std::lgamma(kd + 1.0) - std::lgamma(rest + 1.0);
+    } else {
+      log_binom += std::log((rest + 1.0) / kd);
+    }
+    const double mass_rest = rest > 0.0 ? rest * log_1mq : 0.0;
+    const double exponent = kd * (kd - 1.0) * shift;
+    const double term = log_binom + mass_rest + kd * log_q +
+                        (exponent > 40.0 ? exponent + std::log1p(-std::exp(-exponent))
+                                         : log_expm1(exponent));
+    if (term == kNegInf || term < running_max - 745.0) continue;  // exp would underflow to 0
+    if (term > running_max) {
+      running_sum = running_sum * std::exp(running_max - term) + 1.0;
+      running_max = term;
+    } else {
+      running_sum += std::exp(term - running_max);
+    }
+  }
+  if (running_max == kNegInf) return kNegInf;
+  return running_max + std::log(running_sum);
+}
+
+void check_order(double order) {
+  if (!std::isfinite(order) || !(order > 1.0) || order > kMaxOrder) {
+    throw std::invalid_argument("orders must be finite and in (1, 1e6], got " +
+                                std::to_string(order));
+  }
+}
+
+void check_poisson(double q, double sigma) {
+  if (!std::isfinite(q) || !(q > 0.0) || q > 1.0) {
+    throw std::invalid_argument("sampling_probability must be in (0, 1], got " + std::to_string(q));
+  }
+  if (!std::isfinite(sigma) || !(sigma > 0.0)) {
+    throw std::invalid_argument("noise_multiplier must be in (0, inf), got " + std::to_string(sigma));
+  }
+}
+
+}  // namespace
+
+double poisson_gaussian_log_a_minus_one(double q, double sigma, double order,
+                                        bool use_quadrature) {
+  check_poisson(q, sigma);
+  check_order(order);
+  if (q == 1.0) return log_expm1(order * (order - 1.0) * 0.5 / (sigma * sigma));
+  if (!use_quadrature && order == std::floor(order)) return log_a_minus_one_binomial(q, sigma, order);
+  return log_a_minus_one_quadrature(q, sigma, order);
+}
+
+void poisson_gaussian(double q, double sigma, const double* orders, std::size_t n, double* out) {
+  check_poisson(q, sigma);
+  for (std::size_t i = 0; i < n; ++i) check_order(orders[i]);
+  for (std::size_t i = 0; i < n; ++i) {
+    const double alpha = orders[i];
+    if (q == 1.0) {
+      out[i] = alpha * 0.5 / (sigma * sigma);  // no sampling: the Gaussian itself
+      continue;
+    }
+    const double log_am1 = alpha == std::floor(alpha) ? log_a_minus_one_binomial(q, sigma, alpha)
+                                                      : log_a_minus_one_quadrature(q, sigma, alpha);
+    double log_a;
+    if (std::isnan(log_am1) || log_am1 == kInf) {
+      log_a = kInf;
+    } else if (log_am1 < 0.0) {
+      log_a = std::log1p(std::exp(log_am1));
+    } else {
+      log_a = log_am1 + std::log1p(std::exp(-log_am1));
+    }
+    out[i] = log_a / (alpha - 1.0);
+  }
+}
+
+}  // namespace dpsharp::rdp

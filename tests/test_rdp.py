@@ -1,0 +1,333 @@
+"""RDP curves and the RDP / moments accountants: known answers (../shared/REFERENCE.md),
+closed forms, conversions, the accountant contract, and bad input."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+import dpsharp
+from dpsharp import (
+    Composed,
+    Gaussian,
+    Laplace,
+    MomentsAccountant,
+    PoissonSampled,
+    RDPAccountant,
+    Repeated,
+    SampledWithoutReplacement,
+    Shuffled,
+    UnsupportedEventError,
+)
+from dpsharp.rdp import (
+    DEFAULT_ORDERS,
+    delta_from_rdp,
+    epsilon_from_rdp,
+    gaussian_rdp,
+    laplace_rdp,
+    poisson_gaussian_rdp,
+    sampled_without_replacement_gaussian_rdp,
+)
+
+MNIST_Q = 256 / 60000
+BU_ORDERS = [1 + x / 10 for x in range(1, 100)] + list(range(12, 64))
+
+
+def mnist_steps(epochs: float) -> int:
+    return round(epochs * 60000 / 256)
+
+
+# --------------------------------------------------------------------- known answers
+@pytest.mark.parametrize(
+    ("q", "sigma", "steps", "expected"),
+    [(0.01, 4.0, 10000, 1.2586), (0.01, 4.0, 40000, 2.5759), (0.01, 6.0, 40000, 1.6705)],
+)
+def test_moments_accountant_reference_values(q: float, sigma: float, steps: int, expected: float) -> None:
+    """REFERENCE.md: Abadi et al. (002) moments accountant and Yu et al. (004) row, re-derived."""
+    acc = MomentsAccountant().compose(PoissonSampled(Gaussian(sigma), q), steps)
+    assert round(acc.epsilon(1e-5), 4) == expected
+
+
+@pytest.mark.parametrize(
+    ("sigma", "epochs", "expected", "order"),
+    [(0.7, 45, 7.1006, 3.8), (0.7, 70, 8.6757, 3.5), (1.3, 20, 1.3498, 17.0)],
+)
+def test_rdp_fractional_orders_reference_values(
+    sigma: float, epochs: int, expected: float, order: float
+) -> None:
+    """REFERENCE.md: Bu et al. (000) Table 1 MNIST rows, orders {1.1..10.9} U {12..63}, classic."""
+    acc = RDPAccountant(BU_ORDERS, "classic").compose(
+        PoissonSampled(Gaussian(sigma), MNIST_Q), mnist_steps(epochs)
+    )
+    guarantee = acc.guarantee(1e-5)
+    assert round(guarantee.epsilon, 4) == expected
+    assert guarantee.details["order"] == pytest.approx(order)
+
+
+def test_moments_accountant_is_classic_conversion_on_orders_2_to_33() -> None:
+    """delta = min_lambda exp(alpha(lambda) - lambda eps), alpha(lambda) = lambda D_{lambda+1}."""
+    event = PoissonSampled(Gaussian(1.1), 0.02)
+    acc = MomentsAccountant().compose(event, 500)
+    lambdas = np.arange(1, 33)
+    log_moments = 500 * lambdas * poisson_gaussian_rdp(0.02, 1.1, lambdas + 1.0)
+    eps = 2.0
+    assert acc.delta(eps) == pytest.approx(math.exp(np.min(log_moments - lambdas * eps)), rel=1e-12)
+    assert acc.epsilon(1e-6) == pytest.approx(
+        np.min((log_moments + math.log(1e6)) / lambdas), rel=1e-12
+    )
+    assert acc.guarantee(1e-6).details["lambda"] == acc.guarantee(1e-6).details["order"] - 1
+
+
+# --------------------------------------------------------------------- closed forms
+def test_gaussian_closed_form_and_q_equal_one() -> None:
+    orders = np.array([1.01, 1.5, 2.0, 7.25, 1000.0])
+    for sigma in (0.3, 1.0, 17.0):
+        expected = orders / (2 * sigma**2)
+        np.testing.assert_allclose(gaussian_rdp(sigma, orders), expected, rtol=1e-15)
+        np.testing.assert_allclose(poisson_gaussian_rdp(1.0, sigma, orders), expected, rtol=1e-15)
+
+
+def test_laplace_closed_form_against_mpmath() -> None:
+    """Mironov 2017, Proposition 6, evaluated independently at 50 digits."""
+    mpmath = pytest.importorskip("mpmath")
+    with mpmath.workdps(50):
+        for scale in (0.1, 1.0, 30.0):
+            for alpha in (1.001, 1.5, 2.0, 9.75, 500.0):
+                a, b = mpmath.mpf(alpha), mpmath.mpf(scale)
+                ref = mpmath.log(
+                    a / (2 * a - 1) * mpmath.exp((a - 1) / b)
+                    + (a - 1) / (2 * a - 1) * mpmath.exp(-a / b)
+                ) / (a - 1)
+                ours = laplace_rdp(scale, [alpha])[0]
+                assert abs(ours - ref) <= 1e-12 * ref
+
+
+def test_laplace_rdp_tends_to_pure_dp() -> None:
+    """D_alpha -> 1/b as alpha -> inf, and never exceeds it (Laplace is (1/b, 0)-DP)."""
+    values = laplace_rdp(0.5, [2.0, 100.0, 1e5])
+    assert np.all(values <= 2.0) and values[-1] == pytest.approx(2.0, rel=1e-4)
+
+
+def test_sampled_without_replacement_bound_properties() -> None:
+    orders = np.array(DEFAULT_ORDERS)
+    for gamma, sigma in [(0.01, 1.0), (0.1, 0.7), (1.0, 2.0)]:
+        values = sampled_without_replacement_gaussian_rdp(gamma, sigma, orders)
+        assert np.all(values <= orders / (2 * sigma**2) * (1 + 1e-15))
+        assert np.all(np.diff(values * (orders - 1)) >= -1e-12)  # (alpha-1) D is non-decreasing
+        assert np.all(np.isfinite(values)) and np.all(values >= 0)
+    # smaller gamma, smaller bound
+    small = sampled_without_replacement_gaussian_rdp(0.001, 1.0, orders)
+    large = sampled_without_replacement_gaussian_rdp(0.01, 1.0, orders)
+    assert np.all(small <= large)
+
+
+def test_fractional_wor_is_the_convex_interpolation() -> None:
+    lo, hi, mid = sampled_without_replacement_gaussian_rdp(0.05, 1.5, [3.0, 4.0, 3.25])
+    expected = (0.75 * 2 * lo + 0.25 * 3 * hi) / 2.25
+    assert mid == pytest.approx(min(expected, 3.25 / (2 * 1.5**2)), rel=1e-14)
+
+
+def test_integer_orders_equal_quadrature() -> None:
+    """The two independent methods of the core (binomial sum, Gauss-Kronrod) agree."""
+    from dpsharp._native import core
+
+    for q, sigma, alpha in [(0.01, 1.0, 32.0), (0.3, 0.4, 500.0), (1e-5, 50.0, 2.0), (0.9, 2.0, 7.0)]:
+        by_sum = core.rdp_poisson_gaussian_log_a_minus_one(q, sigma, alpha, False)
+        by_quadrature = core.rdp_poisson_gaussian_log_a_minus_one(q, sigma, alpha, True)
+        assert by_quadrature == pytest.approx(by_sum, rel=1e-12, abs=1e-12)
+
+
+def test_curve_is_monotone_in_order() -> None:
+    values = poisson_gaussian_rdp(0.01, 0.8, DEFAULT_ORDERS)
+    assert np.all(np.diff(values) >= 0)
+
+
+# --------------------------------------------------------------------- conversions
+def test_classic_and_tight_conversions_formulas() -> None:
+    orders = np.array([1.5, 2.0, 8.0, 32.0])
+    rdp = np.array([0.3, 0.5, 2.0, 9.0])
+    delta = 1e-6
+    classic = rdp + math.log(1 / delta) / (orders - 1)
+    tight = rdp + np.log1p(-1 / orders) - (math.log(delta) + np.log(orders)) / (orders - 1)
+    eps, order = epsilon_from_rdp(orders, rdp, delta, conversion="classic")
+    assert eps == pytest.approx(classic.min(), rel=1e-15) and order == orders[classic.argmin()]
+    eps, order = epsilon_from_rdp(orders, rdp, delta, conversion="tight")
+    assert eps == pytest.approx(tight.min(), rel=1e-15) and order == orders[tight.argmin()]
+    assert epsilon_from_rdp(orders, rdp, delta, conversion="tight")[0] < classic.min()
+
+
+def test_kl_bound_gives_zero_epsilon() -> None:
+    # delta >= sqrt(1 - exp(-D)) -> (0, delta)-DP
+    assert epsilon_from_rdp([2.0], [1e-4], 0.5)[0] == 0.0
+
+
+def test_infinite_rdp_gives_infinite_epsilon() -> None:
+    assert epsilon_from_rdp([2.0, 3.0], [math.inf, math.inf], 1e-5)[0] == math.inf
+    assert delta_from_rdp([2.0, 3.0], [math.inf, math.inf], 1.0)[0] == 1.0
+
+
+def test_conversions_are_inverse() -> None:
+    orders = np.array(DEFAULT_ORDERS)
+    rdp = 100 * poisson_gaussian_rdp(0.02, 1.0, orders)
+    for conversion in ("classic", "tight"):
+        for delta in (1e-3, 1e-5, 1e-9):
+            eps, _ = epsilon_from_rdp(orders, rdp, delta, conversion=conversion)  # type: ignore[arg-type]
+            back, _ = delta_from_rdp(orders, rdp, eps, conversion=conversion)  # type: ignore[arg-type]
+            assert back == pytest.approx(delta, rel=1e-9)
+
+
+# --------------------------------------------------------------------- accountant contract
+def test_registered_and_exported() -> None:
+    assert isinstance(dpsharp.accountant("rdp"), RDPAccountant)
+    assert isinstance(dpsharp.accountant("moments"), MomentsAccountant)
+    assert dpsharp.rdp.poisson_gaussian_rdp is poisson_gaussian_rdp
+    from dpsharp.accountants import MomentsAccountant as M, RDPAccountant as R
+
+    assert (M, R) == (MomentsAccountant, RDPAccountant)
+
+
+def test_heterogeneous_composition_sums_curves() -> None:
+    orders = [1.5, 2.0, 4.0, 16.0]
+    a = PoissonSampled(Gaussian(1.0), 0.01)
+    b = PoissonSampled(Gaussian(2.0), 0.05)
+    acc = RDPAccountant(orders).compose(a, 30).compose(b, 7).compose(Gaussian(5.0)).compose(Laplace(3.0), 2)
+    expected = (
+        30 * poisson_gaussian_rdp(0.01, 1.0, orders)
+        + 7 * poisson_gaussian_rdp(0.05, 2.0, orders)
+        + gaussian_rdp(5.0, orders)
+        + 2 * laplace_rdp(3.0, orders)
+    )
+    np.testing.assert_allclose(acc.rdp(), expected, rtol=1e-14)
+    assert acc.epsilon(1e-5) == epsilon_from_rdp(orders, acc.rdp(), 1e-5)[0]
+
+
+def test_count_repeated_composed_state_dict_identical() -> None:
+    a = PoissonSampled(Gaussian(1.0), 0.01)
+    b = Gaussian(3.0)
+    one = RDPAccountant().compose(a, 20).compose(b, 20)
+    two = RDPAccountant().compose(Repeated(Composed((b, a)), 20))
+    three = RDPAccountant()
+    for _ in range(20):
+        three.compose(a).compose(b)
+    restored = RDPAccountant()
+    restored.load_state_dict(json.loads(json.dumps(one.state_dict())))
+    for delta in (1e-3, 1e-7):
+        values = {acc.epsilon(delta) for acc in (one, two, three, restored)}
+        assert len(values) == 1
+    assert one.delta(1.0) == restored.delta(1.0) == two.delta(1.0)
+
+
+def test_sampled_without_replacement_needs_replace_one() -> None:
+    event = SampledWithoutReplacement(Gaussian(1.0), 64, 6400)
+    with pytest.raises(UnsupportedEventError, match="SampledWithoutReplacement"):
+        RDPAccountant().compose(event)
+    acc = RDPAccountant(neighbouring="replace_one").compose(event, 100)
+    expected = epsilon_from_rdp(
+        DEFAULT_ORDERS, 100 * sampled_without_replacement_gaussian_rdp(0.01, 1.0, DEFAULT_ORDERS), 1e-5
+    )[0]
+    assert acc.epsilon(1e-5) == expected
+    with pytest.raises(UnsupportedEventError, match="PoissonSampled"):
+        acc.compose(PoissonSampled(Gaussian(1.0), 0.01))
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        PoissonSampled(Laplace(1.0), 0.1),
+        Shuffled(Gaussian(1.0), 10, 100),
+        Composed((Gaussian(1.0), PoissonSampled(PoissonSampled(Gaussian(1.0), 0.5), 0.5))),
+    ],
+)
+def test_unsupported_events_are_refused_by_name(event: object) -> None:
+    for acc in (RDPAccountant(), MomentsAccountant()):
+        assert not acc.supports(event)  # type: ignore[arg-type]
+        with pytest.raises(UnsupportedEventError, match=r"PoissonSampled|Shuffled"):
+            acc.compose(event)  # type: ignore[arg-type]
+        assert acc.is_empty
+
+
+def test_empty_accountant() -> None:
+    assert RDPAccountant().epsilon(1e-5) == 0.0
+    assert MomentsAccountant().delta(1.0) == 0.0
+
+
+# --------------------------------------------------------------------- bad input
+@pytest.mark.timeout(5)
+@pytest.mark.parametrize("sigma", [0.0, -1.0, math.nan, math.inf])
+def test_bad_noise_multiplier(sigma: float) -> None:
+    with pytest.raises(ValueError, match="noise_multiplier"):
+        poisson_gaussian_rdp(0.1, sigma, [2.0])
+    with pytest.raises(ValueError, match="noise_multiplier"):
+        gaussian_rdp(sigma, [2.0])
+    with pytest.raises(ValueError, match="noise_multiplier"):
+        sampled_without_replacement_gaussian_rdp(0.1, sigma, [2.0])
+
+
+@pytest.mark.timeout(5)
+@pytest.mark.parametrize("q", [0.0, -0.1, 1.5, math.nan, math.inf])
+def test_bad_sampling_probability(q: float) -> None:
+    with pytest.raises(ValueError, match="sampling_probability"):
+        poisson_gaussian_rdp(q, 1.0, [2.0])
+
+
+@pytest.mark.timeout(5)
+@pytest.mark.parametrize("orders", [[1.0], [0.5], [math.nan], [math.inf], [2.0, math.nan], [], [2e6], "x"])
+def test_bad_orders(orders: object) -> None:
+    with pytest.raises(ValueError, match="orders"):
+        poisson_gaussian_rdp(0.1, 1.0, orders)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="orders"):
+        RDPAccountant(orders)  # type: ignore[arg-type]
+
+
+@pytest.mark.timeout(5)
+def test_bad_core_arguments_are_rejected_in_cpp_too() -> None:
+    """The compiled core guards itself even when called without the Python checks."""
+    from dpsharp._native import core
+
+    for args in [(math.nan, 1.0, [2.0]), (0.1, math.nan, [2.0]), (0.1, 1.0, [math.nan]), (0.1, 1.0, [1.0])]:
+        with pytest.raises(ValueError):
+            core.rdp_poisson_gaussian(*args)
+    with pytest.raises(ValueError, match="delta"):
+        core.rdp_epsilon([2.0], [1.0], math.nan, 1)
+
+
+@pytest.mark.timeout(5)
+@pytest.mark.parametrize("delta", [0.0, 1.0, -1e-5, 2.0, math.nan, math.inf])
+def test_bad_delta(delta: float) -> None:
+    acc = RDPAccountant().compose(PoissonSampled(Gaussian(1.0), 0.01), 10)
+    with pytest.raises(ValueError, match="delta"):
+        acc.epsilon(delta)
+    with pytest.raises(ValueError, match="delta"):
+        epsilon_from_rdp([2.0], [1.0], delta)
+
+
+@pytest.mark.timeout(5)
+@pytest.mark.parametrize("epsilon", [-1.0, math.nan, math.inf])
+def test_bad_epsilon(epsilon: float) -> None:
+    acc = MomentsAccountant().compose(PoissonSampled(Gaussian(1.0), 0.01), 10)
+    with pytest.raises(ValueError, match="epsilon"):
+        acc.delta(epsilon)
+
+
+@pytest.mark.timeout(5)
+def test_bad_counts_and_options() -> None:
+    acc = RDPAccountant()
+    with pytest.raises(ValueError, match="count"):
+        acc.compose(Gaussian(1.0), -1)
+    with pytest.raises(TypeError, match="count"):
+        acc.compose(Gaussian(1.0), 2.5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="conversion"):
+        RDPAccountant(conversion="loose")
+    with pytest.raises(ValueError, match="rdp"):
+        epsilon_from_rdp([2.0, 3.0], [1.0, math.nan], 1e-5)
+    assert acc.is_empty
+
+
+def test_extreme_regimes_fail_closed_or_finite() -> None:
+    """Huge orders with tiny sigma: a finite exact value or +inf, never NaN and never small."""
+    values = poisson_gaussian_rdp(0.5, 0.3, [9999.5, 10000.0])
+    assert not np.isnan(values).any()
+    assert np.all(values >= 0.5 * 9999.5 / (2 * 0.3**2))  # >= D of the q-scaled... sanity floor
