@@ -178,6 +178,8 @@ def test_projection_layer_is_frozen_and_projects() -> None:
     np.testing.assert_allclose(layer(inputs).detach().numpy(), expected, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(pca.transform(data[:10]).numpy(), expected, rtol=1e-12)
     assert "components" in layer.state_dict()
+    # float64 inputs are projected at full precision.
+    np.testing.assert_allclose(layer(torch.as_tensor(data[:10])).numpy(), expected, rtol=1e-12)
 
 
 @pytest.mark.parametrize(

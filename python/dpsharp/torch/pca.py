@@ -95,7 +95,9 @@ class PCAProjection(torch.nn.Module):
         super().__init__()
         if not isinstance(components, torch.Tensor) or components.dim() != 2:
             raise ValueError("components must be a 2-d tensor of shape (d, k)")
-        self.register_buffer("components", components.detach().clone().to(torch.float32))
+        # Kept in the precision it was computed in (float64 from DPPCA.fit); cast to the input's
+        # dtype and device at each call, so float32 and float64 models both work.
+        self.register_buffer("components", components.detach().clone())
 
     @property
     def in_features(self) -> int:
