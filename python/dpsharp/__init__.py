@@ -9,15 +9,21 @@ from __future__ import annotations
 from dpsharp._native import core as _core_module  # fails loudly if the extension is missing
 from dpsharp.accountants import (
     Accountant,
-    PLDAccountant,
     MomentsAccountant,
+    PLDAccountant,
     PrivacyGuarantee,
     RDPAccountant,
     UnsupportedEventError,
     accountant,
     available,
 )
-from dpsharp import rdp
+from dpsharp import calibrate, composition, rdp, tradeoff
+from dpsharp.accountants.classic import ClassicAccountant
+from dpsharp.accountants.gdp import GDPAccountant, clt_equivalent_noise, clt_equivalent_noise_for
+from dpsharp.accountants.zcdp import ZCDPAccountant
+from dpsharp.calibrate import noise_multiplier as calibrate_noise_multiplier
+from dpsharp.calibrate import sampling_probability as calibrate_sampling_probability
+from dpsharp.calibrate import steps as calibrate_steps
 from dpsharp.events import (
     Composed,
     Event,
@@ -46,8 +52,10 @@ __all__ = [
     "RandomChoice",
     "TruncatedNegativeBinomialTuning",
     "Accountant",
+    "ClassicAccountant",
     "Composed",
     "Event",
+    "GDPAccountant",
     "Gaussian",
     "Laplace",
     "MomentsAccountant",
@@ -60,8 +68,17 @@ __all__ = [
     "SampledWithoutReplacement",
     "Shuffled",
     "UnsupportedEventError",
+    "ZCDPAccountant",
     "__version__",
     "accountant",
     "available",
+    "calibrate",
+    "calibrate_noise_multiplier",
+    "calibrate_sampling_probability",
+    "calibrate_steps",
+    "clt_equivalent_noise",
+    "clt_equivalent_noise_for",
+    "composition",
     "rdp",
+    "tradeoff",
 ]

@@ -4,16 +4,22 @@ from __future__ import annotations
 
 from dpsharp.accountants.base import Accountant, PrivacyGuarantee, UnsupportedEventError
 from dpsharp.accountants.registry import accountant, available, register
+from dpsharp.accountants.classic import ClassicAccountant
+from dpsharp.accountants.gdp import GDPAccountant
 from dpsharp.accountants.pld import PLDAccountant
 from dpsharp.accountants.rdp import MomentsAccountant, RDPAccountant
+from dpsharp.accountants.zcdp import ZCDPAccountant
 
 __all__ = [
     "Accountant",
+    "ClassicAccountant",
+    "GDPAccountant",
     "MomentsAccountant",
     "PLDAccountant",
     "PrivacyGuarantee",
     "RDPAccountant",
     "UnsupportedEventError",
+    "ZCDPAccountant",
     "accountant",
     "available",
     "register",

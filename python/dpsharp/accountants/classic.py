@@ -79,13 +79,22 @@ from dpsharp.composition import (
     extended_advanced_composition,
     optimal_composition_epsilon,
 )
-from dpsharp.events import Event, Gaussian, Laplace, PoissonSampled, Shuffled, flatten
+from dpsharp.events import (
+    Event,
+    Gaussian,
+    Laplace,
+    Neighbouring,
+    PoissonSampled,
+    Shuffled,
+    flatten,
+)
 from dpsharp.tradeoff import gdp_epsilon
 from dpsharp.tuning_events import PureDP  # issue 11: an epsilon-DP step (e.g. exponential mechanism)
 
 __all__ = ["ClassicAccountant", "paper_strong_composition_002"]
 
 _COMPOSITIONS = ("basic", "advanced", "optimal")
+_INVALID = 1e200  # objective value standing for "no valid bound at this split"
 _GAUSSIAN_CALIBRATIONS = ("analytic", "classical")
 
 
@@ -134,12 +143,18 @@ class ClassicAccountant(Accountant):
 
     certified = True
 
-    def __init__(self, composition: str = "advanced", *, gaussian: str = "analytic") -> None:
+    def __init__(
+        self,
+        composition: str = "advanced",
+        *,
+        gaussian: str = "analytic",
+        neighbouring: Neighbouring | str = Neighbouring.ADD_REMOVE,
+    ) -> None:
         if composition not in _COMPOSITIONS:
             raise ValueError(f"composition must be one of {_COMPOSITIONS}, got {composition!r}")
         if gaussian not in _GAUSSIAN_CALIBRATIONS:
             raise ValueError(f"gaussian must be one of {_GAUSSIAN_CALIBRATIONS}, got {gaussian!r}")
-        super().__init__()
+        super().__init__(neighbouring=neighbouring)
         self._composition = composition
         self._gaussian = gaussian
 
@@ -229,14 +244,16 @@ class ClassicAccountant(Accountant):
         def objective(log_odds: float) -> float:
             fraction = 1.0 / (1.0 + math.exp(-log_odds))
             try:
-                return self._epsilon_at_split(delta, fraction)
+                value = self._epsilon_at_split(delta, fraction)
             except ValueError:  # e.g. classical calibration outside eps_0 < 1 at this split
-                return math.inf
+                value = math.inf
+            # a large finite stand-in keeps Brent's parabolic steps free of inf - inf
+            return value if math.isfinite(value) else _INVALID + abs(log_odds)
 
         grid = np.linspace(-24.0, 24.0, 33)
         values = [objective(t) for t in grid]
         best = int(np.argmin(values))
-        if not math.isfinite(values[best]):
+        if values[best] >= _INVALID:
             # report why (re-raise the calibration error at the middle split)
             self._epsilon_at_split(delta, 0.5)
             return math.inf, 0.5
@@ -260,17 +277,21 @@ class ClassicAccountant(Accountant):
         return eps
 
     def split(self, delta: float) -> dict[str, float]:
-        """The per-step delta split used at ``delta``: {"delta_slack", "delta0", "fraction"}."""
+        """The per-step delta split used at ``delta``: the fraction f of delta left as the
+        theorem's slack, ``delta_slack`` = f delta, and ``delta0``, the per-step delta of each
+        Gaussian before amplification (a step sampled at rate q spends q delta0)."""
         delta = require_delta(delta)
         weight = self._delta_weight()
         if self._composition == "basic" or self.is_empty:
             return {"delta_slack": 0.0, "delta0": delta / weight if weight else 0.0, "fraction": 0.0}
         _, fraction = self._best_split(delta)
-        return {
-            "delta_slack": fraction * delta,
-            "delta0": (1.0 - fraction) * delta / weight if weight else 0.0,
-            "fraction": fraction,
-        }
+        if self._composition == "optimal" and weight:
+            ((leaf, count),) = self._counts.items()
+            step_delta = -math.expm1(math.log1p(-(1.0 - fraction) * delta) / count)
+            delta0 = step_delta / _mechanism(leaf)[1]
+        else:
+            delta0 = (1.0 - fraction) * delta / weight if weight else 0.0
+        return {"delta_slack": fraction * delta, "delta0": delta0, "fraction": fraction}
 
     def _delta(self, epsilon: float) -> float:
         # epsilon(delta) decreases in delta: bisection on log delta keeping a bracket
@@ -282,12 +303,14 @@ class ClassicAccountant(Accountant):
             except ValueError:  # e.g. classical calibration outside its range
                 return False
 
+        if self._delta_weight() == 0.0 and self._basic_epsilon(0.5) <= epsilon:
+            return 0.0  # pure-DP steps: basic composition holds with delta = 0
         hi = math.log1p(-1e-12)
         if not within(hi):
             return 1.0
         lo = math.log(1e-300)
         if within(lo):
-            return 1e-300
+            return 1e-300  # the floor of the search, not a claim that delta is exactly this
         while hi - lo > 1e-9 * max(1.0, abs(hi)):
             mid = 0.5 * (lo + hi)
             if within(mid):

@@ -22,6 +22,15 @@ Batching (Yu, Liu, Pu, Gursoy, Truex 2019, seeds/004, Section IV-B):
   for q <= 1/(16 sigma). The paper itself states that this P was found empirically (it "misses
   an asymptotic term" of the moment bound it was derived from), so results that use it are
   approximations, flagged as such, and refused outside the stated range.
+
+The paper's numbers (q = 0.01, sigma = 6, delta = 1e-5; tests/test_zcdp.py):
+
+* reshuffling, 400 epochs: rho = 400/72 = 5.556, Bun-Steinke epsilon 21.551 (paper 21.5);
+  the CKS conversion of the same rho gives 20.39, which ``epsilon`` reports.
+* random sampling, T = 40000: rho_hat = T q^2/sigma^2 = 1/9, U = 36 log(1/0.06) + 1 = 102.28;
+  exp(-rho_hat (U - 1)^2) = e^-1139 <= delta, so case (15): 1/9 + 2 sqrt(log(1e5)/9) = 2.373
+  (paper 2.37); with CKS restricted to alpha <= U: 2.029.
+* one step: rho = 1/72 = 0.0139 (paper 0.0139).
 """
 
 from __future__ import annotations
@@ -34,7 +43,7 @@ from scipy.optimize import minimize_scalar
 from dpsharp._validation import require_delta, require_epsilon, require_real
 from dpsharp.accountants.base import Accountant, PrivacyGuarantee
 from dpsharp.accountants.registry import register
-from dpsharp.events import Event, Gaussian, Laplace, PoissonSampled, Shuffled, flatten
+from dpsharp.events import Event, Gaussian, Laplace, Neighbouring, PoissonSampled, Shuffled, flatten
 from dpsharp.tuning_events import TUNING_EVENT_TYPES, DisjointParts, PureDP, RandomChoice, unsupported_reason_of_leaf
 
 __all__ = [
@@ -202,10 +211,15 @@ class ZCDPAccountant(Accountant):
 
     certified = True
 
-    def __init__(self, batching: str = "reshuffle") -> None:
+    def __init__(
+        self,
+        batching: str = "reshuffle",
+        *,
+        neighbouring: Neighbouring | str = Neighbouring.ADD_REMOVE,
+    ) -> None:
         if batching not in ("reshuffle", "sample"):
             raise ValueError(f"batching must be 'reshuffle' or 'sample', got {batching!r}")
-        super().__init__()
+        super().__init__(neighbouring=neighbouring)
         self._batching = batching
         self._rho = 0.0
         self._alpha_max: float | None = None
