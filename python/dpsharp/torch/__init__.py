@@ -1,0 +1,3 @@
+"""Optional PyTorch integration. Importing this package does not import torch."""
+
+from __future__ import annotations
