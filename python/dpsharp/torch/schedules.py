@@ -473,8 +473,17 @@ def learning_rates_from_scheduler(
 
 
 def _new_accountant(name: str, options: dict[str, Any] | None) -> Any:
-    from dpsharp.accountants import accountant as make
+    import importlib
 
+    from dpsharp.accountants import accountant as make
+    from dpsharp.accountants import available
+
+    if isinstance(name, str) and name.isidentifier() and name not in available():
+        # Accountant modules register on import; load dpsharp.accountants.<name> if it exists.
+        try:
+            importlib.import_module(f"dpsharp.accountants.{name}")
+        except ModuleNotFoundError:
+            pass
     return make(name, **(options or {}))
 
 
@@ -486,7 +495,7 @@ def schedule_events(
     steps_per_epoch: int | None = None,
     batch_size: int | None = None,
     dataset_size: int | None = None,
-) -> Composed:
+) -> Event:
     """The events of ``length`` indices (steps or epochs, the schedule's unit) of a run.
 
     * Poisson sampling (``sampling_probability`` q): every step is
@@ -495,8 +504,8 @@ def schedule_events(
     * Random reshuffling (``batch_size`` and ``dataset_size``; epoch schedules only): each epoch
       is ``Shuffled(Gaussian(sigma_t), batch_size, dataset_size)`` (Yu et al. 2019, Theorem 2).
 
-    Consecutive equal sigmas are grouped with :class:`Repeated`; the multiset of leaves is
-    exactly one event per step (or epoch).
+    Consecutive equal sigmas are grouped with :class:`Repeated` (several groups in a
+    :class:`Composed`); the multiset of leaves is exactly one event per step (or epoch).
     """
     length = require_count("length", length)
     if isinstance(schedule, NoiseSchedule):
@@ -543,6 +552,8 @@ def schedule_events(
         reps = (stop - start) * per
         events.append(leaf if reps == 1 else Repeated(leaf, reps))
         start = stop
+    if len(events) == 1:
+        return events[0]
     return Composed(tuple(events))
 
 
