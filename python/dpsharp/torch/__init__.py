@@ -1,3 +1,52 @@
-"""Optional PyTorch integration. Importing this package does not import torch."""
+"""Optional PyTorch integration: DP training on top of torch (imported lazily).
+
+``import dpsharp`` never imports torch; ``import dpsharp.torch`` does not either until one of
+the names below is first used. Each submodule exports its own names through ``_LAZY``.
+"""
 
 from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_LAZY: dict[str, str] = {
+    # training API (issue 7): optimizers, loaders, engine
+    "DPOptimizer": "dpsharp.torch.optimizer",
+    "NoisySGD": "dpsharp.torch.optimizer",
+    "NoisyAdam": "dpsharp.torch.optimizer",
+    "NoisyAdaGrad": "dpsharp.torch.optimizer",
+    "DPDataLoader": "dpsharp.torch.data",
+    "PoissonDataLoader": "dpsharp.torch.data",
+    "ShuffledDataLoader": "dpsharp.torch.data",
+    "WithoutReplacementDataLoader": "dpsharp.torch.data",
+    "PrivacyEngine": "dpsharp.torch.engine",
+    "PrivacyBudget": "dpsharp.torch.engine",
+    "PrivacyReport": "dpsharp.torch.engine",
+    "BudgetExhausted": "dpsharp.torch.engine",
+    # noise schedules (issue 8)
+    "NoiseSchedule": "dpsharp.torch.schedules",
+    "Constant": "dpsharp.torch.schedules",
+    "TimeBased": "dpsharp.torch.schedules",
+    "Exponential": "dpsharp.torch.schedules",
+    "StepDecay": "dpsharp.torch.schedules",
+    "Polynomial": "dpsharp.torch.schedules",
+    "ValidationBased": "dpsharp.torch.schedules",
+    "ADP": "dpsharp.torch.schedules",
+    "calibrate_schedule": "dpsharp.torch.schedules",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        module_name = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module 'dpsharp.torch' has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(module_name), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
