@@ -50,7 +50,9 @@ __all__ = [
     "StepDecay",
     "TimeBased",
     "ValidationBased",
+    "ScheduleHandle",
     "adagrad_norm_proxy",
+    "attach_schedule",
     "calibrate_schedule",
     "count_within_budget",
     "learning_rates_from_scheduler",
@@ -710,3 +712,86 @@ def calibrate_schedule(
             f"{target:.6g}); the accountant's answer may not be continuous in the parameter"
         )
     return CalibratedSchedule(family(p), p, achieved, target, delta, accountant, rtol)
+
+
+# ---------------------------------------------------------------------------------- engine
+
+
+class ScheduleHandle:
+    """What :func:`attach_schedule` returns: the schedule in force, the sigmas it applied, and
+    :meth:`detach`."""
+
+    def __init__(self, optimizer: Any, schedule: NoiseSchedule, loader: Any) -> None:
+        self.optimizer = optimizer
+        self.schedule = schedule
+        self.loader = loader
+        #: (release index, schedule index t, sigma) of every release that went out.
+        self.applied: list[tuple[int, int, float]] = []
+        self._pending: tuple[int, float] | None = None
+
+    def index(self) -> int:
+        """The schedule index of the next release: the epoch (from 0) or the step."""
+        if self.schedule.unit == "epoch":
+            return max(int(self.loader.epoch) - 1, 0)
+        return int(self.optimizer.releases)
+
+    def _before_release(self, optimizer: Any) -> None:
+        t = self.index()
+        sigma = self.schedule(t)
+        optimizer.noise_multiplier = sigma
+        self._pending = (t, sigma)
+        return None
+
+    def _after_release(self, optimizer: Any) -> None:
+        t, sigma = self._pending if self._pending is not None else (self.index(), optimizer.noise_multiplier)
+        self.applied.append((int(optimizer.releases) - 1, t, float(optimizer.noise_multiplier)))
+        self._pending = None
+
+    def detach(self) -> None:
+        checks = self.optimizer._budget_checks
+        if self._before_release in checks:
+            checks.remove(self._before_release)
+        hooks = self.optimizer._release_hooks
+        if self._after_release in hooks:
+            hooks.remove(self._after_release)
+
+
+def attach_schedule(engine_or_optimizer: Any, schedule: NoiseSchedule, *, loader: Any = None) -> ScheduleHandle:
+    """Drive a :class:`~dpsharp.torch.DPOptimizer`'s noise multiplier by ``schedule``.
+
+    Before every release (ahead of the engine's budget check, so the check and the accountant
+    see the sigma actually used) the optimizer's ``noise_multiplier`` is set to
+    ``schedule(t)``, with t the epoch counted from 0 (``unit="epoch"``, read from the loader) or
+    the number of releases so far (``unit="step"``). The engine then composes the event of that
+    sigma (one ``PoissonSampled(Gaussian(sigma_t), q)`` per step, one ``Shuffled`` per epoch)
+    and, with a :class:`~dpsharp.torch.PrivacyBudget`, refuses the first release that would
+    exceed it (:class:`~dpsharp.torch.BudgetExhausted`, or False from
+    ``optimizer.step_if_within_budget()``).
+
+    ``engine_or_optimizer`` is a :class:`~dpsharp.torch.PrivacyEngine` after ``make_private``
+    (its optimizer and loader are used) or a DPOptimizer (then pass ``loader`` for an epoch
+    schedule).
+    """
+    if not isinstance(schedule, NoiseSchedule):
+        raise TypeError(f"schedule must be a NoiseSchedule, got {type(schedule).__name__}")
+    optimizer = getattr(engine_or_optimizer, "optimizer", None)
+    if optimizer is not None and hasattr(engine_or_optimizer, "make_private"):
+        loader = engine_or_optimizer.loader if loader is None else loader
+        ledger = getattr(engine_or_optimizer, "_main", None)
+        accounting = getattr(ledger, "accounting", None)
+        if accounting == "shuffle" and schedule.unit != "epoch":
+            raise ValueError(
+                "schedule: a reshuffling accounting charges one Shuffled event per epoch, so the "
+                "noise must be constant within an epoch; use unit='epoch'"
+            )
+    else:
+        optimizer = engine_or_optimizer
+    if not (hasattr(optimizer, "_budget_checks") and hasattr(optimizer, "_release_hooks")):
+        raise TypeError("engine_or_optimizer must be a PrivacyEngine (after make_private) or a DPOptimizer")
+    if schedule.unit == "epoch" and loader is None:
+        raise ValueError("loader is required for an epoch schedule (the epoch is read from it)")
+    handle = ScheduleHandle(optimizer, schedule, loader)
+    # First in line: every other check (the engine's budget) must see the scheduled sigma.
+    optimizer._budget_checks.insert(0, handle._before_release)
+    optimizer._release_hooks.append(handle._after_release)
+    return handle
