@@ -10,6 +10,9 @@ import importlib
 from typing import Any
 
 _LAZY: dict[str, str] = {
+    # training core (issue 6): per-example clipping and noise
+    "PerSampleClipper": "dpsharp.torch.clipper",
+    "NoiseGenerator": "dpsharp.torch.noise",
     # training API (issue 7): optimizers, loaders, engine
     "DPOptimizer": "dpsharp.torch.optimizer",
     "NoisySGD": "dpsharp.torch.optimizer",
