@@ -14,6 +14,13 @@ from dpsharp.accountants import (
     accountant,
     available,
 )
+from dpsharp import calibrate, composition, tradeoff
+from dpsharp.accountants.classic import ClassicAccountant
+from dpsharp.accountants.gdp import GDPAccountant, clt_equivalent_noise, clt_equivalent_noise_for
+from dpsharp.accountants.zcdp import ZCDPAccountant
+from dpsharp.calibrate import noise_multiplier as calibrate_noise_multiplier
+from dpsharp.calibrate import sampling_probability as calibrate_sampling_probability
+from dpsharp.calibrate import steps as calibrate_steps
 from dpsharp.events import (
     Composed,
     Event,
@@ -30,6 +37,17 @@ __version__: str = _core_module.build_info()["version"]
 
 __all__ = [
     "Accountant",
+    "ClassicAccountant",
+    "GDPAccountant",
+    "ZCDPAccountant",
+    "calibrate",
+    "calibrate_noise_multiplier",
+    "calibrate_sampling_probability",
+    "calibrate_steps",
+    "clt_equivalent_noise",
+    "clt_equivalent_noise_for",
+    "composition",
+    "tradeoff",
     "Composed",
     "Event",
     "Gaussian",

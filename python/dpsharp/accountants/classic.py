@@ -85,6 +85,7 @@ from dpsharp.tradeoff import gdp_epsilon
 __all__ = ["ClassicAccountant", "paper_strong_composition_002"]
 
 _COMPOSITIONS = ("basic", "advanced", "optimal")
+_INVALID = 1e200  # objective value standing for "no valid bound at this split"
 _GAUSSIAN_CALIBRATIONS = ("analytic", "classical")
 
 
@@ -226,14 +227,16 @@ class ClassicAccountant(Accountant):
         def objective(log_odds: float) -> float:
             fraction = 1.0 / (1.0 + math.exp(-log_odds))
             try:
-                return self._epsilon_at_split(delta, fraction)
+                value = self._epsilon_at_split(delta, fraction)
             except ValueError:  # e.g. classical calibration outside eps_0 < 1 at this split
-                return math.inf
+                value = math.inf
+            # a large finite stand-in keeps Brent's parabolic steps free of inf - inf
+            return value if math.isfinite(value) else _INVALID + abs(log_odds)
 
         grid = np.linspace(-24.0, 24.0, 33)
         values = [objective(t) for t in grid]
         best = int(np.argmin(values))
-        if not math.isfinite(values[best]):
+        if values[best] >= _INVALID:
             # report why (re-raise the calibration error at the middle split)
             self._epsilon_at_split(delta, 0.5)
             return math.inf, 0.5

@@ -1,0 +1,193 @@
+"""dpsharp.calibrate: conservative calibration (RELIABILITY.md item 10). For random targets the
+achieved epsilon (read back from a fresh accountant) is <= the target and within 1e-3 relative
+of it; steps are maximal; unreachable targets and bad input raise ValueError."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import dpsharp
+from dpsharp import calibrate
+from dpsharp.accountants.classic import ClassicAccountant
+from dpsharp.accountants.gdp import GDPAccountant
+from dpsharp.accountants.registry import available
+from dpsharp.events import Gaussian, PoissonSampled, Shuffled
+from dpsharp.tradeoff import gdp_epsilon
+
+RTOL = 1e-3
+
+
+def achieved(factory, sigma: float, q: float, steps: int, delta: float) -> float:  # type: ignore[no-untyped-def]
+    acc = factory()
+    acc.compose(Gaussian(sigma) if q == 1.0 else PoissonSampled(Gaussian(sigma), q), steps)
+    return acc.epsilon(delta)
+
+
+targets = st.tuples(
+    st.floats(min_value=0.1, max_value=20.0),
+    st.floats(min_value=-10.0, max_value=-2.0).map(lambda x: 10.0**x),
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(target=targets, steps=st.integers(min_value=1, max_value=100_000))
+def test_noise_multiplier_gaussian_exact(target: tuple[float, float], steps: int) -> None:
+    """Exact oracle: T Gaussians are (sqrt(T)/sigma)-GDP; the achieved epsilon is the closed form."""
+    eps, delta = target
+    sigma = calibrate.noise_multiplier(eps, delta, steps=steps, accountant="gdp")
+    got = float(gdp_epsilon(delta, math.sqrt(steps) / sigma))
+    assert got <= eps
+    assert got >= eps * (1 - RTOL)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    target=targets,
+    q=st.floats(min_value=1e-3, max_value=1.0),
+    steps=st.integers(min_value=1, max_value=10_000),
+)
+def test_noise_multiplier_any_accountant_basic(target: tuple[float, float], q: float, steps: int) -> None:
+    eps, delta = target
+    factory = lambda: ClassicAccountant("basic")  # noqa: E731
+    sigma = calibrate.noise_multiplier(eps, delta, steps=steps, sampling_probability=q, accountant=factory)
+    got = achieved(factory, sigma, q, steps, delta)
+    assert eps * (1 - RTOL) <= got <= eps
+
+
+@settings(max_examples=6, deadline=None)
+@given(
+    target=st.tuples(st.floats(min_value=0.5, max_value=10.0), st.sampled_from([1e-5, 1e-7])),
+    q=st.floats(min_value=1e-3, max_value=0.2),
+    steps=st.integers(min_value=10, max_value=5_000),
+)
+def test_noise_multiplier_classic_advanced(target: tuple[float, float], q: float, steps: int) -> None:
+    eps, delta = target
+    sigma = calibrate.noise_multiplier(eps, delta, steps=steps, sampling_probability=q, accountant="classic")
+    got = achieved(lambda: dpsharp.accountant("classic"), sigma, q, steps, delta)
+    assert eps * (1 - RTOL) <= got <= eps
+
+
+@pytest.mark.parametrize("name", ["rdp", "moments", "pld"])
+def test_noise_multiplier_registered_tight_accountants(name: str) -> None:
+    """The same property on the accountants of the other branches, where merged."""
+    if name not in available():
+        pytest.skip(f"accountant {name!r} not merged here")
+    for eps, delta, q, steps in [(1.0, 1e-5, 0.01, 1000), (8.0, 1e-6, 0.05, 300), (0.5, 1e-5, 0.004, 5000)]:
+        sigma = calibrate.noise_multiplier(eps, delta, steps=steps, sampling_probability=q, accountant=name)
+        got = achieved(lambda: dpsharp.accountant(name), sigma, q, steps, delta)
+        assert eps * (1 - RTOL) <= got <= eps
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    eps=st.floats(min_value=0.2, max_value=30.0),
+    sigma=st.floats(min_value=0.5, max_value=20.0),
+)
+def test_steps_is_maximal(eps: float, sigma: float) -> None:
+    delta = 1e-5
+    factory = lambda: dpsharp.accountant("zcdp")  # noqa: E731
+    try:
+        count = calibrate.steps(eps, delta, noise_multiplier=sigma, accountant="zcdp")
+    except ValueError as exc:
+        assert "unreachable" in str(exc)
+        assert achieved(factory, sigma, 1.0, 1, delta) > eps
+        return
+    assert achieved(factory, sigma, 1.0, count, delta) <= eps
+    assert achieved(factory, sigma, 1.0, count + 1, delta) > eps
+
+
+def test_steps_reshuffled_epochs_table_ii_uniform() -> None:
+    """REFERENCE.md, Table II of seeds/004: budget rho = 0.78125 with sigma = 8 per epoch
+    (rho 1/128 each) trains 100 epochs. As an epsilon budget at delta 1e-5 (the CKS/Bun-Steinke
+    epsilon of rho = 0.78125), calibrate.steps over Shuffled epochs must give 100."""
+    delta = 1e-5
+    budget = dpsharp.ZCDPAccountant()
+    budget.compose(Gaussian(8.0), 100)
+    assert budget.rho == pytest.approx(0.78125)
+    eps_budget = budget.epsilon(delta)
+    epochs = calibrate.steps(
+        eps_budget,
+        delta,
+        noise_multiplier=8.0,
+        accountant="zcdp",
+        event=lambda sigma, q: Shuffled(Gaussian(sigma), 256, 60000),
+    )
+    assert epochs == 100
+
+
+@settings(max_examples=20, deadline=None)
+@given(target=targets, steps=st.integers(min_value=1, max_value=5000), sigma=st.floats(min_value=0.5, max_value=5.0))
+def test_sampling_probability(target: tuple[float, float], steps: int, sigma: float) -> None:
+    eps, delta = target
+    factory = lambda: ClassicAccountant("basic")  # noqa: E731
+    try:
+        q = calibrate.sampling_probability(eps, delta, noise_multiplier=sigma, steps=steps, accountant=factory)
+    except ValueError as exc:
+        assert "unreachable" in str(exc)
+        return
+    got = achieved(factory, sigma, q, steps, delta)
+    assert got <= eps
+    if q < 1.0:
+        assert got >= eps * (1 - RTOL)
+
+
+def test_unreachable_targets_raise() -> None:
+    # mu = sqrt(T)/sigma >= 10 even at sigma = 1e6: epsilon 0.01 is out of reach
+    with pytest.raises(ValueError, match="unreachable"):
+        calibrate.noise_multiplier(0.01, 1e-5, steps=10**14, accountant="gdp")
+    with pytest.raises(ValueError, match="unreachable"):
+        calibrate.steps(0.1, 1e-5, noise_multiplier=0.5, accountant="gdp")
+    with pytest.raises(ValueError, match="unreachable"):
+        calibrate.sampling_probability(
+            0.01, 1e-5, noise_multiplier=0.05, steps=1000, accountant="gdp", require_certified=False
+        )
+    with pytest.raises(ValueError, match="max_steps"):
+        calibrate.steps(100.0, 1e-5, noise_multiplier=100.0, accountant="gdp", max_steps=10)
+
+
+def test_approximate_accountant_refused_unless_asked() -> None:
+    with pytest.raises(ValueError, match="require_certified=False"):
+        calibrate.noise_multiplier(1.0, 1e-5, steps=1000, sampling_probability=0.01, accountant="gdp")
+    sigma = calibrate.noise_multiplier(
+        1.0, 1e-5, steps=1000, sampling_probability=0.01, accountant=GDPAccountant, require_certified=False
+    )
+    got = GDPAccountant().compose(PoissonSampled(Gaussian(sigma), 0.01), 1000).epsilon(1e-5)
+    assert 1.0 * (1 - RTOL) <= got <= 1.0
+
+
+def test_unsupported_event_propagates() -> None:
+    with pytest.raises(dpsharp.UnsupportedEventError, match="reshuffle"):
+        calibrate.noise_multiplier(1.0, 1e-5, steps=10, sampling_probability=0.1, accountant="zcdp")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"epsilon": 0.0}, "epsilon"),
+        ({"epsilon": float("nan")}, "epsilon"),
+        ({"delta": 0.0}, "delta"),
+        ({"delta": 1.0}, "delta"),
+        ({"steps": 0}, "steps"),
+        ({"sampling_probability": 1.5}, "sampling_probability"),
+        ({"sampling_probability": 0.0}, "sampling_probability"),
+        ({"rtol": 0.0}, "rtol"),
+        ({"accountant": "nope"}, "accountant name"),
+    ],
+)
+def test_bad_input(kwargs: dict, match: str) -> None:  # type: ignore[type-arg]
+    args = {"epsilon": 1.0, "delta": 1e-5, "steps": 10, "sampling_probability": 1.0, "accountant": "gdp"}
+    args.update(kwargs)
+    eps, delta = args.pop("epsilon"), args.pop("delta")
+    with pytest.raises(ValueError, match=match):
+        calibrate.noise_multiplier(eps, delta, **args)
+
+
+def test_bad_factory_type() -> None:
+    with pytest.raises(TypeError):
+        calibrate.noise_multiplier(1.0, 1e-5, steps=10, accountant=3)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="not a dpsharp Accountant"):
+        calibrate.noise_multiplier(1.0, 1e-5, steps=10, accountant=lambda: object())  # type: ignore[arg-type, return-value]

@@ -1,0 +1,261 @@
+"""The classical composition theorems (dpsharp.composition) and ClassicAccountant.
+
+Oracles: the theorems' closed forms; a brute-force enumeration of the k-fold composition of the
+(eps, delta) randomized response, which is exactly what the optimal composition theorem
+computes (Kairouz, Oh, Viswanath 2017, Theorem 3.3); the exact Gaussian (mu = sqrt(k)/sigma),
+which every valid composition bound must lie above; the papers' numbers (seeds/002, seeds/004 via
+../shared/REFERENCE.md) where they can be reproduced.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+
+import dpsharp
+from dpsharp.accountants.classic import ClassicAccountant, paper_strong_composition_002
+from dpsharp.composition import (
+    advanced_composition,
+    amplify_by_subsampling,
+    analytic_gaussian_delta,
+    analytic_gaussian_epsilon,
+    analytic_gaussian_sigma,
+    basic_composition,
+    classical_gaussian_sigma,
+    extended_advanced_composition,
+    optimal_composition_delta,
+    optimal_composition_epsilon,
+)
+from dpsharp.events import Gaussian, Laplace, PoissonSampled, SampledWithoutReplacement, Shuffled
+from dpsharp.tradeoff import gdp_delta, gdp_epsilon
+
+
+def test_basic_composition() -> None:
+    assert basic_composition([0.1, 0.2, 0.3], [1e-6, 0.0, 2e-6]) == (pytest.approx(0.6), pytest.approx(3e-6))
+    with pytest.raises(ValueError, match="same length"):
+        basic_composition([0.1], [0.0, 0.0])
+    with pytest.raises(ValueError, match=r"epsilons\[1\]"):
+        basic_composition([0.1, -1.0], [0.0, 0.0])
+    with pytest.raises(ValueError, match=r"deltas\[0\]"):
+        basic_composition([0.1], [1.0])
+
+
+def test_advanced_composition_closed_forms() -> None:
+    eps, delta, k, slack = 0.1, 1e-7, 100, 1e-6
+    root = math.sqrt(2 * k * math.log(1 / slack))
+    a = eps * math.expm1(eps)  # a(eps), eps <= log 2
+    drv = advanced_composition(eps, delta, k, delta_slack=slack, form="drv")
+    assert drv == (pytest.approx(root * eps + k * eps * math.expm1(eps)), pytest.approx(k * delta + slack))
+    ind = advanced_composition(eps, delta, k, delta_slack=slack, form="independent")
+    assert ind[0] == pytest.approx(k * a + root * eps)
+    ada = advanced_composition(eps, delta, k, delta_slack=slack, form="adaptive")
+    assert ada[0] == pytest.approx(k * a + root * (eps + a))
+    kov = advanced_composition(eps, delta, k, delta_slack=slack, form="kov")
+    assert kov[0] == pytest.approx(k * eps * math.tanh(eps / 2) + root * eps)
+    assert kov[1] == pytest.approx(1 - (1 - delta) ** k * (1 - slack), rel=1e-12)
+    # above log 2, a(eps) = eps (Claim 12 of seeds/003)
+    big = advanced_composition(1.0, 0.0, 10, delta_slack=slack, form="independent")
+    assert big[0] == pytest.approx(10 * 1.0 + math.sqrt(20 * math.log(1 / slack)))
+    with pytest.raises(ValueError, match="form"):
+        advanced_composition(eps, delta, k, delta_slack=slack, form="strong")
+
+
+def test_extended_advanced_composition_heterogeneous() -> None:
+    """seeds/001 Lemma 2.2: sqrt(2 log(1/delta') sum eps_t^2) + sum eps_t (e^eps_t - 1)."""
+    eps = [0.1, 0.05, 0.2]
+    dels = [1e-7, 2e-7, 0.0]
+    slack = 1e-6
+    value, total_delta = extended_advanced_composition(eps, dels, delta_slack=slack)
+    expected = math.sqrt(2 * math.log(1 / slack) * sum(e * e for e in eps)) + sum(e * math.expm1(e) for e in eps)
+    assert value == pytest.approx(expected) and total_delta == pytest.approx(3e-7 + slack)
+    # homogeneous case reduces to DRV; counts= repeats without materialising
+    homo = extended_advanced_composition([0.1], [1e-7], delta_slack=slack, counts=[100])
+    assert homo[0] == pytest.approx(advanced_composition(0.1, 1e-7, 100, delta_slack=slack)[0])
+
+
+def _rr_composition_delta(eps: float, delta: float, k: int, eps_total: float) -> float:
+    """Brute force: the (eps, delta) randomized response of Kairouz et al. (the worst case over
+    (eps, delta)-DP mechanisms), composed k times, hockey-stick divergence at eps_total."""
+    e = math.exp(eps)
+    p = [delta, (1 - delta) * e / (1 + e), (1 - delta) / (1 + e), 0.0]
+    q = [0.0, (1 - delta) / (1 + e), (1 - delta) * e / (1 + e), delta]
+    total = 0.0
+    for outcome in itertools.product(range(4), repeat=k):
+        pp = math.prod(p[i] for i in outcome)
+        qq = math.prod(q[i] for i in outcome)
+        total += max(0.0, pp - math.exp(eps_total) * qq)
+    return total
+
+
+@pytest.mark.parametrize(("eps", "delta", "k"), [(0.5, 0.0, 5), (0.3, 1e-3, 6), (1.0, 0.01, 4)])
+def test_optimal_composition_matches_brute_force(eps: float, delta: float, k: int) -> None:
+    for eps_total in (0.0, 0.4, 1.0, 2.1, k * eps * 0.9):
+        ours = optimal_composition_delta(eps, delta, k, eps_total)
+        assert ours == pytest.approx(_rr_composition_delta(eps, delta, k, eps_total), rel=1e-10, abs=1e-15)
+
+
+def test_optimal_composition_epsilon_inverse_and_ordering() -> None:
+    eps, delta, k, target = 0.05, 1e-9, 2000, 1e-5
+    best = optimal_composition_epsilon(eps, delta, k, target_delta=target)
+    assert optimal_composition_delta(eps, delta, k, best) <= target
+    assert optimal_composition_delta(eps, delta, k, best * (1 - 1e-6)) > target * (1 - 1e-3)
+    slack = target - k * delta
+    drv = advanced_composition(eps, delta, k, delta_slack=slack)[0]
+    assert best <= drv <= k * eps
+    # unreachable: the per-step deltas alone exceed the target
+    assert optimal_composition_epsilon(0.1, 1e-5, 10, target_delta=1e-5) == math.inf
+
+
+def test_amplification_by_subsampling() -> None:
+    assert amplify_by_subsampling(1.0, 1e-5, 0.01) == (
+        pytest.approx(math.log(1 + 0.01 * (math.e - 1))),
+        pytest.approx(1e-7),
+    )
+    assert amplify_by_subsampling(0.7, 1e-6, 1.0) == (pytest.approx(0.7), pytest.approx(1e-6))
+    big, _ = amplify_by_subsampling(1000.0, 0.0, 0.5)  # no overflow
+    assert big == pytest.approx(1000.0 + math.log(0.5))
+    with pytest.raises(ValueError, match="sampling_probability"):
+        amplify_by_subsampling(1.0, 0.0, 0.0)
+
+
+def test_gaussian_calibrations() -> None:
+    # classical: sigma = sqrt(2 log(1.25/delta))/eps, eps < 1 only
+    assert classical_gaussian_sigma(0.5, 1e-5) == pytest.approx(math.sqrt(2 * math.log(1.25e5)) / 0.5)
+    with pytest.raises(ValueError, match=r"epsilon < 1"):
+        classical_gaussian_sigma(1.5, 1e-5)
+    assert classical_gaussian_sigma(1.5, 1e-5, allow_epsilon_above_one=True) > 0
+    # analytic (Balle and Wang 2018): the exact delta at the returned sigma meets the target
+    for eps, delta in [(0.5, 1e-5), (1.0, 1e-5), (4.0, 1e-10)]:
+        sigma = analytic_gaussian_sigma(eps, delta)
+        assert analytic_gaussian_delta(sigma, eps) <= delta
+        assert analytic_gaussian_delta(sigma * (1 - 1e-8), eps) > delta * (1 - 1e-4)
+        assert analytic_gaussian_epsilon(sigma, delta) == pytest.approx(eps, rel=1e-8)
+        if eps < 1:  # the analytic mechanism never needs more noise than the classical one
+            assert sigma < classical_gaussian_sigma(eps, delta)
+
+
+def test_classic_accountant_laplace_basic_is_exact_sum() -> None:
+    acc = ClassicAccountant("basic").compose(Laplace(2.0), 10)
+    assert acc.epsilon(1e-5) == pytest.approx(5.0)
+    adv = ClassicAccountant("advanced").compose(Laplace(20.0), 1000)
+    kov_bound = extended_advanced_composition([0.05], [0.0], delta_slack=1e-5, form="kov", counts=[1000])[0]
+    assert adv.epsilon(1e-5) == pytest.approx(min(kov_bound, 50.0), rel=1e-9)
+
+
+@pytest.mark.parametrize("composition", ["basic", "advanced", "optimal"])
+def test_classic_bounds_lie_above_the_exact_gaussian(composition: str) -> None:
+    """k Gaussians compose exactly to mu = sqrt(k)/sigma; every valid composition theorem over
+    per-step guarantees must report at least that epsilon."""
+    sigma, k, delta = 3.0, 200, 1e-5
+    acc = ClassicAccountant(composition).compose(Gaussian(sigma), k)
+    exact = gdp_epsilon(delta, math.sqrt(k) / sigma)
+    assert acc.epsilon(delta) >= exact
+    assert acc.guarantee(delta).certified
+
+
+def test_classic_ordering_and_split() -> None:
+    event = PoissonSampled(Gaussian(2.0), 0.02)
+    k, delta = 3000, 1e-5
+    basic = ClassicAccountant("basic").compose(event, k)
+    advanced = ClassicAccountant("advanced").compose(event, k)
+    optimal = ClassicAccountant("optimal").compose(event, k)
+    assert optimal.epsilon(delta) <= advanced.epsilon(delta) <= basic.epsilon(delta)
+    split = advanced.split(delta)
+    assert 0 < split["fraction"] < 1
+    assert split["delta_slack"] + k * 0.02 * split["delta0"] == pytest.approx(delta)
+    # the advanced split is optimised: no fixed split on a grid does better (DRV form, same
+    # per-step map, computed here independently)
+    best_grid = math.inf
+    for f in [i / 100 for i in range(1, 100)]:
+        d0 = (1 - f) * delta / (k * 0.02)
+        e0 = gdp_epsilon(d0, 0.5)
+        e, d = math.log1p(0.02 * math.expm1(e0)), 0.02 * d0
+        best_grid = min(best_grid, math.sqrt(2 * k * math.log(1 / (f * delta))) * e + k * e * math.expm1(e))
+    assert advanced.epsilon(delta) <= best_grid * (1 + 1e-9)
+
+
+def test_classic_delta_inverts_epsilon() -> None:
+    acc = ClassicAccountant("advanced").compose(PoissonSampled(Gaussian(1.5), 0.05), 500)
+    eps = acc.epsilon(1e-6)
+    d = acc.delta(eps)
+    assert d == pytest.approx(1e-6, rel=1e-6)
+    assert acc.epsilon(d) <= eps
+
+
+def test_classic_classical_calibration_outside_range_raises() -> None:
+    acc = ClassicAccountant("basic", gaussian="classical").compose(Gaussian(1.0), 3)
+    with pytest.raises(ValueError, match="eps_0 .* >= 1"):
+        acc.epsilon(1e-5)
+
+
+def test_optimal_refuses_heterogeneous_and_unsupported() -> None:
+    acc = ClassicAccountant("optimal").compose(Gaussian(2.0), 3)
+    with pytest.raises(dpsharp.UnsupportedEventError, match="one distinct event"):
+        acc.compose(Gaussian(3.0))
+    with pytest.raises(dpsharp.UnsupportedEventError):
+        ClassicAccountant().compose(PoissonSampled(PoissonSampled(Gaussian(1.0), 0.5), 0.5))
+    with pytest.raises(ValueError, match="composition"):
+        ClassicAccountant("strong")
+    with pytest.raises(ValueError, match="gaussian"):
+        ClassicAccountant(gaussian="exact")
+    # a shuffled epoch costs one run (parallel composition)
+    epoch = ClassicAccountant("basic").compose(Shuffled(Laplace(1.0), 10, 100), 3)
+    assert epoch.epsilon(1e-5) == pytest.approx(3.0)
+    assert not ClassicAccountant().supports(SampledWithoutReplacement(Gaussian(1.0), 5, 10))
+
+
+def test_002_strong_composition_reconstruction() -> None:
+    """seeds/002 reports 9.34 (T = 10^4) and 24.22 (T = 4 10^4) for q = 0.01, sigma = 4, delta =
+    1e-5 by the strong composition theorem, split unstated. The closest reconstruction found
+    (classical calibration, per-step (q eps_0, q delta_0), DRV, split optimised; see
+    dpsharp.accountants.classic) lands within 0.2% but not on the printed digits: 9.353 and
+    24.245. This pins that finding; the accountant itself reports a valid (larger) bound."""
+    eps_10k, f_10k = paper_strong_composition_002(4.0, 0.01, 10000, 1e-5)
+    eps_40k, f_40k = paper_strong_composition_002(4.0, 0.01, 40000, 1e-5)
+    assert eps_10k == pytest.approx(9.34, rel=2e-3)
+    assert eps_40k == pytest.approx(24.22, rel=2e-3)
+    assert 0.3 < f_40k < f_10k < 0.6
+    # sigma = 4 puts every per-step eps_0 above 1, outside the classical theorem: the valid
+    # accountant refuses that calibration, and with the exact Gaussian curve and the tight
+    # amplification reports more than the paper
+    event = PoissonSampled(Gaussian(4.0), 0.01)
+    with pytest.raises(ValueError, match="holds only for eps_0 < 1"):
+        ClassicAccountant("advanced", gaussian="classical").compose(event, 10000).epsilon(1e-5)
+    valid = ClassicAccountant("advanced").compose(event, 10000)
+    assert valid.epsilon(1e-5) > eps_10k
+
+
+def test_004_strong_composition_not_reproduced_documented() -> None:
+    """seeds/004 reports 34.3 for q = 0.01, sigma = 6, T = 40000; its stated recipe with the
+    optimised split gives less (DRV alone: 29.04; the accountant's min with KOV 3.5: lower).
+    The docstring records what was tried; this checks the DRV computation it quotes."""
+    q, sigma, k, delta = 0.01, 6.0, 40000, 1e-5
+    best = math.inf
+    for i in range(1, 1000):
+        f = i / 1000
+        d0 = (1 - f) * delta / (k * q)
+        e = math.log1p(q * math.expm1(math.sqrt(2 * math.log(1.25 / d0)) / sigma))
+        best = min(best, math.sqrt(2 * k * math.log(1 / (f * delta))) * e + k * e * math.expm1(e))
+    assert round(best, 2) == 29.04
+    acc = ClassicAccountant("advanced", gaussian="classical").compose(PoissonSampled(Gaussian(sigma), q), k)
+    assert acc.epsilon(delta) <= best
+    import dpsharp.accountants.classic as classic_module
+
+    assert "34.3 is therefore not reproduced" in (classic_module.__doc__ or "")
+
+
+def test_checkpoint_round_trip() -> None:
+    acc = ClassicAccountant("advanced", gaussian="classical").compose(PoissonSampled(Gaussian(6.0), 0.01), 100)
+    restored = ClassicAccountant("advanced", gaussian="classical")
+    restored.load_state_dict(acc.state_dict())
+    assert restored.epsilon(1e-5) == acc.epsilon(1e-5)
+
+
+def test_registry_and_exact_delta_consistency() -> None:
+    assert isinstance(dpsharp.accountant("classic", composition="basic"), ClassicAccountant)
+    # per-step Gaussian with analytic calibration is the exact curve
+    acc = ClassicAccountant("basic").compose(Gaussian(2.0))
+    assert acc.epsilon(1e-5) == pytest.approx(gdp_epsilon(1e-5, 0.5), rel=1e-12)
+    assert gdp_delta(acc.epsilon(1e-5), 0.5) <= 1e-5
