@@ -52,7 +52,7 @@ def test_noise_multiplier_gaussian_exact(target: tuple[float, float], steps: int
 )
 def test_noise_multiplier_any_accountant_basic(target: tuple[float, float], q: float, steps: int) -> None:
     eps, delta = target
-    factory = lambda: ClassicAccountant("basic")  # noqa: E731
+    factory = lambda: ClassicAccountant("basic")
     sigma = calibrate.noise_multiplier(eps, delta, steps=steps, sampling_probability=q, accountant=factory)
     got = achieved(factory, sigma, q, steps, delta)
     assert eps * (1 - RTOL) <= got <= eps
@@ -89,7 +89,7 @@ def test_noise_multiplier_registered_tight_accountants(name: str) -> None:
 )
 def test_steps_is_maximal(eps: float, sigma: float) -> None:
     delta = 1e-5
-    factory = lambda: dpsharp.accountant("zcdp")  # noqa: E731
+    factory = lambda: dpsharp.accountant("zcdp")
     try:
         count = calibrate.steps(eps, delta, noise_multiplier=sigma, accountant="zcdp")
     except ValueError as exc:
@@ -123,7 +123,7 @@ def test_steps_reshuffled_epochs_table_ii_uniform() -> None:
 @given(target=targets, steps=st.integers(min_value=1, max_value=5000), sigma=st.floats(min_value=0.5, max_value=5.0))
 def test_sampling_probability(target: tuple[float, float], steps: int, sigma: float) -> None:
     eps, delta = target
-    factory = lambda: ClassicAccountant("basic")  # noqa: E731
+    factory = lambda: ClassicAccountant("basic")
     try:
         q = calibrate.sampling_probability(eps, delta, noise_multiplier=sigma, steps=steps, accountant=factory)
     except ValueError as exc:

@@ -171,7 +171,7 @@ def test_classic_ordering_and_split() -> None:
     for f in [i / 100 for i in range(1, 100)]:
         d0 = (1 - f) * delta / (k * 0.02)
         e0 = gdp_epsilon(d0, 0.5)
-        e, d = math.log1p(0.02 * math.expm1(e0)), 0.02 * d0
+        e = math.log1p(0.02 * math.expm1(e0))
         best_grid = min(best_grid, math.sqrt(2 * k * math.log(1 / (f * delta))) * e + k * e * math.expm1(e))
     assert advanced.epsilon(delta) <= best_grid * (1 + 1e-9)
 

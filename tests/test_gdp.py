@@ -71,6 +71,8 @@ def test_figure_4_from_moments_accountant(sigma: float, epochs: int, sigma_tilde
     )
     assert sigma_tilde == pytest.approx(sigma_tilde_ref, abs=0.005)
     assert sigma_tilde < sigma
+    clt = GDPAccountant().compose(PoissonSampled(Gaussian(sigma_tilde), Q), mnist_steps(epochs))
+    assert clt.epsilon(1e-5) == pytest.approx(eps, rel=1e-9)
 
 
 def test_gaussians_compose_exactly_as_root_sum_of_squares() -> None:

@@ -24,7 +24,7 @@ mpmath = pytest.importorskip("mpmath")
 mp = mpmath.mp
 
 
-def mp_delta(eps: float, mu: float) -> "mpmath.mpf":
+def mp_delta(eps: float, mu: float) -> mpmath.mpf:
     with mpmath.workdps(50):
         e, m = mpmath.mpf(eps), mpmath.mpf(mu)
         return mpmath.ncdf(-e / m + m / 2) - mpmath.exp(e) * mpmath.ncdf(-e / m - m / 2)

@@ -120,7 +120,7 @@ def test_zcdp_of_gaussian_matches_dp_accounting_rdp() -> None:
         peer = rdp_module.RdpAccountant(orders)
         peer.compose(dp_event.GaussianDpEvent(sigma), 5)
         ours = ZCDPAccountant().compose(Gaussian(sigma), 5)
-        for order, rdp in zip(orders, peer._rdp):  # noqa: SLF001 - the peer's RDP curve
+        for order, rdp in zip(orders, peer._rdp):
             assert rdp / order == pytest.approx(ours.rho, rel=1e-12)
 
 

@@ -21,7 +21,7 @@ conservative; pass ``require_certified=False`` to calibrate on it anyway.
 from __future__ import annotations
 
 import math
-from typing import Callable, Union
+from collections.abc import Callable
 
 from scipy.optimize import brentq
 
@@ -40,7 +40,7 @@ __all__ = ["AccountantSpec", "noise_multiplier", "sampling_probability", "steps"
 
 #: A registry name ("rdp", "pld", "gdp", ...) or a zero-argument callable returning a fresh
 #: accountant (e.g. ``lambda: ZCDPAccountant(batching="sample")``).
-AccountantSpec = Union[str, Callable[[], Accountant]]
+AccountantSpec = str | Callable[[], Accountant]
 EventFactory = Callable[[float, float], Event]
 
 _SIGMA_MIN, _SIGMA_MAX = 1e-3, 1e6
@@ -155,22 +155,22 @@ def noise_multiplier(
 
     hi = 1.0
     while eps_of(hi) > epsilon:
-        hi *= 4.0
-        if hi > _SIGMA_MAX:
+        if hi >= _SIGMA_MAX:
             raise ValueError(
                 f"target (epsilon={epsilon!r}, delta={delta!r}) is unreachable for steps={count}, "
                 f"q={q!r}: even noise_multiplier={_SIGMA_MAX:g} gives epsilon={eps_of(_SIGMA_MAX):.6g}"
             )
+        hi = min(hi * 4.0, _SIGMA_MAX)
     if eps_of(hi) >= epsilon * (1.0 - rtol):
         return hi
     lo = hi / 4.0 if hi > 1.0 else 1.0
     while eps_of(lo) <= epsilon * (1.0 - 0.5 * rtol):
-        lo /= 4.0
-        if lo < _SIGMA_MIN:
+        if lo <= _SIGMA_MIN:
             raise ValueError(
                 f"target epsilon={epsilon!r} is met by every noise_multiplier >= {_SIGMA_MIN:g} "
                 f"(steps={count}, q={q!r}); there is nothing to calibrate"
             )
+        lo = max(lo / 4.0, _SIGMA_MIN)
     return _solve_window(eps_of, lo, hi, epsilon, rtol, increasing=False)
 
 
@@ -200,12 +200,12 @@ def sampling_probability(
         return 1.0
     lo = 0.5
     while eps_of(lo) > epsilon:
-        lo /= 8.0
-        if lo < _Q_MIN:
+        if lo <= _Q_MIN:
             raise ValueError(
                 f"target (epsilon={epsilon!r}, delta={delta!r}) is unreachable with "
                 f"noise_multiplier={sigma!r} and steps={count}: even q={_Q_MIN:g} is too much"
             )
+        lo = max(lo / 8.0, _Q_MIN)
     if eps_of(lo) >= epsilon * (1.0 - rtol):
         return lo
     return min(1.0, _solve_window(eps_of, lo, 1.0, epsilon, rtol, increasing=True))

@@ -19,7 +19,7 @@ Every function validates its arguments (ValueError naming the argument and the r
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from scipy.optimize import brentq
