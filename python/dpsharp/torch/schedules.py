@@ -393,6 +393,7 @@ class ADP(NoiseSchedule):
             delta=delta,
             accountant=accountant,
             accountant_options=accountant_options,
+            initial=noise_multiplier if noise_multiplier is not None else 1.0,
             rtol=rtol,
         )
 
@@ -645,6 +646,7 @@ def calibrate_schedule(
     accountant: str = "pld",
     accountant_options: dict[str, Any] | None = None,
     bracket: tuple[float, float] = (1e-2, 1e3),
+    initial: float = 1.0,
     rtol: float = 1e-3,
 ) -> CalibratedSchedule:
     """Solve for the free parameter p of ``family(p)`` (sigma_0 of a decay, the scale of
@@ -653,7 +655,8 @@ def calibrate_schedule(
     accountant, e.g. ``accountant="zcdp"`` with reshuffled epochs).
 
     The spent budget f(p) is computed by composing :func:`schedule_events` into a fresh
-    accountant; :func:`scipy.optimize.brentq` finds f(p) = target; the answer is then moved to
+    accountant; the root is bracketed by doubling / halving from ``initial`` inside ``bracket``,
+    then :func:`scipy.optimize.brentq` finds f(p) = target; the answer is then moved to
     the safe side so that f(p) <= target (conservative, like :mod:`dpsharp.calibrate`) and
     target - f(p) <= rtol * target.
     """
@@ -680,15 +683,28 @@ def calibrate_schedule(
         acc.compose(schedule_events(family(p), length, **event_options))
         return _spent(acc, rho=rho, delta=delta)
 
-    f_low, f_high = spent(low), spent(high)
-    if f_high > target:
-        raise ValueError(
-            f"bracket: even the largest parameter {high} spends {f_high:.6g} > target {target:.6g}; "
-            "widen the bracket"
-        )
-    if f_low <= target:
-        # Even the least noise in the bracket fits: report the edge, not a fake root.
-        return CalibratedSchedule(family(low), low, f_low, target, delta, accountant, rtol)
+    # Bracket the root by doubling / halving from ``initial`` (never evaluating the accountant at
+    # needlessly extreme parameters), within [low, high].
+    p = min(max(require_positive_finite("initial", initial), low), high)
+    f_p = spent(p)
+    if f_p > target:
+        while f_p > target:
+            if p >= high:
+                raise ValueError(
+                    f"bracket: even the largest parameter {high} spends {f_p:.6g} > target "
+                    f"{target:.6g}; widen the bracket"
+                )
+            lo_p, p = p, min(2.0 * p, high)
+            f_p = spent(p)
+        low, high = lo_p, p
+    else:
+        while f_p <= target:
+            if p <= low:
+                # Even the least noise in the bracket fits: report the edge, not a fake root.
+                return CalibratedSchedule(family(low), low, f_p, target, delta, accountant, rtol)
+            hi_p, p = p, max(0.5 * p, low)
+            f_p = spent(p)
+        low, high = p, hi_p
     # Root of log f - log target: f falls over orders of magnitude across the bracket.
     log_target = math.log(target)
     root = brentq(
