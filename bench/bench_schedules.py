@@ -17,9 +17,8 @@ import os
 import sys
 import time
 
-import numpy as np
-
 import dpsharp
+import numpy as np
 from dpsharp.torch.schedules import ADP, schedule_events
 
 Q, DELTA = 0.01, 1e-5
@@ -40,8 +39,8 @@ def ours(steps: int) -> tuple[float, float]:
 
 
 def dp_accounting_pld(steps: int) -> tuple[float, float]:
-    from dp_accounting.pld import pld_privacy_accountant
     from dp_accounting import dp_event
+    from dp_accounting.pld import pld_privacy_accountant
 
     start = time.perf_counter()
     acc = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-4)

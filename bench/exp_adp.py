@@ -28,9 +28,8 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _dpsgd import DPSGD, load, summary  # noqa: E402
-
-from dpsharp.torch.schedules import ADP, Constant, calibrate_schedule  # noqa: E402
+from _dpsgd import DPSGD, load, summary
+from dpsharp.torch.schedules import ADP, Constant, calibrate_schedule
 
 DELTA, CLIP = 1e-5, 1.0
 SETTINGS = {
@@ -90,7 +89,7 @@ def main() -> None:
         json.dump({"meta": {"command": command, "seconds": elapsed, "delta": DELTA, "clip": CLIP,
                             "settings": SETTINGS}, "rows": rows}, f, indent=1)
     lines = [
-        f"# ADP-SGD vs DP-SGD, polynomially decaying LR, equal (eps, 1e-5) by the pld accountant",
+        "# ADP-SGD vs DP-SGD, polynomially decaying LR, equal (eps, 1e-5) by the pld accountant",
         f"`{command}` ({elapsed:.0f} s, {args.seeds} seeds). Test accuracy mean +- std;",
         "diff = ADP - DP paired by seed, mean +- standard error.",
         "",

@@ -29,11 +29,10 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _dpsgd import DPSGD, load, summary  # noqa: E402
-
-import dpsharp  # noqa: E402
-from dpsharp.events import Gaussian, Shuffled  # noqa: E402
-from dpsharp.torch.schedules import (  # noqa: E402
+import dpsharp
+from _dpsgd import DPSGD, load, summary
+from dpsharp.events import Gaussian, Shuffled
+from dpsharp.torch.schedules import (
     Constant,
     Exponential,
     Polynomial,
@@ -124,7 +123,7 @@ def main() -> None:
     elapsed = time.perf_counter() - start
     os.makedirs(RESULTS, exist_ok=True)
     meta = {"rho_total": RHO, "batch": BATCH, "lr": LR, "clip": CLIP, "n_train": n, "seeds": args.seeds,
-            "seconds": elapsed, "command": "python bench/exp_table2_digits.py --seeds %d" % args.seeds}
+            "seconds": elapsed, "command": f"python bench/exp_table2_digits.py --seeds {args.seeds}"}
     with open(os.path.join(RESULTS, "table2_digits.json"), "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)
     lines = [

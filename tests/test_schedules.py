@@ -11,13 +11,10 @@ import math
 import subprocess
 import sys
 
+import dpsharp
+import dpsharp.accountants.zcdp
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
-import dpsharp
-import dpsharp.accountants.zcdp  # noqa: F401  (registers "zcdp")
 from dpsharp.events import Composed, Gaussian, PoissonSampled, Repeated, Shuffled, flatten
 from dpsharp.torch.schedules import (
     ADP,
@@ -32,6 +29,8 @@ from dpsharp.torch.schedules import (
     count_within_budget,
     schedule_events,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 RESHUFFLE = {"accountant": "zcdp", "accountant_options": {"batching": "reshuffle"}}
 MNIST_SPLIT = {"batch_size": 600, "dataset_size": 55000}  # Yu et al.: 55,000 training, batch 600
@@ -39,7 +38,7 @@ MNIST_SPLIT = {"batch_size": 600, "dataset_size": 55000}  # Yu et al.: 55,000 tr
 
 def _pld_available() -> bool:
     try:
-        import dpsharp.accountants.pld  # noqa: F401
+        import dpsharp.accountants.pld
     except ModuleNotFoundError:
         return False
     return "pld" in dpsharp.available()

@@ -12,20 +12,17 @@ import math
 import pytest
 
 torch = pytest.importorskip("torch")
-from torch import nn  # noqa: E402
-from torch.utils.data import TensorDataset  # noqa: E402
-
-import dpsharp  # noqa: E402
-from dpsharp.accountants.zcdp import zcdp_epsilon  # noqa: E402
-from dpsharp.events import Gaussian, PoissonSampled, Shuffled  # noqa: E402
-from dpsharp.torch import (  # noqa: E402
+import dpsharp
+from dpsharp.accountants.zcdp import zcdp_epsilon
+from dpsharp.events import Gaussian, PoissonSampled, Shuffled
+from dpsharp.torch import (
     BudgetExhausted,
     PoissonDataLoader,
     PrivacyBudget,
     PrivacyEngine,
     ShuffledDataLoader,
 )
-from dpsharp.torch.schedules import (  # noqa: E402
+from dpsharp.torch.schedules import (
     Constant,
     Exponential,
     Polynomial,
@@ -34,6 +31,8 @@ from dpsharp.torch.schedules import (  # noqa: E402
     ValidationBased,
     attach_schedule,
 )
+from torch import nn
+from torch.utils.data import TensorDataset
 
 pytestmark = pytest.mark.torch
 
@@ -114,7 +113,7 @@ def test_engine_stops_at_table_ii_epochs(schedule, epochs) -> None:
 def test_per_step_schedule_composes_each_steps_sigma() -> None:
     schedule = TimeBased(3.0, 0.1, unit="step")
     name = "gdp"
-    engine, model, optimizer, loader, handle = _private(schedule, sampling="poisson", accountant=name)
+    engine, model, optimizer, loader, _ = _private(schedule, sampling="poisson", accountant=name)
     steps = 0
     for x, y in loader:
         optimizer.zero_grad()
@@ -135,7 +134,7 @@ def test_per_step_schedule_composes_each_steps_sigma() -> None:
 
 def test_validation_schedule_in_the_engine() -> None:
     schedule = ValidationBased(6.0, 0.5, m=1, threshold=0.0, period=1, validation_set="public")
-    engine, model, optimizer, loader, handle = _private(schedule, sampling="shuffle")
+    engine, model, optimizer, loader, _ = _private(schedule, sampling="shuffle")
     accuracies = [0.5, 0.5, 0.7]  # epoch 2 does not improve -> sigma 3 from epoch 3
     for accuracy in accuracies:
         for x, y in loader:

@@ -26,8 +26,9 @@ import abc
 import copy
 import math
 import warnings
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Literal, Sequence
+from typing import Any, Literal
 
 import numpy as np
 
@@ -47,10 +48,10 @@ __all__ = [
     "Exponential",
     "NoiseSchedule",
     "Polynomial",
+    "ScheduleHandle",
     "StepDecay",
     "TimeBased",
     "ValidationBased",
-    "ScheduleHandle",
     "adagrad_norm_proxy",
     "attach_schedule",
     "calibrate_schedule",
@@ -535,7 +536,7 @@ def schedule_events(
             per = require_count("steps_per_epoch", steps_per_epoch, minimum=1)
         else:
             per = 1
-        make: Callable[[float], Event] = lambda s: PoissonSampled(Gaussian(s), q)  # noqa: E731
+        make: Callable[[float], Event] = lambda s: PoissonSampled(Gaussian(s), q)
     else:
         if unit != "epoch":
             raise ValueError("random reshuffling is accounted per epoch: the schedule's unit must be 'epoch'")
@@ -544,7 +545,7 @@ def schedule_events(
         b = require_count("batch_size", batch_size, minimum=1)
         n = require_count("dataset_size", dataset_size, minimum=1)
         per = 1
-        make = lambda s: Shuffled(Gaussian(s), b, n)  # noqa: E731
+        make = lambda s: Shuffled(Gaussian(s), b, n)
     events: list[Event] = []
     start = 0
     while start < sigmas.size:
@@ -602,7 +603,9 @@ def count_within_budget(
     target, delta, rho = _check_target(epsilon, delta, rho)
     max_count = require_count("max_count", max_count, minimum=1)
     if isinstance(schedule, ValidationBased):
-        raise ValueError("schedule: a ValidationBased schedule is decided online; run it in the engine")
+        raise ValueError(  # noqa: TRY004 - a valid schedule, but not one known in advance
+            "schedule: a ValidationBased schedule is decided online; run it in the engine"
+        )
     acc = _new_accountant(accountant, accountant_options)
     for t in range(max_count):
         sigma = schedule(t)
@@ -756,10 +759,9 @@ class ScheduleHandle:
         sigma = self.schedule(t)
         optimizer.noise_multiplier = sigma
         self._pending = (t, sigma)
-        return None
 
     def _after_release(self, optimizer: Any) -> None:
-        t, sigma = self._pending if self._pending is not None else (self.index(), optimizer.noise_multiplier)
+        t = self._pending[0] if self._pending is not None else self.index()
         self.applied.append((int(optimizer.releases) - 1, t, float(optimizer.noise_multiplier)))
         self._pending = None
 
