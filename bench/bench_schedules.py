@@ -67,11 +67,16 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10_000)
     parser.add_argument("--peer-steps", type=int, default=1000)
     args = parser.parse_args()
-    lines = [f"# {' '.join([os.path.basename(sys.executable), *sys.argv])}", f"# q={Q} delta={DELTA}"]
+    lines = [f"# python {' '.join(sys.argv)}", f"# q={Q} delta={DELTA}"]
+
+    os.makedirs(os.path.join(os.path.dirname(__file__), "results"), exist_ok=True)
+    out = os.path.join(os.path.dirname(__file__), "results", "bench_schedules.txt")
 
     def report(line: str) -> None:
         print(line, flush=True)
         lines.append(line)
+        with open(out, "w") as f:  # rewritten after every line: a killed run keeps its results
+            f.write("\n".join(lines) + "\n")
 
     for steps in sorted({args.peer_steps, args.steps}):
         eps, seconds = ours(steps)
@@ -83,9 +88,6 @@ def main() -> None:
             report(f"{name:18s} steps={args.peer_steps:6d} FAILED: {type(exc).__name__}: {exc}")
             continue
         report(f"{name:18s} steps={args.peer_steps:6d} distinct_sigmas={args.peer_steps:6d} eps={eps:.5f} time={seconds:.3f}s")
-    os.makedirs(os.path.join(os.path.dirname(__file__), "results"), exist_ok=True)
-    with open(os.path.join(os.path.dirname(__file__), "results", "bench_schedules.txt"), "w") as f:
-        f.write("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
