@@ -36,6 +36,7 @@ _LAZY: dict[str, str] = {
     "ValidationBased": "dpsharp.torch.schedules",
     "ADP": "dpsharp.torch.schedules",
     "calibrate_schedule": "dpsharp.torch.schedules",
+    "attach_schedule": "dpsharp.torch.schedules",
 }
 
 __all__ = sorted(_LAZY)
