@@ -9,8 +9,6 @@ from dpsharp.accountants.gdp import GDPAccountant
 from dpsharp.accountants.pld import PLDAccountant
 from dpsharp.accountants.rdp import MomentsAccountant, RDPAccountant
 from dpsharp.accountants.zcdp import ZCDPAccountant
-from dpsharp.accountants.pld import PLDAccountant
-from dpsharp.accountants.rdp import MomentsAccountant, RDPAccountant
 
 __all__ = [
     "Accountant",

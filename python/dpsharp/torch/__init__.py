@@ -10,7 +10,7 @@ import importlib
 from typing import Any
 
 _LAZY: dict[str, str] = {
-    # training core (issue 6): per-example clipping, noise
+    # training core (issue 6): per-example clipping and noise
     "PerSampleClipper": "dpsharp.torch.clipper",
     "NoiseGenerator": "dpsharp.torch.noise",
     # training API (issue 7): optimizers, loaders, engine
@@ -30,6 +30,17 @@ _LAZY: dict[str, str] = {
     "DPPCA": "dpsharp.torch.pca",
     "PCAProjection": "dpsharp.torch.pca",
     "symmetric_gaussian_noise": "dpsharp.torch.pca",
+    # noise schedules (issue 8)
+    "NoiseSchedule": "dpsharp.torch.schedules",
+    "Constant": "dpsharp.torch.schedules",
+    "TimeBased": "dpsharp.torch.schedules",
+    "Exponential": "dpsharp.torch.schedules",
+    "StepDecay": "dpsharp.torch.schedules",
+    "Polynomial": "dpsharp.torch.schedules",
+    "ValidationBased": "dpsharp.torch.schedules",
+    "ADP": "dpsharp.torch.schedules",
+    "calibrate_schedule": "dpsharp.torch.schedules",
+    "attach_schedule": "dpsharp.torch.schedules",
 }
 
 __all__ = sorted(_LAZY)

@@ -18,6 +18,7 @@ only when the event (sigma, q) changes.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 from dataclasses import dataclass
@@ -28,7 +29,8 @@ import torch
 from dpsharp._validation import require_count, require_delta, require_epsilon, require_real
 from dpsharp.accountants import Accountant, available
 from dpsharp.accountants import accountant as make_accountant
-from dpsharp.events import Event, event_from_dict, event_to_dict
+from dpsharp.accountants.registry import _REGISTRY
+from dpsharp.events import Event, Neighbouring, event_from_dict, event_to_dict
 from dpsharp.torch.data import SAMPLINGS, DPDataLoader, from_dataloader, sampling_event
 from dpsharp.torch.optimizer import BudgetExhausted, DPOptimizer, _require_max_grad_norm
 
@@ -75,6 +77,27 @@ class PrivacyReport:
     note: str | None = None
 
 
+def _new_accountant(name: str, neighbouring: Neighbouring, options: Mapping[str, Any]) -> Accountant:
+    """A fresh accountant ``name`` stating guarantees under ``neighbouring``. Families whose
+    constructor takes no ``neighbouring`` option are used only if their default matches."""
+    try:
+        signature = inspect.signature(registered_class(name).__init__)
+        takes_relation = "neighbouring" in signature.parameters or any(
+            p.kind is inspect.Parameter.VAR_KEYWORD for p in signature.parameters.values()
+        )
+    except (TypeError, ValueError):
+        takes_relation = True
+    if takes_relation:
+        return make_accountant(name, neighbouring=neighbouring, **options)
+    result = make_accountant(name, **options)
+    if result.neighbouring is not neighbouring:
+        raise ValueError(
+            f"accountant {name!r} states guarantees under {result.neighbouring.value}, but this "
+            f"accounting needs {neighbouring.value}"
+        )
+    return result
+
+
 class _Ledger:
     """One accountant fed by the engine, with the bookkeeping of what it has been charged."""
 
@@ -88,7 +111,7 @@ class _Ledger:
         self.non_private_releases = 0
 
     def _fresh(self) -> Accountant:
-        return make_accountant(self.name, neighbouring=self.neighbouring, **self.options)
+        return _new_accountant(self.name, self.neighbouring, self.options)
 
     def clone_with(self, event: Event, count: int) -> Accountant:
         clone = self._fresh()
@@ -115,6 +138,15 @@ class _Ledger:
         charge = state["last_epoch_charge"]
         self.last_epoch_charge = None if charge is None else (int(charge[0]), float(charge[1]))
         self.non_private_releases = require_count("non_private_releases", state["non_private_releases"])
+
+
+def registered_class(name: str) -> type[Accountant]:
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise ValueError(
+            f"accountant must be one of {', '.join(map(repr, available()))}; got {name!r}"
+        ) from None
 
 
 class PrivacyEngine:
@@ -309,7 +341,7 @@ class PrivacyEngine:
     @staticmethod
     def _supports(name: str, accounting: str, event: Event) -> bool:
         try:
-            return make_accountant(name, neighbouring=SAMPLINGS[accounting][0]).supports(event)
+            return _new_accountant(name, SAMPLINGS[accounting][0], {}).supports(event)
         except (TypeError, ValueError):
             return False
 
@@ -339,15 +371,18 @@ class PrivacyEngine:
         return epochs if SAMPLINGS[accounting][1] == "epoch" else epochs * loader.steps_per_epoch
 
     def _calibrate(self, ledger: _Ledger, loader: DPDataLoader, target: float, delta: float, epochs: int) -> float:
-        from dpsharp.torch._calibration import calibrate_noise
+        """sigma such that ``epochs`` epochs of ``loader`` cost at most ``target`` (certified,
+        within dpsharp.calibrate's relative tolerance below it)."""
+        from dpsharp import calibrate
 
         units = self._units(ledger.accounting, loader, epochs)
-        return calibrate_noise(
-            lambda sigma: self._event(ledger.accounting, loader, sigma),
-            units,
-            make_accountant=ledger._fresh,
-            target_epsilon=target,
-            delta=delta,
+        return calibrate.noise_multiplier(
+            target,
+            delta,
+            steps=units,
+            sampling_probability=loader.sample_rate,
+            accountant=ledger._fresh,
+            event=lambda sigma, _q: self._event(ledger.accounting, loader, sigma),
         )
 
     # ----------------------------------------------------------------- per release
@@ -498,7 +533,7 @@ class PrivacyEngine:
         """A fresh accountant of family ``name`` that has composed the same events (e.g.
         "gdp" for the CLT mu, "zcdp" for rho, "rdp" for the Renyi curve)."""
         ledger = self._ledger()
-        other = make_accountant(name, neighbouring=ledger.neighbouring, **options)
+        other = _new_accountant(name, ledger.neighbouring, options)
         for event, count in ledger.accountant.ledger:
             other.compose(event, count)
         return other
