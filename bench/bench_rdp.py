@@ -29,7 +29,7 @@ import statistics
 import sys
 import time
 import warnings
-from typing import Callable
+from collections.abc import Callable
 
 from dpsharp import Gaussian, PoissonSampled, RDPAccountant
 from dpsharp.rdp import DEFAULT_ORDERS
@@ -94,9 +94,9 @@ def main() -> int:
 
 def bench_grid(orders: list[float], repeats: int, worst: dict[str, float], *, strict: bool) -> None:
     for q, sigma in SETTINGS:
-        ours_time, ours_eps = timed(lambda: ours(q, sigma, orders), 5 * repeats)
-        dpa_time, dpa_eps = timed(lambda: dp_accounting_eps(q, sigma, orders), repeats)
-        opa_time, opa_eps = timed(lambda: opacus_eps(q, sigma, orders), repeats)
+        ours_time, ours_eps = timed(lambda q=q, sigma=sigma: ours(q, sigma, orders), 5 * repeats)
+        dpa_time, dpa_eps = timed(lambda q=q, sigma=sigma: dp_accounting_eps(q, sigma, orders), repeats)
+        opa_time, opa_eps = timed(lambda q=q, sigma=sigma: opacus_eps(q, sigma, orders), repeats)
         for name, value in (("dp-accounting", dpa_eps), ("opacus", opa_eps)):
             rel = abs(value - ours_eps) / ours_eps
             if strict:
