@@ -466,6 +466,5 @@ def _tradeoff_from_curves(
         with np.errstate(over="ignore"):
             values = 1.0 - d[None, :] - np.exp(e)[None, :] * alphas[:, None]
         best = np.maximum(best, values.max(axis=1))
-    # eps below the window: delta(eps) <= 1 - e^{eps}... use eps = 0 lower envelope 1 - alpha -
-    # delta(0) is already included when 0 is on the grid.
+    # Each term is a valid lower bound of f, so their maximum (and 0) is; f <= 1 - alpha always.
     return np.clip(best, 0.0, 1.0 - alphas)
