@@ -41,7 +41,7 @@ class StandInClipper:
             raise NotImplementedError("stand-in: flat clipping only")
         self.bound = float(max_grad_norm)
         self.loss_reduction = loss_reduction
-        self.layers = [m for m in module.modules() if isinstance(m, nn.Linear)]
+        self.layers = [m for m in module.modules() if isinstance(m, (nn.Linear, nn.Conv2d))]
         self.parameters = [p for p in module.parameters() if p.requires_grad]
         self._handles = []
         for layer in self.layers:
@@ -64,9 +64,17 @@ class StandInClipper:
         batch = go.shape[0]
         if self.loss_reduction == "mean":
             go = go * batch
-        grads = [torch.einsum("bo,bi->boi", go, act)]
-        if layer.bias is not None:
-            grads.append(go)
+        if isinstance(layer, nn.Conv2d):
+            cols = nn.functional.unfold(act, layer.kernel_size, dilation=layer.dilation,
+                                        padding=layer.padding, stride=layer.stride)
+            go = go.reshape(batch, go.shape[1], -1)
+            grads = [torch.einsum("bol,bil->boi", go, cols).reshape(batch, *layer.weight.shape)]
+            if layer.bias is not None:
+                grads.append(go.sum(2))
+        else:
+            grads = [torch.einsum("bo,bi->boi", go, act)]
+            if layer.bias is not None:
+                grads.append(go)
         self._pending[layer] = grads
         if len(self._pending) == len(self.layers):
             self._finish(batch)
