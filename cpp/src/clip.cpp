@@ -1,0 +1,213 @@
+// Fused clip / accumulate / noise kernels (see clip.hpp). Work is split over std::thread
+// (not OpenMP: the extension must not bring a second OpenMP runtime next to torch's). Results
+// do not depend on the thread count: every element's noise is a pure function of its counter
+// and every element's sum runs over examples in order.
+#include "dpsharp/clip.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "dpsharp/philox.hpp"
+
+namespace dpsharp::clip {
+namespace {
+
+constexpr std::int64_t kTile = 512;             // elements per tile (even: whole noise pairs)
+constexpr std::int64_t kMinPerThread = 1 << 15;  // below this a thread costs more than it saves
+
+template <typename Work>
+void parallel_ranges(std::int64_t count, std::int64_t grain, int threads, Work&& work) {
+  std::int64_t useful = std::max<std::int64_t>(1, count / std::max<std::int64_t>(grain, 1));
+  const int n_threads = static_cast<int>(std::min<std::int64_t>(std::max(threads, 1), useful));
+  if (n_threads <= 1) {
+    work(std::int64_t{0}, count);
+    return;
+  }
+  std::vector<std::thread> pool;
+  pool.reserve(static_cast<std::size_t>(n_threads - 1));
+  const std::int64_t chunk = (count + n_threads - 1) / n_threads;
+  for (int t = 1; t < n_threads; ++t) {
+    const std::int64_t lo = std::min(count, chunk * t);
+    const std::int64_t hi = std::min(count, lo + chunk);
+    pool.emplace_back([&work, lo, hi] { work(lo, hi); });
+  }
+  work(std::int64_t{0}, std::min(count, chunk));
+  for (auto& th : pool) th.join();
+}
+
+inline float bf16_to_float(std::uint16_t v) noexcept {
+  const std::uint32_t bits = static_cast<std::uint32_t>(v) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+// Round-to-nearest-even float -> bfloat16 (NaN kept quiet), as torch does.
+inline std::uint16_t float_to_bf16(float f) noexcept {
+  std::uint32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<std::uint16_t>((bits >> 16) | 0x40u);
+  bits += 0x7FFFu + ((bits >> 16) & 1u);
+  return static_cast<std::uint16_t>(bits >> 16);
+}
+
+template <typename T>
+struct Elem;
+template <>
+struct Elem<float> {
+  static double load(const void* p, std::int64_t i) noexcept {
+    return static_cast<double>(static_cast<const float*>(p)[i]);
+  }
+  static void store(void* p, std::int64_t i, double v) noexcept {
+    static_cast<float*>(p)[i] = static_cast<float>(v);
+  }
+};
+template <>
+struct Elem<double> {
+  static double load(const void* p, std::int64_t i) noexcept {
+    return static_cast<const double*>(p)[i];
+  }
+  static void store(void* p, std::int64_t i, double v) noexcept {
+    static_cast<double*>(p)[i] = v;
+  }
+};
+struct BF16 {};
+template <>
+struct Elem<BF16> {
+  static double load(const void* p, std::int64_t i) noexcept {
+    return static_cast<double>(bf16_to_float(static_cast<const std::uint16_t*>(p)[i]));
+  }
+  static void store(void* p, std::int64_t i, double v) noexcept {
+    static_cast<std::uint16_t*>(p)[i] = float_to_bf16(static_cast<float>(v));
+  }
+};
+
+// Standard normals for elements [first, first + count) (first even, count even) into z.
+void fill_normals(const NoiseStream& s, std::int64_t first, std::int64_t count,
+                  double* z) noexcept {
+  double u1[kTile / 2];
+  double u2[kTile / 2];
+  const std::int64_t pairs = count / 2;
+  const std::uint32_t pair0 = static_cast<std::uint32_t>(first / 2);
+  for (std::int64_t k = 0; k < pairs; ++k) {
+    const philox::Block b = philox::philox4x32_10(
+        philox::Block{{pair0 + static_cast<std::uint32_t>(k), s.parameter, s.release, s.rank}},
+        s.key0, s.key1);
+    philox::block_uniforms(b, u1[k], u2[k]);
+  }
+  for (std::int64_t k = 0; k < pairs; ++k) u1[k] = std::sqrt(-2.0 * philox::log_unit(u1[k]));
+  for (std::int64_t k = 0; k < pairs; ++k) {
+    double sn, cs;
+    philox::sincos_two_pi(u2[k], sn, cs);
+    z[2 * k] = u1[k] * cs;
+    z[2 * k + 1] = u1[k] * sn;
+  }
+}
+
+template <typename T>
+void clip_accumulate_noise_typed(const void* per_example, const double* factors,
+                                 std::int64_t batch, const void* base, void* out,
+                                 std::int64_t numel, double noise_std, const NoiseStream& stream,
+                                 double scale, int threads) {
+  const std::int64_t tiles = (numel + kTile - 1) / kTile;
+  const std::int64_t work_per_tile = kTile * (1 + (per_example ? batch : 0));
+  parallel_ranges(tiles, std::max<std::int64_t>(1, kMinPerThread / work_per_tile), threads,
+                  [&](std::int64_t tile_lo, std::int64_t tile_hi) {
+    double acc[kTile];
+    double z[kTile];
+    for (std::int64_t tile = tile_lo; tile < tile_hi; ++tile) {
+      const std::int64_t lo = tile * kTile;
+      const std::int64_t len = std::min(kTile, numel - lo);
+      if (base) {
+        for (std::int64_t j = 0; j < len; ++j) acc[j] = Elem<T>::load(base, lo + j);
+      } else {
+        for (std::int64_t j = 0; j < len; ++j) acc[j] = 0.0;
+      }
+      if (per_example) {
+        for (std::int64_t i = 0; i < batch; ++i) {
+          const double c = factors[i];
+          const std::int64_t row = i * numel + lo;
+          for (std::int64_t j = 0; j < len; ++j) acc[j] += c * Elem<T>::load(per_example, row + j);
+        }
+      }
+      if (noise_std != 0.0) {
+        fill_normals(stream, lo, (len + 1) & ~std::int64_t{1}, z);
+        for (std::int64_t j = 0; j < len; ++j) acc[j] += noise_std * z[j];
+      }
+      for (std::int64_t j = 0; j < len; ++j) Elem<T>::store(out, lo + j, acc[j] * scale);
+    }
+  });
+}
+
+template <typename T>
+void sq_norms_typed(const void* per_example, std::int64_t batch, std::int64_t numel, double* out,
+                    int threads) {
+  parallel_ranges(batch, std::max<std::int64_t>(1, kMinPerThread / std::max<std::int64_t>(numel, 1)),
+                  threads, [&](std::int64_t lo, std::int64_t hi) {
+    for (std::int64_t i = lo; i < hi; ++i) {
+      double lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      const std::int64_t row = i * numel;
+      std::int64_t j = 0;
+      for (; j + 8 <= numel; j += 8) {
+        for (int l = 0; l < 8; ++l) {
+          const double v = Elem<T>::load(per_example, row + j + l);
+          lanes[l] += v * v;
+        }
+      }
+      for (; j < numel; ++j) {
+        const double v = Elem<T>::load(per_example, row + j);
+        lanes[0] += v * v;
+      }
+      out[i] = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) +
+               ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+    }
+  });
+}
+
+}  // namespace
+
+void per_example_sq_norms(const void* per_example, DType dtype, std::int64_t batch,
+                          std::int64_t numel, double* out, int threads) {
+  switch (dtype) {
+    case DType::kFloat32: sq_norms_typed<float>(per_example, batch, numel, out, threads); break;
+    case DType::kFloat64: sq_norms_typed<double>(per_example, batch, numel, out, threads); break;
+    case DType::kBFloat16: sq_norms_typed<BF16>(per_example, batch, numel, out, threads); break;
+  }
+}
+
+void clip_accumulate_noise(const void* per_example, const double* factors, std::int64_t batch,
+                           const void* base, void* out, DType dtype, std::int64_t numel,
+                           double noise_std, const NoiseStream& stream, double scale,
+                           int threads) {
+  switch (dtype) {
+    case DType::kFloat32:
+      clip_accumulate_noise_typed<float>(per_example, factors, batch, base, out, numel, noise_std,
+                                         stream, scale, threads);
+      break;
+    case DType::kFloat64:
+      clip_accumulate_noise_typed<double>(per_example, factors, batch, base, out, numel,
+                                          noise_std, stream, scale, threads);
+      break;
+    case DType::kBFloat16:
+      clip_accumulate_noise_typed<BF16>(per_example, factors, batch, base, out, numel, noise_std,
+                                        stream, scale, threads);
+      break;
+  }
+}
+
+void gaussian_noise(const NoiseStream& stream, std::int64_t numel, double* out, int threads) {
+  const std::int64_t tiles = (numel + kTile - 1) / kTile;
+  parallel_ranges(tiles, kMinPerThread / kTile, threads, [&](std::int64_t lo, std::int64_t hi) {
+    double z[kTile];
+    for (std::int64_t tile = lo; tile < hi; ++tile) {
+      const std::int64_t first = tile * kTile;
+      const std::int64_t len = std::min(kTile, numel - first);
+      fill_normals(stream, first, (len + 1) & ~std::int64_t{1}, z);
+      std::memcpy(out + first, z, static_cast<std::size_t>(len) * sizeof(double));
+    }
+  });
+}
+
+}  // namespace dpsharp::clip
