@@ -37,4 +37,5 @@ PYBIND11_MODULE(_core, m) {
       "How this module was built: version, build type, whether CUDA kernels are included.");
   dpsharp::bindings::bind_numerics(m);
   dpsharp::bindings::bind_clip(m);
+  dpsharp::bindings::bind_pld(m);
 }

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dpsharp._native import core as _core_module  # fails loudly if the extension is missing
 from dpsharp.accountants import (
     Accountant,
+    PLDAccountant,
     PrivacyGuarantee,
     UnsupportedEventError,
     accountant,
@@ -53,6 +54,7 @@ __all__ = [
     "Gaussian",
     "Laplace",
     "Neighbouring",
+    "PLDAccountant",
     "PoissonSampled",
     "PrivacyGuarantee",
     "Repeated",

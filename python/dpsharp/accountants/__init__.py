@@ -6,12 +6,14 @@ from dpsharp.accountants.base import Accountant, PrivacyGuarantee, UnsupportedEv
 from dpsharp.accountants.registry import accountant, available, register
 from dpsharp.accountants.classic import ClassicAccountant
 from dpsharp.accountants.gdp import GDPAccountant
+from dpsharp.accountants.pld import PLDAccountant
 from dpsharp.accountants.zcdp import ZCDPAccountant
 
 __all__ = [
     "Accountant",
     "ClassicAccountant",
     "GDPAccountant",
+    "PLDAccountant",
     "PrivacyGuarantee",
     "UnsupportedEventError",
     "ZCDPAccountant",

@@ -1,0 +1,61 @@
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <cstring>
+
+#include "bindings.hpp"
+#include "dpsharp/pld.hpp"
+
+namespace py = pybind11;
+
+namespace dpsharp::bindings {
+namespace {
+
+pld::MechanismParams make_params(int mechanism, double parameter, double sampling_rate) {
+  if (mechanism < 0 || mechanism > 4) throw py::value_error("mechanism must be in 0..4");
+  if (!(parameter > 0.0)) throw py::value_error("parameter must be > 0");
+  if (!(sampling_rate > 0.0 && sampling_rate <= 1.0)) {
+    throw py::value_error("sampling_rate must be in (0, 1]");
+  }
+  return {static_cast<pld::Mechanism>(mechanism), parameter, sampling_rate};
+}
+
+py::tuple to_python(pld::DiscretePld&& result) {
+  py::array_t<double> mass(static_cast<py::ssize_t>(result.mass.size()));
+  std::memcpy(mass.mutable_data(), result.mass.data(), result.mass.size() * sizeof(double));
+  return py::make_tuple(result.offset, mass, result.infinity_mass);
+}
+
+}  // namespace
+
+void bind_pld(py::module_& m) {
+  m.def(
+      "pld_discretize",
+      [](int mechanism, double parameter, double sampling_rate, double grid_step, double top_tail,
+         double bottom_tail, bool pessimistic) {
+        const auto params = make_params(mechanism, parameter, sampling_rate);
+        pld::DiscretePld result;
+        {
+          py::gil_scoped_release release;
+          const auto range = pld::grid_range(params, grid_step, top_tail, bottom_tail);
+          result = pessimistic ? pld::discretize_pessimistic(params, grid_step, range)
+                               : pld::discretize_optimistic(params, grid_step, range);
+        }
+        return to_python(std::move(result));
+      },
+      py::arg("mechanism"), py::arg("parameter"), py::arg("sampling_rate"), py::arg("grid_step"),
+      py::arg("top_tail"), py::arg("bottom_tail"), py::arg("pessimistic"),
+      "Discretise a privacy-loss distribution on the grid k * grid_step. Returns (offset, mass, "
+      "infinity_mass): mass[i] sits at loss (offset + i) * grid_step. mechanism: 0 Gaussian, 1 "
+      "Laplace, 2 Poisson remove, 3 Poisson add, 4 symmetrised sampled Gaussian. pessimistic: "
+      "connect-the-dots upper bound; otherwise the certified lower bound (see pld.hpp).");
+  m.def(
+      "pld_log_hockey_stick",
+      [](int mechanism, double parameter, double sampling_rate, double loss) {
+        return pld::log_hockey_stick(make_params(mechanism, parameter, sampling_rate), loss);
+      },
+      py::arg("mechanism"), py::arg("parameter"), py::arg("sampling_rate"), py::arg("loss"),
+      "log delta(eps = loss) of the continuous dominating pair (-inf when delta is 0).");
+}
+
+}  // namespace dpsharp::bindings

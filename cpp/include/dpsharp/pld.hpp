@@ -1,0 +1,98 @@
+// Privacy-loss distributions (PLDs) discretised on a uniform loss grid, with certified roundings.
+//
+// A mechanism is described by a dominating pair (P, Q); its privacy loss is L = log(dP/dQ)(X) for
+// X ~ P, and its hockey-stick curve is delta(eps) = E_P[(1 - e^{eps - L})_+] + P(L = inf).
+// Writing Y = e^{-L} = dQ/dP, delta(eps) = E_P[phi(Y)] with phi(y) = (1 - e^eps y)_+ convex and
+// non-increasing in y, and for a composition Y = prod_i Y_i with independent factors. So any
+// replacement of a factor Y_i by Y_i' that is larger in the *decreasing convex order* (a
+// mean-preserving spread of Y_i, or moving mass to smaller y, i.e. larger loss) can only raise
+// every delta(eps) of every composition it enters; one that is smaller in that order (a
+// mean-preserving contraction, e.g. merging mass into its barycentre, or moving mass to larger y)
+// can only lower it (Jensen; the argument of Doroshenko, Ghazi, Kamath, Kumar, Manurangsi 2022,
+// "Connect the dots", Section 3, written for products of independent factors).
+//
+//  * pessimistic (upper bound): each cell (kh, (k+1)h] of the loss axis is replaced by the
+//    mean-preserving spread of its mass onto its two end points ("connect the dots"); the mass
+//    above the top grid point is spread between the top point and +inf (the infinity bucket gets
+//    exactly delta(l_top)); the mass below the bottom point is moved up to it.
+//  * optimistic (lower bound): the loss axis is cut into cells centred on the grid points and the
+//    output is post-processed to the cell index (an exact, dominated pair: data processing); each
+//    cell's point y*_k = Q(cell)/P(cell) is then moved to its grid point y_k = e^{-kh} either by
+//    moving it up in y (when y*_k <= y_k) or by merging it with just enough mass of higher-loss
+//    cells that the barycentre is exactly y_k (a mean-preserving contraction). Mass below the
+//    bottom cell is dropped (sent to loss -inf). The loss shift is second order in h.
+//
+// All tails are evaluated in log space (log_normal_cdf, log_add_exp, log_sub_exp). Rounding
+// errors of double precision (relative ~1e-12 on a cell mass) are not certified.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace dpsharp::pld {
+
+// The dominating pairs, in units where the noise standard deviation is 1 and the shift is
+// mu = 1 / noise_multiplier:
+//   kGaussian:        P = N(mu, 1), Q = N(0, 1)  (symmetric; equals kPoissonRemove with q = 1).
+//   kLaplace:         P = Lap(1, b), Q = Lap(0, b), b = scale (symmetric).
+//   kPoissonRemove:   P = (1-q) N(0,1) + q N(mu,1), Q = N(0,1)  (remove one record).
+//   kPoissonAdd:      P = N(0,1), Q = (1-q) N(0,1) + q N(mu,1)  (add one record).
+//   kSampledSymmetric: the pair of min{f_q, f_q^{-1}}** with f_q = q G_mu + (1-q) Id (Dong, Roth,
+//       Su 2019, Thm 4.2 for sampling without replacement under replace-one). The convex
+//       conjugate of a lower convex envelope of a minimum is the maximum of the conjugates, so its
+//       hockey-stick curve is max(delta_remove, delta_add) at every eps; its tails at a loss l are
+//       those of whichever direction has the larger delta(l).
+enum class Mechanism : int {
+  kGaussian = 0,
+  kLaplace = 1,
+  kPoissonRemove = 2,
+  kPoissonAdd = 3,
+  kSampledSymmetric = 4,
+};
+
+struct MechanismParams {
+  Mechanism mechanism = Mechanism::kGaussian;
+  double parameter = 1.0;      // noise multiplier (Gaussian family) or Laplace scale b
+  double sampling_rate = 1.0;  // q in (0, 1]; ignored for kGaussian and kLaplace
+};
+
+// log P(L > l), log P(L <= l), log Q(L > l), log Q(L <= l).
+struct LossTails {
+  double log_survival_p;
+  double log_cdf_p;
+  double log_survival_q;
+  double log_cdf_q;
+};
+
+LossTails loss_tails(const MechanismParams& params, double loss) noexcept;
+
+// log delta(eps) of the (continuous) pair at eps = loss; -inf when delta is 0.
+double log_hockey_stick(const MechanismParams& params, double loss) noexcept;
+
+// A PLD on the grid {k h : offset <= k < offset + mass.size()} plus a mass at +inf.
+struct DiscretePld {
+  std::int64_t offset = 0;
+  std::vector<double> mass;
+  double infinity_mass = 0.0;
+};
+
+struct GridRange {
+  std::int64_t lowest;   // index of the bottom grid point
+  std::int64_t highest;  // index of the top grid point
+};
+
+// The grid indices [lowest, highest] such that delta(highest * h) <= top_tail and
+// P(L <= lowest * h) <= bottom_tail (so the pessimistic infinity bucket holds at most top_tail and
+// the optimistic rounding drops at most bottom_tail + the mass of the lowest half cell).
+GridRange grid_range(const MechanismParams& params, double grid_step, double top_tail,
+                     double bottom_tail);
+
+// The pessimistic (connect-the-dots) discretisation on [range.lowest, range.highest] * h.
+DiscretePld discretize_pessimistic(const MechanismParams& params, double grid_step,
+                                   GridRange range);
+
+// The optimistic discretisation (cell post-processing plus mean-preserving merges).
+DiscretePld discretize_optimistic(const MechanismParams& params, double grid_step,
+                                  GridRange range);
+
+}  // namespace dpsharp::pld

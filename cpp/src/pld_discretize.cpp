@@ -1,0 +1,210 @@
+// Certified roundings of a privacy-loss distribution onto the grid {k h} (see pld.hpp for the
+// argument why each is on the right side).
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+
+#include "dpsharp/numerics.hpp"
+#include "dpsharp/pld.hpp"
+
+namespace dpsharp::pld {
+namespace {
+
+constexpr double kLogHalf = -0.6931471805599453;
+
+double log_diff(double a, double b) noexcept {
+  if (a <= b) return kNegInf;
+  return log_sub_exp(a, b);
+}
+
+// log P(a < L <= b) from the tails at a and b, using the complementary CDF where the survival
+// function is close to 1 so that no digits cancel.
+double log_cell_mass(double log_survival_a, double log_cdf_a, double log_survival_b,
+                     double log_cdf_b) noexcept {
+  if (log_survival_a > kLogHalf) return log_diff(log_cdf_b, log_cdf_a);
+  return log_diff(log_survival_a, log_survival_b);
+}
+
+void check_step(double grid_step) {
+  if (!(grid_step > 0.0) || !std::isfinite(grid_step)) {
+    throw std::invalid_argument("grid_step must be finite and > 0");
+  }
+}
+
+}  // namespace
+
+GridRange grid_range(const MechanismParams& params, double grid_step, double top_tail,
+                     double bottom_tail) {
+  check_step(grid_step);
+  if (!(top_tail > 0.0 && top_tail < 1.0) || !(bottom_tail > 0.0 && bottom_tail < 1.0)) {
+    throw std::invalid_argument("top_tail and bottom_tail must be in (0, 1)");
+  }
+  const double log_top = std::log(top_tail);
+  const double log_bottom = std::log(bottom_tail);
+  constexpr std::int64_t kLimit = std::int64_t{1} << 40;
+  auto top_ok = [&](std::int64_t k) {
+    return log_hockey_stick(params, static_cast<double>(k) * grid_step) <= log_top;
+  };
+  // delta(l) is non-increasing: find the smallest k >= 1 with delta(k h) <= top_tail.
+  std::int64_t hi = 1;
+  while (!top_ok(hi)) {
+    if (hi > kLimit) throw std::runtime_error("privacy loss tail does not vanish");
+    hi *= 2;
+  }
+  std::int64_t lo = hi / 2;  // top_ok(lo) is false unless lo == 0
+  while (hi - lo > 1) {
+    const std::int64_t mid = lo + (hi - lo) / 2;
+    (top_ok(mid) ? hi : lo) = mid;
+  }
+  const std::int64_t highest = hi;
+  // P(L <= l) is non-decreasing: the largest k < highest with P(L <= k h) <= bottom_tail.
+  auto bottom_ok = [&](std::int64_t k) {
+    return loss_tails(params, static_cast<double>(k) * grid_step).log_cdf_p <= log_bottom;
+  };
+  std::int64_t good = highest - 1;
+  std::int64_t step = 1;
+  while (!bottom_ok(good)) {
+    if (step > kLimit) throw std::runtime_error("privacy loss lower tail does not vanish");
+    good = highest - 1 - step;
+    step *= 2;
+  }
+  std::int64_t bad = highest;  // treated as failing: the range needs at least two points
+  if (good < highest - 1) {
+    bad = good + step / 2;  // the previous probe, which failed
+    while (bad - good > 1) {
+      const std::int64_t mid = good + (bad - good) / 2;
+      (bottom_ok(mid) ? good : bad) = mid;
+    }
+  }
+  return {good, highest};
+}
+
+DiscretePld discretize_pessimistic(const MechanismParams& params, double grid_step,
+                                   GridRange range) {
+  check_step(grid_step);
+  const std::int64_t n = range.highest - range.lowest + 1;
+  if (n < 2) throw std::invalid_argument("the grid range needs at least two points");
+  std::vector<LossTails> tails(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) {
+    tails[i] = loss_tails(params, static_cast<double>(range.lowest + i) * grid_step);
+  }
+  DiscretePld out;
+  out.offset = range.lowest;
+  out.mass.assign(static_cast<std::size_t>(n), 0.0);
+  // Mass at or below the bottom point moves up to it (a larger loss: pessimistic).
+  out.mass[0] += std::exp(tails[0].log_cdf_p);
+  // Each cell (a, b] is spread onto {a, b} keeping its P-mass and its Q-mass (= E_P[Y; cell]):
+  // weight at b = p (1 - r) / (1 - e^{-h}) with r = e^{a} Q(cell) / P(cell) in [e^{-h}, 1].
+  const double spread_denominator = -std::expm1(-grid_step);
+  for (std::int64_t i = 0; i + 1 < n; ++i) {
+    const LossTails& a = tails[i];
+    const LossTails& b = tails[i + 1];
+    const double log_p = log_cell_mass(a.log_survival_p, a.log_cdf_p, b.log_survival_p, b.log_cdf_p);
+    if (log_p == kNegInf) continue;
+    const double log_q = log_cell_mass(a.log_survival_q, a.log_cdf_q, b.log_survival_q, b.log_cdf_q);
+    const double loss_a = static_cast<double>(range.lowest + i) * grid_step;
+    const double p = std::exp(log_p);
+    double upper_fraction = -std::expm1(log_q - log_p + loss_a) / spread_denominator;
+    upper_fraction = std::clamp(upper_fraction, 0.0, 1.0);
+    out.mass[i + 1] += p * upper_fraction;
+    out.mass[i] += p * (1.0 - upper_fraction);
+  }
+  // Mass above the top point l_t: spread onto {l_t, +inf}: Q-mass / e^{-l_t} at l_t and the rest,
+  // delta(l_t), at +inf.
+  const double top_loss = static_cast<double>(range.highest) * grid_step;
+  const LossTails& top = tails[n - 1];
+  if (top.log_survival_p != kNegInf) {
+    out.mass[n - 1] += std::exp(std::min(top.log_survival_q + top_loss, top.log_survival_p));
+    out.infinity_mass = std::exp(log_diff(top.log_survival_p, top.log_survival_q + top_loss));
+  }
+  return out;
+}
+
+DiscretePld discretize_optimistic(const MechanismParams& params, double grid_step,
+                                  GridRange range) {
+  check_step(grid_step);
+  const std::int64_t n = range.highest - range.lowest + 1;
+  if (n < 2) throw std::invalid_argument("the grid range needs at least two points");
+  const double top_loss = static_cast<double>(range.highest) * grid_step;
+  if (top_loss - static_cast<double>(range.lowest) * grid_step > 600.0) {
+    throw std::invalid_argument("the grid range is too wide for the optimistic rounding");
+  }
+  // Post-process the output to half-width cells (boundaries at multiples of h/2 from the bottom
+  // grid point up to the top one, plus one cell for everything above the top): the cell index is
+  // a dominated pair (data processing), with point y*_c = Q(cell)/P(cell) per cell. Mass at or
+  // below the bottom grid point is dropped (loss -inf).
+  const std::int64_t boundaries = 2 * (n - 1) + 1;
+  std::vector<LossTails> tails(static_cast<std::size_t>(boundaries));
+  for (std::int64_t i = 0; i < boundaries; ++i) {
+    tails[i] = loss_tails(params, (static_cast<double>(range.lowest) + 0.5 * static_cast<double>(i)) * grid_step);
+  }
+  DiscretePld out;
+  out.offset = range.lowest;
+  out.mass.assign(static_cast<std::size_t>(n), 0.0);
+  // Sweep the cells from the highest loss (smallest y) down. A group starts at the first unplaced
+  // point, targets the smallest grid value y_k >= its y, and absorbs the following (larger-y)
+  // points, the last one only in part, until its barycentre is exactly y_k: a mean-preserving
+  // contraction. y is scaled by e^{top_loss} so that the top grid point has y = 1.
+  double group_mass = 0.0;
+  double group_moment = 0.0;
+  std::int64_t target = 0;  // index into out.mass
+  double target_y = 1.0;
+  auto place_group = [&]() {
+    out.mass[static_cast<std::size_t>(target)] += group_mass;
+    group_mass = 0.0;
+    group_moment = 0.0;
+  };
+  for (std::int64_t c = boundaries - 1; c >= 0; --c) {
+    const LossTails& a = tails[c];
+    double log_p;
+    double log_q;
+    if (c == boundaries - 1) {
+      log_p = a.log_survival_p;
+      log_q = a.log_survival_q;
+    } else {
+      const LossTails& b = tails[c + 1];
+      log_p = log_cell_mass(a.log_survival_p, a.log_cdf_p, b.log_survival_p, b.log_cdf_p);
+      log_q = log_cell_mass(a.log_survival_q, a.log_cdf_q, b.log_survival_q, b.log_cdf_q);
+    }
+    if (log_p == kNegInf) continue;
+    double mass = std::exp(log_p);
+    const double cell_loss = log_p - log_q;  // in (cell), or +inf without Q-mass
+    const double y = std::exp(-(cell_loss - top_loss));
+    while (mass > 0.0) {
+      if (group_mass == 0.0) {
+        // Largest grid loss <= the cell's loss (the cell lies above the bottom grid point).
+        std::int64_t k = static_cast<std::int64_t>(std::floor(cell_loss / grid_step)) - range.lowest;
+        if (!(cell_loss < kInf) || k > n - 1) k = n - 1;
+        if (k < 0) k = 0;
+        target = k;
+        target_y = std::exp(-(static_cast<double>(range.lowest + k) * grid_step - top_loss));
+        group_mass = mass;
+        group_moment = mass * y;
+        mass = 0.0;
+        if (y >= target_y) place_group();  // already on the grid point (up to round-off)
+        continue;
+      }
+      if (y <= target_y) {
+        group_mass += mass;
+        group_moment += mass * y;
+        mass = 0.0;
+        continue;
+      }
+      const double wanted = (group_mass * target_y - group_moment) / (y - target_y);
+      if (wanted >= mass) {
+        group_mass += mass;
+        group_moment += mass * y;
+        mass = 0.0;
+      } else {
+        group_mass += wanted;
+        mass -= wanted;
+        place_group();
+      }
+    }
+  }
+  // A last group whose barycentre stays below its target moves up in y (down in loss) onto it.
+  if (group_mass > 0.0) place_group();
+  return out;
+}
+
+}  // namespace dpsharp::pld

@@ -1,0 +1,268 @@
+"""Composition of discretised privacy-loss distributions by FFT (the numerics behind
+:class:`dpsharp.accountants.pld.PLDAccountant`).
+
+A discretised PLD is a mass vector on the loss grid ``{k h}`` plus a mass at ``+inf``. The PLD of
+an adaptive composition is the distribution of the *sum* of independent losses, i.e. the
+convolution of the mass vectors (Dong, Roth, Su 2019, Thm 3.2 for f-DP; Koskela, Jalko, Honkela
+2020 for PLDs). We convolve on a circle of ``n`` points with the real FFT, so that ``count`` copies
+of a PLD cost one transform and a pointwise power (Koskela et al. 2020, Section 5), and the folding
+of the true (linear) result onto the circle is accounted for rigorously:
+
+* Reduction modulo ``n`` is a ring homomorphism, so the circular result is exactly the linear one
+  folded onto ``[a, a + n)``: every entry is the true mass there plus *non-negative* aliased mass.
+* The mass of the linear result outside the window is bounded by Chernoff's inequality with the
+  exact moment generating functions of the discretised PLDs:
+  ``P(S > b) <= min_{t > 0} exp(sum_i c_i log E[e^{t L_i}] - t b)`` and the mirror image below.
+* Hence ``delta_upper = sum(window, clipped at 0) + P(inf) + P(S > b) + P(S < a) (1 - e^{eps-a})_+``
+  bounds the discretised composition from above, and ``delta_lower = sum(window) - P(S > b) -
+  P(S < a) - |negative round-off|`` from below.
+
+The only transform is :func:`forward_transform` / :func:`inverse_transform` (scipy.fft's pocketfft);
+a GPU build can replace those two functions by cuFFT.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.fft
+
+__all__ = ["ComposedPLD", "DiscretePLD", "compose", "forward_transform", "inverse_transform"]
+
+#: Exponents t of the Chernoff bounds (both signs are used).
+_CHERNOFF_T = np.array([0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0])
+
+
+def forward_transform(values: np.ndarray, size: int) -> np.ndarray:
+    """Real FFT of ``values`` (already of length ``size``)."""
+    return scipy.fft.rfft(values, n=size, workers=1)
+
+
+def inverse_transform(spectrum: np.ndarray, size: int) -> np.ndarray:
+    """Inverse of :func:`forward_transform`."""
+    return scipy.fft.irfft(spectrum, n=size, workers=1)
+
+
+@dataclass(frozen=True)
+class DiscretePLD:
+    """Masses ``mass[i]`` at loss ``(offset + i) * grid_step`` and ``infinity_mass`` at +inf."""
+
+    offset: int
+    mass: np.ndarray
+    infinity_mass: float
+    grid_step: float
+
+    def log_mgf(self, exponents: np.ndarray) -> np.ndarray:
+        """``log E[e^{t L}; L finite]`` for each exponent ``t`` (exact for the finite masses)."""
+        positive = self.mass > 0
+        log_mass = np.log(self.mass[positive])
+        losses = (self.offset + np.flatnonzero(positive)) * self.grid_step
+        out = np.empty(exponents.size)
+        for i, t in enumerate(exponents):
+            terms = log_mass + t * losses
+            top = float(terms.max())
+            out[i] = top + math.log(float(np.exp(terms - top).sum()))
+        return out
+
+    def folded(self, size: int) -> np.ndarray:
+        """The masses folded onto a circle of ``size`` points: entry ``j`` holds the masses at
+        indices ``offset + i`` with ``i = j (mod size)``."""
+        length = self.mass.size
+        if length <= size:
+            out = np.zeros(size)
+            out[:length] = self.mass
+            return out
+        rows = -(-length // size)
+        padded = np.zeros(rows * size)
+        padded[:length] = self.mass
+        return padded.reshape(rows, size).sum(axis=0)
+
+
+@dataclass(frozen=True)
+class ComposedPLD:
+    """A composition on the window ``[start, start + size) * grid_step`` with certified slack.
+
+    ``mass`` is the circular FFT result rolled so that entry ``j`` is loss ``(start + j) h``.
+    ``infinity_mass`` is the composed mass at +inf; ``above`` and ``below`` bound the mass of the
+    linear composition above and below the window.
+    """
+
+    start: int
+    mass: np.ndarray
+    infinity_mass: float
+    above: float
+    below: float
+    grid_step: float
+
+    @property
+    def losses(self) -> np.ndarray:
+        return (self.start + np.arange(self.mass.size)) * self.grid_step
+
+    @property
+    def roundoff(self) -> float:
+        """Total negative mass left by FFT round-off: a measure of its noise level."""
+        return float(-self.mass[self.mass < 0].sum())
+
+    def _curve_terms(self, pessimistic: bool) -> tuple[np.ndarray, float, float]:
+        mass = np.maximum(self.mass, 0.0) if pessimistic else self.mass
+        if pessimistic:
+            constant = self.infinity_mass + self.above
+            low_mass = self.below
+        else:
+            constant = self.infinity_mass - self.above - self.below - 2.0 * self.roundoff
+            low_mass = 0.0
+        return mass, constant, low_mass
+
+    def delta(self, epsilon: float, *, pessimistic: bool) -> float:
+        """``sum_k m_k (1 - e^{eps - l_k})_+ + constant``: an upper (pessimistic) or lower bound
+        of the hockey-stick divergence of the discretised composition."""
+        mass, constant, low_mass = self._curve_terms(pessimistic)
+        losses = self.losses
+        above = losses > epsilon
+        value = float(np.dot(mass[above], -np.expm1(epsilon - losses[above]))) + constant
+        first = self.start * self.grid_step
+        if low_mass and epsilon < first:
+            value += low_mass * -np.expm1(epsilon - first)
+        return min(max(value, 0.0), 1.0)
+
+    def epsilon(self, delta: float, *, pessimistic: bool) -> float:
+        """The smallest eps >= 0 with ``delta(eps) <= delta`` (exact for the discrete curve, which
+        is ``A - e^eps B`` between grid points); inf when the +inf mass alone exceeds delta."""
+        mass, constant, low_mass = self._curve_terms(pessimistic)
+        h = self.grid_step
+        first = self.start * h
+        shifted = np.exp(-(self.losses - first))  # e^{-(l_k - a)} <= 1
+        # suffix sums over k > j: A_j = sum m_k, B_j = sum m_k e^{-(l_k - a)}
+        tail_mass = np.concatenate((np.cumsum(mass[::-1])[::-1][1:], [0.0]))
+        tail_weighted = np.concatenate((np.cumsum((mass * shifted)[::-1])[::-1][1:], [0.0]))
+        curve = tail_mass + constant - tail_weighted / shifted
+        if constant >= delta and pessimistic and constant > 0:
+            return float("inf")
+        below_target = np.flatnonzero(curve <= delta)
+        if below_target.size == 0:
+            return float("inf")
+        j = int(below_target[0])
+        if j == 0:
+            a_sum = float(mass.sum()) + constant + low_mass
+            b_sum = float(np.dot(mass, shifted)) + low_mass
+        else:
+            a_sum = float(tail_mass[j - 1]) + constant
+            b_sum = float(tail_weighted[j - 1])
+        if a_sum <= delta or b_sum <= 0:
+            value = (self.start + j - 1) * h if j > 0 else first
+        else:
+            value = first + float(np.log((a_sum - delta) / b_sum))
+        return max(value, 0.0)
+
+    def delta_curve(self, *, pessimistic: bool) -> tuple[np.ndarray, np.ndarray]:
+        """(eps grid, delta bound at each grid point)."""
+        mass, constant, _ = self._curve_terms(pessimistic)
+        losses = self.losses
+        first = losses[0]
+        shifted = np.exp(-(losses - first))
+        tail_mass = np.concatenate((np.cumsum(mass[::-1])[::-1][1:], [0.0]))
+        tail_weighted = np.concatenate((np.cumsum((mass * shifted)[::-1])[::-1][1:], [0.0]))
+        curve = np.clip(tail_mass + constant - tail_weighted / shifted, 0.0, 1.0)
+        return losses, curve
+
+
+def chernoff_window(log_mgf_total: np.ndarray, log_tail: float) -> tuple[float, float]:
+    """Losses (a, b) with P(S < a), P(S > b) <= e^{log_tail} by Chernoff's bound, given
+    ``log_mgf_total[i] = log E[e^{t_i S}]`` for t in (+_CHERNOFF_T, -_CHERNOFF_T)."""
+    k = _CHERNOFF_T.size
+    upper = np.min((log_mgf_total[:k] - log_tail) / _CHERNOFF_T)
+    lower = np.max((log_mgf_total[k:] - log_tail) / -_CHERNOFF_T)
+    return float(lower), float(upper)
+
+
+def chernoff_tails(log_mgf_total: np.ndarray, a: float, b: float) -> tuple[float, float]:
+    """(bound on P(S < a), bound on P(S > b))."""
+    k = _CHERNOFF_T.size
+    above = np.exp(np.min(log_mgf_total[:k] - _CHERNOFF_T * b))
+    below = np.exp(np.min(log_mgf_total[k:] + _CHERNOFF_T * a))
+    return float(min(below, 1.0)), float(min(above, 1.0))
+
+
+def chernoff_exponents() -> np.ndarray:
+    return np.concatenate((_CHERNOFF_T, -_CHERNOFF_T))
+
+
+def compose(
+    plds: list[DiscretePLD],
+    counts: list[int],
+    *,
+    log_tail: float,
+    spectra: dict[int, tuple[int, np.ndarray]] | None = None,
+) -> ComposedPLD:
+    """The composition of ``counts[i]`` copies of ``plds[i]``, on a power-of-two circle just wide
+    enough for the Chernoff window at ``e^{log_tail}``.
+
+    ``spectra`` (optional) caches ``id -> (size, log spectrum)`` per PLD position, so that
+    recomposing after one more step only costs a pointwise exponential and one inverse FFT.
+    """
+    grid_step = plds[0].grid_step
+    exponents = chernoff_exponents()
+    log_mgf_total = np.zeros(exponents.size)
+    support_low = 0
+    support_high = 0
+    log_finite = 0.0
+    for pld, count in zip(plds, counts):
+        log_mgf_total += count * _cached_log_mgf(pld, exponents)
+        support_low += count * pld.offset
+        support_high += count * (pld.offset + pld.mass.size - 1)
+        log_finite += count * np.log1p(-pld.infinity_mass)
+    a, b = chernoff_window(log_mgf_total, log_tail)
+    start = max(int(np.floor(a / grid_step)), support_low)
+    stop = min(int(np.ceil(b / grid_step)), support_high)
+    needed = max(stop - start + 1, 2)
+    size = 1 << int(np.ceil(np.log2(needed)))
+    log_spectrum = np.zeros(size // 2 + 1, dtype=complex)
+    shift = 0
+    for index, (pld, count) in enumerate(zip(plds, counts)):
+        log_spectrum += count * _log_spectrum(pld, size, spectra, index)
+        shift += count * pld.offset
+    circular = inverse_transform(np.exp(log_spectrum), size)
+    mass = np.roll(circular, (shift - start) % size)
+    window_low = start * grid_step
+    window_high = (start + size - 1) * grid_step
+    below, above = chernoff_tails(log_mgf_total, window_low, window_high)
+    if start <= support_low:
+        below = 0.0
+    if start + size - 1 >= support_high:
+        above = 0.0
+    return ComposedPLD(
+        start=start,
+        mass=mass,
+        infinity_mass=float(-np.expm1(log_finite)),
+        above=above,
+        below=below,
+        grid_step=grid_step,
+    )
+
+
+_MGF_CACHE_ATTR = "_log_mgf_cache"
+
+
+def _cached_log_mgf(pld: DiscretePLD, exponents: np.ndarray) -> np.ndarray:
+    cached = pld.__dict__.get(_MGF_CACHE_ATTR)
+    if cached is None:
+        cached = pld.log_mgf(exponents)
+        object.__setattr__(pld, _MGF_CACHE_ATTR, cached)
+    return cached
+
+
+def _log_spectrum(
+    pld: DiscretePLD, size: int, spectra: dict[int, tuple[int, np.ndarray]] | None, index: int
+) -> np.ndarray:
+    if spectra is not None:
+        hit = spectra.get(index)
+        if hit is not None and hit[0] == size:
+            return hit[1]
+    spectrum = forward_transform(pld.folded(size), size)
+    with np.errstate(divide="ignore"):
+        log_spectrum = np.log(spectrum)
+    if spectra is not None:
+        spectra[index] = (size, log_spectrum)
+    return log_spectrum

@@ -1,0 +1,280 @@
+"""PLDAccountant: certified brackets against exact oracles, properties and bad input.
+
+Oracles: a Gaussian mechanism with noise multiplier sigma is mu-GDP with mu = 1/sigma and its
+hockey-stick curve is delta(eps; mu) = Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2) (Dong,
+Roth, Su 2019, Cor. 2.13); a composition of Gaussians is Gaussian with mu = sqrt(sum k_i /
+sigma_i^2); q = 1 Poisson sampling is the plain Gaussian. Values computed here with mpmath at 50
+digits.
+"""
+
+from __future__ import annotations
+
+import math
+
+import mpmath
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import dpsharp
+from dpsharp import (
+    Gaussian,
+    Laplace,
+    PLDAccountant,
+    PoissonSampled,
+    Repeated,
+    SampledWithoutReplacement,
+    UnsupportedEventError,
+)
+
+mpmath.mp.dps = 50
+
+
+def exact_delta(eps: float, mu: float) -> float:
+    e, m = mpmath.mpf(eps), mpmath.mpf(mu)
+    return float(mpmath.ncdf(-e / m + m / 2) - mpmath.exp(e) * mpmath.ncdf(-e / m - m / 2))
+
+
+def exact_epsilon(delta: float, mu: float) -> float:
+    return float(mpmath.findroot(lambda e: exact_delta(float(e), mu) - delta, (0.0, 200.0), solver="anderson"))
+
+
+def exact_epsilon_bisect(delta: float, mu: float) -> float:
+    lo, hi = 0.0, 1.0
+    while exact_delta(hi, mu) > delta:
+        hi *= 2
+    for _ in range(80):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if exact_delta(mid, mu) > delta else (lo, mid)
+    return 0.5 * (lo + hi)
+
+
+@pytest.mark.parametrize("precision", [1e-1, 1e-2, 1e-3])
+@pytest.mark.parametrize("sigma,count", [(1.0, 1), (2.0, 100), (5.0, 1000), (0.7, 30)])
+def test_gaussian_composition_is_bracketed(precision: float, sigma: float, count: int) -> None:
+    acc = PLDAccountant(precision).compose(Gaussian(sigma), count)
+    mu = math.sqrt(count) / sigma
+    for delta in (1e-3, 1e-5, 1e-8):
+        lower, upper = acc.epsilon_bounds(delta)
+        exact = exact_epsilon_bisect(delta, mu)
+        assert lower <= exact <= upper
+        assert acc.epsilon(delta) >= exact
+    for eps in (0.0, 0.5, 2.0, 5.0):
+        lower, upper = acc.delta_bounds(eps)
+        exact = exact_delta(eps, mu)
+        assert lower <= exact * (1 + 1e-9) + 1e-300 and exact <= upper * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("precision", [1e-2, 1e-3])
+def test_heterogeneous_gaussians_and_q_one_are_bracketed(precision: float) -> None:
+    acc = PLDAccountant(precision)
+    acc.compose(Gaussian(1.0), 3).compose(Gaussian(2.5), 10)
+    acc.compose(PoissonSampled(Gaussian(1.5), 1.0), 4)
+    acc.compose(Repeated(Gaussian(4.0), 7))
+    mu = math.sqrt(3 / 1.0**2 + 10 / 2.5**2 + 4 / 1.5**2 + 7 / 4.0**2)
+    for delta in (1e-4, 1e-6, 1e-9):
+        lower, upper = acc.epsilon_bounds(delta)
+        assert lower <= exact_epsilon_bisect(delta, mu) <= upper
+    for eps in (0.3, 1.0, 3.0):
+        lower, upper = acc.delta_bounds(eps)
+        exact = exact_delta(eps, mu)
+        assert lower <= exact * (1 + 1e-9) and exact <= upper * (1 + 1e-9)
+
+
+def test_q_one_poisson_equals_gaussian_bracket() -> None:
+    mu = math.sqrt(1000) / 10.0
+    acc = PLDAccountant().compose(PoissonSampled(Gaussian(10.0), 1.0), 1000)
+    lower, upper = acc.epsilon_bounds(1e-5)
+    assert lower <= exact_epsilon_bisect(1e-5, mu) <= upper
+
+
+def test_reliability_item_1_known_value() -> None:
+    # RELIABILITY.md item 1: sigma=1, q=0.01, T=1000, delta=1e-5 -> PLD/PRV ~ 1.828 (dp-accounting
+    # 0.6.0 and prv-accountant 0.2.0).
+    acc = PLDAccountant().compose(PoissonSampled(Gaussian(1.0), 0.01), 1000)
+    lower, upper = acc.epsilon_bounds(1e-5)
+    assert lower <= upper <= lower * 1.001
+    assert 1.826 <= lower and upper <= 1.830
+    assert acc.epsilon(1e-5) == pytest.approx(1.828, abs=2e-3)
+
+
+def test_laplace_pure_dp_bounds() -> None:
+    # Laplace(b) is (1/b, 0)-DP, so delta(1/b) = 0 and epsilon(delta) <= 1/b; k-fold composition
+    # is (k/b, 0)-DP. Single step: delta(eps) = 1 - e^{(eps - 1/b)/2} for 0 <= eps <= 1/b.
+    acc = PLDAccountant(1e-3).compose(Laplace(1.0))
+    for eps in (0.0, 0.25, 0.5, 0.9):
+        lower, upper = acc.delta_bounds(eps)
+        exact = -math.expm1((eps - 1.0) / 2.0)
+        assert lower <= exact * (1 + 1e-9) and exact <= upper * (1 + 1e-9)
+    assert acc.epsilon(1e-9) <= 1.0 + 1e-9
+    acc.compose(Laplace(2.0), 4)
+    assert acc.delta(3.0 + 1e-9) <= 1e-12
+
+
+def test_directions_and_symmetrised_tradeoff() -> None:
+    acc = PLDAccountant(1e-2).compose(PoissonSampled(Gaussian(1.0), 0.1), 50)
+    alphas = np.linspace(0.0, 1.0, 201)
+    f = acc.tradeoff(alphas)
+    f_sym = acc.tradeoff(alphas, symmetrised=True)
+    assert np.all(f_sym <= f + 1e-12)
+    assert np.all(np.diff(f) <= 1e-12) and np.all(f <= 1 - alphas + 1e-12)
+    # The curve must lie above the GDP curve of the unsubsampled composition (subsampling helps)
+    # and below the identity; and its certified delta agrees with the accountant's.
+    mu_full = math.sqrt(50) / 1.0
+    g = mpmath_gaussian_tradeoff(alphas[1:-1], mu_full)
+    assert np.all(f[1:-1] >= g - 1e-9)
+
+
+def mpmath_gaussian_tradeoff(alphas: np.ndarray, mu: float) -> np.ndarray:
+    return np.array([float(mpmath.ncdf(mpmath.sqrt(2) * mpmath.erfinv(1 - 2 * a) - mu)) for a in alphas])
+
+
+def test_gaussian_tradeoff_below_exact_and_gdp_mu() -> None:
+    sigma, count = 2.0, 16
+    mu = math.sqrt(count) / sigma
+    acc = PLDAccountant(1e-3).compose(Gaussian(sigma), count)
+    alphas = np.array([1e-6, 1e-3, 0.01, 0.1, 0.3, 0.5, 0.9])
+    f = acc.tradeoff(alphas)
+    exact = mpmath_gaussian_tradeoff(alphas, mu)
+    assert np.all(f <= exact + 1e-12)
+    assert np.all(f >= exact - 5e-3)
+    assert acc.gdp_mu() == pytest.approx(mu, rel=1e-9)
+    # Subsampling never needs a larger mu than the full Gaussian composition.
+    sub = PLDAccountant(1e-2).compose(PoissonSampled(Gaussian(sigma), 0.1), count)
+    assert sub.gdp_mu() <= mu * (1 + 1e-9)
+
+
+def test_guarantee_carries_lower_bound() -> None:
+    acc = PLDAccountant().compose(PoissonSampled(Gaussian(1.0), 0.01), 200)
+    g = acc.guarantee(1e-5)
+    assert g.certified and g.accountant == "pld"
+    assert g.epsilon_lower is not None and g.epsilon_lower <= g.epsilon
+    assert g.epsilon == pytest.approx(acc.epsilon_bounds(1e-5)[1])
+
+
+def test_registry_and_exports() -> None:
+    assert "pld" in dpsharp.available()
+    assert isinstance(dpsharp.accountant("pld"), PLDAccountant)
+    assert dpsharp.PLDAccountant is PLDAccountant
+
+
+def test_optimistic_never_exceeds_pessimistic_and_refinement() -> None:
+    acc = PLDAccountant(1e-2).compose(PoissonSampled(Gaussian(0.9), 0.05), 300)
+    for delta in (1e-3, 1e-5, 1e-7):
+        lower, upper = acc.epsilon_bounds(delta)
+        assert lower <= upper
+    coarse = PLDAccountant(1e-1).compose(PoissonSampled(Gaussian(0.9), 0.05), 300)
+    fine = PLDAccountant(1e-3).compose(PoissonSampled(Gaussian(0.9), 0.05), 300)
+    lo_f, up_f = fine.epsilon_bounds(1e-5)
+    lo_c, up_c = coarse.epsilon_bounds(1e-5)
+    # Both brackets are certified, so they overlap, and refining never raises the upper bound
+    # beyond the coarse tolerance.
+    assert lo_c <= up_f and lo_f <= up_c
+    assert up_f <= up_c * (1 + 1e-3)
+    assert up_f - lo_f <= 1e-3 * up_f
+
+
+def test_epsilon_delta_inverse() -> None:
+    acc = PLDAccountant(1e-3).compose(PoissonSampled(Gaussian(1.2), 0.02), 500)
+    for delta in (1e-3, 1e-5, 1e-8):
+        eps = acc.epsilon(delta)
+        assert acc.delta(eps) <= delta * (1 + 1e-6)
+        assert acc.delta(eps * 0.99) > delta
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    sigma=st.floats(0.6, 4.0),
+    q=st.floats(0.001, 0.3),
+    steps=st.integers(1, 400),
+)
+def test_monotone_in_steps_q_sigma(sigma: float, q: float, steps: int) -> None:
+    def eps(s: float, qq: float, t: int) -> tuple[float, float]:
+        return PLDAccountant(1e-2).compose(PoissonSampled(Gaussian(s), qq), t).epsilon_bounds(1e-5)
+
+    base_lo, base_up = eps(sigma, q, steps)
+    for other in (eps(sigma, q, steps + 50), eps(sigma, min(1.0, q * 1.5), steps), eps(sigma / 1.3, q, steps)):
+        # More steps, larger q, smaller sigma: the certified upper of the larger composition
+        # is never below the certified lower of the smaller one.
+        assert other[1] >= base_lo
+        assert other[1] >= base_up * (1 - 2e-2)
+
+
+def test_sampled_without_replacement_replace_one() -> None:
+    acc = PLDAccountant(1e-2, neighbouring="replace_one")
+    acc.compose(SampledWithoutReplacement(Gaussian(1.0), 100, 10_000), 1000)
+    lower, upper = acc.epsilon_bounds(1e-5)
+    assert 0 < lower <= upper
+    # Symmetrised pair dominates both Poisson directions at the same rate.
+    pois = PLDAccountant(1e-2).compose(PoissonSampled(Gaussian(1.0), 0.01), 1000)
+    p_lo, p_up = pois.epsilon_bounds(1e-5)
+    assert upper >= p_lo
+    # Full-batch sampling is the Gaussian.
+    full = PLDAccountant(1e-3, neighbouring="replace_one").compose(
+        SampledWithoutReplacement(Gaussian(2.0), 50, 50), 25
+    )
+    lo, up = full.epsilon_bounds(1e-5)
+    assert lo <= exact_epsilon_bisect(1e-5, 5 / 2.0) <= up
+
+
+def test_incremental_queries_match_fresh() -> None:
+    event = PoissonSampled(Gaussian(1.0), 0.01)
+    acc = PLDAccountant()
+    values = []
+    for _ in range(64):
+        acc.compose(event)
+        values.append(acc.epsilon(1e-5))
+    assert all(b >= a - 1e-9 for a, b in zip(values, values[1:]))
+    fresh = PLDAccountant().compose(event, 64)
+    assert values[-1] == pytest.approx(fresh.epsilon(1e-5), rel=1e-9)
+
+
+def test_state_dict_roundtrip() -> None:
+    acc = PLDAccountant(1e-2).compose(PoissonSampled(Gaussian(1.0), 0.01), 100)
+    other = PLDAccountant(1e-2)
+    other.load_state_dict(acc.state_dict())
+    assert other.epsilon(1e-5) == pytest.approx(acc.epsilon(1e-5), rel=1e-12)
+
+
+@pytest.mark.parametrize("precision", [0.0, 1.0, -0.1, 2.0, float("nan"), float("inf")])
+def test_bad_precision(precision: float) -> None:
+    with pytest.raises(ValueError, match="precision"):
+        PLDAccountant(precision)
+
+
+def test_bad_queries_and_events() -> None:
+    acc = PLDAccountant().compose(Gaussian(1.0), 10)
+    for delta in (0.0, 1.0, -1e-5, float("nan")):
+        with pytest.raises(ValueError, match="delta"):
+            acc.epsilon(delta)
+        with pytest.raises(ValueError, match="delta"):
+            acc.epsilon_bounds(delta)
+    for eps in (-1.0, float("nan")):
+        with pytest.raises(ValueError, match="epsilon"):
+            acc.delta(eps)
+        with pytest.raises(ValueError, match="epsilon"):
+            acc.delta_bounds(eps)
+    with pytest.raises(ValueError, match="alphas"):
+        acc.tradeoff([0.5, 1.5])
+    with pytest.raises(UnsupportedEventError):
+        acc.compose(PoissonSampled(Laplace(1.0), 0.1))
+    with pytest.raises(UnsupportedEventError):
+        acc.compose(SampledWithoutReplacement(Gaussian(1.0), 10, 100))  # needs replace_one
+    with pytest.raises(TypeError):
+        PLDAccountant("0.1")  # type: ignore[arg-type]
+
+
+def test_unreachable_delta_is_refused_not_underestimated() -> None:
+    acc = PLDAccountant().compose(PoissonSampled(Gaussian(1.0), 0.01), 1000)
+    with pytest.raises(ValueError, match="delta"):
+        acc.epsilon(1e-18)
+    # A small but reachable delta gives a finite bound above the exact Gaussian-free lower bound.
+    lower, upper = acc.epsilon_bounds(1e-10)
+    assert lower <= upper and math.isfinite(upper)
+
+
+def test_empty_accountant() -> None:
+    acc = PLDAccountant()
+    assert acc.epsilon(1e-5) == 0.0 and acc.epsilon_bounds(1e-5) == (0.0, 0.0)
+    assert acc.delta_bounds(1.0) == (0.0, 0.0)
