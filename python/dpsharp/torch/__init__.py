@@ -1,7 +1,11 @@
-"""Optional PyTorch integration: DP training on top of torch (imported lazily).
+"""PyTorch integration of dpsharp (imported lazily: ``import dpsharp`` never imports torch, and
+``import dpsharp.torch`` does not either until one of the names below is first used).
 
-``import dpsharp`` never imports torch; ``import dpsharp.torch`` does not either until one of
-the names below is first used. Each submodule exports its own names through ``_LAZY``.
+Training core: :class:`PerSampleClipper` (per-example clipping with fused clip-and-noise
+kernels) and :class:`NoiseGenerator` (counter-based Gaussian noise, secure mode).
+Training API: :class:`DPOptimizer`, :func:`NoisySGD`, :func:`NoisyAdam`, :func:`NoisyAdaGrad`,
+the data loaders that know their sampling, and :class:`PrivacyEngine` / :class:`PrivacyBudget`.
+Also noise schedules (:mod:`dpsharp.torch.schedules`) and DP-PCA (:class:`DPPCA`).
 """
 
 from __future__ import annotations
