@@ -59,3 +59,37 @@ def rdp_epsilon(orders: npt.ArrayLike, rdp: npt.ArrayLike, delta: float, kind: i
 
 def rdp_delta(orders: npt.ArrayLike, rdp: npt.ArrayLike, epsilon: float, kind: int) -> tuple[float, int]:
     """(delta, index of the optimal order); kind 0 = classic, 1 = tight."""
+
+# --- clip-and-noise kernels (cpp/bindings/bind_clip.cpp) -------------------------------------
+# Pointers are raw addresses (tensor.data_ptr()) of contiguous buffers; dtype codes are those of
+# dpsharp.torch.kernels.
+def clip_per_example_sq_norms(
+    per_example: int, dtype_code: int, batch: int, numel: int, out: int, threads: int
+) -> None:
+    """out[i] = sum_j g[i, j]^2 in float64 over a contiguous (batch, numel) buffer."""
+
+def clip_accumulate_noise(
+    per_example: int,
+    factors: int,
+    batch: int,
+    base: int,
+    out: int,
+    dtype_code: int,
+    numel: int,
+    noise_std: float,
+    key: int,
+    parameter: int,
+    release: int,
+    rank: int,
+    scale: float,
+    threads: int,
+) -> None:
+    """out = scale * (base + sum_i factors[i] g[i] + noise_std * z), z from Philox4x32-10."""
+
+def philox4x32_10(c0: int, c1: int, c2: int, c3: int, k0: int, k1: int) -> tuple[int, int, int, int]:
+    """One Philox4x32-10 block (for known-answer tests)."""
+
+def philox_gaussian(
+    key: int, parameter: int, release: int, rank: int, numel: int, threads: int = 1
+) -> npt.NDArray[np.float64]:
+    """The standard normals of one noise stream (float64)."""
