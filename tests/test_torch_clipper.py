@@ -328,3 +328,30 @@ def test_import_dpsharp_does_not_import_torch():
 
     code = "import sys, dpsharp, dpsharp.torch; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("kind", ["linear-seq", "conv", "embedding", "layernorm"])
+def test_empty_batch_backward_accumulates_nothing(kind: str) -> None:
+    """An empty Poisson sample runs forward/backward with 0 rows: nothing is accumulated and the
+    release is pure noise (RELIABILITY.md item 24)."""
+    from dpsharp.torch import NoiseGenerator, PerSampleClipper
+
+    torch.manual_seed(0)
+    if kind == "linear-seq":
+        model: torch.nn.Module = torch.nn.Sequential(torch.nn.Linear(4, 3))
+        x = torch.zeros(0, 5, 4)
+    elif kind == "conv":
+        model = torch.nn.Sequential(torch.nn.Conv2d(2, 3, 3), torch.nn.Flatten(), torch.nn.Linear(12, 2))
+        x = torch.zeros(0, 2, 4, 4)
+    elif kind == "embedding":
+        model = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 2))
+        x = torch.zeros(0, 3, dtype=torch.long)
+    else:
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+        x = torch.zeros(0, 4)
+    clipper = PerSampleClipper(model, max_grad_norm=1.0, loss_reduction="sum")
+    model(x).sum().backward()
+    assert clipper.accumulated_examples == 0
+    clipper.release(noise_multiplier=2.0, expected_batch_size=4.0, noise=NoiseGenerator(seed=1))
+    for p in clipper.parameters:
+        assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0

@@ -9,6 +9,8 @@ and the clipped sum once the whole backward pass has finished. The parameters ke
 
 from __future__ import annotations
 
+import math
+
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
@@ -51,13 +53,15 @@ class _LinearFn(torch.autograd.Function):
         handle: LayerHandle = ctx.handle
         grad_in = grad_out @ weight if ctx.needs_input_grad[0] else None
         b = x.shape[0]
-        g = grad_out.reshape(b, -1, grad_out.shape[-1])
+        # Explicit middle extent (not -1): a 0-row batch (empty Poisson sample) must reshape too.
+        positions = math.prod(x.shape[1:-1])
+        g = grad_out.reshape(b, positions, grad_out.shape[-1])
         scale = handle.scale_of(b)
         if scale != 1.0:
             g = g * scale
         m = handle.module
         handle.record(LinearUsage(_trainable(m.weight), _trainable(m.bias),
-                                  x.reshape(b, -1, x.shape[-1]), g))
+                                  x.reshape(b, positions, x.shape[-1]), g))
         return grad_in, None, None, None
 
 
@@ -82,7 +86,8 @@ def _patches(x: torch.Tensor, kernel: tuple[int, ...], stride: tuple[int, ...],
     out_dims = list(range(2, 2 + spatial))
     k_dims = list(range(2 + spatial, 2 + 2 * spatial))
     view = view.permute(0, *out_dims, 1, *k_dims)
-    return view.reshape(b, -1, c * int(torch.tensor(kernel).prod()))
+    positions = math.prod(view.shape[1:1 + spatial])
+    return view.reshape(b, positions, c * math.prod(kernel))
 
 
 class _ConvFn(torch.autograd.Function):
@@ -107,7 +112,7 @@ class _ConvFn(torch.autograd.Function):
             grad_in = fn(x.shape, weight, grad_out, m.stride, m.padding, m.dilation, m.groups)
         b = x.shape[0]
         patches = _patches(x, m.kernel_size, m.stride, m.padding, m.dilation)
-        g = grad_out.reshape(b, grad_out.shape[1], -1)
+        g = grad_out.reshape(b, grad_out.shape[1], math.prod(grad_out.shape[2:]))
         scale = handle.scale_of(b)
         if scale != 1.0:
             g = g * scale

@@ -18,6 +18,8 @@ against B T d p for materialising g_i(W); each layer picks the cheaper.
 
 from __future__ import annotations
 
+import math
+
 from typing import TYPE_CHECKING
 
 from dpsharp.torch import kernels
@@ -131,8 +133,8 @@ class EmbeddingUsage(Usage):
                  out_grads: torch.Tensor, padding_idx: int | None) -> None:
         self.weight = weight
         self.batch_size = int(indices.shape[0])
-        self.idx = indices.reshape(self.batch_size, -1)
-        g = out_grads.reshape(self.batch_size, self.idx.shape[1], -1)
+        self.idx = indices.reshape(self.batch_size, math.prod(indices.shape[1:]))
+        g = out_grads.reshape(self.batch_size, self.idx.shape[1], out_grads.shape[-1])
         if padding_idx is not None:
             g = g * (self.idx != padding_idx).unsqueeze(-1).to(g.dtype)
         self.g = g
