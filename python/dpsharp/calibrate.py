@@ -218,7 +218,7 @@ def steps(
     noise_multiplier: float,
     sampling_probability: float = 1.0,
     accountant: AccountantSpec = "rdp",
-    max_steps: int = 10**9,
+    max_steps: int = 10**7,
     event: EventFactory | None = None,
     require_certified: bool = True,
 ) -> int:
@@ -241,13 +241,15 @@ def steps(
             f"noise_multiplier={sigma!r}, q={q!r} already costs "
             f"epsilon={problem.epsilon(sigma, q, 1):.6g}"
         )
-    if fits(max_steps):
-        raise ValueError(
-            f"the budget allows more than max_steps={max_steps} steps; raise max_steps"
-        )
+    # Double first: the accountant is only asked about counts near the answer, never about
+    # max_steps itself unless the doubling gets there (a tight accountant at 10^9 steps is costly).
     good, bad = 1, 2
     while bad < max_steps and fits(bad):
         good, bad = bad, bad * 2
+    if bad >= max_steps and fits(max_steps):
+        raise ValueError(
+            f"the budget allows more than max_steps={max_steps} steps; raise max_steps"
+        )
     bad = min(bad, max_steps)
     while bad - good > 1:
         mid = (good + bad) // 2
