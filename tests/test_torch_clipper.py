@@ -320,3 +320,11 @@ def test_per_layer_overall_bound_and_even_split():
     clipper = PerSampleClipper(model, max_grad_norm=2.0, clipping="per_layer")
     assert clipper.max_grad_norm == pytest.approx([1.0] * 4)
     assert clipper.overall_bound == pytest.approx(2.0)
+
+
+def test_import_dpsharp_does_not_import_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, dpsharp, dpsharp.torch; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -84,27 +84,167 @@ struct Elem<BF16> {
   }
 };
 
-// Standard normals for elements [first, first + count) (first even, count even) into z.
-void fill_normals(const NoiseStream& s, std::int64_t first, std::int64_t count,
-                  double* z) noexcept {
-  double u1[kTile / 2];
-  double u2[kTile / 2];
-  const std::int64_t pairs = count / 2;
-  const std::uint32_t pair0 = static_cast<std::uint32_t>(first / 2);
-  for (std::int64_t k = 0; k < pairs; ++k) {
-    const philox::Block b = philox::philox4x32_10(
-        philox::Block{{pair0 + static_cast<std::uint32_t>(k), s.parameter, s.release, s.rank}},
-        s.key0, s.key1);
-    philox::block_uniforms(b, u1[k], u2[k]);
-  }
-  for (std::int64_t k = 0; k < pairs; ++k) u1[k] = std::sqrt(-2.0 * philox::log_unit(u1[k]));
-  for (std::int64_t k = 0; k < pairs; ++k) {
-    double sn, cs;
-    philox::sincos_two_pi(u2[k], sn, cs);
-    z[2 * k] = u1[k] * cs;
-    z[2 * k + 1] = u1[k] * sn;
+// ---- SIMD twin of philox.hpp ---------------------------------------------------------------
+// The same IEEE operations as the scalar functions in philox.hpp, on 4 lanes at a time with
+// GCC/Clang vector extensions (lowered to SSE2 / AVX2 / NEON as available; no -ffast-math, no
+// FMA contraction). Because every step is an exactly specified IEEE operation or an exact bit
+// manipulation, the lanes produce bit for bit the scalar (and CUDA, and torch reference) values.
+#if defined(__GNUC__)
+#define DPSHARP_SIMD_NORMALS 1
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpsabi"  // these helpers are internal and always inlined
+using VecD = double __attribute__((vector_size(32)));
+using VecU = std::uint64_t __attribute__((vector_size(32)));
+using VecI = std::int64_t __attribute__((vector_size(32)));
+
+__attribute__((always_inline)) inline VecD bits_to_double(VecU bits) noexcept {
+  VecD out;
+  std::memcpy(&out, &bits, sizeof out);
+  return out;
+}
+__attribute__((always_inline)) inline VecU double_to_bits(VecD v) noexcept {
+  VecU out;
+  std::memcpy(&out, &v, sizeof out);
+  return out;
+}
+// Exact conversion of integers < 2^52 held in 64-bit lanes (the 2^52 trick).
+__attribute__((always_inline)) inline VecD small_u64_to_double(VecU v) noexcept {
+  const VecU magic = VecU{} + 0x4330000000000000ull;
+  return bits_to_double(v | magic) - 4503599627370496.0;
+}
+
+__attribute__((always_inline)) inline VecU double_to_small_u64(VecD v) noexcept {  // exact for integers in [0, 2^52)
+  return double_to_bits(v + 4503599627370496.0) & 0x000FFFFFFFFFFFFFull;
+}
+
+// c * m for c, m < 2^32 without a 64-bit lane multiply (SSE2/AVX2 have none): the two partial
+// products c * m_lo and c * m_hi (16-bit halves of m) are below 2^48, hence exact in doubles.
+__attribute__((always_inline)) inline VecU mul_u32_wide(VecU c, std::uint32_t m) noexcept {
+  const VecD cd = small_u64_to_double(c);
+  const VecU lo = double_to_small_u64(cd * static_cast<double>(m & 0xFFFFu));
+  const VecU hi = double_to_small_u64(cd * static_cast<double>(m >> 16));
+  return lo + (hi << 16);
+}
+
+__attribute__((always_inline)) inline void philox_lanes(VecU& c0, VecU& c1, VecU& c2, VecU& c3, std::uint32_t key0,
+                         std::uint32_t key1) noexcept {
+  const VecU mask = VecU{} + 0xFFFFFFFFull;
+  for (int round = 0; round < 10; ++round) {
+    const VecU p0 = mul_u32_wide(c0, 0xD2511F53u);  // < 2^64: exact in 64-bit lanes
+    const VecU p1 = mul_u32_wide(c2, 0xCD9E8D57u);
+    const std::uint64_t k0 = static_cast<std::uint32_t>(key0 + static_cast<std::uint32_t>(round) * 0x9E3779B9u);
+    const std::uint64_t k1 = static_cast<std::uint32_t>(key1 + static_cast<std::uint32_t>(round) * 0xBB67AE85u);
+    const VecU n0 = (p1 >> 32) ^ c1 ^ k0;
+    const VecU n2 = (p0 >> 32) ^ c3 ^ k1;
+    c1 = p1 & mask;
+    c3 = p0 & mask;
+    c0 = n0;
+    c2 = n2;
   }
 }
+
+__attribute__((always_inline)) inline VecD log_unit_lanes(VecD u) noexcept {
+  VecU bits = double_to_bits(u);
+  VecD exponent = small_u64_to_double((bits >> 52) & 0x7FFull) - 1023.0;
+  bits = (bits & 0x000FFFFFFFFFFFFFull) | 0x3FF0000000000000ull;
+  VecD m = bits_to_double(bits);
+  const VecI big = m > 1.4142135623730951;
+  m = big ? m * 0.5 : m;
+  exponent = big ? exponent + 1.0 : exponent;
+  const VecD s = (m - 1.0) / (m + 1.0);
+  const VecD s2 = s * s;
+  VecD poly = VecD{} + 1.0 / 21.0;
+  poly = poly * s2 + 1.0 / 19.0;
+  poly = poly * s2 + 1.0 / 17.0;
+  poly = poly * s2 + 1.0 / 15.0;
+  poly = poly * s2 + 1.0 / 13.0;
+  poly = poly * s2 + 1.0 / 11.0;
+  poly = poly * s2 + 1.0 / 9.0;
+  poly = poly * s2 + 1.0 / 7.0;
+  poly = poly * s2 + 1.0 / 5.0;
+  poly = poly * s2 + 1.0 / 3.0;
+  const VecD log_m = 2.0 * s + 2.0 * s * (s2 * poly);
+  return exponent * 0.6931471805599453 + log_m;
+}
+
+__attribute__((always_inline)) inline void sincos_two_pi_lanes(VecD u, VecD& sin_out, VecD& cos_out) noexcept {
+  const VecD four_u = 4.0 * u;
+  const VecD quadrant_f = (four_u + 6755399441055744.0) - 6755399441055744.0;
+  const VecD f = four_u - quadrant_f;
+  const VecD quadrant = quadrant_f >= 4.0 ? quadrant_f - 4.0 : quadrant_f;
+  const VecD x = f * 1.5707963267948966;
+  const VecD x2 = x * x;
+  VecD sp = VecD{} - 1.0 / 355687428096000.0;
+  sp = sp * x2 + 1.0 / 1307674368000.0;
+  sp = sp * x2 - 1.0 / 6227020800.0;
+  sp = sp * x2 + 1.0 / 39916800.0;
+  sp = sp * x2 - 1.0 / 362880.0;
+  sp = sp * x2 + 1.0 / 5040.0;
+  sp = sp * x2 - 1.0 / 120.0;
+  sp = sp * x2 + 1.0 / 6.0;
+  const VecD sin_x = x - x * (x2 * sp);
+  VecD cp = VecD{} + 1.0 / 6402373705728000.0;
+  cp = cp * x2 - 1.0 / 20922789888000.0;
+  cp = cp * x2 + 1.0 / 87178291200.0;
+  cp = cp * x2 - 1.0 / 479001600.0;
+  cp = cp * x2 + 1.0 / 3628800.0;
+  cp = cp * x2 - 1.0 / 40320.0;
+  cp = cp * x2 + 1.0 / 720.0;
+  cp = cp * x2 - 1.0 / 24.0;
+  cp = cp * x2 + 1.0 / 2.0;
+  const VecD cos_x = 1.0 - x2 * cp;
+  const VecI swap = (quadrant == 1.0) | (quadrant == 3.0);
+  const VecD sign_sin = quadrant >= 2.0 ? VecD{} - 1.0 : VecD{} + 1.0;
+  const VecD sign_cos = ((quadrant == 1.0) | (quadrant == 2.0)) ? VecD{} - 1.0 : VecD{} + 1.0;
+  sin_out = sign_sin * (swap ? cos_x : sin_x);
+  cos_out = sign_cos * (swap ? sin_x : cos_x);
+}
+#endif
+
+// Standard normals for elements [first, first + count) (first even, count even) into z.
+// Compiled twice on x86-64 (AVX2 and baseline), picked at load time; both give the same bits.
+#if defined(DPSHARP_SIMD_NORMALS) && defined(__x86_64__) && defined(__linux__)
+__attribute__((target_clones("avx2", "default")))
+#endif
+void fill_normals(const NoiseStream& s, std::int64_t first, std::int64_t count,
+                  double* z) noexcept {
+  const std::int64_t pairs = count / 2;
+  const std::uint32_t pair0 = static_cast<std::uint32_t>(first / 2);
+  std::int64_t k = 0;
+#if defined(DPSHARP_SIMD_NORMALS)
+  constexpr double kTwoPowMinus53 = 1.0 / 9007199254740992.0;
+  for (; k + 4 <= pairs; k += 4) {
+    const std::uint64_t base = pair0 + static_cast<std::uint32_t>(k);
+    VecU c0 = VecU{base, base + 1, base + 2, base + 3} & 0xFFFFFFFFull;
+    VecU c1 = VecU{} + s.parameter;
+    VecU c2 = VecU{} + s.release;
+    VecU c3 = VecU{} + s.rank;
+    philox_lanes(c0, c1, c2, c3, s.key0, s.key1);
+    const VecD k1 = small_u64_to_double(c0) * 2097152.0 + small_u64_to_double(c1 >> 11);
+    const VecD k2 = small_u64_to_double(c2) * 2097152.0 + small_u64_to_double(c3 >> 11);
+    const VecD u1 = (k1 + 1.0) * kTwoPowMinus53;
+    const VecD u2 = k2 * kTwoPowMinus53;
+    const VecD radius2 = -2.0 * log_unit_lanes(u1);
+    VecD radius;
+    for (int l = 0; l < 4; ++l) radius[l] = std::sqrt(radius2[l]);
+    VecD sn, cs;
+    sincos_two_pi_lanes(u2, sn, cs);
+    const VecD z0 = radius * cs;
+    const VecD z1 = radius * sn;
+    for (int l = 0; l < 4; ++l) {
+      z[2 * (k + l)] = z0[l];
+      z[2 * (k + l) + 1] = z1[l];
+    }
+  }
+#endif
+  for (; k < pairs; ++k) {
+    philox::gaussian_pair(s.key0, s.key1, pair0 + static_cast<std::uint32_t>(k), s.parameter,
+                          s.release, s.rank, z[2 * k], z[2 * k + 1]);
+  }
+}
+#if defined(DPSHARP_SIMD_NORMALS)
+#pragma GCC diagnostic pop
+#endif
 
 template <typename T>
 void clip_accumulate_noise_typed(const void* per_example, const double* factors,

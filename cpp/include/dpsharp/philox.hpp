@@ -49,27 +49,49 @@ DPSHARP_HD inline Block philox4x32_10(Block counter, std::uint32_t key0,
   constexpr std::uint32_t kMul1 = 0xCD9E8D57u;
   constexpr std::uint32_t kWeyl0 = 0x9E3779B9u;
   constexpr std::uint32_t kWeyl1 = 0xBB67AE85u;
-  for (int round = 0; round < 10; ++round) {
-    if (round > 0) {
-      key0 += kWeyl0;
-      key1 += kWeyl1;
-    }
-    std::uint32_t hi0, lo0, hi1, lo1;
-    mulhilo32(kMul0, counter.v[0], hi0, lo0);
-    mulhilo32(kMul1, counter.v[2], hi1, lo1);
-    const Block next{{hi1 ^ counter.v[1] ^ key0, lo1, hi0 ^ counter.v[3] ^ key1, lo0}};
-    counter = next;
+  std::uint32_t c0 = counter.v[0], c1 = counter.v[1], c2 = counter.v[2], c3 = counter.v[3];
+  // Ten rounds written out (no inner loop, so a loop over counters vectorises); the key is
+  // bumped between rounds.
+#define DPSHARP_PHILOX_ROUND(k0, k1)                       \
+  {                                                        \
+    std::uint32_t hi0, lo0, hi1, lo1;                      \
+    mulhilo32(kMul0, c0, hi0, lo0);                        \
+    mulhilo32(kMul1, c2, hi1, lo1);                        \
+    c0 = hi1 ^ c1 ^ (k0);                                  \
+    c1 = lo1;                                              \
+    c2 = hi0 ^ c3 ^ (k1);                                  \
+    c3 = lo0;                                              \
   }
-  return counter;
+  DPSHARP_PHILOX_ROUND(key0, key1)
+  DPSHARP_PHILOX_ROUND(key0 + 1u * kWeyl0, key1 + 1u * kWeyl1)
+  DPSHARP_PHILOX_ROUND(key0 + 2u * kWeyl0, key1 + 2u * kWeyl1)
+  DPSHARP_PHILOX_ROUND(key0 + 3u * kWeyl0, key1 + 3u * kWeyl1)
+  DPSHARP_PHILOX_ROUND(key0 + 4u * kWeyl0, key1 + 4u * kWeyl1)
+  DPSHARP_PHILOX_ROUND(key0 + 5u * kWeyl0, key1 + 5u * kWeyl1)
+  DPSHARP_PHILOX_ROUND(key0 + 6u * kWeyl0, key1 + 6u * kWeyl1)
+  DPSHARP_PHILOX_ROUND(key0 + 7u * kWeyl0, key1 + 7u * kWeyl1)
+  DPSHARP_PHILOX_ROUND(key0 + 8u * kWeyl0, key1 + 8u * kWeyl1)
+  DPSHARP_PHILOX_ROUND(key0 + 9u * kWeyl0, key1 + 9u * kWeyl1)
+#undef DPSHARP_PHILOX_ROUND
+  return Block{{c0, c1, c2, c3}};
+}
+
+// Exact uint32 -> double through the signed conversion (which has a vector instruction).
+DPSHARP_HD inline double u32_to_double(std::uint32_t v) noexcept {
+  return static_cast<double>(static_cast<std::int32_t>(v ^ 0x80000000u)) + 2147483648.0;
 }
 
 // 53-bit uniforms from one block: u1 in (0, 1] (safe for log), u2 in [0, 1).
 DPSHARP_HD inline void block_uniforms(const Block& b, double& u1, double& u2) noexcept {
+  // k = hi 2^21 + (lo >> 11) < 2^53, assembled from exact uint32 -> double conversions (these
+  // vectorise; a uint64 -> double conversion does not before AVX-512).
   constexpr double kTwoPowMinus53 = 1.0 / 9007199254740992.0;
-  const std::uint64_t k1 = (static_cast<std::uint64_t>(b.v[0]) << 21) | (b.v[1] >> 11);
-  const std::uint64_t k2 = (static_cast<std::uint64_t>(b.v[2]) << 21) | (b.v[3] >> 11);
-  u1 = static_cast<double>(k1 + 1) * kTwoPowMinus53;
-  u2 = static_cast<double>(k2) * kTwoPowMinus53;
+  const double k1 = u32_to_double(b.v[0]) * 2097152.0 +
+                    static_cast<double>(static_cast<std::int32_t>(b.v[1] >> 11));
+  const double k2 = u32_to_double(b.v[2]) * 2097152.0 +
+                    static_cast<double>(static_cast<std::int32_t>(b.v[3] >> 11));
+  u1 = (k1 + 1.0) * kTwoPowMinus53;
+  u2 = k2 * kTwoPowMinus53;
 }
 
 // Natural log of u in (0, 1] (normal numbers only; u >= 2^-53 here). u = m 2^e with
@@ -78,14 +100,17 @@ DPSHARP_HD inline void block_uniforms(const Block& b, double& u1, double& u2) no
 DPSHARP_HD inline double log_unit(double u) noexcept {
   std::uint64_t bits;
   std::memcpy(&bits, &u, sizeof bits);
-  double exponent = static_cast<double>(static_cast<std::int64_t>((bits >> 52) & 0x7FFu) - 1023);
+  // The biased exponent as a double via the 2^52 trick (exact, and vectorises).
+  const std::uint64_t exponent_bits = ((bits >> 52) & 0x7FFu) | 0x4330000000000000ull;
+  double biased;
+  std::memcpy(&biased, &exponent_bits, sizeof biased);
+  double exponent = (biased - 4503599627370496.0) - 1023.0;
   bits = (bits & 0x000FFFFFFFFFFFFFull) | 0x3FF0000000000000ull;  // m in [1, 2)
   double m;
   std::memcpy(&m, &bits, sizeof m);
-  if (m > 1.4142135623730951) {
-    m = m * 0.5;
-    exponent = exponent + 1.0;
-  }
+  const bool big = m > 1.4142135623730951;
+  m = big ? m * 0.5 : m;
+  exponent = big ? exponent + 1.0 : exponent;
   const double s = (m - 1.0) / (m + 1.0);
   const double s2 = s * s;
   double poly = 1.0 / 21.0;
@@ -106,9 +131,11 @@ DPSHARP_HD inline double log_unit(double u) noexcept {
 // f in [-1/2, 1/2] is exact, x = f pi/2 in [-pi/4, pi/4]; Taylor series to x^17 / x^18.
 DPSHARP_HD inline void sincos_two_pi(double u, double& sin_out, double& cos_out) noexcept {
   const double four_u = 4.0 * u;
-  const double quadrant_f = static_cast<double>(static_cast<std::int64_t>(four_u + 0.5));
+  // Quadrant = 4u rounded to nearest (ties to even) by the 1.5 * 2^52 trick, exact for
+  // |4u| < 2^51 under IEEE arithmetic (never compile with -ffast-math, which would fold it).
+  const double quadrant_f = (four_u + 6755399441055744.0) - 6755399441055744.0;  // 0..4
   const double f = four_u - quadrant_f;
-  const int quadrant = static_cast<int>(quadrant_f) & 3;
+  const double quadrant = quadrant_f >= 4.0 ? quadrant_f - 4.0 : quadrant_f;
   const double x = f * 1.5707963267948966;
   const double x2 = x * x;
   double sp = -1.0 / 355687428096000.0;      // -1/17!
@@ -131,11 +158,11 @@ DPSHARP_HD inline void sincos_two_pi(double u, double& sin_out, double& cos_out)
   cp = cp * x2 + 1.0 / 2.0;                  // 1/2!  (sign applied below)
   const double cos_x = 1.0 - x2 * cp;
   // Rotate by quadrant * pi/2 (branch-free so loops vectorise).
-  const double sel_swap = static_cast<double>(quadrant & 1);
-  const double sign_sin = (quadrant == 2 || quadrant == 3) ? -1.0 : 1.0;
-  const double sign_cos = (quadrant == 1 || quadrant == 2) ? -1.0 : 1.0;
-  const double s_raw = sel_swap != 0.0 ? cos_x : sin_x;
-  const double c_raw = sel_swap != 0.0 ? sin_x : cos_x;
+  const bool swap = (quadrant == 1.0) | (quadrant == 3.0);
+  const double sign_sin = quadrant >= 2.0 ? -1.0 : 1.0;
+  const double sign_cos = ((quadrant == 1.0) | (quadrant == 2.0)) ? -1.0 : 1.0;
+  const double s_raw = swap ? cos_x : sin_x;
+  const double c_raw = swap ? sin_x : cos_x;
   sin_out = sign_sin * s_raw;
   cos_out = sign_cos * c_raw;
 }

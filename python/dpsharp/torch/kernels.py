@@ -184,7 +184,7 @@ def _reference_sincos_two_pi(u: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     import torch
 
     four_u = 4.0 * u
-    quadrant_f = torch.trunc(four_u + 0.5)
+    quadrant_f = (four_u + 6755399441055744.0) - 6755399441055744.0  # round to nearest even
     f = four_u - quadrant_f
     quadrant = quadrant_f.to(torch.int64) & 3
     x = f * 1.5707963267948966

@@ -61,6 +61,30 @@ class _LinearFn(torch.autograd.Function):
         return grad_in, None, None, None
 
 
+def _patches(x: torch.Tensor, kernel: tuple[int, ...], stride: tuple[int, ...],
+             padding: tuple[int, ...], dilation: tuple[int, ...]) -> torch.Tensor:
+    """Convolution patches as (B, L, C * prod(kernel)), ordered like the weight's (C, k...)
+    dims. Built from strided views (Tensor.unfold) and one copy: F.unfold (im2col) is
+    pathologically slow on CPU with several threads."""
+    pad: list[int] = []
+    for p_ in reversed(padding):
+        pad += [p_, p_]
+    xp = F.pad(x, pad) if any(padding) else x
+    view = xp
+    spatial = len(kernel)
+    for dim_offset in range(spatial):
+        k, st, dl = kernel[dim_offset], stride[dim_offset], dilation[dim_offset]
+        view = view.unfold(2 + dim_offset, (k - 1) * dl + 1, st)
+        if dl > 1:
+            view = view[..., ::dl]
+    # view: (B, C, out_1..out_s, k_1..k_s) -> (B, out..., C, k...)
+    b, c = x.shape[0], x.shape[1]
+    out_dims = list(range(2, 2 + spatial))
+    k_dims = list(range(2 + spatial, 2 + 2 * spatial))
+    view = view.permute(0, *out_dims, 1, *k_dims)
+    return view.reshape(b, -1, c * int(torch.tensor(kernel).prod()))
+
+
 class _ConvFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -82,18 +106,13 @@ class _ConvFn(torch.autograd.Function):
             fn = torch.nn.grad.conv1d_input if one_d else torch.nn.grad.conv2d_input
             grad_in = fn(x.shape, weight, grad_out, m.stride, m.padding, m.dilation, m.groups)
         b = x.shape[0]
-        if one_d:
-            patches = F.unfold(x.unsqueeze(2), (1, m.kernel_size[0]), dilation=(1, m.dilation[0]),
-                               padding=(0, m.padding[0]), stride=(1, m.stride[0]))
-        else:
-            patches = F.unfold(x, m.kernel_size, dilation=m.dilation, padding=m.padding,
-                               stride=m.stride)
+        patches = _patches(x, m.kernel_size, m.stride, m.padding, m.dilation)
         g = grad_out.reshape(b, grad_out.shape[1], -1)
         scale = handle.scale_of(b)
         if scale != 1.0:
             g = g * scale
-        handle.record(LinearUsage(_trainable(m.weight), _trainable(m.bias),
-                                  patches.transpose(1, 2), g.transpose(1, 2)))
+        handle.record(LinearUsage(_trainable(m.weight), _trainable(m.bias), patches,
+                                  g.transpose(1, 2)))
         return grad_in, None, None, None
 
 

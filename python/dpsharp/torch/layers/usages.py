@@ -97,11 +97,10 @@ class LinearUsage(Usage):
 
         if p is self.bias:
             gb = self.g.sum(dim=1)
-            return (gb.double() ** 2).sum(dim=1)
-        if self.a.shape[1] == 1:
-            a2 = (self.a[:, 0].double() ** 2).sum(dim=1)
-            g2 = (self.g[:, 0].double() ** 2).sum(dim=1)
-            return a2 * g2
+            return (gb * gb).sum(dim=1, dtype=torch.float64)
+        if self.a.shape[1] == 1:  # ||a_i g_i^T||_F^2 = ||a_i||^2 ||g_i||^2
+            a, g = self.a[:, 0], self.g[:, 0]
+            return (a * a).sum(dim=1, dtype=torch.float64) * (g * g).sum(dim=1, dtype=torch.float64)
         if self._materialise_weight():
             return kernels.per_example_sq_norms(self._weight_per_example())
         gram_a = torch.bmm(self.a, self.a.transpose(1, 2)).double()
