@@ -29,6 +29,8 @@ _LAZY: dict[str, str] = {
     "PrivacyBudget": "dpsharp.torch.engine",
     "PrivacyReport": "dpsharp.torch.engine",
     "BudgetExhausted": "dpsharp.torch.engine",
+    # scale-out (issue 9): distributed data parallel
+    "DistributedPoissonDataLoader": "dpsharp.torch.distributed",
 }
 
 __all__ = sorted(_LAZY)
