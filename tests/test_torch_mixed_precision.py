@@ -53,3 +53,34 @@ def test_cuda_tensors_without_cuda_kernels_are_refused() -> None:
         pytest.skip("this build has the CUDA kernels")
     with pytest.raises(RuntimeError, match="built without its CUDA kernels"):
         kernels._require_cuda_kernels("out", torch.empty(1))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_clipper_under_autocast_keeps_norms_finite(dtype: torch.dtype) -> None:
+    """End to end under CPU autocast: inputs large enough that float16 squares overflow; the
+    per-example norms stay finite and match the float32 (no autocast) norms to the low
+    precision's forward error, and the released gradient has the parameters' dtype."""
+    from dpsharp.torch import NoiseGenerator, PerSampleClipper
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+    x = torch.randn(5, 4, 6, generator=torch.Generator().manual_seed(2)) * 300
+    y = torch.randint(0, 3, (5, 4))
+    clipper = PerSampleClipper(model, max_grad_norm=1.0)
+
+    def loss_of(out: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(out.float().reshape(-1, 3), y.reshape(-1))
+
+    loss_of(model(x)).backward()
+    want = clipper.last_per_example_norms.clone()
+    clipper.reset()
+    with torch.autocast("cpu", dtype=dtype):
+        out = model(x)
+    assert out.dtype == dtype
+    loss_of(out).backward()
+    got = clipper.last_per_example_norms
+    assert got.dtype == torch.float64 and bool(torch.isfinite(got).all())
+    torch.testing.assert_close(got, want, rtol=5e-2, atol=0)
+    clipper.release(noise_multiplier=1.0, expected_batch_size=5.0, noise=NoiseGenerator(1))
+    assert all(p.grad.dtype == p.dtype and bool(torch.isfinite(p.grad).all())
+               for p in clipper.parameters)
