@@ -141,11 +141,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, object]:
         try:
             for x, y in bar:
                 optimizer.zero_grad()
-                loss = nn.functional.cross_entropy(model(x), y)
-                loss.backward()
+                if len(y):  # an empty Poisson batch is still a step: step() adds pure noise
+                    loss = nn.functional.cross_entropy(model(x), y)
+                    loss.backward()
+                    losses.append(loss.item())
                 optimizer.step()
-                if len(y):
-                    losses.append(float(loss))
         except BudgetExhausted as exc:
             stopped = True
             tqdm.write(f"stopping: {exc}", file=sys.stderr)

@@ -16,10 +16,6 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("sklearn")
 pytest.importorskip("tqdm")
 
-from _torch_standins import install_if_missing  # noqa: E402
-
-install_if_missing()
-
 import dpsharp  # noqa: E402
 
 pytestmark = pytest.mark.torch

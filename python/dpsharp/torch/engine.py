@@ -39,8 +39,11 @@ __all__ = ["BudgetExhausted", "PrivacyBudget", "PrivacyEngine", "PrivacyReport"]
 logger = logging.getLogger(__name__)
 
 _STATE_FORMAT = 1
-#: Beyond this many further events the budget is treated as unlimited at the current event.
-_ALLOWANCE_CAP = 2**40
+#: The budget search looks at most this many events ahead; when they are used up it searches
+#: again from the grown ledger. This bounds the size of every composition the search asks the
+#: accountant for (a PLD of 2^30 steps does not fit in memory) and keeps the check amortised
+#: O(1) per step.
+_ALLOWANCE_HORIZON = 1024
 
 
 @dataclass(frozen=True)
@@ -433,7 +436,8 @@ class PrivacyEngine:
 
     def steps_left(self, event: Event | None = None) -> int | float:
         """How many more events (releases, or epochs for a reshuffling accounting) the budget
-        allows at the current sigma and sampling; ``math.inf`` without a budget."""
+        allows at the current sigma and sampling; ``math.inf`` without a budget. Exact when
+        fewer than the search horizon (1024 ahead) remain, otherwise a lower bound."""
         if self.budget is None:
             return math.inf
         assert self._main is not None and self.optimizer is not None
@@ -441,14 +445,17 @@ class PrivacyEngine:
             if self.optimizer.noise_multiplier == 0.0:
                 return 0
             event = self._event(self._main.accounting, self.loader, self.optimizer.noise_multiplier)  # type: ignore[arg-type]
-        if self._allowance is None or self._allowance[0] != event:
+        if (
+            self._allowance is None
+            or self._allowance[0] != event
+            or (self._allowance[1] == _ALLOWANCE_HORIZON and self._allowance[2] >= self._allowance[1])
+        ):
             self._allowance = (event, self._allowed(event), 0)
-        allowed = self._allowance[1]
-        return math.inf if allowed >= _ALLOWANCE_CAP else allowed - self._allowance[2]
+        return self._allowance[1] - self._allowance[2]
 
     def _allowed(self, event: Event) -> int:
-        """Largest k with epsilon(ledger + k * event) <= budget (exponential + binary search;
-        epsilon is non-decreasing in k)."""
+        """min(horizon, largest k with epsilon(ledger + k * event) <= budget): exponential then
+        binary search, epsilon being non-decreasing in k."""
         assert self._main is not None and self.budget is not None
         budget = self.budget
 
@@ -457,11 +464,12 @@ class PrivacyEngine:
 
         if not fits(1):
             return 0
+        if fits(_ALLOWANCE_HORIZON):
+            return _ALLOWANCE_HORIZON
         low, high = 1, 2
-        while fits(high):
+        while high < _ALLOWANCE_HORIZON and fits(high):
             low, high = high, 2 * high
-            if high > _ALLOWANCE_CAP:
-                return _ALLOWANCE_CAP
+        high = min(high, _ALLOWANCE_HORIZON)
         while high - low > 1:
             middle = (low + high) // 2
             if fits(middle):

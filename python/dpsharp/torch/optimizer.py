@@ -117,6 +117,13 @@ class DPOptimizer(torch.optim.Optimizer):
             clipper = PerSampleClipper(
                 module, max_grad_norm=self.max_grad_norm, clipping=clipping, loss_reduction=loss_reduction
             )
+        else:
+            bound = getattr(clipper, "max_grad_norm", None)
+            if bound is not None and bound != self.max_grad_norm:
+                raise ValueError(
+                    f"max_grad_norm={self.max_grad_norm!r} differs from the clipper's bound "
+                    f"{bound!r}; the noise must be calibrated to the bound actually used"
+                )
         self.clipper = clipper
         handled = {id(p) for p in clipper.parameters}
         for group_index, group in enumerate(optimizer.param_groups):
