@@ -32,7 +32,7 @@ import platform
 import statistics
 import sys
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -119,7 +119,7 @@ def make(name: str, device: str, batch: int | None, small: bool):
     torch.manual_seed(0)
     if name == "gpt2s":
         b, seq = batch or 32, 256
-        kw = dict(vocab=1000, dim=64, layers=2, heads=4, seq=16) if small else {}
+        kw = {"vocab": 1000, "dim": 64, "layers": 2, "heads": 4, "seq": 16} if small else {}
         if small:
             b, seq = 4, 16
         model = GPT2Small(**kw)
@@ -220,7 +220,7 @@ def time_modes(name: str, device: str, steps: int, rounds: int, batch: int | Non
             for _ in range(3):
                 runners[mode]()
             sync(device)
-        except Exception as exc:  # a peer failing must not hide our numbers
+        except Exception as exc:  # noqa: BLE001 - a peer failing must not hide our numbers
             print(f"  {name}/{mode}: failed to build or step: {type(exc).__name__}: {exc}",
                   file=sys.stderr)
     samples: dict[str, list[float]] = {m: [] for m in runners}
@@ -295,8 +295,8 @@ def main() -> None:
     lines = [f"# GPU benchmark ({'DRY RUN on CPU, tiny models: not a measurement' if args.dry_run else torch.cuda.get_device_name()})",
              "", f"command: python {' '.join(sys.argv)}",
              f"torch {torch.__version__}, python {platform.python_version()}, amp={args.amp}", "",
-             "| model | batch | non-private ex/s | dpsharp ex/s | opacus-ghost ex/s "
-             "| dpsharp / non-private (target >= 0.85) | dpsharp / opacus-ghost (target >= 1.5) |",
+             ("| model | batch | non-private ex/s | dpsharp ex/s | opacus-ghost ex/s "
+              "| dpsharp / non-private (target >= 0.85) | dpsharp / opacus-ghost (target >= 1.5) |"),
              "|---|---|---|---|---|---|---|"]
     steps, rounds = (1, 1) if args.dry_run else (args.steps, args.rounds)
     for name in args.models:
@@ -309,8 +309,8 @@ def main() -> None:
     numel = 1 << 16 if args.dry_run else args.numel
     if device == "cuda":
         fused, copy = noise_bandwidth(device, numel, 20)
-        lines += ["", f"fused noise pass: {fused:.0f} GB/s, copy: {copy:.0f} GB/s, "
-                      f"ratio {fused / copy:.2f} (target >= 0.80), N = {numel} float32"]
+        lines += ["", (f"fused noise pass: {fused:.0f} GB/s, copy: {copy:.0f} GB/s, "
+                       f"ratio {fused / copy:.2f} (target >= 0.80), N = {numel} float32")]
         print(lines[-1])
     text = "\n".join(lines) + "\n"
     if args.out:

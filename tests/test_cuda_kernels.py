@@ -48,8 +48,8 @@ def test_fused_pass_equals_cpu_bit_for_bit(dtype: torch.dtype, numel: int) -> No
     pe = torch.randn(9, numel, generator=gen).to(dtype)
     factors = torch.rand(9, generator=gen, dtype=torch.float64)
     base = torch.randn(numel, generator=gen).to(dtype)
-    args = dict(noise_std=0.7, key=0x1234_5678_9ABC_DEF0, parameter=3, release=11, rank=1,
-                scale=1.0 / 64)
+    args = {"noise_std": 0.7, "key": 0x1234_5678_9ABC_DEF0, "parameter": 3, "release": 11,
+            "rank": 1, "scale": 1.0 / 64}
     cpu = kernels.clip_accumulate_noise(base.clone(), per_example=pe, factors=factors,
                                         base=base.clone(), **args)
     out = base.clone().cuda()

@@ -88,10 +88,9 @@ def _worker(rank: int, port: int, out: str) -> None:
             "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
             timeout=timedelta(seconds=60),
         )
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
         from dpsharp.torch import DistributedPoissonDataLoader, NoiseGenerator, PerSampleClipper
         from dpsharp.torch.distributed import distributed_release
+        from torch.nn.parallel import DistributedDataParallel as DDP
 
         result: dict[str, Any] = {}
         # 1. sigma = 0 through make_private(DDP(model), ...).
@@ -180,7 +179,7 @@ def _single_process(sigma: float, lr: float) -> tuple[Any, list, Any]:
 
 
 def test_sigma_zero_matches_single_process(results: list[dict[str, Any]]) -> None:
-    engine, grads, module = _single_process(0.0, 0.5)
+    _, grads, module = _single_process(0.0, 0.5)
     ref = [p.detach() for p in module.parameters()]
     for r in range(WORLD):
         for got, want in zip(results[r]["weights0"], ref):

@@ -231,7 +231,7 @@ def from_dataloader_distributed(loader: Any, *, sampling: str = "poisson", seed:
             )
         return loader
     if isinstance(loader, DPDataLoader):
-        raise ValueError(
+        raise ValueError(  # noqa: TRY004 - a DP loader of the wrong kind, not a wrong type
             f"a DistributedDataParallel model needs a DistributedPoissonDataLoader; the given "
             f"{type(loader).__name__} samples the whole dataset on every rank, so each step would "
             "use world_size times the batch the accountant is told about"
