@@ -9,5 +9,6 @@ void bind_numerics(pybind11::module_& m);
 void bind_clip(pybind11::module_& m);
 void bind_pld(pybind11::module_& m);
 void bind_rdp(pybind11::module_& m);
+void bind_clip_cuda(pybind11::module_& m);
 
 }  // namespace dpsharp::bindings

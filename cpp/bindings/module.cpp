@@ -39,4 +39,5 @@ PYBIND11_MODULE(_core, m) {
   dpsharp::bindings::bind_clip(m);
   dpsharp::bindings::bind_pld(m);
   dpsharp::bindings::bind_rdp(m);
+  dpsharp::bindings::bind_clip_cuda(m);
 }

@@ -93,3 +93,37 @@ def philox_gaussian(
     key: int, parameter: int, release: int, rank: int, numel: int, threads: int = 1
 ) -> npt.NDArray[np.float64]:
     """The standard normals of one noise stream (float64)."""
+
+# --- CUDA kernels (cpp/bindings/bind_clip_cuda.cpp) ---------------------------------------------
+# cuda_device_count always exists (0 when built without CUDA); the cuda_clip_* and
+# cuda_gaussian_noise entry points exist only when build_info()["cuda"] is True.
+def cuda_device_count() -> int:
+    """Visible CUDA devices (0 without a device, a driver, or a CUDA build)."""
+
+def cuda_clip_per_example_sq_norms(
+    per_example: int, dtype_code: int, batch: int, numel: int, out: int, stream: int
+) -> None:
+    """CUDA: out[i] = sum_j g[i, j]^2 in float64 (device addresses, caller's stream)."""
+
+def cuda_clip_accumulate_noise(
+    per_example: int,
+    factors: int,
+    batch: int,
+    base: int,
+    out: int,
+    dtype_code: int,
+    numel: int,
+    noise_std: float,
+    key: int,
+    parameter: int,
+    release: int,
+    rank: int,
+    scale: float,
+    stream: int,
+) -> None:
+    """CUDA: out = scale * (base + sum_i factors[i] g_i + noise_std z), z in-kernel Philox."""
+
+def cuda_gaussian_noise(
+    key: int, parameter: int, release: int, rank: int, numel: int, out: int, stream: int
+) -> None:
+    """CUDA: the raw standard normals of a stream (float64)."""

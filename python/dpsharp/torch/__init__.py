@@ -45,6 +45,8 @@ _LAZY: dict[str, str] = {
     "ADP": "dpsharp.torch.schedules",
     "calibrate_schedule": "dpsharp.torch.schedules",
     "attach_schedule": "dpsharp.torch.schedules",
+    # scale-out (issue 9): distributed data parallel
+    "DistributedPoissonDataLoader": "dpsharp.torch.distributed",
 }
 
 __all__ = sorted(_LAZY)

@@ -293,7 +293,7 @@ class PerSampleClipper:
                     by_param.setdefault(id(p), []).append(u)
 
         n_params = len(self._params)
-        sq = torch.zeros(batch, n_params, dtype=torch.float64)
+        sq = torch.zeros(batch, n_params, dtype=torch.float64, device=self._params[0].device)
         tied: dict[int, torch.Tensor] = {}
         for pid, us in by_param.items():
             k = self._index[pid]
@@ -317,7 +317,7 @@ class PerSampleClipper:
             self._last_norms = norms
         else:
             norms = sq.sqrt()
-            bounds = torch.tensor(self._bounds, dtype=torch.float64)
+            bounds = torch.tensor(self._bounds, dtype=torch.float64, device=norms.device)
             factors_all = self._factors(norms, bounds)
             self._last_norms = norms
 
@@ -327,7 +327,7 @@ class PerSampleClipper:
             factors = factors_all[:, k].contiguous()
             acc = self._accumulators[k]
             if pid in tied:
-                out = acc if acc is not None else torch.zeros(p.shape, dtype=p.dtype)
+                out = acc if acc is not None else torch.zeros(p.shape, dtype=p.dtype, device=p.device)
                 kernels.clip_accumulate_noise(out, per_example=tied[pid], factors=factors,
                                               base=out)
                 self._accumulators[k] = out
@@ -376,7 +376,7 @@ class PerSampleClipper:
         scale = 1.0 / b
         for k, p in enumerate(self._params):
             acc = self._accumulators[k]
-            out = acc if acc is not None else torch.empty(p.shape, dtype=p.dtype)
+            out = acc if acc is not None else torch.empty(p.shape, dtype=p.dtype, device=p.device)
             kernels.clip_accumulate_noise(
                 out, base=acc, noise_std=std, key=key.key, parameter=k, release=key.release,
                 rank=key.rank, scale=scale,

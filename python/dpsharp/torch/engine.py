@@ -279,13 +279,30 @@ class PrivacyEngine:
         if seed is not None:
             require_count("seed", seed)
 
-        loader = from_dataloader(
-            data_loader,
-            sampling=sampling,
-            seed=None if seed is None else seed + 1,
-            secure=self.secure_mode,
-            max_physical_batch_size=max_physical_batch_size,
-        )
+        # Distributed data parallel (dpsharp.torch.distributed): clip on module.module, switch
+        # DDP's own gradient all-reduce off, sample a distributed Poisson batch, all-reduce the
+        # noised clipped sums.
+        from dpsharp.torch import distributed as _distributed
+
+        ddp = _distributed.is_ddp(module)
+        process_group = _distributed.prepare_ddp(module) if ddp else None
+        if ddp:
+            loader = _distributed.from_dataloader_distributed(
+                data_loader,
+                sampling=sampling,
+                seed=None if seed is None else seed + 1,
+                secure=self.secure_mode,
+                max_physical_batch_size=max_physical_batch_size,
+                group=process_group,
+            )
+        else:
+            loader = from_dataloader(
+                data_loader,
+                sampling=sampling,
+                seed=None if seed is None else seed + 1,
+                secure=self.secure_mode,
+                max_physical_batch_size=max_physical_batch_size,
+            )
         if self.secure_mode and not loader.secure:
             raise ValueError("secure mode needs a loader built with secure=True")
         accounting = loader.sampling if accounting is None else accounting
@@ -317,11 +334,13 @@ class PrivacyEngine:
             noise_multiplier=sigma,
             max_grad_norm=norm,
             expected_batch_size=loader.expected_batch_size,
-            module=module,
+            module=_distributed.unwrap_ddp(module),
             clipping=clipping,
             loss_reduction=loss_reduction,
             seed=seed,
             secure=self.secure_mode,
+            distributed=ddp,
+            process_group=process_group,
         )
         dp_optimizer.attach_loader(loader)
         dp_optimizer.add_budget_check(self._check_budget)

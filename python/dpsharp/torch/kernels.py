@@ -3,7 +3,10 @@ reference for every kernel.
 
 The kernels (cpp/src/clip.cpp) take raw addresses, shapes and a dtype code; this module checks
 that every tensor is a contiguous CPU tensor of a supported dtype and the right size before
-handing ``tensor.data_ptr()`` over, since the C++ side cannot check anything.
+handing ``tensor.data_ptr()`` over, since the C++ side cannot check anything. CUDA tensors go to
+the CUDA kernels (cpp/cuda/clip_kernels.cu, same noise stream and bits) on the caller's current
+stream when ``_core`` was built with them, and raise RuntimeError when it was not (no silent
+copy to the CPU).
 
 Noise stream: element ``j`` of parameter ``p`` at release ``r`` on rank ``k`` with 64-bit key
 ``K`` is output ``j mod 2`` of the Box-Muller pair built from the Philox4x32-10 block
@@ -25,6 +28,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "clip_accumulate_noise",
+    "cuda_built",
     "dtype_code",
     "per_example_sq_norms",
     "reference_clip_accumulate_noise",
@@ -48,9 +52,36 @@ def dtype_code(dtype: torch.dtype) -> int:
     return codes[dtype]
 
 
-def _check(name: str, tensor: torch.Tensor, *, dtype: torch.dtype, numel: int) -> None:
-    if tensor.device.type != "cpu":
-        raise ValueError(f"{name} must be a CPU tensor for the CPU kernel, got {tensor.device}")
+def cuda_built() -> bool:
+    """Whether ``dpsharp._core`` was built with the CUDA kernels (``-DDPSHARP_CUDA=ON``)."""
+    return bool(_core.build_info()["cuda"])
+
+
+def _require_cuda_kernels(name: str, tensor: torch.Tensor) -> None:
+    """CUDA tensors go to the CUDA kernels; refuse loudly if they were not built (never copy a
+    CUDA tensor to the CPU behind the caller's back)."""
+    if not cuda_built():
+        raise RuntimeError(
+            f"{name} is a CUDA tensor ({tensor.device}) but dpsharp was built without its CUDA "
+            "kernels (dpsharp._core.build_info()['cuda'] is False); reinstall with "
+            "`pip install . -Ccmake.define.DPSHARP_CUDA=ON` on a machine with the CUDA "
+            "toolkit, or move the model to the CPU"
+        )
+
+
+def _stream_of(tensor: torch.Tensor) -> int:
+    import torch
+
+    return int(torch.cuda.current_stream(tensor.device).cuda_stream)
+
+
+def _check(name: str, tensor: torch.Tensor, *, dtype: torch.dtype, numel: int,
+           device: torch.device | None = None) -> None:
+    if device is None:
+        if tensor.device.type != "cpu":
+            raise ValueError(f"{name} must be a CPU tensor for the CPU kernel, got {tensor.device}")
+    elif tensor.device != device:
+        raise ValueError(f"{name} must be on {device} like the output, got {tensor.device}")
     if tensor.dtype != dtype:
         raise ValueError(f"{name} must have dtype {dtype}, got {tensor.dtype}")
     if not tensor.is_contiguous():
@@ -77,6 +108,20 @@ def per_example_sq_norms(per_example: torch.Tensor, *, threads: int | None = Non
     batch = int(per_example.shape[0])
     numel = per_example[0].numel() if batch else 0
     src = per_example.contiguous()
+    if src.dtype == torch.float16:
+        # float16 squares overflow above 256; the kernels read float32/64/bf16 exactly, so widen
+        # (float16 -> float32 is exact). Sums run in float64 either way.
+        src = src.float()
+    if src.is_cuda:
+        _require_cuda_kernels("per_example", src)
+        _check("per_example", src, dtype=src.dtype, numel=batch * numel, device=src.device)
+        out = torch.empty(batch, dtype=torch.float64, device=src.device)
+        with torch.cuda.device(src.device):
+            _core.cuda_clip_per_example_sq_norms(
+                src.data_ptr(), dtype_code(src.dtype), batch, numel, out.data_ptr(),
+                _stream_of(src),
+            )
+        return out
     _check("per_example", src, dtype=src.dtype, numel=batch * numel)
     out = torch.empty(batch, dtype=torch.float64)
     _core.clip_per_example_sq_norms(
@@ -113,7 +158,11 @@ def clip_accumulate_noise(
     if not math.isfinite(scale):
         raise ValueError(f"scale must be finite, got {scale!r}")
     numel = out.numel()
-    _check("out", out, dtype=out.dtype, numel=numel)
+    device = None
+    if out.is_cuda:
+        _require_cuda_kernels("out", out)
+        device = out.device
+    _check("out", out, dtype=out.dtype, numel=numel, device=device)
     code = dtype_code(out.dtype)
     pe_ptr = 0
     f_ptr = 0
@@ -122,14 +171,22 @@ def clip_accumulate_noise(
         if factors is None:
             raise ValueError("factors must be given with per_example")
         batch = int(per_example.shape[0])
-        _check("per_example", per_example, dtype=out.dtype, numel=batch * numel)
-        _check("factors", factors, dtype=torch.float64, numel=batch)
+        _check("per_example", per_example, dtype=out.dtype, numel=batch * numel, device=device)
+        _check("factors", factors, dtype=torch.float64, numel=batch, device=device)
         pe_ptr = per_example.data_ptr()
         f_ptr = factors.data_ptr()
     b_ptr = 0
     if base is not None:
-        _check("base", base, dtype=out.dtype, numel=numel)
+        _check("base", base, dtype=out.dtype, numel=numel, device=device)
         b_ptr = base.data_ptr()
+    if device is not None:
+        with torch.cuda.device(device):
+            _core.cuda_clip_accumulate_noise(
+                pe_ptr, f_ptr, batch, b_ptr, out.data_ptr(), code, numel, float(noise_std),
+                int(key) & 0xFFFFFFFFFFFFFFFF, int(parameter) & _MASK32,
+                int(release) & _MASK32, int(rank) & _MASK32, float(scale), _stream_of(out),
+            )
+        return out
     _core.clip_accumulate_noise(
         pe_ptr, f_ptr, batch, b_ptr, out.data_ptr(), code, numel, float(noise_std),
         int(key) & 0xFFFFFFFFFFFFFFFF, int(parameter) & _MASK32, int(release) & _MASK32,

@@ -71,6 +71,11 @@ class DPOptimizer(torch.optim.Optimizer):
         ``max_grad_norm``, ``clipping`` and ``loss_reduction``) or a ready clipper.
     noise, seed, secure:
         The :class:`~dpsharp.torch.NoiseGenerator` (built from ``seed`` / ``secure`` if None).
+    distributed, process_group:
+        Distributed data parallel (:mod:`dpsharp.torch.distributed`): every rank of
+        ``process_group`` (default group if None) releases its clipped sum plus a noise share
+        N(0, (sigma C)^2 / W) from its own stream (the generator's rank word), and the results
+        are all-reduced; ``expected_batch_size`` is then the global one.
 
     Notes
     -----
@@ -92,6 +97,8 @@ class DPOptimizer(torch.optim.Optimizer):
         noise: Any = None,
         seed: int | None = None,
         secure: bool = False,
+        distributed: bool = False,
+        process_group: Any = None,
     ) -> None:
         if isinstance(optimizer, DPOptimizer):
             raise TypeError("optimizer is already a DPOptimizer")
@@ -131,10 +138,19 @@ class DPOptimizer(torch.optim.Optimizer):
         if noise is None:
             from dpsharp.torch.noise import NoiseGenerator
 
-            noise = NoiseGenerator(seed, secure=secure)
+            rank = 0
+            if distributed:
+                from dpsharp.torch.distributed import group_rank_and_size
+
+                rank = group_rank_and_size(process_group)[0]
+            noise = NoiseGenerator(seed, secure=secure, rank=rank)
         elif seed is not None or secure:
             raise ValueError("give seed / secure or a ready noise generator, not both")
         self.noise = noise
+        # Distributed data parallel: each rank releases its clipped sum plus an independent
+        # noise share and the results are all-reduced (dpsharp.torch.distributed).
+        self.distributed = bool(distributed)
+        self.process_group = process_group
         self.original_optimizer = optimizer
         self._releases = 0
         self._budget_checks: list[Callable[[DPOptimizer], str | None]] = []
@@ -275,11 +291,22 @@ class DPOptimizer(torch.optim.Optimizer):
         return None
 
     def _release_and_step(self) -> None:
-        self.clipper.release(
-            noise_multiplier=self._noise_multiplier,
-            expected_batch_size=self._expected_batch_size,
-            noise=self.noise,
-        )
+        if self.distributed:
+            from dpsharp.torch.distributed import distributed_release
+
+            distributed_release(
+                self.clipper,
+                noise_multiplier=self._noise_multiplier,
+                expected_batch_size=self._expected_batch_size,
+                noise=self.noise,
+                group=self.process_group,
+            )
+        else:
+            self.clipper.release(
+                noise_multiplier=self._noise_multiplier,
+                expected_batch_size=self._expected_batch_size,
+                noise=self.noise,
+            )
         self._releases += 1
         self._lot_pending = False
         for hook in self._release_hooks:

@@ -51,17 +51,23 @@ class _LinearFn(torch.autograd.Function):
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:
         x, weight = ctx.saved_tensors
         handle: LayerHandle = ctx.handle
-        grad_in = grad_out @ weight if ctx.needs_input_grad[0] else None
+        # Under autocast the forward ran in a lower precision than the saved weight (and
+        # possibly than x): compute in grad_out's dtype, return x's dtype, and give the usage
+        # activations and output gradients of one common dtype.
+        grad_in = None
+        if ctx.needs_input_grad[0]:
+            grad_in = (grad_out @ weight.to(grad_out.dtype)).to(x.dtype)
+        common = torch.promote_types(x.dtype, grad_out.dtype)
         b = x.shape[0]
         # Explicit middle extent (not -1): a 0-row batch (empty Poisson sample) must reshape too.
         positions = math.prod(x.shape[1:-1])
-        g = grad_out.reshape(b, positions, grad_out.shape[-1])
+        g = grad_out.reshape(b, positions, grad_out.shape[-1]).to(common)
         scale = handle.scale_of(b)
         if scale != 1.0:
             g = g * scale
         m = handle.module
         handle.record(LinearUsage(_trainable(m.weight), _trainable(m.bias),
-                                  x.reshape(b, positions, x.shape[-1]), g))
+                                  x.reshape(b, positions, x.shape[-1]).to(common), g))
         return grad_in, None, None, None
 
 
@@ -109,10 +115,12 @@ class _ConvFn(torch.autograd.Function):
         grad_in = None
         if ctx.needs_input_grad[0]:
             fn = torch.nn.grad.conv1d_input if one_d else torch.nn.grad.conv2d_input
-            grad_in = fn(x.shape, weight, grad_out, m.stride, m.padding, m.dilation, m.groups)
+            grad_in = fn(x.shape, weight.to(grad_out.dtype), grad_out, m.stride, m.padding,
+                         m.dilation, m.groups).to(x.dtype)
+        common = torch.promote_types(x.dtype, grad_out.dtype)  # autocast: see _LinearFn
         b = x.shape[0]
-        patches = _patches(x, m.kernel_size, m.stride, m.padding, m.dilation)
-        g = grad_out.reshape(b, grad_out.shape[1], math.prod(grad_out.shape[2:]))
+        patches = _patches(x.to(common), m.kernel_size, m.stride, m.padding, m.dilation)
+        g = grad_out.reshape(b, grad_out.shape[1], math.prod(grad_out.shape[2:])).to(common)
         scale = handle.scale_of(b)
         if scale != 1.0:
             g = g * scale

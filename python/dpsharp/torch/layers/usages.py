@@ -30,6 +30,13 @@ if TYPE_CHECKING:
 __all__ = ["AffineUsage", "EmbeddingUsage", "LinearUsage", "PerExampleUsage", "Usage"]
 
 
+def _wide(t: torch.Tensor) -> torch.Tensor:
+    """float16 / bfloat16 -> float32 (exact); other dtypes unchanged."""
+    import torch
+
+    return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
+
+
 class Usage:
     """Base class: one call of one layer, after its backward."""
 
@@ -48,7 +55,7 @@ class Usage:
         import torch
 
         per_example = self.per_example(p).contiguous()
-        out = torch.empty(p.shape, dtype=per_example.dtype)
+        out = torch.empty(p.shape, dtype=per_example.dtype, device=per_example.device)
         return kernels.clip_accumulate_noise(out, per_example=per_example,
                                              factors=factors.contiguous())
 
@@ -97,16 +104,22 @@ class LinearUsage(Usage):
     def sq_norm(self, p: torch.nn.Parameter) -> torch.Tensor:
         import torch
 
+        # Mixed precision: float16 / bfloat16 activations and output gradients are widened to
+        # float32 before any product (a float16 square overflows above 256), and the norms are
+        # summed in float64.
+        a_all, g_all = _wide(self.a), _wide(self.g)
         if p is self.bias:
-            gb = self.g.sum(dim=1)
+            gb = g_all.sum(dim=1)
             return (gb * gb).sum(dim=1, dtype=torch.float64)
         if self.a.shape[1] == 1:  # ||a_i g_i^T||_F^2 = ||a_i||^2 ||g_i||^2
-            a, g = self.a[:, 0], self.g[:, 0]
+            a, g = a_all[:, 0], g_all[:, 0]
             return (a * a).sum(dim=1, dtype=torch.float64) * (g * g).sum(dim=1, dtype=torch.float64)
         if self._materialise_weight():
+            if a_all is not self.a or g_all is not self.g:
+                return kernels.per_example_sq_norms(torch.bmm(g_all.transpose(1, 2), a_all))
             return kernels.per_example_sq_norms(self._weight_per_example())
-        gram_a = torch.bmm(self.a, self.a.transpose(1, 2)).double()
-        gram_g = torch.bmm(self.g, self.g.transpose(1, 2)).double()
+        gram_a = torch.bmm(a_all, a_all.transpose(1, 2)).double()
+        gram_g = torch.bmm(g_all, g_all.transpose(1, 2)).double()
         return (gram_a * gram_g).sum(dim=(1, 2))
 
     def per_example(self, p: torch.nn.Parameter) -> torch.Tensor:
@@ -147,19 +160,19 @@ class EmbeddingUsage(Usage):
 
         num_rows = p.shape[0]
         b, t, d = self.g.shape
-        keys = (torch.arange(b).unsqueeze(1) * num_rows + self.idx).reshape(-1)
+        keys = (torch.arange(b, device=self.idx.device).unsqueeze(1) * num_rows + self.idx).reshape(-1)
         unique_keys, inverse = torch.unique(keys, return_inverse=True)
-        rows = torch.zeros(unique_keys.numel(), d, dtype=torch.float64)
+        rows = torch.zeros(unique_keys.numel(), d, dtype=torch.float64, device=self.g.device)
         rows.index_add_(0, inverse, self.g.reshape(-1, d).double())
         row_sq = (rows * rows).sum(dim=1)
-        out = torch.zeros(b, dtype=torch.float64)
+        out = torch.zeros(b, dtype=torch.float64, device=self.g.device)
         return out.index_add_(0, unique_keys // num_rows, row_sq)
 
     def per_example(self, p: torch.nn.Parameter) -> torch.Tensor:
         import torch
 
         b, t, d = self.g.shape
-        out = torch.zeros(b, p.shape[0], d, dtype=self.g.dtype)
+        out = torch.zeros(b, p.shape[0], d, dtype=self.g.dtype, device=self.g.device)
         out.scatter_add_(1, self.idx.unsqueeze(-1).expand(b, t, d), self.g)
         return out
 
@@ -168,7 +181,7 @@ class EmbeddingUsage(Usage):
 
         d = self.g.shape[2]
         scaled = (self.g * factors.to(self.g.dtype)[:, None, None]).reshape(-1, d)
-        out = torch.zeros(p.shape, dtype=self.g.dtype)
+        out = torch.zeros(p.shape, dtype=self.g.dtype, device=self.g.device)
         return out.index_add_(0, self.idx.reshape(-1), scaled)
 
 

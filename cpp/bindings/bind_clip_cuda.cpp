@@ -1,0 +1,91 @@
+// Python entry points of the CUDA clip kernels (cpp/cuda/clip_kernels.cu). Compiled into _core
+// always, but the CUDA functions exist only when the module was built with -DDPSHARP_CUDA=ON
+// (DPSHARP_CUDA_BUILT); without it nothing CUDA is included or referenced and only
+// `cuda_device_count` (returning 0) is defined, so the torch side can tell "not built" apart.
+// Buffers are device addresses (tensor.data_ptr()), the stream is
+// torch.cuda.current_stream().cuda_stream; python/dpsharp/torch/kernels.py checks device,
+// shapes, dtypes and contiguity before calling.
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+
+#include "bindings.hpp"
+#include "dpsharp/clip.hpp"
+
+#if DPSHARP_CUDA_BUILT
+#include "dpsharp/clip_cuda.hpp"
+#endif
+
+namespace py = pybind11;
+
+namespace dpsharp::bindings {
+
+void bind_clip_cuda(py::module_& m) {
+#if DPSHARP_CUDA_BUILT
+  auto dtype_of = [](int code) {
+    if (code < 0 || code > 2) {
+      throw py::value_error("dtype_code must be 0 (float32), 1 (float64) or 2 (bfloat16)");
+    }
+    return static_cast<clip::DType>(code);
+  };
+  auto stream_of = [](std::uint64_t key, std::uint32_t parameter, std::uint32_t release,
+                      std::uint32_t rank) {
+    return clip::NoiseStream{static_cast<std::uint32_t>(key),
+                             static_cast<std::uint32_t>(key >> 32), parameter, release, rank};
+  };
+  m.def(
+      "cuda_clip_per_example_sq_norms",
+      [dtype_of](std::uintptr_t per_example, int dtype_code, std::int64_t batch,
+                 std::int64_t numel, std::uintptr_t out, std::uintptr_t stream) {
+        if (batch < 0 || numel < 0) throw py::value_error("batch and numel must be >= 0");
+        const clip::DType dtype = dtype_of(dtype_code);
+        py::gil_scoped_release release;
+        clip::cuda::per_example_sq_norms(reinterpret_cast<const void*>(per_example), dtype, batch,
+                                         numel, reinterpret_cast<double*>(out),
+                                         reinterpret_cast<void*>(stream));
+      },
+      py::arg("per_example"), py::arg("dtype_code"), py::arg("batch"), py::arg("numel"),
+      py::arg("out"), py::arg("stream"),
+      "CUDA: out[i] = sum_j g[i, j]^2 in float64 (device addresses, caller's stream).");
+  m.def(
+      "cuda_clip_accumulate_noise",
+      [dtype_of, stream_of](std::uintptr_t per_example, std::uintptr_t factors, std::int64_t batch,
+                            std::uintptr_t base, std::uintptr_t out, int dtype_code,
+                            std::int64_t numel, double noise_std, std::uint64_t key,
+                            std::uint32_t parameter, std::uint32_t release, std::uint32_t rank,
+                            double scale, std::uintptr_t stream) {
+        if (batch < 0 || numel < 0) throw py::value_error("batch and numel must be >= 0");
+        const clip::DType dtype = dtype_of(dtype_code);
+        const clip::NoiseStream s = stream_of(key, parameter, release, rank);
+        py::gil_scoped_release release_gil;
+        clip::cuda::clip_accumulate_noise(
+            reinterpret_cast<const void*>(per_example), reinterpret_cast<const double*>(factors),
+            batch, reinterpret_cast<const void*>(base), reinterpret_cast<void*>(out), dtype, numel,
+            noise_std, s, scale, reinterpret_cast<void*>(stream));
+      },
+      py::arg("per_example"), py::arg("factors"), py::arg("batch"), py::arg("base"),
+      py::arg("out"), py::arg("dtype_code"), py::arg("numel"), py::arg("noise_std"),
+      py::arg("key"), py::arg("parameter"), py::arg("release"), py::arg("rank"),
+      py::arg("scale"), py::arg("stream"),
+      "CUDA: out = scale * (base + sum_i factors[i] g_i + noise_std z), z in-kernel Philox.");
+  m.def(
+      "cuda_gaussian_noise",
+      [stream_of](std::uint64_t key, std::uint32_t parameter, std::uint32_t release,
+                  std::uint32_t rank, std::int64_t numel, std::uintptr_t out,
+                  std::uintptr_t stream) {
+        if (numel < 0) throw py::value_error("numel must be >= 0");
+        const clip::NoiseStream s = stream_of(key, parameter, release, rank);
+        py::gil_scoped_release release_gil;
+        clip::cuda::gaussian_noise(s, numel, reinterpret_cast<double*>(out),
+                                   reinterpret_cast<void*>(stream));
+      },
+      py::arg("key"), py::arg("parameter"), py::arg("release"), py::arg("rank"), py::arg("numel"),
+      py::arg("out"), py::arg("stream"), "CUDA: the raw standard normals of a stream (float64).");
+  m.def("cuda_device_count", []() { return clip::cuda::device_count(); },
+        "Visible CUDA devices (0 without a device or driver).");
+#else
+  m.def("cuda_device_count", []() { return 0; }, "This module was built without CUDA: 0.");
+#endif
+}
+
+}  // namespace dpsharp::bindings

@@ -1,0 +1,38 @@
+// CUDA versions of the clip kernels (clip.hpp), built only with -DDPSHARP_CUDA=ON
+// (cpp/cuda/clip_kernels.cu). This header includes no CUDA header: pointers are raw device
+// addresses (torch data_ptr()) and the stream is the caller's cudaStream_t passed as void*
+// (torch.cuda.current_stream().cuda_stream), so the launches are ordered with the caller's work
+// and nothing synchronises. Errors (launch failures) throw std::runtime_error.
+//
+// Same contracts, and for clip_accumulate_noise the same bits, as the CPU kernels: the noise is
+// philox.hpp evaluated in-kernel (the header is __host__ __device__ under nvcc, compiled with
+// -fmad=false so no multiply-add is contracted), the sum over examples runs in order
+// i = 0, 1, ... in float64, and the result is rounded once to the output dtype.
+#pragma once
+
+#include <cstdint>
+
+#include "dpsharp/clip.hpp"
+
+namespace dpsharp::clip::cuda {
+
+// out[i] = sum_j per_example[i * numel + j]^2 in float64 (device buffers). One block per example,
+// a fixed-shape tree reduction: deterministic (run to run), equal to the CPU value up to float64
+// summation order.
+void per_example_sq_norms(const void* per_example, DType dtype, std::int64_t batch,
+                          std::int64_t numel, double* out, void* stream);
+
+// out[j] = scale * (base[j] + sum_i factors[i] * per_example[i * numel + j] + noise_std * z_j);
+// factors is a device float64 buffer; per_example / base may be null; base may alias out.
+void clip_accumulate_noise(const void* per_example, const double* factors, std::int64_t batch,
+                           const void* base, void* out, DType dtype, std::int64_t numel,
+                           double noise_std, const NoiseStream& stream, double scale,
+                           void* cuda_stream);
+
+// The raw standard normals z_0..z_{numel-1} of a stream into a device float64 buffer (tests).
+void gaussian_noise(const NoiseStream& stream, std::int64_t numel, double* out, void* cuda_stream);
+
+// Number of visible CUDA devices (0 when none or no driver).
+int device_count();
+
+}  // namespace dpsharp::clip::cuda
