@@ -6,10 +6,9 @@ from __future__ import annotations
 import json
 import math
 
+import dpsharp
 import numpy as np
 import pytest
-
-import dpsharp
 from dpsharp import (
     Composed,
     Gaussian,
@@ -184,7 +183,8 @@ def test_registered_and_exported() -> None:
     assert isinstance(dpsharp.accountant("rdp"), RDPAccountant)
     assert isinstance(dpsharp.accountant("moments"), MomentsAccountant)
     assert dpsharp.rdp.poisson_gaussian_rdp is poisson_gaussian_rdp
-    from dpsharp.accountants import MomentsAccountant as M, RDPAccountant as R
+    from dpsharp.accountants import MomentsAccountant as M
+    from dpsharp.accountants import RDPAccountant as R
 
     assert (M, R) == (MomentsAccountant, RDPAccountant)
 

@@ -18,9 +18,12 @@ import warnings
 
 import numpy as np
 import pytest
-
 from dpsharp import Gaussian, PoissonSampled, RDPAccountant, SampledWithoutReplacement
-from dpsharp.rdp import DEFAULT_ORDERS, poisson_gaussian_rdp, sampled_without_replacement_gaussian_rdp
+from dpsharp.rdp import (
+    DEFAULT_ORDERS,
+    poisson_gaussian_rdp,
+    sampled_without_replacement_gaussian_rdp,
+)
 
 pytestmark = pytest.mark.peers
 
@@ -91,9 +94,8 @@ def test_default_orders_match_dp_accounting_where_it_converges(q: float, sigma: 
 def test_peer_fractional_orders_are_off() -> None:
     """dpsharp == mpmath (50 digits) to 1e-12; dp-accounting 0.6.0 is above by > 1% here."""
     pytest.importorskip("dp_accounting")
-    from dp_accounting.rdp import rdp_privacy_accountant as peer
-
     from _rdp_reference import rdp as reference_rdp
+    from dp_accounting.rdp import rdp_privacy_accountant as peer
 
     ref = float(reference_rdp(0.01, 1.0, 1.1))
     ours = poisson_gaussian_rdp(0.01, 1.0, [1.1])[0]

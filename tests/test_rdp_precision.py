@@ -10,7 +10,6 @@ import itertools
 import mpmath
 import numpy as np
 import pytest
-
 from _rdp_reference import rdp as reference_rdp
 from dpsharp.rdp import poisson_gaussian_rdp
 

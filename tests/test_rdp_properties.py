@@ -7,10 +7,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from dpsharp import Composed, Gaussian, MomentsAccountant, PoissonSampled, RDPAccountant, Repeated
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from dpsharp import Composed, Gaussian, MomentsAccountant, PoissonSampled, RDPAccountant, Repeated
 
 ORDERS = [1.25, 1.5, 2.0, 3.0, 4.5, 8.0, 16.0, 32.0, 64.0, 256.0]
 q_st = st.floats(1e-4, 1.0)

@@ -14,7 +14,8 @@ a valid (useless) bound, never a smaller number.
 
 from __future__ import annotations
 
-from typing import Literal, Sequence, Union
+from collections.abc import Sequence
+from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -38,7 +39,7 @@ __all__ = [
     "sampled_without_replacement_gaussian_rdp",
 ]
 
-OrdersLike = Union[float, Sequence[float], npt.NDArray[np.floating]]
+OrdersLike = float | Sequence[float] | npt.NDArray[np.floating]
 Conversion = Literal["tight", "classic"]
 
 #: Largest order accepted (the integer-order sum costs O(alpha)).

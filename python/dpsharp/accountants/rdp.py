@@ -11,7 +11,8 @@ function of the multiset alone and ``count``, ``Repeated``, ``Composed`` and a r
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
