@@ -278,3 +278,16 @@ def test_empty_accountant() -> None:
     acc = PLDAccountant()
     assert acc.epsilon(1e-5) == 0.0 and acc.epsilon_bounds(1e-5) == (0.0, 0.0)
     assert acc.delta_bounds(1.0) == (0.0, 0.0)
+
+
+def test_many_distinct_sigmas_are_quantised_soundly() -> None:
+    # More than 64 distinct events: sigmas are rounded to a geometric grid (down for the upper
+    # bound, up for the lower), which must still bracket the exact Gaussian composition.
+    sigmas = np.linspace(2.0, 6.0, 100)
+    acc = PLDAccountant(1e-2)
+    for sigma in sigmas:
+        acc.compose(Gaussian(float(sigma)), 2)
+    mu = math.sqrt(float(np.sum(2.0 / sigmas**2)))
+    lower, upper = acc.epsilon_bounds(1e-5)
+    assert lower <= exact_epsilon_bisect(1e-5, mu) <= upper
+    assert upper - lower <= 2e-2 * upper

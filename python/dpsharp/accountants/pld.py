@@ -77,7 +77,7 @@ class _DirectionCache:
     def __init__(self) -> None:
         self.plds: dict[tuple[_Leaf, bool], DiscretePLD] = {}
         self.spectra: dict[bool, dict[int, tuple[int, np.ndarray]]] = {True: {}, False: {}}
-        self.order: dict[bool, list[_Leaf]] = {True: [], False: []}
+        self.order: dict[bool, dict[_Leaf, int]] = {True: {}, False: {}}
         self.results: dict[tuple[bool, tuple[int, ...]], ComposedPLD] = {}
 
 
@@ -185,15 +185,21 @@ class PLDAccountant(Accountant):
     ) -> ComposedPLD:
         cache = self._caches.get((direction, grid_step, tail))
         if cache is None:
+            # Keep the caches of the last few grids only (each holds spectra of every leaf).
+            while len(self._caches) >= 4:
+                self._caches.pop(next(iter(self._caches)))
             cache = self._caches[(direction, grid_step, tail)] = _DirectionCache()
         leaves: dict[_Leaf, int] = {}
+        quantize = len(self._counts) > _QUANTIZE_ABOVE
         for leaf, count in self._counts.items():
             key = self._leaves(leaf, direction)
+            if quantize:
+                key = _quantized(key, self._precision, pessimistic)
             leaves[key] = leaves.get(key, 0) + count
         order = cache.order[pessimistic]
         for key in leaves:
             if key not in order:
-                order.append(key)
+                order[key] = len(order)
         counts = tuple(leaves.get(key, 0) for key in order)
         hit = cache.results.get((pessimistic, counts))
         if hit is not None:
@@ -213,9 +219,10 @@ class PLDAccountant(Accountant):
             plds.append(pld)
         # The per-step truncation was chosen for the step count when the PLD was built; a later
         # larger count keeps it (its infinity mass is composed exactly, so it stays certified).
-        result = compose(
-            plds, list(counts), log_tail=math.log(tail), spectra=cache.spectra[pessimistic]
-        )
+        # Spectra are cached for incremental use only when there are few distinct leaves
+        # (otherwise their memory, leaves x FFT size, would dominate).
+        spectra = cache.spectra[pessimistic] if len(order) <= _CACHE_SPECTRA_UP_TO else None
+        result = compose(plds, list(counts), log_tail=math.log(tail), spectra=spectra)
         cache.results = {(pessimistic, counts): result}
         return result
 
@@ -253,8 +260,8 @@ class PLDAccountant(Accountant):
     def epsilon_bounds(self, delta: float) -> tuple[float, float]:
         """(lower, upper): certified bounds on the optimal epsilon of the composition at
         ``delta``. The grid is refined (halving h) until (upper - lower) <= precision * upper
-        or the FFT circle would exceed 2^24 points; then the wider, still honest, bracket is
-        returned."""
+        or the FFT circle would exceed 2^24 points (at most 4 halvings, none with more than 64
+        distinct events); then the wider, still honest, bracket is returned."""
         delta = require_delta(delta)
         if self.is_empty:
             return 0.0, 0.0
@@ -266,7 +273,8 @@ class PLDAccountant(Accountant):
             if upper - lower <= self._precision * upper or not math.isfinite(upper):
                 return lower, upper
             sizes = [r.mass.size for r in self._bounds_at(refinement, _tail_for(delta, self._precision), True)]
-            if max(sizes) * 2 > _MAX_SIZE or refinement >= 8:
+            many_leaves = len(self._counts) > _QUANTIZE_ABOVE
+            if max(sizes) * 2 > _MAX_SIZE or refinement >= 4 or many_leaves:
                 return lower, upper
             refinement += 1
 
@@ -370,6 +378,34 @@ class PLDAccountant(Accountant):
         return {"precision": self._precision}
 
 
+#: Above this many distinct mechanism events, noise multipliers and sampling rates are rounded
+#: to a geometric grid (see :func:`_quantized`).
+_QUANTIZE_ABOVE = 64
+#: Cache per-leaf spectra (for incremental queries) up to this many distinct leaves.
+_CACHE_SPECTRA_UP_TO = 16
+
+
+def _quantized(leaf: _Leaf, precision: float, pessimistic: bool) -> _Leaf:
+    """Round a Gaussian-family leaf onto the geometric grid r^k, r = 1 + precision / 2: the noise
+    multiplier down and the sampling rate up for the pessimistic side, the reverse for the
+    optimistic side. Sound because the pair of (sigma', q') is a post-processing of the pair of
+    (sigma, q) whenever sigma' >= sigma and q' <= q (map N(1/sigma, 1) to N(1/sigma', 1) by
+    scaling and adding independent noise, and keep a sampled component with probability q'/q),
+    for both directions and the symmetrised pair. Laplace leaves are kept as they are."""
+    if leaf.mechanism == _LAPLACE:
+        return leaf
+    log_r = math.log1p(precision / 2.0)
+    down, up = (math.floor, math.ceil) if pessimistic else (math.ceil, math.floor)
+    sigma = math.exp(down(math.log(leaf.parameter) / log_r) * log_r)
+    rate = leaf.rate
+    if rate < 1.0:
+        rate = min(1.0, math.exp(up(math.log(rate) / log_r) * log_r))
+    mechanism = leaf.mechanism
+    if rate >= 1.0:
+        mechanism, rate = _GAUSSIAN, 1.0
+    return _Leaf(mechanism, sigma, rate)
+
+
 def _loss_variance(leaf: Event) -> float:
     """A closed-form proxy for the per-step variance of the privacy loss (used for the grid)."""
     inner = leaf.event if isinstance(leaf, Shuffled) else leaf
@@ -430,6 +466,5 @@ def _tradeoff_from_curves(
         with np.errstate(over="ignore"):
             values = 1.0 - d[None, :] - np.exp(e)[None, :] * alphas[:, None]
         best = np.maximum(best, values.max(axis=1))
-    # eps below the window: delta(eps) <= 1 - e^{eps}... use eps = 0 lower envelope 1 - alpha -
-    # delta(0) is already included when 0 is on the grid.
+    # Each term is a valid lower bound of f, so their maximum (and 0) is; f <= 1 - alpha always.
     return np.clip(best, 0.0, 1.0 - alphas)

@@ -1,0 +1,126 @@
+"""Speed and tightness of PLDAccountant against dp-accounting's PLD and opacus' PRV accountant.
+
+One epsilon(1e-5) query from a fresh accountant (composition included) per setting of issue 3:
+our median time over repeats, dp-accounting PLD at value_discretization_interval 1e-4 (and 1e-5,
+the tightness reference) and opacus' PRVAccountant, timed in the same process; ratios, not
+absolute times, are the figures to quote (the machine is shared). Also: a schedule of 10^4
+distinct sigmas composed in one accountant, and epsilon queried after every step of a 1,000-step
+run.
+
+    python bench/bench_pld.py [--quick] [--no-fine]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+import warnings
+
+import numpy as np
+
+from dpsharp import Gaussian, PLDAccountant, PoissonSampled
+
+DELTA = 1e-5
+MNIST_Q = 256 / 60000
+
+
+def settings() -> list[tuple[str, float, float, int]]:
+    out = []
+    for sigma, epochs in [(0.638, 70), (0.7, 45), (0.7, 70), (1.06, 20), (1.1, 60), (1.3, 20), (1.1, 15)]:
+        out.append((f"MNIST s={sigma} e={epochs}", MNIST_Q, sigma, round(epochs * 60000 / 256)))
+    out += [
+        ("Abadi T=1e4", 0.01, 4.0, 10_000),
+        ("Abadi T=4e4", 0.01, 4.0, 40_000),
+        ("hard q=.02 s=.5", 0.02, 0.5, 5000),
+        ("hard q=.1 s=2", 0.1, 2.0, 1000),
+        ("hard q=.001 s=.8", 0.001, 0.8, 100_000),
+        ("RELIABILITY 1", 0.01, 1.0, 1000),
+    ]
+    return out
+
+
+def ours(q: float, sigma: float, steps: int) -> float:
+    return PLDAccountant().compose(PoissonSampled(Gaussian(sigma), q), steps).epsilon(DELTA)
+
+
+def dp_accounting(q: float, sigma: float, steps: int, interval: float) -> float:
+    from dp_accounting import dp_event
+    from dp_accounting.pld import pld_privacy_accountant
+
+    acc = pld_privacy_accountant.PLDAccountant(value_discretization_interval=interval)
+    acc.compose(dp_event.PoissonSampledDpEvent(q, dp_event.GaussianDpEvent(sigma)), steps)
+    return float(acc.get_epsilon(DELTA))
+
+
+def opacus_prv(q: float, sigma: float, steps: int) -> float:
+    from opacus.accountants import PRVAccountant
+
+    acc = PRVAccountant()
+    acc.history = [(sigma, q, steps)]
+    return float(acc.get_epsilon(delta=DELTA))
+
+
+def timed(fn, *args, repeat: int = 1) -> tuple[float, float]:  # type: ignore[no-untyped-def]
+    times = []
+    value = float("nan")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        value = fn(*args)
+        times.append(time.perf_counter() - start)
+    return value, statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="skip the peers")
+    parser.add_argument("--no-fine", action="store_true", help="skip dp-accounting at 1e-5")
+    parser.add_argument("--repeat", type=int, default=7)
+    args = parser.parse_args()
+    warnings.simplefilter("ignore")
+    print(f"# command: python {' '.join(sys.argv)}")
+    print(f"# one epsilon({DELTA}) query from a fresh accountant, composition included")
+    header = (
+        f"{'setting':24s} {'T':>7s} {'ours eps':>10s} {'ours ms':>8s} {'dpa1e-4 eps':>12s} {'dpa1e-4 s':>9s}"
+        f" {'x':>6s} {'prv eps':>9s} {'prv s':>7s} {'x':>6s} {'dpa1e-5 eps':>12s} {'ours/dpa1e-5':>12s}"
+    )
+    print(header)
+    medians = []
+    for name, q, sigma, steps in settings():
+        value, median = timed(ours, q, sigma, steps, repeat=args.repeat)
+        medians.append(median)
+        row = f"{name:24s} {steps:7d} {value:10.5f} {median * 1e3:8.2f}"
+        if not args.quick:
+            d4, t4 = timed(dp_accounting, q, sigma, steps, 1e-4)
+            pv, tp = timed(opacus_prv, q, sigma, steps)
+            row += f" {d4:12.5f} {t4:9.3f} {t4 / median:6.0f} {pv:9.5f} {tp:7.3f} {tp / median:6.0f}"
+            if not args.no_fine:
+                d5, _ = timed(dp_accounting, q, sigma, steps, 1e-5)
+                row += f" {d5:12.5f} {value / d5:12.6f}"
+        print(row, flush=True)
+    print(f"# median over settings of our median time: {statistics.median(medians) * 1e3:.2f} ms; max {max(medians) * 1e3:.2f} ms")
+
+    # Heterogeneous: 10^4 distinct sigmas, one step each.
+    sigmas = np.linspace(0.8, 1.6, 10_000)
+    start = time.perf_counter()
+    acc = PLDAccountant()
+    for sigma in sigmas:
+        acc.compose(PoissonSampled(Gaussian(float(sigma)), 0.01))
+    eps = acc.epsilon(DELTA)
+    print(f"# 10^4 distinct sigmas in [0.8, 1.6], q=0.01: compose + epsilon = {time.perf_counter() - start:.3f} s, eps={eps:.5f}")
+
+    # Incremental: epsilon after every step of a 1,000-step run.
+    start = time.perf_counter()
+    acc = PLDAccountant()
+    event = PoissonSampled(Gaussian(1.0), 0.01)
+    for _ in range(1000):
+        acc.compose(event)
+        last = acc.epsilon(DELTA)
+    total = time.perf_counter() - start
+    fresh = PLDAccountant().compose(event, 1000).epsilon(DELTA)
+    print(f"# incremental: 1000 steps with a query after each: {total:.3f} s total; last eps {last:.6f} (fresh {fresh:.6f})")
+
+
+if __name__ == "__main__":
+    main()
