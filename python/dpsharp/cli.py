@@ -167,34 +167,34 @@ def _fmt(value: float | None, digits: int = 4) -> str:
 
 
 # ---------------------------------------------------------------------------- demo
-def _demo_settings() -> list[tuple[str, float, float, int]]:
-    mnist_q = 256 / 60000
+def _demo_settings() -> list[tuple[str, int, int, float, int]]:
+    """(title, dataset size, batch size, sigma, steps) of the two classic settings."""
     return [
-        ("MNIST, batch 256, sigma 1.1, 60 epochs", mnist_q, 1.1, round(60 * 60000 / 256)),
-        ("q 0.01, sigma 4, 10^4 steps (Abadi et al.)", 0.01, 4.0, 10_000),
+        ("MNIST, batch 256, sigma 1.1, 60 epochs", 60000, 256, 1.1, round(60 * 60000 / 256)),
+        ("q 0.01, sigma 4, 10^4 steps (Abadi et al.)", 10000, 100, 4.0, 10_000),
     ]
 
 
 def _run_demo(args: argparse.Namespace) -> int:
     import dpsharp
+    from dpsharp._dpsgd import DPSGDRun
+    from dpsharp._report import evaluate
 
     delta = args.delta
     print(f"dpsharp {dpsharp.__version__}: privacy of Poisson-sampled DP-SGD at delta = {delta:g}")
     print("(add/remove-one neighbouring relation; every accountant sees the same events)\n")
-    names = dpsharp.available()
-    for title, q, sigma, steps in _demo_settings():
-        event = dpsharp.PoissonSampled(dpsharp.Gaussian(sigma), q)
-        print(f"{title}: q = {q:.6g}, sigma = {sigma:g}, T = {steps}")
-        for name in names:
-            acc = dpsharp.accountant(name)
-            if not acc.supports(event):
+    for title, size, batch, sigma, steps in _demo_settings():
+        run = DPSGDRun(size, batch, steps, sigma)
+        print(f"{title}: q = {run.sampling_probability:.6g}, sigma = {sigma:g}, T = {steps}")
+        for name in dpsharp.available():
+            fields = evaluate(run, name, delta).fields
+            if not fields["applicable"]:
                 continue
-            guarantee = acc.compose(event, steps).guarantee(delta)
-            kind = "certified upper bound" if guarantee.certified else "approximation"
-            extra = "".join(f", {key} = {value:.4g}" for key, value in guarantee.details.items()
-                            if isinstance(value, (int, float)) and math.isfinite(value))
-            print(f"  {name:<10} epsilon = {guarantee.epsilon:8.4f}  ({kind}{extra})")
+            print(f"  {name:<10} epsilon = {_fmt(fields['epsilon']):>8}  "
+                  f"({_describe(fields, with_warning=False)})")
         print()
+    print("Approximations are not bounds (dpsharp epsilon states why). "
+          "For your own run: dpsharp epsilon --help")
     return 0
 
 
@@ -218,7 +218,7 @@ def _inputs(run: Any, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def _describe(fields: dict[str, Any]) -> str:
+def _describe(fields: dict[str, Any], *, with_warning: bool = True) -> str:
     if not fields["applicable"]:
         return f"not applicable: {fields['reason']}"
     parts = ["certified upper bound" if fields["certified"] else "approximation"]
@@ -233,7 +233,7 @@ def _describe(fields: dict[str, Any]) -> str:
     if fields.get("rho") is not None:
         parts.append(f"rho = {fields['rho']:.4g}")
     text = "; ".join(parts)
-    if fields.get("warning"):
+    if fields.get("warning") and with_warning:
         text += f". Warning: {fields['warning']}"
     return text
 
