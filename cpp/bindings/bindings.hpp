@@ -8,5 +8,6 @@ namespace dpsharp::bindings {
 void bind_numerics(pybind11::module_& m);
 void bind_pld(pybind11::module_& m);
 void bind_rdp(pybind11::module_& m);
+void bind_clip(pybind11::module_& m);
 
 }  // namespace dpsharp::bindings

@@ -38,4 +38,5 @@ PYBIND11_MODULE(_core, m) {
   dpsharp::bindings::bind_numerics(m);
   dpsharp::bindings::bind_pld(m);
   dpsharp::bindings::bind_rdp(m);
+  dpsharp::bindings::bind_clip(m);
 }

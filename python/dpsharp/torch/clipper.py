@@ -1,0 +1,403 @@
+"""Per-example gradient clipping for DP-SGD at close to non-private speed.
+
+:class:`PerSampleClipper` patches the supported layers of a module so that the backward pass
+computes only input gradients plus what per-example norms need (activations and output
+gradients), never the plain parameter gradient. When a backward pass ends it
+
+1. computes each example's gradient norm ||g_i|| (ghost norms where cheaper, see
+   :mod:`dpsharp.torch.layers.usages`),
+2. the clip factor c_i = min(1, C / ||g_i||) (flat clipping, Abadi et al. 2016, Algorithm 1) or
+   c_{i,l} = min(1, C_l / ||g_{i,l}||) per layer l (per-layer clipping, Abadi et al. section 3.1;
+   McMahan et al. 2018),
+3. adds sum_i c_i g_i to an accumulator by book-keeping (Bu et al., ICML 2023): one contraction
+   of the stored tensors with the clip factors, no second backward.
+
+:meth:`PerSampleClipper.release` then writes, for every trainable parameter,
+``p.grad = (sum_i c_i g_i + N(0, (sigma C)^2 I)) / B_expected`` with one fused kernel that draws
+the noise in place from a counter-based generator (:class:`dpsharp.torch.NoiseGenerator`).
+C is the flat bound, or sqrt(sum_l C_l^2) in per-layer mode (the sensitivity of the
+concatenated clipped gradient). B_expected is the expected batch size (never the realised
+Poisson batch size, which would leak it).
+
+Layers: nn.Linear (any number of leading dims: (B, d) or sequences (B, T, d)), nn.Conv1d/2d
+(groups=1, numeric padding, zero padding mode), nn.Embedding (not max_norm / sparse /
+scale_grad_by_freq), nn.LayerNorm, nn.GroupNorm. Any other module holding parameters falls
+back to torch.func per-example gradients (vmap of vjp) for its whole subtree. The batch
+dimension must be dimension 0 of every layer input. BatchNorm (and instance norm with running
+statistics, SyncBatchNorm) are refused: they mix examples.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from dpsharp._validation import require_positive_finite, require_real
+from dpsharp.torch import kernels
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from dpsharp.torch.noise import NoiseGenerator
+
+__all__ = ["PerSampleClipper"]
+
+
+def _classify(module: nn.Module) -> str | None:
+    """The handler kind for a module with direct parameters (None: not a supported type)."""
+    from torch import nn
+
+    names = {n for n, _ in module.named_parameters(recurse=False)}
+    plain = names <= {"weight", "bias"}
+    t = type(module)
+    if t is nn.Linear and plain:
+        return "linear"
+    if t in (nn.Conv1d, nn.Conv2d) and plain:
+        if (module.groups == 1 and module.padding_mode == "zeros"
+                and not isinstance(module.padding, str)):
+            return "conv"
+        return None
+    if t is nn.Embedding and plain:
+        if module.max_norm is not None or module.sparse or module.scale_grad_by_freq:
+            raise ValueError(
+                "nn.Embedding with max_norm, sparse=True or scale_grad_by_freq=True is not "
+                "supported for DP training: max_norm rewrites the weights during the forward "
+                "and the other two make one example's gradient depend on the batch; use a "
+                "plain nn.Embedding"
+            )
+        return "embedding"
+    if t is nn.LayerNorm and plain:
+        return "layernorm"
+    if t is nn.GroupNorm and plain:
+        return "groupnorm"
+    return None
+
+
+def _refuse_cross_example(module: nn.Module, name: str) -> None:
+    from torch import nn
+
+    label = f"{type(module).__name__} ('{name or '<root>'}')"
+    if isinstance(module, (nn.modules.batchnorm._BatchNorm, nn.SyncBatchNorm)):
+        raise ValueError(
+            f"{label} normalises with statistics of the whole batch, so one example's gradient "
+            "depends on every other example and per-example clipping no longer bounds any "
+            "single example's influence; replace it with nn.GroupNorm (e.g. "
+            "GroupNorm(min(32, C), C)) or nn.LayerNorm"
+        )
+    if isinstance(module, nn.modules.instancenorm._InstanceNorm) and module.track_running_stats:
+        raise ValueError(
+            f"{label} tracks running statistics over the batch, which mixes examples; use "
+            "track_running_stats=False or nn.GroupNorm(C, C)"
+        )
+    if isinstance(module, nn.modules.lazy.LazyModuleMixin) and module.has_uninitialized_params():
+        raise ValueError(f"{label} has uninitialised (lazy) parameters; run one forward first")
+    if isinstance(module, (nn.RNNBase,)):
+        raise ValueError(
+            f"{label}: recurrent layers are not supported by the per-example clipper yet "
+            "(cuDNN-style fused weights); use a transformer or a custom cell built from nn.Linear"
+        )
+
+
+class PerSampleClipper:
+    """Clips per-example gradients of ``module`` and accumulates their sum for DP-SGD.
+
+    Parameters
+    ----------
+    module:
+        The model. Its supported layers are patched in place (undo with :meth:`remove`).
+    max_grad_norm:
+        Flat clipping: the bound C > 0. Per-layer clipping: a sequence of bounds C_l, one per
+        trainable parameter (in :attr:`parameters` order), or one float C split equally,
+        C_l = C / sqrt(L), so that the overall bound sqrt(sum C_l^2) is C.
+    clipping:
+        ``"flat"`` (one bound over the concatenation of all gradients) or ``"per_layer"``.
+    loss_reduction:
+        ``"mean"`` if the loss averages over the batch (output gradients are multiplied by the
+        batch size to recover per-example gradients), ``"sum"`` if it sums.
+    """
+
+    def __init__(self, module: nn.Module, *, max_grad_norm: float | Sequence[float],
+                 clipping: str = "flat", loss_reduction: str = "mean") -> None:
+        from torch import nn
+
+        from dpsharp.torch.layers import LayerHandle, patch_module
+
+        if not isinstance(module, nn.Module):
+            raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
+        if clipping not in ("flat", "per_layer"):
+            raise ValueError(f"clipping must be 'flat' or 'per_layer', got {clipping!r}")
+        if loss_reduction not in ("mean", "sum"):
+            raise ValueError(f"loss_reduction must be 'mean' or 'sum', got {loss_reduction!r}")
+        self._module = module
+        self._clipping = clipping
+        self._loss_reduction = loss_reduction
+
+        seen: set[int] = set()
+        self._params: list[nn.Parameter] = []
+        for p in module.parameters():
+            if p.requires_grad and id(p) not in seen:
+                seen.add(id(p))
+                self._params.append(p)
+        if not self._params:
+            raise ValueError("module has no trainable parameters (requires_grad=True)")
+        self._index = {id(p): k for k, p in enumerate(self._params)}
+
+        if clipping == "flat":
+            if isinstance(max_grad_norm, Sequence):
+                raise ValueError("max_grad_norm must be one number for clipping='flat'")
+            self._bounds = [require_positive_finite("max_grad_norm", max_grad_norm)]
+            self._overall_bound = self._bounds[0]
+        else:
+            k = len(self._params)
+            if isinstance(max_grad_norm, Sequence):
+                bounds = [require_positive_finite(f"max_grad_norm[{i}]", c)
+                          for i, c in enumerate(max_grad_norm)]
+                if len(bounds) != k:
+                    raise ValueError(
+                        f"max_grad_norm must have one bound per trainable parameter ({k}), "
+                        f"got {len(bounds)}"
+                    )
+            else:
+                c = require_positive_finite("max_grad_norm", max_grad_norm)
+                bounds = [c / math.sqrt(k)] * k
+            self._bounds = bounds
+            self._overall_bound = math.sqrt(math.fsum(b * b for b in bounds))
+
+        # Plan: which module is handled how. Validate everything before patching anything.
+        plan: list[tuple[nn.Module, str]] = []
+
+        def walk(m: nn.Module, name: str) -> None:
+            _refuse_cross_example(m, name)
+            direct = list(m.named_parameters(recurse=False))
+            if direct:
+                kind = _classify(m)
+                if kind is None:
+                    for sub_name, sub in m.named_modules(prefix=name):
+                        _refuse_cross_example(sub, sub_name)
+                    plan.append((m, "fallback"))
+                    return
+                plan.append((m, kind))
+            for child_name, child in m.named_children():
+                walk(child, f"{name}.{child_name}" if name else child_name)
+
+        walk(module, "")
+        self._plan = plan
+        self._handles: list[Any] = []
+        for m, kind in plan:
+            if not any(p.requires_grad for p in m.parameters()):
+                continue
+            handle = LayerHandle(m, self._record, self._scale_of)
+            patch_module(m, kind, handle)
+            self._handles.append(handle)
+
+        self._pending: list[Any] = []
+        self._callback_queued = False
+        self._accumulators: list[torch.Tensor | None] = [None] * len(self._params)
+        self._examples = 0
+        self._batches = 0
+        self._last_norms: torch.Tensor | None = None
+        self._removed = False
+
+    # ------------------------------------------------------------------ public state
+    @property
+    def parameters(self) -> list[nn.Parameter]:
+        """The trainable parameters, in module order (each once, tied ones included once)."""
+        return list(self._params)
+
+    @property
+    def max_grad_norm(self) -> float | list[float]:
+        """The flat bound, or the list of per-layer bounds."""
+        return self._bounds[0] if self._clipping == "flat" else list(self._bounds)
+
+    @property
+    def overall_bound(self) -> float:
+        """C of the noise std sigma * C: the flat bound or sqrt(sum_l C_l^2)."""
+        return self._overall_bound
+
+    @property
+    def clipping(self) -> str:
+        return self._clipping
+
+    @property
+    def accumulated_examples(self) -> int:
+        """Examples accumulated since the last release."""
+        return self._examples
+
+    @property
+    def accumulated_batches(self) -> int:
+        """Backward passes accumulated since the last release."""
+        return self._batches
+
+    @property
+    def last_per_example_norms(self) -> torch.Tensor | None:
+        """Per-example gradient norms of the last backward, before clipping, float64: shape (B,)
+        for flat clipping, (B, L) per parameter for per-layer clipping."""
+        return self._last_norms
+
+    @property
+    def handled_modules(self) -> list[tuple[str, str]]:
+        """(module type, handler kind) for every patched module (for inspection)."""
+        return [(type(m).__name__, kind) for m, kind in self._plan]
+
+    # ------------------------------------------------------------------ backward side
+    def _scale_of(self, batch: int) -> float:
+        return float(batch) if self._loss_reduction == "mean" else 1.0
+
+    def _record(self, usage: Any) -> None:
+        import torch
+
+        self._pending.append(usage)
+        if not self._callback_queued:
+            self._callback_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
+
+    def _finish_backward(self) -> None:
+        import torch
+
+        from dpsharp.torch.layers import LinearUsage
+
+        self._callback_queued = False
+        usages, self._pending = self._pending, []
+        if not usages:
+            return
+        batch = usages[0].batch_size
+        for u in usages:
+            if u.batch_size != batch:
+                raise ValueError(
+                    "layers saw different batch sizes in one backward pass "
+                    f"({batch} and {u.batch_size}); the batch must be dimension 0 of every "
+                    "layer input"
+                )
+        # Several calls of one linear/conv layer: one usage over the concatenated sequence.
+        merged: list[Any] = []
+        linear_groups: dict[tuple[int, int], list[Any]] = {}
+        for u in usages:
+            if isinstance(u, LinearUsage):
+                key = (id(u.weight), id(u.bias))
+                linear_groups.setdefault(key, []).append(u)
+            else:
+                merged.append(u)
+        for group in linear_groups.values():
+            shapes = {(tuple(u.a.shape[2:]), tuple(u.g.shape[2:])) for u in group}
+            if len(group) > 1 and len(shapes) == 1:
+                merged.append(LinearUsage.merge(group))
+            else:
+                merged.extend(group)
+
+        by_param: dict[int, list[Any]] = {}
+        for u in merged:
+            for p in u.params():
+                if id(p) in self._index:
+                    by_param.setdefault(id(p), []).append(u)
+
+        n_params = len(self._params)
+        sq = torch.zeros(batch, n_params, dtype=torch.float64)
+        tied: dict[int, torch.Tensor] = {}
+        for pid, us in by_param.items():
+            k = self._index[pid]
+            p = self._params[k]
+            if len(us) == 1:
+                sq[:, k] = us[0].sq_norm(p)
+            else:  # tied weights: the example's gradient is the sum over uses
+                total = us[0].per_example(p)
+                for u in us[1:]:
+                    total = total + u.per_example(p)
+                tied[pid] = total.contiguous()
+                sq[:, k] = kernels.per_example_sq_norms(tied[pid])
+        if not bool(torch.isfinite(sq).all()):
+            raise FloatingPointError(
+                "a per-example gradient is not finite (NaN or inf); the batch was discarded "
+                "rather than clipped (check the loss and the learning rate)"
+            )
+        if self._clipping == "flat":
+            norms = sq.sum(dim=1).sqrt()
+            factors_all = self._factors(norms, self._bounds[0]).unsqueeze(1).expand(-1, n_params)
+            self._last_norms = norms
+        else:
+            norms = sq.sqrt()
+            bounds = torch.tensor(self._bounds, dtype=torch.float64)
+            factors_all = self._factors(norms, bounds)
+            self._last_norms = norms
+
+        for pid, us in by_param.items():
+            k = self._index[pid]
+            p = self._params[k]
+            factors = factors_all[:, k].contiguous()
+            acc = self._accumulators[k]
+            if pid in tied:
+                out = acc if acc is not None else torch.zeros(p.shape, dtype=p.dtype)
+                kernels.clip_accumulate_noise(out, per_example=tied[pid], factors=factors,
+                                              base=out)
+                self._accumulators[k] = out
+                continue
+            contribution = us[0].clipped_sum(p, factors)
+            if acc is None:
+                self._accumulators[k] = contribution.to(p.dtype).contiguous()
+            else:
+                acc.add_(contribution)
+        self._examples += batch
+        self._batches += 1
+
+    @staticmethod
+    def _factors(norms: torch.Tensor, bound: Any) -> torch.Tensor:
+        """c = min(1, C / norm), with c = 1 for a zero gradient (computed in float64)."""
+        import torch
+
+        safe = torch.where(norms > 0, norms, torch.ones_like(norms))
+        return torch.clamp(bound / safe, max=1.0)
+
+    # ------------------------------------------------------------------ release
+    def release(self, *, noise_multiplier: float, expected_batch_size: float,
+                noise: NoiseGenerator) -> None:
+        """Write ``p.grad = (clipped sum + N(0, (noise_multiplier * C)^2)) / expected_batch_size``
+        for every trainable parameter, then reset the accumulators.
+
+        The noise of parameter index k is stream k of one fresh release of ``noise``. With
+        nothing accumulated (an empty Poisson batch) the gradient is pure noise / B.
+        """
+        import torch
+
+        from dpsharp.torch.noise import NoiseGenerator
+
+        if self._removed:
+            raise RuntimeError("this clipper was removed")
+        sigma = require_real("noise_multiplier", noise_multiplier)
+        if sigma < 0.0:
+            raise ValueError(f"noise_multiplier must be in [0, inf), got {sigma!r}")
+        b = require_positive_finite("expected_batch_size", expected_batch_size)
+        if not isinstance(noise, NoiseGenerator):
+            raise TypeError(f"noise must be a NoiseGenerator, got {type(noise).__name__}")
+        if self._pending:
+            raise RuntimeError("release() called in the middle of a backward pass")
+        std = sigma * self._overall_bound
+        key = noise.next_release()
+        scale = 1.0 / b
+        for k, p in enumerate(self._params):
+            acc = self._accumulators[k]
+            out = acc if acc is not None else torch.empty(p.shape, dtype=p.dtype)
+            kernels.clip_accumulate_noise(
+                out, base=acc, noise_std=std, key=key.key, parameter=k, release=key.release,
+                rank=key.rank, scale=scale,
+            )
+            p.grad = out
+            self._accumulators[k] = None
+        self._examples = 0
+        self._batches = 0
+
+    def reset(self) -> None:
+        """Drop the accumulated clipped sums without releasing anything."""
+        self._accumulators = [None] * len(self._params)
+        self._examples = 0
+        self._batches = 0
+
+    def remove(self) -> None:
+        """Restore the module's original forwards and drop all state."""
+        for handle in self._handles:
+            m = handle.module
+            if "forward" in m.__dict__:
+                del m.forward
+        self._handles = []
+        self.reset()
+        self._removed = True

@@ -1,0 +1,281 @@
+"""Torch adapters for the fused clip-and-noise kernels of ``dpsharp._core``, and a pure-torch
+reference for every kernel.
+
+The kernels (cpp/src/clip.cpp) take raw addresses, shapes and a dtype code; this module checks
+that every tensor is a contiguous CPU tensor of a supported dtype and the right size before
+handing ``tensor.data_ptr()`` over, since the C++ side cannot check anything.
+
+Noise stream: element ``j`` of parameter ``p`` at release ``r`` on rank ``k`` with 64-bit key
+``K`` is output ``j mod 2`` of the Box-Muller pair built from the Philox4x32-10 block
+(counter = (j // 2, p, r, k), key = K) (Salmon et al., SC 2011). The reference functions below
+replay exactly the same IEEE operations in float64, so the kernel's noise equals the
+reference bit for bit; sums over examples run in the same order, so those agree bit for bit
+too; only the squared-norm kernel sums in a different order (agreement to ~1e-15 relative).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from dpsharp._native import core as _core
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = [
+    "clip_accumulate_noise",
+    "dtype_code",
+    "per_example_sq_norms",
+    "reference_clip_accumulate_noise",
+    "reference_gaussian",
+    "reference_per_example_sq_norms",
+    "reference_philox4x32_10",
+]
+
+_MASK32 = 0xFFFFFFFF
+
+
+def dtype_code(dtype: torch.dtype) -> int:
+    """The kernels' dtype code: 0 float32, 1 float64, 2 bfloat16 (ValueError otherwise)."""
+    import torch
+
+    codes = {torch.float32: 0, torch.float64: 1, torch.bfloat16: 2}
+    if dtype not in codes:
+        raise ValueError(
+            f"dtype must be torch.float32, torch.float64 or torch.bfloat16, got {dtype}"
+        )
+    return codes[dtype]
+
+
+def _check(name: str, tensor: torch.Tensor, *, dtype: torch.dtype, numel: int) -> None:
+    if tensor.device.type != "cpu":
+        raise ValueError(f"{name} must be a CPU tensor for the CPU kernel, got {tensor.device}")
+    if tensor.dtype != dtype:
+        raise ValueError(f"{name} must have dtype {dtype}, got {tensor.dtype}")
+    if not tensor.is_contiguous():
+        raise ValueError(f"{name} must be contiguous")
+    if tensor.numel() != numel:
+        raise ValueError(f"{name} must have {numel} elements, got {tensor.numel()}")
+
+
+def _threads(threads: int | None) -> int:
+    import torch
+
+    return max(1, int(torch.get_num_threads() if threads is None else threads))
+
+
+def per_example_sq_norms(per_example: torch.Tensor, *, threads: int | None = None) -> torch.Tensor:
+    """Squared L2 norm of each example's gradient, ``out[i] = sum_j g[i, j]^2``, in float64.
+
+    ``per_example`` has shape (B, ...) and is flattened per example; float32/64/bf16.
+    """
+    import torch
+
+    if per_example.dim() < 1:
+        raise ValueError("per_example must have a leading batch dimension")
+    batch = int(per_example.shape[0])
+    numel = per_example[0].numel() if batch else 0
+    src = per_example.contiguous()
+    _check("per_example", src, dtype=src.dtype, numel=batch * numel)
+    out = torch.empty(batch, dtype=torch.float64)
+    _core.clip_per_example_sq_norms(
+        src.data_ptr(), dtype_code(src.dtype), batch, numel, out.data_ptr(), _threads(threads)
+    )
+    return out
+
+
+def clip_accumulate_noise(
+    out: torch.Tensor,
+    *,
+    per_example: torch.Tensor | None = None,
+    factors: torch.Tensor | None = None,
+    base: torch.Tensor | None = None,
+    noise_std: float = 0.0,
+    key: int = 0,
+    parameter: int = 0,
+    release: int = 0,
+    rank: int = 0,
+    scale: float = 1.0,
+    threads: int | None = None,
+) -> torch.Tensor:
+    """``out = scale * (base + sum_i factors[i] * per_example[i] + noise_std * z)``, in place.
+
+    ``z`` is the Philox stream (key, parameter, release, rank) (see the module docstring);
+    ``base`` may be ``out`` itself (accumulate in place) or None (zero); ``per_example`` has
+    shape (B, *out.shape) with float64 ``factors`` of shape (B,). Arithmetic in float64, one
+    rounding to ``out.dtype`` at the end. Returns ``out``.
+    """
+    import torch
+
+    if not (math.isfinite(noise_std) and noise_std >= 0.0):
+        raise ValueError(f"noise_std must be a finite number >= 0, got {noise_std!r}")
+    if not math.isfinite(scale):
+        raise ValueError(f"scale must be finite, got {scale!r}")
+    numel = out.numel()
+    _check("out", out, dtype=out.dtype, numel=numel)
+    code = dtype_code(out.dtype)
+    pe_ptr = 0
+    f_ptr = 0
+    batch = 0
+    if per_example is not None:
+        if factors is None:
+            raise ValueError("factors must be given with per_example")
+        batch = int(per_example.shape[0])
+        _check("per_example", per_example, dtype=out.dtype, numel=batch * numel)
+        _check("factors", factors, dtype=torch.float64, numel=batch)
+        pe_ptr = per_example.data_ptr()
+        f_ptr = factors.data_ptr()
+    b_ptr = 0
+    if base is not None:
+        _check("base", base, dtype=out.dtype, numel=numel)
+        b_ptr = base.data_ptr()
+    _core.clip_accumulate_noise(
+        pe_ptr, f_ptr, batch, b_ptr, out.data_ptr(), code, numel, float(noise_std),
+        int(key) & 0xFFFFFFFFFFFFFFFF, int(parameter) & _MASK32, int(release) & _MASK32,
+        int(rank) & _MASK32, float(scale), _threads(threads),
+    )
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Pure-torch references (used by the tests; slow, exact).
+
+
+def reference_philox4x32_10(
+    counters: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], key0: int, key1: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Philox4x32-10 on int64 tensors holding uint32 words (Salmon et al. 2011, Random123)."""
+    import torch
+
+    c0, c1, c2, c3 = (c.to(dtype=torch.int64) & _MASK32 for c in counters)
+    k0, k1 = key0 & _MASK32, key1 & _MASK32
+    for round_index in range(10):
+        if round_index > 0:
+            k0 = (k0 + 0x9E3779B9) & _MASK32
+            k1 = (k1 + 0xBB67AE85) & _MASK32
+        p0 = c0 * 0xD2511F53  # < 2^64: wraps in int64, the low/high words are still right
+        p1 = c2 * 0xCD9E8D57
+        hi0, lo0 = (p0 >> 32) & _MASK32, p0 & _MASK32
+        hi1, lo1 = (p1 >> 32) & _MASK32, p1 & _MASK32
+        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
+    return c0, c1, c2, c3
+
+
+def _reference_log_unit(u: torch.Tensor) -> torch.Tensor:
+    import torch
+
+    mantissa, exponent = torch.frexp(u)  # u = mantissa 2^exponent, mantissa in [1/2, 1)
+    m = mantissa * 2.0
+    e = (exponent - 1).to(torch.float64)
+    big = m > 1.4142135623730951
+    m = torch.where(big, m * 0.5, m)
+    e = torch.where(big, e + 1.0, e)
+    s = (m - 1.0) / (m + 1.0)
+    s2 = s * s
+    poly = torch.full_like(s, 1.0 / 21.0)
+    for k in (19, 17, 15, 13, 11, 9, 7, 5, 3):
+        poly = poly * s2 + 1.0 / k
+    log_m = 2.0 * s + 2.0 * s * (s2 * poly)
+    return e * 0.6931471805599453 + log_m
+
+
+def _reference_sincos_two_pi(u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    import torch
+
+    four_u = 4.0 * u
+    quadrant_f = (four_u + 6755399441055744.0) - 6755399441055744.0  # round to nearest even
+    f = four_u - quadrant_f
+    quadrant = quadrant_f.to(torch.int64) & 3
+    x = f * 1.5707963267948966
+    x2 = x * x
+    sp = torch.full_like(x, -1.0 / math.factorial(17))
+    for k, sign in ((15, 1), (13, -1), (11, 1), (9, -1), (7, 1), (5, -1), (3, 1)):
+        sp = sp * x2 + sign / math.factorial(k)
+    sin_x = x - x * (x2 * sp)
+    cp = torch.full_like(x, 1.0 / math.factorial(18))
+    for k, sign in ((16, -1), (14, 1), (12, -1), (10, 1), (8, -1), (6, 1), (4, -1), (2, 1)):
+        cp = cp * x2 + sign / math.factorial(k)
+    cos_x = 1.0 - x2 * cp
+    swap = (quadrant & 1) == 1
+    sign_sin = torch.where((quadrant == 2) | (quadrant == 3), -1.0, 1.0).to(torch.float64)
+    sign_cos = torch.where((quadrant == 1) | (quadrant == 2), -1.0, 1.0).to(torch.float64)
+    s_raw = torch.where(swap, cos_x, sin_x)
+    c_raw = torch.where(swap, sin_x, cos_x)
+    return sign_sin * s_raw, sign_cos * c_raw
+
+
+def reference_gaussian(
+    *, key: int, parameter: int, release: int, rank: int, numel: int
+) -> torch.Tensor:
+    """The first ``numel`` standard normals of a stream, computed in pure torch (float64)."""
+    import torch
+
+    pairs = (numel + 1) // 2
+    pair = torch.arange(pairs, dtype=torch.int64)
+    const = [torch.full_like(pair, v & _MASK32) for v in (parameter, release, rank)]
+    b0, b1, b2, b3 = reference_philox4x32_10((pair, *const), key & _MASK32, (key >> 32) & _MASK32)
+    two_m53 = 1.0 / 9007199254740992.0
+    k1 = (b0 << 21) | (b1 >> 11)
+    k2 = (b2 << 21) | (b3 >> 11)
+    u1 = (k1 + 1).to(torch.float64) * two_m53
+    u2 = k2.to(torch.float64) * two_m53
+    # numpy's sqrt is the correctly rounded IEEE one; torch's CPU float64 sqrt is not always
+    # (it differs in the last bit for some inputs), and the kernel uses the IEEE one.
+    import numpy as np
+
+    radius = torch.from_numpy(np.sqrt((-2.0 * _reference_log_unit(u1)).numpy()))
+    sin_v, cos_v = _reference_sincos_two_pi(u2)
+    z = torch.stack([radius * cos_v, radius * sin_v], dim=1).reshape(-1)
+    return z[:numel]
+
+
+def _round_to(value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    import torch
+
+    if dtype == torch.bfloat16:
+        return value.to(torch.float32).to(torch.bfloat16)  # the kernel's double -> float -> bf16
+    return value.to(dtype)
+
+
+def reference_per_example_sq_norms(per_example: torch.Tensor) -> torch.Tensor:
+    """Float64 squared norms of each example's flattened gradient."""
+    import torch
+
+    flat = per_example.reshape(per_example.shape[0], -1).to(torch.float64)
+    return (flat * flat).sum(dim=1)
+
+
+def reference_clip_accumulate_noise(
+    like: torch.Tensor,
+    *,
+    per_example: torch.Tensor | None = None,
+    factors: torch.Tensor | None = None,
+    base: torch.Tensor | None = None,
+    noise_std: float = 0.0,
+    key: int = 0,
+    parameter: int = 0,
+    release: int = 0,
+    rank: int = 0,
+    scale: float = 1.0,
+) -> torch.Tensor:
+    """Pure-torch twin of :func:`clip_accumulate_noise` (same operation order), returning a new
+    tensor shaped and typed like ``like``."""
+    import torch
+
+    acc = (
+        base.reshape(-1).to(torch.float64).clone()
+        if base is not None
+        else torch.zeros(like.numel(), dtype=torch.float64)
+    )
+    if per_example is not None:
+        assert factors is not None
+        rows = per_example.reshape(per_example.shape[0], -1).to(torch.float64)
+        for i in range(rows.shape[0]):
+            acc = acc + factors[i].item() * rows[i]
+    if noise_std != 0.0:
+        z = reference_gaussian(
+            key=key, parameter=parameter, release=release, rank=rank, numel=like.numel()
+        )
+        acc = acc + noise_std * z
+    return _round_to(acc * scale, like.dtype).reshape(like.shape)

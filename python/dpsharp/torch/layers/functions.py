@@ -1,0 +1,302 @@
+"""Autograd functions that replace the forward of supported layers during DP training.
+
+Their backward returns the input gradient only and ``None`` for the weight and bias: the plain
+(summed) parameter gradient is never computed. Instead each backward hands a *usage* (stored
+activations + output gradients, see usages.py) to the clipper, which computes per-example norms
+and the clipped sum once the whole backward pass has finished. The parameters keep
+``requires_grad=True`` so autograd still calls these backwards, even for the first layer.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dpsharp.torch.layers.usages import AffineUsage, EmbeddingUsage, LinearUsage, PerExampleUsage
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+__all__ = ["LayerHandle", "patch_module"]
+
+
+class LayerHandle:
+    """Connects one patched module to its clipper (``record`` receives finished usages)."""
+
+    def __init__(self, module: nn.Module, record: Callable[[Any], None],
+                 scale_of: Callable[[int], float]) -> None:
+        self.module = module
+        self.record = record
+        self.scale_of = scale_of  # batch size -> factor turning output grads into per-example
+
+
+def _trainable(p: nn.Parameter | None) -> nn.Parameter | None:
+    return p if p is not None and p.requires_grad else None
+
+
+class _LinearFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                handle: LayerHandle) -> torch.Tensor:
+        ctx.handle = handle
+        ctx.save_for_backward(x, weight)
+        return F.linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:
+        x, weight = ctx.saved_tensors
+        handle: LayerHandle = ctx.handle
+        grad_in = grad_out @ weight if ctx.needs_input_grad[0] else None
+        b = x.shape[0]
+        g = grad_out.reshape(b, -1, grad_out.shape[-1])
+        scale = handle.scale_of(b)
+        if scale != 1.0:
+            g = g * scale
+        m = handle.module
+        handle.record(LinearUsage(_trainable(m.weight), _trainable(m.bias),
+                                  x.reshape(b, -1, x.shape[-1]), g))
+        return grad_in, None, None, None
+
+
+def _patches(x: torch.Tensor, kernel: tuple[int, ...], stride: tuple[int, ...],
+             padding: tuple[int, ...], dilation: tuple[int, ...]) -> torch.Tensor:
+    """Convolution patches as (B, L, C * prod(kernel)), ordered like the weight's (C, k...)
+    dims. Built from strided views (Tensor.unfold) and one copy: F.unfold (im2col) is
+    pathologically slow on CPU with several threads."""
+    pad: list[int] = []
+    for p_ in reversed(padding):
+        pad += [p_, p_]
+    xp = F.pad(x, pad) if any(padding) else x
+    view = xp
+    spatial = len(kernel)
+    for dim_offset in range(spatial):
+        k, st, dl = kernel[dim_offset], stride[dim_offset], dilation[dim_offset]
+        view = view.unfold(2 + dim_offset, (k - 1) * dl + 1, st)
+        if dl > 1:
+            view = view[..., ::dl]
+    # view: (B, C, out_1..out_s, k_1..k_s) -> (B, out..., C, k...)
+    b, c = x.shape[0], x.shape[1]
+    out_dims = list(range(2, 2 + spatial))
+    k_dims = list(range(2 + spatial, 2 + 2 * spatial))
+    view = view.permute(0, *out_dims, 1, *k_dims)
+    return view.reshape(b, -1, c * int(torch.tensor(kernel).prod()))
+
+
+class _ConvFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                handle: LayerHandle) -> torch.Tensor:
+        ctx.handle = handle
+        ctx.save_for_backward(x, weight)
+        m = handle.module
+        conv = F.conv1d if isinstance(m, nn.Conv1d) else F.conv2d
+        return conv(x, weight, bias, m.stride, m.padding, m.dilation, m.groups)
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:
+        x, weight = ctx.saved_tensors
+        handle: LayerHandle = ctx.handle
+        m = handle.module
+        one_d = isinstance(m, nn.Conv1d)
+        grad_in = None
+        if ctx.needs_input_grad[0]:
+            fn = torch.nn.grad.conv1d_input if one_d else torch.nn.grad.conv2d_input
+            grad_in = fn(x.shape, weight, grad_out, m.stride, m.padding, m.dilation, m.groups)
+        b = x.shape[0]
+        patches = _patches(x, m.kernel_size, m.stride, m.padding, m.dilation)
+        g = grad_out.reshape(b, grad_out.shape[1], -1)
+        scale = handle.scale_of(b)
+        if scale != 1.0:
+            g = g * scale
+        handle.record(LinearUsage(_trainable(m.weight), _trainable(m.bias), patches,
+                                  g.transpose(1, 2)))
+        return grad_in, None, None, None
+
+
+class _EmbeddingFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, indices: torch.Tensor, weight: torch.Tensor,
+                handle: LayerHandle) -> torch.Tensor:
+        ctx.handle = handle
+        ctx.save_for_backward(indices)
+        return F.embedding(indices, weight, handle.module.padding_idx)
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:
+        (indices,) = ctx.saved_tensors
+        handle: LayerHandle = ctx.handle
+        m = handle.module
+        b = indices.shape[0]
+        scale = handle.scale_of(b)
+        g = grad_out * scale if scale != 1.0 else grad_out
+        handle.record(EmbeddingUsage(m.weight, indices, g, m.padding_idx))
+        return None, None, None
+
+
+class _AffineFn(torch.autograd.Function):
+    """y = xhat * w + b, with w and b viewed to broadcast against xhat."""
+
+    @staticmethod
+    def forward(ctx: Any, xhat: torch.Tensor, weight: torch.Tensor | None,
+                bias: torch.Tensor | None, handle: LayerHandle,
+                view_shape: tuple[int, ...], reduce_dims: tuple[int, ...]) -> torch.Tensor:
+        ctx.handle = handle
+        ctx.view_shape = view_shape
+        ctx.reduce_dims = reduce_dims
+        ctx.save_for_backward(xhat, weight)
+        out = xhat * weight.view(view_shape) if weight is not None else xhat
+        return out + bias.view(view_shape) if bias is not None else out
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:
+        xhat, weight = ctx.saved_tensors
+        handle: LayerHandle = ctx.handle
+        m = handle.module
+        grad_in = None
+        if ctx.needs_input_grad[0]:
+            grad_in = grad_out * weight.view(ctx.view_shape) if weight is not None else grad_out
+        b = grad_out.shape[0]
+        scale = handle.scale_of(b)
+        g = grad_out * scale if scale != 1.0 else grad_out
+        handle.record(AffineUsage(_trainable(m.weight), _trainable(m.bias), xhat, g,
+                                  ctx.reduce_dims))
+        return grad_in, None, None, None, None, None
+
+
+class _FallbackFn(torch.autograd.Function):
+    """Any other module with parameters: per-example gradients by torch.func (vmap of vjp),
+    which also yields the input gradient. The module is run once more per example inside
+    the backward (a recomputation, not stored intermediates)."""
+
+    @staticmethod
+    def forward(ctx: Any, handle: LayerHandle, n_inputs: int, *tensors: torch.Tensor) -> Any:
+        inputs = tensors[:n_inputs]
+        params = tensors[n_inputs:]
+        ctx.handle = handle
+        ctx.save_for_backward(*inputs)
+        names = handle.param_names  # type: ignore[attr-defined]
+        with torch.no_grad():
+            out = torch.func.functional_call(handle.module, dict(zip(names, params)), inputs)
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(
+                f"{type(handle.module).__name__} returns {type(out).__name__}; the per-example "
+                "fallback only supports modules that return one tensor"
+            )
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:
+        inputs = ctx.saved_tensors
+        handle: LayerHandle = ctx.handle
+        module = handle.module
+        names: list[str] = handle.param_names  # type: ignore[attr-defined]
+        params = tuple(p.detach() for p in handle.param_objects)  # type: ignore[attr-defined]
+        float_mask = [x.is_floating_point() for x in inputs]
+
+        def one_example(params_: tuple[torch.Tensor, ...], float_inputs: tuple[torch.Tensor, ...],
+                        other_inputs: tuple[torch.Tensor, ...], g: torch.Tensor) -> Any:
+            def f(ps: tuple[torch.Tensor, ...], fx: tuple[torch.Tensor, ...]) -> torch.Tensor:
+                fi, oi = iter(fx), iter(other_inputs)
+                full = tuple((next(fi) if flt else next(oi)).unsqueeze(0) for flt in float_mask)
+                return torch.func.functional_call(module, dict(zip(names, ps)), full).squeeze(0)
+
+            _, vjp_fn = torch.func.vjp(f, params_, float_inputs)
+            return vjp_fn(g)
+
+        float_inputs = tuple(x for x, flt in zip(inputs, float_mask) if flt)
+        other_inputs = tuple(x for x, flt in zip(inputs, float_mask) if not flt)
+        handle.bypass = True  # type: ignore[attr-defined]
+        try:
+            grad_params, grad_inputs = torch.func.vmap(
+                one_example, in_dims=(None, 0, 0, 0), randomness="error"
+            )(params, float_inputs, other_inputs, grad_out)
+        finally:
+            handle.bypass = False  # type: ignore[attr-defined]
+        b = grad_out.shape[0]
+        scale = handle.scale_of(b)
+        grads = {}
+        for p, gp in zip(handle.param_objects, grad_params):  # type: ignore[attr-defined]
+            if p.requires_grad:
+                grads[id(p)] = (p, gp * scale if scale != 1.0 else gp)
+        handle.record(PerExampleUsage(grads, b))
+        gi_iter = iter(grad_inputs)
+        input_grads = []
+        for x, flt, needs in zip(inputs, float_mask, ctx.needs_input_grad[2:]):
+            gi = next(gi_iter) if flt else None
+            input_grads.append(gi if needs else None)
+        return (None, None, *input_grads, *([None] * len(names)))
+
+
+def _any_trainable(params: Sequence[nn.Parameter | None]) -> bool:
+    return any(p is not None and p.requires_grad for p in params)
+
+
+def patch_module(module: nn.Module, kind: str, handle: LayerHandle) -> None:
+    """Replace ``module.forward`` (an instance attribute; ``del module.forward`` restores it)."""
+    original = type(module).forward.__get__(module)
+
+    if kind == "linear":
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            if not torch.is_grad_enabled() or not _any_trainable([module.weight, module.bias]):
+                return original(x)
+            if x.dim() < 2:
+                raise ValueError("DP training needs batched inputs (a leading batch dimension)")
+            return _LinearFn.apply(x, module.weight, module.bias, handle)
+    elif kind == "conv":
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            if not torch.is_grad_enabled() or not _any_trainable([module.weight, module.bias]):
+                return original(x)
+            expected = 3 if isinstance(module, nn.Conv1d) else 4
+            if x.dim() != expected:
+                raise ValueError(f"DP training needs batched {expected}-D inputs for "
+                                 f"{type(module).__name__}, got {x.dim()}-D")
+            return _ConvFn.apply(x, module.weight, module.bias, handle)
+    elif kind == "embedding":
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            if not torch.is_grad_enabled() or not module.weight.requires_grad:
+                return original(x)
+            if x.dim() < 1:
+                raise ValueError("DP training needs batched inputs (a leading batch dimension)")
+            return _EmbeddingFn.apply(x, module.weight, handle)
+    elif kind == "layernorm":
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            if not torch.is_grad_enabled() or not _any_trainable([module.weight, module.bias]):
+                return original(x)
+            k = len(module.normalized_shape)
+            xhat = F.layer_norm(x, module.normalized_shape, None, None, module.eps)
+            view_shape = tuple(module.normalized_shape)
+            reduce_dims = tuple(range(1, x.dim() - k))
+            return _AffineFn.apply(xhat, module.weight, module.bias, handle, view_shape,
+                                   reduce_dims)
+    elif kind == "groupnorm":
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            if not torch.is_grad_enabled() or not _any_trainable([module.weight, module.bias]):
+                return original(x)
+            xhat = F.group_norm(x, module.num_groups, None, None, module.eps)
+            view_shape = (module.num_channels,) + (1,) * (x.dim() - 2)
+            reduce_dims = tuple(range(2, x.dim()))
+            return _AffineFn.apply(xhat, module.weight, module.bias, handle, view_shape,
+                                   reduce_dims)
+    elif kind == "fallback":
+        named = list(module.named_parameters())
+        handle.param_names = [n for n, _ in named]  # type: ignore[attr-defined]
+        handle.param_objects = [p for _, p in named]  # type: ignore[attr-defined]
+        handle.bypass = False  # type: ignore[attr-defined]
+
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            if (handle.bypass  # type: ignore[attr-defined]
+                    or not torch.is_grad_enabled()
+                    or not _any_trainable(handle.param_objects)):  # type: ignore[attr-defined]
+                return original(*args, **kwargs)
+            if kwargs or not all(isinstance(a, torch.Tensor) for a in args):
+                raise TypeError(
+                    f"the per-example fallback for {type(module).__name__} only supports "
+                    "positional tensor arguments with the batch in dimension 0"
+                )
+            return _FallbackFn.apply(handle, len(args), *args, *handle.param_objects)  # type: ignore[attr-defined]
+    else:  # pragma: no cover - internal
+        raise AssertionError(kind)
+    module.forward = forward  # type: ignore[method-assign]

@@ -1,0 +1,330 @@
+"""Per-example clipping (PerSampleClipper) against a batch-size-1 autograd reference.
+
+Reference: for each example i, the gradient of the loss on the batch {x_i} alone computed by
+plain autograd on an unpatched copy of the model; the clipped sum is
+sum_i min(1, C / ||g_i||) g_i (Abadi et al. 2016, Algorithm 1) or its per-layer version
+(section 3.1 of the same paper).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.nn import functional as F  # noqa: E402
+
+from dpsharp.torch import NoiseGenerator, PerSampleClipper  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+
+def per_example_reference(model, x, y, loss_fn):
+    """Per-example gradients (list over params of (B, *shape)) by batch-size-1 autograd."""
+    ref = copy.deepcopy(model)
+    params = [p for p in ref.parameters() if p.requires_grad]
+    rows = []
+    for i in range(x.shape[0]):
+        ref.zero_grad(set_to_none=True)
+        loss_fn(ref(x[i : i + 1]), y[i : i + 1]).backward()
+        rows.append([p.grad.clone() if p.grad is not None else torch.zeros_like(p)
+                     for p in params])
+    return [torch.stack([r[k] for r in rows]) for k in range(len(params))]
+
+
+def clipped_reference(per_example, bounds, flat):
+    sq = torch.stack([(g.double().reshape(g.shape[0], -1) ** 2).sum(1) for g in per_example], 1)
+    if flat:
+        norms = sq.sum(1).sqrt()
+        f = torch.clamp(bounds / norms, max=1.0)
+        factors = [f] * len(per_example)
+    else:
+        norms = sq.sqrt()
+        factors = [torch.clamp(bounds[k] / norms[:, k], max=1.0) for k in range(len(per_example))]
+    sums = [(fk.to(g.dtype).reshape(-1, *[1] * (g.dim() - 1)) * g).sum(0)
+            for fk, g in zip(factors, per_example)]
+    return norms, sums
+
+
+def run_clipper(model, x, y, loss_fn, *, max_grad_norm, clipping="flat", reduction="mean"):
+    model.zero_grad(set_to_none=True)
+    clipper = PerSampleClipper(model, max_grad_norm=max_grad_norm, clipping=clipping,
+                               loss_reduction=reduction)
+    loss_fn(model(x), y).backward()
+    norms = clipper.last_per_example_norms.clone()
+    for p in clipper.parameters:
+        assert p.grad is None, "the plain gradient must not be computed"
+    clipper.release(noise_multiplier=0.0, expected_batch_size=1.0, noise=NoiseGenerator(0))
+    sums = [p.grad.clone() for p in clipper.parameters]
+    clipper.remove()
+    return norms, sums
+
+
+def mse(out, y):
+    return F.mse_loss(out, y)
+
+
+def ce(out, y):
+    return F.cross_entropy(out, y)
+
+
+def check(model, x, y, loss_fn, *, bound=0.7, clipping="flat", rtol=1e-5, reduction="mean"):
+    if reduction == "sum":
+        def loss_fn_used(out, t):
+            return loss_fn(out, t) * out.shape[0]
+    else:
+        loss_fn_used = loss_fn
+    per_example = per_example_reference(model, x, y, loss_fn_used)
+    n = len(per_example)
+    bounds = bound if clipping == "flat" else torch.full((n,), bound, dtype=torch.float64)
+    ref_norms, ref_sums = clipped_reference(per_example, bounds, clipping == "flat")
+    norms, sums = run_clipper(model, x, y, loss_fn_used,
+                              max_grad_norm=bound if clipping == "flat" else [bound] * n,
+                              clipping=clipping, reduction=reduction)
+    torch.testing.assert_close(norms, ref_norms, rtol=rtol, atol=1e-7)
+    for got, want in zip(sums, ref_sums):
+        torch.testing.assert_close(got, want, rtol=rtol, atol=1e-6 * bound)
+
+
+class SeqHead(nn.Module):
+    """Embedding -> Linear over a sequence -> LayerNorm -> mean pool -> Linear."""
+
+    def __init__(self, vocab=13, dim=6, classes=3, tie=False, padding_idx=None):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, dim, padding_idx=padding_idx)
+        self.mix = nn.Linear(dim, dim)
+        self.norm = nn.LayerNorm(dim)
+        self.out = nn.Linear(dim, vocab if tie else classes, bias=not tie)
+        if tie:
+            self.out.weight = self.emb.weight
+
+    def forward(self, idx):
+        h = self.norm(torch.tanh(self.mix(self.emb(idx))))
+        return self.out(h.mean(dim=1))
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(1234)
+
+
+def test_mlp_flat_and_per_layer():
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    x, y = torch.randn(6, 8), torch.randint(0, 4, (6,))
+    check(model, x, y, ce, bound=0.3)
+    check(model, x, y, ce, bound=0.2, clipping="per_layer")
+    check(model, x, y, ce, bound=1e9)  # no clipping at all: the plain per-example sum
+
+
+def test_sum_reduction():
+    model = nn.Sequential(nn.Linear(5, 3))
+    x, y = torch.randn(7, 5), torch.randn(7, 3)
+    check(model, x, y, mse, reduction="sum", bound=0.4)
+
+
+@pytest.mark.parametrize("seq", [2, 40])  # short: Gram ghost norm; long: materialised
+def test_linear_on_sequences_both_paths(seq):
+    model = nn.Sequential(nn.Linear(4, 3), nn.Tanh(), nn.Linear(3, 2))
+    x, y = torch.randn(5, seq, 4), torch.randn(5, seq, 2)
+    check(model, x, y, mse, bound=0.05)
+
+
+def test_embedding_repeated_indices_padding_and_layernorm():
+    model = SeqHead(padding_idx=0)
+    idx = torch.tensor([[1, 1, 2, 0, 5], [3, 0, 0, 3, 3], [7, 8, 9, 10, 11], [4, 4, 4, 4, 4]])
+    y = torch.randint(0, 3, (4,))
+    check(model, idx, y, ce, bound=0.5)
+
+
+def test_tied_embedding_and_output_projection_summed_per_example():
+    model = SeqHead(tie=True)
+    assert model.out.weight is model.emb.weight
+    idx = torch.randint(0, 13, (5, 4))
+    y = torch.randint(0, 13, (5,))
+    check(model, idx, y, ce, bound=0.5)
+
+
+def test_layer_called_twice_is_summed_not_stacked():
+    class Twice(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.lin(torch.tanh(self.lin(x)))
+
+    check(Twice(), torch.randn(5, 4), torch.randn(5, 4), mse, bound=0.3)
+
+
+def test_conv_groupnorm_cnn():
+    model = nn.Sequential(
+        nn.Conv2d(2, 4, 3, stride=2, padding=1), nn.GroupNorm(2, 4), nn.ReLU(),
+        nn.Conv2d(4, 3, 2, dilation=2), nn.Flatten(), nn.LazyLinear(5),
+    )
+    x = torch.randn(4, 2, 9, 9)
+    model(x)  # materialise the lazy layer
+    check(model, x, torch.randint(0, 5, (4,)), ce, bound=0.4)
+
+
+def test_conv1d():
+    model = nn.Sequential(nn.Conv1d(3, 4, 3, padding=1, stride=2), nn.ReLU(), nn.Flatten(),
+                          nn.Linear(4 * 5, 2))
+    check(model, torch.randn(5, 3, 10), torch.randn(5, 2), mse, bound=0.2)
+
+
+def test_frozen_and_mixed_parameters():
+    model = nn.Sequential(nn.Linear(5, 6), nn.ReLU(), nn.Linear(6, 6), nn.ReLU(), nn.Linear(6, 2))
+    model[0].requires_grad_(False)  # frozen layer
+    model[2].weight.requires_grad_(False)  # mixed: frozen weight, trainable bias
+    clipper = PerSampleClipper(model, max_grad_norm=1.0)
+    assert [id(p) for p in clipper.parameters] == [id(model[2].bias), id(model[4].weight),
+                                                   id(model[4].bias)]
+    clipper.remove()
+    check(model, torch.randn(6, 5), torch.randn(6, 2), mse, bound=0.1)
+
+
+def test_fallback_module_uses_torch_func():
+    class Scaled(nn.Module):  # not a supported type: per-example grads by vmap(vjp)
+        def __init__(self):
+            super().__init__()
+            self.scale = nn.Parameter(torch.randn(4))
+            self.inner = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.inner(x * self.scale).sin()
+
+    model = nn.Sequential(nn.Linear(3, 4), Scaled(), nn.Linear(4, 2))
+    clipper = PerSampleClipper(model, max_grad_norm=1.0)
+    assert ("Scaled", "fallback") in clipper.handled_modules
+    clipper.remove()
+    check(model, torch.randn(5, 3), torch.randn(5, 2), mse, bound=0.2)
+
+
+def test_gradient_accumulation_over_virtual_batches():
+    model = nn.Sequential(nn.Linear(4, 3))
+    x, y = torch.randn(8, 4), torch.randn(8, 3)
+    per_example = per_example_reference(model, x, y, mse)
+    _, want = clipped_reference(per_example, 0.3, True)
+    clipper = PerSampleClipper(model, max_grad_norm=0.3)
+    for sl in (slice(0, 3), slice(3, 8)):
+        mse(model(x[sl]), y[sl]).backward()
+    assert clipper.accumulated_examples == 8 and clipper.accumulated_batches == 2
+    clipper.release(noise_multiplier=0.0, expected_batch_size=4.0, noise=NoiseGenerator(0))
+    for p, w in zip(clipper.parameters, want):
+        torch.testing.assert_close(p.grad, w / 4.0, rtol=1e-5, atol=1e-7)
+    assert clipper.accumulated_examples == 0 and clipper.accumulated_batches == 0
+
+
+@settings(max_examples=12, deadline=None)
+@given(batch=st.integers(1, 5), seq=st.integers(1, 6), d_in=st.integers(1, 6),
+       d_out=st.integers(1, 6), bias=st.booleans(), bound=st.floats(0.01, 10.0))
+def test_linear_hypothesis_shapes(batch, seq, d_in, d_out, bias, bound):
+    torch.manual_seed(batch * 1000 + seq * 100 + d_in * 10 + d_out)
+    model = nn.Sequential(nn.Linear(d_in, d_out, bias=bias))
+    x, y = torch.randn(batch, seq, d_in), torch.randn(batch, seq, d_out)
+    check(model, x, y, mse, bound=bound)
+
+
+@pytest.mark.parametrize("scale", [1e4, 65504.0, 1e8])
+def test_clipped_norms_bounded_for_huge_gradients(scale):
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3)).double()
+    x = torch.randn(10, 6, dtype=torch.float64) * scale
+    y = torch.randn(10, 3, dtype=torch.float64) * scale
+    per_example = per_example_reference(model, x, y, mse)
+    bound = 0.5
+    clipper = PerSampleClipper(model, max_grad_norm=bound)
+    mse(model(x), y).backward()
+    norms = clipper.last_per_example_norms
+    assert bool((norms > bound * 10).all())  # the gradients really are huge
+    factors = torch.clamp(bound / norms, max=1.0)
+    clipped = torch.cat([(factors.reshape(-1, *[1] * (g.dim() - 1)) * g).reshape(10, -1)
+                         for g in per_example], dim=1)
+    assert float(clipped.norm(dim=1).max()) <= bound * (1 + 1e-6)
+    # the clipped sum obeys the triangle inequality: ||sum|| <= B C
+    clipper.release(noise_multiplier=0.0, expected_batch_size=1.0, noise=NoiseGenerator(0))
+    total = math.sqrt(sum(float((p.grad ** 2).sum()) for p in clipper.parameters))
+    assert total <= 10 * bound * (1 + 1e-6)
+
+
+def test_swap_one_example_changes_sum_by_at_most_2c():
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2)).double()
+    x = torch.randn(6, 4, dtype=torch.float64) * 100
+    y = torch.randn(6, 2, dtype=torch.float64)
+    sums = []
+    for xb in (x, torch.cat([x[:5], torch.randn(1, 4, dtype=torch.float64) * 1e3])):
+        m = copy.deepcopy(model)
+        clipper = PerSampleClipper(m, max_grad_norm=1.0, loss_reduction="sum")
+        F.mse_loss(m(xb), y, reduction="sum").backward()
+        clipper.release(noise_multiplier=0.0, expected_batch_size=1.0, noise=NoiseGenerator(0))
+        sums.append(torch.cat([p.grad.reshape(-1) for p in clipper.parameters]))
+    assert float((sums[0] - sums[1]).norm()) <= 2.0 * (1 + 1e-6)
+
+
+@pytest.mark.parametrize("layer", [nn.BatchNorm1d(4), nn.BatchNorm2d(4),
+                                   nn.InstanceNorm2d(4, track_running_stats=True)])
+def test_cross_example_layers_refused(layer):
+    model = nn.Sequential(nn.Linear(4, 4), layer)
+    with pytest.raises(ValueError, match="GroupNorm"):
+        PerSampleClipper(model, max_grad_norm=1.0)
+    assert "forward" not in model[0].__dict__  # nothing patched on refusal
+
+
+def test_bad_arguments():
+    model = nn.Linear(3, 2)
+    with pytest.raises(ValueError, match="max_grad_norm"):
+        PerSampleClipper(model, max_grad_norm=0.0)
+    with pytest.raises(ValueError, match="max_grad_norm"):
+        PerSampleClipper(model, max_grad_norm=float("nan"))
+    with pytest.raises(ValueError, match="clipping"):
+        PerSampleClipper(model, max_grad_norm=1.0, clipping="adaptive")
+    with pytest.raises(ValueError, match="loss_reduction"):
+        PerSampleClipper(model, max_grad_norm=1.0, loss_reduction="none")
+    with pytest.raises(ValueError, match="one bound per trainable parameter"):
+        PerSampleClipper(model, max_grad_norm=[1.0], clipping="per_layer")
+    clipper = PerSampleClipper(model, max_grad_norm=1.0)
+    with pytest.raises(ValueError, match="expected_batch_size"):
+        clipper.release(noise_multiplier=1.0, expected_batch_size=0.0, noise=NoiseGenerator(0))
+    with pytest.raises(ValueError, match="noise_multiplier"):
+        clipper.release(noise_multiplier=-1.0, expected_batch_size=1.0, noise=NoiseGenerator(0))
+
+
+def test_non_finite_gradients_raise():
+    model = nn.Linear(3, 1)
+    clipper = PerSampleClipper(model, max_grad_norm=1.0)
+    x = torch.tensor([[1.0, 2.0, float("inf")], [1.0, 1.0, 1.0]])
+    with pytest.raises(FloatingPointError, match="not finite"):
+        model(x).sum().backward()
+
+
+def test_remove_restores_plain_gradients_and_no_grad_forward_untouched():
+    model = nn.Linear(3, 2)
+    clipper = PerSampleClipper(model, max_grad_norm=1.0)
+    with torch.no_grad():
+        model(torch.randn(4, 3))
+    assert clipper.accumulated_batches == 0
+    clipper.remove()
+    model(torch.randn(4, 3)).sum().backward()
+    assert model.weight.grad is not None
+
+
+def test_per_layer_overall_bound_and_even_split():
+    model = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 1))
+    clipper = PerSampleClipper(model, max_grad_norm=[1.0, 2.0, 2.0, 4.0], clipping="per_layer")
+    assert clipper.overall_bound == pytest.approx(5.0)
+    clipper.remove()
+    clipper = PerSampleClipper(model, max_grad_norm=2.0, clipping="per_layer")
+    assert clipper.max_grad_norm == pytest.approx([1.0] * 4)
+    assert clipper.overall_bound == pytest.approx(2.0)
+
+
+def test_import_dpsharp_does_not_import_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, dpsharp, dpsharp.torch; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
