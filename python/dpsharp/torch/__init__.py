@@ -1,24 +1,48 @@
-"""PyTorch integration of dpsharp (imported lazily: ``import dpsharp`` never imports torch).
+"""PyTorch integration of dpsharp (imported lazily: ``import dpsharp`` never imports torch, and
+``import dpsharp.torch`` does not either until one of the names below is first used).
 
 Training core: :class:`PerSampleClipper` (per-example clipping with fused clip-and-noise
 kernels) and :class:`NoiseGenerator` (counter-based Gaussian noise, secure mode).
+Training API: :class:`DPOptimizer`, :func:`NoisySGD`, :func:`NoisyAdam`, :func:`NoisyAdaGrad`,
+the data loaders that know their sampling, and :class:`PrivacyEngine` / :class:`PrivacyBudget`.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
-__all__ = ["NoiseGenerator", "PerSampleClipper"]
-
-_LAZY = {
+_LAZY: dict[str, str] = {
+    # training core (issue 6)
     "PerSampleClipper": "dpsharp.torch.clipper",
     "NoiseGenerator": "dpsharp.torch.noise",
+    # training API (issue 7): optimizers, loaders, engine
+    "DPOptimizer": "dpsharp.torch.optimizer",
+    "NoisySGD": "dpsharp.torch.optimizer",
+    "NoisyAdam": "dpsharp.torch.optimizer",
+    "NoisyAdaGrad": "dpsharp.torch.optimizer",
+    "DPDataLoader": "dpsharp.torch.data",
+    "PoissonDataLoader": "dpsharp.torch.data",
+    "ShuffledDataLoader": "dpsharp.torch.data",
+    "WithoutReplacementDataLoader": "dpsharp.torch.data",
+    "PrivacyEngine": "dpsharp.torch.engine",
+    "PrivacyBudget": "dpsharp.torch.engine",
+    "PrivacyReport": "dpsharp.torch.engine",
+    "BudgetExhausted": "dpsharp.torch.engine",
 }
+
+__all__ = sorted(_LAZY)
 
 
 def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
+    try:
+        module_name = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module 'dpsharp.torch' has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(module_name), name)
+    globals()[name] = value
+    return value
 
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'dpsharp.torch' has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -1,0 +1,533 @@
+"""DP optimizers: clip per example, add Gaussian noise once per logical batch, then step.
+
+:class:`DPOptimizer` wraps any :class:`torch.optim.Optimizer`. Between two releases any number
+of ``loss.backward()`` calls (virtual batches / micro-batches of one *lot*, Abadi et al. 2016,
+section 3.1 "Lots") add their clipped per-example gradients to the clipper's accumulators;
+``step()`` then releases, for every trainable parameter,
+
+    p.grad = (sum_i clip_C(g_i) + N(0, (sigma C)^2 I)) / B,
+
+with B the *expected* (public) batch size -- never the realised one, which would leak the batch
+size under Poisson sampling -- and hands p.grad to the wrapped optimizer. The wrapped optimizer
+only ever sees privatised gradients, so its state (momentum, Adam moments, AdaGrad sums) is
+post-processing and costs no privacy (Bu et al. 2020, section 3.1).
+
+Clipping and noise are done by :class:`dpsharp.torch.PerSampleClipper` and
+:class:`dpsharp.torch.NoiseGenerator` (see TORCH_CONTRACT.md); this module only sequences them.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
+
+import torch
+
+from dpsharp._validation import require_positive_finite, require_real
+
+if TYPE_CHECKING:
+    from dpsharp.torch.data import DPDataLoader
+
+__all__ = ["BudgetExhausted", "DPOptimizer", "NoisyAdaGrad", "NoisyAdam", "NoisySGD"]
+
+
+class BudgetExhausted(RuntimeError):
+    """Releasing the next noisy gradient would exceed the privacy budget; nothing was released."""
+
+
+def _require_noise_multiplier(value: object) -> float:
+    sigma = require_real("noise_multiplier", value)
+    if sigma < 0.0:
+        raise ValueError(f"noise_multiplier must be in [0, inf), got {sigma!r}")
+    return sigma
+
+
+def _require_max_grad_norm(value: object) -> float | list[float]:
+    if isinstance(value, (list, tuple)):
+        if not value:
+            raise ValueError("max_grad_norm must be a positive number or a non-empty sequence")
+        return [require_positive_finite(f"max_grad_norm[{i}]", v) for i, v in enumerate(value)]
+    return require_positive_finite("max_grad_norm", value)
+
+
+class DPOptimizer(torch.optim.Optimizer):
+    """A differentially private wrapper of ``optimizer``.
+
+    Parameters
+    ----------
+    optimizer:
+        Any torch optimizer over (a subset of) the clipper's trainable parameters. Its
+        ``param_groups``, ``state`` and ``state_dict`` are used as they are, so learning-rate
+        schedulers keep working on the wrapper.
+    noise_multiplier:
+        sigma >= 0: the noise std divided by the clipping bound C (0 disables noise and gives
+        no privacy).
+    max_grad_norm:
+        C > 0, or one bound per parameter tensor with ``clipping="per_layer"``.
+    expected_batch_size:
+        The public normaliser B of the noisy sum (q * n under Poisson sampling).
+    module, clipper:
+        Exactly one: the model (a :class:`~dpsharp.torch.PerSampleClipper` is built for it with
+        ``max_grad_norm``, ``clipping`` and ``loss_reduction``) or a ready clipper.
+    noise, seed, secure:
+        The :class:`~dpsharp.torch.NoiseGenerator` (built from ``seed`` / ``secure`` if None).
+
+    Notes
+    -----
+    ``step()`` raises if no gradient was accumulated since the last release (calling it twice),
+    except on an empty Poisson batch drawn from an attached loader, which releases pure noise.
+    """
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        *,
+        noise_multiplier: float,
+        max_grad_norm: float | Sequence[float],
+        expected_batch_size: float,
+        module: torch.nn.Module | None = None,
+        clipper: Any = None,
+        clipping: str = "flat",
+        loss_reduction: str = "mean",
+        noise: Any = None,
+        seed: int | None = None,
+        secure: bool = False,
+    ) -> None:
+        if isinstance(optimizer, DPOptimizer):
+            raise TypeError("optimizer is already a DPOptimizer")
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(
+                f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}"
+            )
+        self._noise_multiplier = _require_noise_multiplier(noise_multiplier)
+        self.max_grad_norm = _require_max_grad_norm(max_grad_norm)
+        self._expected_batch_size = require_positive_finite("expected_batch_size", expected_batch_size)
+        if (module is None) == (clipper is None):
+            raise ValueError("give exactly one of module (a clipper is built for it) and clipper")
+        if clipper is None:
+            from dpsharp.torch.clipper import PerSampleClipper
+
+            clipper = PerSampleClipper(
+                module, max_grad_norm=self.max_grad_norm, clipping=clipping, loss_reduction=loss_reduction
+            )
+        else:
+            bound = getattr(clipper, "max_grad_norm", None)
+            if bound is not None and bound != self.max_grad_norm:
+                raise ValueError(
+                    f"max_grad_norm={self.max_grad_norm!r} differs from the clipper's bound "
+                    f"{bound!r}; the noise must be calibrated to the bound actually used"
+                )
+        self.clipper = clipper
+        handled = {id(p) for p in clipper.parameters}
+        for group_index, group in enumerate(optimizer.param_groups):
+            for param in group["params"]:
+                if id(param) not in handled:
+                    raise ValueError(
+                        f"optimizer.param_groups[{group_index}] holds a parameter of shape "
+                        f"{tuple(param.shape)} that is not a trainable parameter of the private "
+                        "model; its gradient would not be clipped or noised. Build the optimizer "
+                        "from model.parameters()"
+                    )
+        if noise is None:
+            from dpsharp.torch.noise import NoiseGenerator
+
+            noise = NoiseGenerator(seed, secure=secure)
+        elif seed is not None or secure:
+            raise ValueError("give seed / secure or a ready noise generator, not both")
+        self.noise = noise
+        self.original_optimizer = optimizer
+        self._releases = 0
+        self._budget_checks: list[Callable[[DPOptimizer], str | None]] = []
+        self._release_hooks: list[Callable[[DPOptimizer], None]] = []
+        self._loader: DPDataLoader | None = None
+        self._lot_pending = False
+        # torch.optim.Optimizer plumbing that Optimizer.__init__ would have set up.
+        self._optimizer_step_pre_hooks: OrderedDict[int, Callable[..., Any]] = OrderedDict()
+        self._optimizer_step_post_hooks: OrderedDict[int, Callable[..., Any]] = OrderedDict()
+        self._optimizer_state_dict_pre_hooks: OrderedDict[int, Callable[..., Any]] = OrderedDict()
+        self._optimizer_state_dict_post_hooks: OrderedDict[int, Callable[..., Any]] = OrderedDict()
+        self._optimizer_load_state_dict_pre_hooks: OrderedDict[int, Callable[..., Any]] = OrderedDict()
+        self._optimizer_load_state_dict_post_hooks: OrderedDict[int, Callable[..., Any]] = OrderedDict()
+
+    # ----------------------------------------------------------------- delegation
+    @property  # type: ignore[override]
+    def param_groups(self) -> list[dict[str, Any]]:
+        return self.original_optimizer.param_groups
+
+    @param_groups.setter
+    def param_groups(self, value: list[dict[str, Any]]) -> None:
+        self.original_optimizer.param_groups = value
+
+    @property  # type: ignore[override]
+    def state(self) -> Any:
+        return self.original_optimizer.state
+
+    @state.setter
+    def state(self, value: Any) -> None:
+        self.original_optimizer.state = value
+
+    @property  # type: ignore[override]
+    def defaults(self) -> dict[str, Any]:
+        return self.original_optimizer.defaults
+
+    @defaults.setter
+    def defaults(self, value: dict[str, Any]) -> None:
+        self.original_optimizer.defaults = value
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        handled = {id(p) for p in self.clipper.parameters}
+        params = param_group["params"]
+        params = [params] if isinstance(params, torch.Tensor) else list(params)
+        if any(id(p) not in handled for p in params):
+            raise ValueError("param_group holds parameters the private model's clipper does not handle")
+        self.original_optimizer.add_param_group(param_group)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clear ``p.grad``. Accumulated clipped gradients of the current lot are kept: they are
+        released (and reset) only by :meth:`step`."""
+        self.original_optimizer.zero_grad(set_to_none=set_to_none)
+
+    def __repr__(self) -> str:
+        return (
+            f"DPOptimizer({type(self.original_optimizer).__name__}, noise_multiplier="
+            f"{self._noise_multiplier}, max_grad_norm={self.max_grad_norm}, "
+            f"expected_batch_size={self._expected_batch_size})"
+        )
+
+    # ----------------------------------------------------------------- DP settings
+    @property
+    def noise_multiplier(self) -> float:
+        return self._noise_multiplier
+
+    @noise_multiplier.setter
+    def noise_multiplier(self, value: float) -> None:
+        """Change sigma (noise schedules); an attached engine accounts the new value."""
+        self._noise_multiplier = _require_noise_multiplier(value)
+
+    @property
+    def expected_batch_size(self) -> float:
+        return self._expected_batch_size
+
+    @property
+    def releases(self) -> int:
+        """Noisy gradients released so far (= optimizer steps taken)."""
+        return self._releases
+
+    # ----------------------------------------------------------------- engine wiring
+    def attach_loader(self, loader: DPDataLoader) -> None:
+        """Tie releases to ``loader``'s logical batches: one release per logical batch, chunks
+        of a batch accumulate, an empty batch releases pure noise, and a batch drawn before the
+        previous one was released is an error (it would change the sampling mechanism)."""
+        if self._loader is not None:
+            self._loader.remove_listener(self._on_logical_batch)
+        self._loader = loader
+        self._lot_pending = False
+        loader.add_listener(self._on_logical_batch)
+
+    def add_budget_check(self, check: Callable[[DPOptimizer], str | None]) -> None:
+        """``check(self)`` runs before each release; a string return refuses the release."""
+        self._budget_checks.append(check)
+
+    def add_release_hook(self, hook: Callable[[DPOptimizer], None]) -> None:
+        """``hook(self)`` runs right after each noisy gradient is released."""
+        self._release_hooks.append(hook)
+
+    def _on_logical_batch(self, loader: DPDataLoader, batch_size: int) -> None:
+        if self._lot_pending:
+            raise RuntimeError(
+                "a new logical batch was drawn before optimizer.step() released the previous "
+                "one. Every drawn batch must be released exactly once: accumulating several "
+                "sampled batches into one step changes the sampling mechanism, and skipping "
+                "batches (e.g. empty ones) makes the number of releases data-dependent. For "
+                "virtual batches use the loader's max_physical_batch_size"
+            )
+        self._lot_pending = True
+
+    # ----------------------------------------------------------------- stepping
+    def _ready(self) -> bool:
+        accumulated = int(self.clipper.accumulated_batches)
+        if self._loader is not None:
+            if not self._loader.logical_batch_complete:
+                return False  # more chunks of this logical batch follow: keep accumulating
+            if not self._lot_pending:
+                raise RuntimeError(
+                    "optimizer.step() called twice for one batch: draw a new batch from the "
+                    "data loader and call loss.backward() before stepping again"
+                )
+            if accumulated == 0 and self._loader.last_batch_size > 0:
+                raise RuntimeError(
+                    "optimizer.step() called without new gradients: call loss.backward() on "
+                    "the batch first"
+                )
+            return True
+        if accumulated == 0:
+            raise RuntimeError(
+                "optimizer.step() called without new gradients (twice in a row, or before "
+                "loss.backward()); nothing to release"
+            )
+        return True
+
+    def _refusal(self) -> str | None:
+        for check in self._budget_checks:
+            reason = check(self)
+            if reason is not None:
+                return reason
+        return None
+
+    def _release_and_step(self) -> None:
+        self.clipper.release(
+            noise_multiplier=self._noise_multiplier,
+            expected_batch_size=self._expected_batch_size,
+            noise=self.noise,
+        )
+        self._releases += 1
+        self._lot_pending = False
+        for hook in self._release_hooks:
+            hook(self)
+        self.original_optimizer.step()
+
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
+        """Release one noisy gradient and take one step of the wrapped optimizer.
+
+        ``closure`` (if given) is evaluated once with gradients enabled before the release.
+        Raises :class:`BudgetExhausted` (releasing nothing) if an attached budget forbids the
+        release. Returns the closure's loss (or None).
+        """
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if not self._ready():
+            return loss
+        reason = self._refusal()
+        if reason is not None:
+            raise BudgetExhausted(reason)
+        self._release_and_step()
+        return loss
+
+    def step_if_within_budget(self) -> bool:
+        """Like :meth:`step`, but return False (releasing nothing) instead of raising
+        :class:`BudgetExhausted`; True when the step was taken (or, mid-lot, deferred)."""
+        if not self._ready():
+            return True
+        if self._refusal() is not None:
+            return False
+        self._release_and_step()
+        return True
+
+    # ----------------------------------------------------------------- checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """The wrapped optimizer's state_dict plus a ``"dpsharp"`` entry (noise stream
+        position, release count, sigma, B)."""
+        state = self.original_optimizer.state_dict()
+        state["dpsharp"] = {
+            "noise": self.noise.state_dict(),
+            "releases": self._releases,
+            "noise_multiplier": self._noise_multiplier,
+            "expected_batch_size": self._expected_batch_size,
+        }
+        return state
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        state = dict(state_dict)
+        private = state.pop("dpsharp", None)
+        self.original_optimizer.load_state_dict(state)
+        if private is not None:
+            self.noise.load_state_dict(private["noise"])
+            self._releases = int(private["releases"])
+            self._noise_multiplier = _require_noise_multiplier(private["noise_multiplier"])
+            self._expected_batch_size = require_positive_finite(
+                "expected_batch_size", private["expected_batch_size"]
+            )
+
+
+class _Algorithm2Adam(torch.optim.Optimizer):
+    """Adam exactly as Algorithm 2 of Bu et al. 2020 writes it (no bias correction):
+    m_t = b1 m_{t-1} + (1 - b1) g, u_t = b2 u_{t-1} + (1 - b2) g*g,
+    theta -= lr * m_t / (sqrt(u_t) + xi), with m_0 = u_0 = 0."""
+
+    def __init__(
+        self,
+        params: Iterable[torch.nn.Parameter],
+        *,
+        lr: float,
+        betas: tuple[float, float],
+        eps: float,
+    ) -> None:
+        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps})
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for param in group["params"]:
+                if param.grad is None:
+                    continue
+                state = self.state[param]
+                if not state:
+                    state["m"] = torch.zeros_like(param)
+                    state["u"] = torch.zeros_like(param)
+                m, u, grad = state["m"], state["u"], param.grad
+                m.mul_(beta1).add_(grad, alpha=1.0 - beta1)
+                u.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
+                param.addcdiv_(m, u.sqrt().add_(group["eps"]), value=-group["lr"])
+        return loss
+
+
+def _build(
+    make_optimizer: Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer],
+    module: torch.nn.Module,
+    *,
+    noise_multiplier: float,
+    max_grad_norm: float | Sequence[float],
+    expected_batch_size: float,
+    clipping: str,
+    loss_reduction: str,
+    noise: Any,
+    seed: int | None,
+    secure: bool,
+) -> DPOptimizer:
+    from dpsharp.torch.clipper import PerSampleClipper
+
+    norm = _require_max_grad_norm(max_grad_norm)
+    _require_noise_multiplier(noise_multiplier)
+    require_positive_finite("expected_batch_size", expected_batch_size)
+    clipper = PerSampleClipper(
+        module, max_grad_norm=norm, clipping=clipping, loss_reduction=loss_reduction
+    )
+    return DPOptimizer(
+        make_optimizer(list(clipper.parameters)),
+        noise_multiplier=noise_multiplier,
+        max_grad_norm=norm,
+        expected_batch_size=expected_batch_size,
+        clipper=clipper,
+        noise=noise,
+        seed=seed,
+        secure=secure,
+    )
+
+
+def NoisySGD(  # noqa: N802 - named after the algorithm
+    module: torch.nn.Module,
+    *,
+    lr: float,
+    noise_multiplier: float,
+    max_grad_norm: float | Sequence[float],
+    expected_batch_size: float,
+    momentum: float = 0.0,
+    weight_decay: float = 0.0,
+    clipping: str = "flat",
+    loss_reduction: str = "mean",
+    noise: Any = None,
+    seed: int | None = None,
+    secure: bool = False,
+) -> DPOptimizer:
+    """NoisySGD (Bu et al. 2020, Algorithm 1; Abadi et al. 2016, Algorithm 1):
+
+        theta_{t+1} = theta_t - lr * (sum_{i in I_t} clip_R(g_i) + sigma R N(0, I)) / B,
+
+    with B = ``expected_batch_size`` = p n, the public normaliser (Algorithm 1 writes |I_t|;
+    dividing by the realised size would make the normaliser data-dependent under Poisson
+    sampling, so, as the paper's B = pn, we use the expected size). ``momentum`` and
+    ``weight_decay`` are plain :class:`torch.optim.SGD` options (post-processing)."""
+    lr = require_positive_finite("lr", lr)
+    return _build(
+        lambda params: torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay),
+        module,
+        noise_multiplier=noise_multiplier,
+        max_grad_norm=max_grad_norm,
+        expected_batch_size=expected_batch_size,
+        clipping=clipping,
+        loss_reduction=loss_reduction,
+        noise=noise,
+        seed=seed,
+        secure=secure,
+    )
+
+
+def NoisyAdam(  # noqa: N802
+    module: torch.nn.Module,
+    *,
+    lr: float,
+    noise_multiplier: float,
+    max_grad_norm: float | Sequence[float],
+    expected_batch_size: float,
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-8,
+    bias_correction: bool = True,
+    clipping: str = "flat",
+    loss_reduction: str = "mean",
+    noise: Any = None,
+    seed: int | None = None,
+    secure: bool = False,
+) -> DPOptimizer:
+    """NoisyAdam (Bu et al. 2020, Algorithm 2): the moments are computed only from the
+    privatised gradient v~_t = (sum clip_R(g_i) + sigma R N(0, I)) / B:
+
+        m_t = b1 m_{t-1} + (1 - b1) v~_t,  u_t = b2 u_{t-1} + (1 - b2) v~_t * v~_t,
+        theta_{t+1} = theta_t - lr * m_t / (sqrt(u_t) + xi).
+
+    ``bias_correction=False`` runs exactly these lines (xi = ``eps``); the default True runs
+    :class:`torch.optim.Adam` (the bias-corrected Adam of TensorFlow Privacy, which the paper
+    cites) on the same privatised gradients. Both are post-processing: same privacy."""
+    lr = require_positive_finite("lr", lr)
+    beta1, beta2 = (require_real("betas[0]", betas[0]), require_real("betas[1]", betas[1]))
+    for name, beta in (("betas[0]", beta1), ("betas[1]", beta2)):
+        if not 0.0 <= beta < 1.0:
+            raise ValueError(f"{name} must be in [0, 1), got {beta!r}")
+    xi = require_positive_finite("eps", eps)
+    if bias_correction:
+        make = lambda params: torch.optim.Adam(params, lr=lr, betas=(beta1, beta2), eps=xi)  # noqa: E731
+    else:
+        make = lambda params: _Algorithm2Adam(params, lr=lr, betas=(beta1, beta2), eps=xi)  # noqa: E731
+    return _build(
+        make,
+        module,
+        noise_multiplier=noise_multiplier,
+        max_grad_norm=max_grad_norm,
+        expected_batch_size=expected_batch_size,
+        clipping=clipping,
+        loss_reduction=loss_reduction,
+        noise=noise,
+        seed=seed,
+        secure=secure,
+    )
+
+
+def NoisyAdaGrad(  # noqa: N802
+    module: torch.nn.Module,
+    *,
+    lr: float,
+    noise_multiplier: float,
+    max_grad_norm: float | Sequence[float],
+    expected_batch_size: float,
+    eps: float = 1e-10,
+    clipping: str = "flat",
+    loss_reduction: str = "mean",
+    noise: Any = None,
+    seed: int | None = None,
+    secure: bool = False,
+) -> DPOptimizer:
+    """NoisyAdaGrad: :class:`torch.optim.Adagrad` on the privatised gradient
+    v~_t = (sum clip_R(g_i) + sigma R N(0, I)) / B, i.e. G_t = G_{t-1} + v~_t * v~_t,
+    theta -= lr v~_t / (sqrt(G_t) + eps). The accumulated squares are post-processing of the
+    noisy gradients, so the privacy is NoisySGD's (Bu et al. 2020, section 3.1)."""
+    lr = require_positive_finite("lr", lr)
+    xi = require_positive_finite("eps", eps)
+    return _build(
+        lambda params: torch.optim.Adagrad(params, lr=lr, eps=xi),
+        module,
+        noise_multiplier=noise_multiplier,
+        max_grad_norm=max_grad_norm,
+        expected_batch_size=expected_batch_size,
+        clipping=clipping,
+        loss_reduction=loss_reduction,
+        noise=noise,
+        seed=seed,
+        secure=secure,
+    )
+

@@ -1,0 +1,71 @@
+"""The real-data examples run end to end in a shortened mode (issue 7, item 6).
+
+Each run prints one line per epoch and, as its last stdout line, a JSON object with at least
+test_accuracy and epsilon; the reported epsilon never exceeds the target (the budget). The
+full-length accuracy figures are measured by running the scripts (see bench/results/)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("sklearn")
+pytest.importorskip("tqdm")
+
+import dpsharp  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+CERTIFIED = [name for name in ("pld", "rdp") if name in dpsharp.available()]
+
+
+def load(name: str):
+    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    assert spec.loader is not None
+    spec.loader.exec_module(module)
+    return module
+
+
+def run(capsys, name: str, argv: list[str]) -> tuple[dict, list[str]]:
+    result = load(name).main(["--quick", *argv])
+    lines = capsys.readouterr().out.strip().splitlines()
+    final = json.loads(lines[-1])
+    assert final == json.loads(json.dumps(result))
+    return final, lines
+
+
+def check(final: dict, lines: list[str], target: float) -> None:
+    assert {"test_accuracy", "epsilon", "steps", "noise_multiplier"} <= set(final)
+    assert 0.0 <= final["test_accuracy"] <= 1.0
+    assert 0.0 < final["epsilon"] <= target
+    epoch_lines = [line for line in lines if line.startswith("epoch")]
+    assert len(epoch_lines) == final["epochs"] >= 1
+    assert all("test accuracy" in line and "epsilon" in line for line in epoch_lines)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam", "adagrad"])
+def test_breast_cancer_example_quick(capsys, optimizer: str) -> None:
+    if CERTIFIED:
+        argv = ["--optimizer", optimizer, "--target-epsilon", "1.0", "--accountant", CERTIFIED[0]]
+    else:  # approximate CLT accountant with a fixed sigma until a certified one is merged
+        argv = ["--optimizer", optimizer, "--target-epsilon", "1.0", "--accountant", "gdp",
+                "--noise-multiplier", "6.0"]
+    final, lines = run(capsys, "train_breast_cancer", argv)
+    check(final, lines, 1.0)
+    assert final["optimizer"] == optimizer and final["dataset"] == "breast_cancer"
+
+
+def test_digits_example_quick(capsys) -> None:
+    if CERTIFIED:
+        argv = ["--target-epsilon", "3.0", "--accountant", CERTIFIED[0]]
+    else:
+        argv = ["--target-epsilon", "3.0", "--accountant", "gdp", "--noise-multiplier", "3.0"]
+    final, lines = run(capsys, "train_digits", argv)
+    check(final, lines, 3.0)
+    assert final["dataset"] == "digits"

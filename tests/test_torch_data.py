@@ -1,0 +1,213 @@
+"""Honest data loaders (issue 7, item 2; RELIABILITY.md items 15, 24, 30)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+stats = pytest.importorskip("scipy.stats")
+
+from torch.utils.data import DataLoader, Dataset, TensorDataset  # noqa: E402
+
+from dpsharp.events import (  # noqa: E402
+    Gaussian,
+    Neighbouring,
+    PoissonSampled,
+    SampledWithoutReplacement,
+    Shuffled,
+)
+from dpsharp.torch.data import (  # noqa: E402
+    PoissonDataLoader,
+    ShuffledDataLoader,
+    WithoutReplacementDataLoader,
+    from_dataloader,
+)
+
+pytestmark = pytest.mark.torch
+
+
+def index_dataset(n: int) -> TensorDataset:
+    return TensorDataset(torch.arange(n).reshape(n, 1).float(), torch.arange(n))
+
+
+def ids(batch) -> list[int]:
+    return batch[1].tolist()
+
+
+def test_poisson_batch_sizes_follow_binomial() -> None:
+    n, q, draws = 200, 0.1, 3000
+    loader = PoissonDataLoader(index_dataset(n), sample_rate=q, steps_per_epoch=draws, seed=7)
+    sizes = np.array([len(ids(batch)) for batch in loader])
+    assert len(sizes) == draws
+    # chi-square goodness of fit against Binomial(n, q), bins with expected count >= 5
+    edges = np.arange(0, n + 2)
+    observed = np.histogram(sizes, bins=edges)[0].astype(float)
+    expected = draws * stats.binom.pmf(np.arange(n + 1), n, q)
+    keep = expected >= 5
+    obs = np.append(observed[keep], observed[~keep].sum())
+    exp = np.append(expected[keep], expected[~keep].sum())
+    _, p_value = stats.chisquare(obs, exp * obs.sum() / exp.sum())
+    assert p_value > 1e-3
+    # every record is included with frequency ~ q (binomial 6-sigma band)
+    counts = np.zeros(n)
+    loader = PoissonDataLoader(index_dataset(n), sample_rate=q, steps_per_epoch=draws, seed=8)
+    for batch in loader:
+        counts[ids(batch)] += 1
+    band = 6 * math.sqrt(draws * q * (1 - q))
+    assert np.all(np.abs(counts - draws * q) < band)
+
+
+def test_poisson_sample_rate_from_expected_batch_size_and_events() -> None:
+    loader = PoissonDataLoader(index_dataset(1797), expected_batch_size=64, seed=0)
+    assert loader.sample_rate == 64 / 1797
+    assert loader.expected_batch_size == pytest.approx(64.0)
+    assert len(loader) == loader.steps_per_epoch == round(1797 / 64)
+    assert loader.implied_event(1.1) == PoissonSampled(Gaussian(1.1), 64 / 1797)
+    assert loader.neighbouring is Neighbouring.ADD_REMOVE and loader.accounting_unit == "step"
+
+
+def test_empty_poisson_batches_are_yielded_with_shapes() -> None:
+    class Pairs(Dataset):
+        def __len__(self) -> int:
+            return 5
+
+        def __getitem__(self, i: int):
+            return torch.full((2, 3), float(i)), i
+
+    for dataset in (index_dataset(5), Pairs()):
+        loader = PoissonDataLoader(dataset, sample_rate=1e-9, steps_per_epoch=3, seed=1)
+        batches = list(loader)
+        assert len(batches) == 3
+        for x, y in batches:
+            assert x.shape[0] == 0 and y.shape[0] == 0
+        assert loader.last_batch_size == 0
+    x, _ = list(PoissonDataLoader(Pairs(), sample_rate=1e-9, steps_per_epoch=1, seed=1))[0]
+    assert tuple(x.shape) == (0, 2, 3)
+
+
+def test_reshuffling_covers_every_example_once_per_epoch() -> None:
+    n, b = 103, 10
+    loader = ShuffledDataLoader(index_dataset(n), batch_size=b, seed=3)
+    assert len(loader) == 11
+    orders = []
+    for _ in range(3):
+        batches = [ids(batch) for batch in loader]
+        assert [len(x) for x in batches] == [10] * 10 + [3]
+        flat = [i for batch in batches for i in batch]
+        assert sorted(flat) == list(range(n))
+        orders.append(flat)
+    assert orders[0] != orders[1] != orders[2]
+    assert loader.epoch == 3
+    assert loader.implied_event(2.0) == Shuffled(Gaussian(2.0), 10, 103)
+    assert loader.accounting_unit == "epoch" and loader.sample_rate == 10 / 103
+
+
+def test_without_replacement_batches_have_exact_size_and_uniform_inclusion() -> None:
+    n, b, steps = 50, 7, 4000
+    loader = WithoutReplacementDataLoader(index_dataset(n), batch_size=b, steps_per_epoch=steps, seed=4)
+    counts = np.zeros(n)
+    for batch in loader:
+        batch_ids = ids(batch)
+        assert len(batch_ids) == b == len(set(batch_ids))
+        counts[batch_ids] += 1
+    p = b / n
+    assert np.all(np.abs(counts - steps * p) < 6 * math.sqrt(steps * p * (1 - p)))
+    # replace-one analysis: the clipped sum has sensitivity 2C, so the Gaussian is sigma / 2
+    assert loader.implied_event(3.0) == SampledWithoutReplacement(Gaussian(1.5), 7, 50)
+    assert loader.neighbouring is Neighbouring.REPLACE_ONE
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda seed: PoissonDataLoader(index_dataset(40), sample_rate=0.2, seed=seed),
+        lambda seed: ShuffledDataLoader(index_dataset(40), batch_size=6, seed=seed),
+        lambda seed: WithoutReplacementDataLoader(index_dataset(40), batch_size=6, seed=seed),
+    ],
+    ids=["poisson", "shuffle", "without_replacement"],
+)
+def test_seeded_and_resumable_mid_epoch(make) -> None:
+    reference = make(11)
+    expected = [ids(b) for _ in range(2) for b in reference]
+    same, other = make(11), make(12)
+    assert expected == [ids(b) for _ in range(2) for b in same]  # seeded
+    assert expected != [ids(b) for _ in range(2) for b in other]
+
+    first = make(11)
+    iterator = iter(first)
+    seen = [ids(next(iterator)) for _ in range(3)]
+    state = first.state_dict()
+    resumed = make(99)
+    resumed.load_state_dict(state)
+    rest = [ids(b) for b in resumed] + [ids(b) for b in resumed]
+    assert seen + rest == expected
+    assert resumed.epoch == 2
+
+
+def test_physical_chunks_partition_the_logical_batch() -> None:
+    loader = PoissonDataLoader(index_dataset(100), sample_rate=0.3, steps_per_epoch=5, seed=2,
+                               max_physical_batch_size=8)
+    plain = PoissonDataLoader(index_dataset(100), sample_rate=0.3, steps_per_epoch=5, seed=2)
+    logical = [ids(b) for b in plain]
+    chunks: list[list[int]] = []
+    regrouped: list[list[int]] = []
+    for batch in loader:
+        chunks.append(ids(batch))
+        if loader.logical_batch_complete:
+            regrouped.append([i for c in chunks for i in c])
+            chunks = []
+    assert regrouped == logical
+    assert len(loader) == 5
+
+
+def test_from_dataloader_uses_the_batch_size_not_len_loader() -> None:
+    dataset = index_dataset(1000)
+    plain = DataLoader(dataset, batch_size=64, shuffle=True, drop_last=True)
+    assert len(plain) == 15  # 1000 // 64: a len(loader)-based q would be 1/15
+    poisson = from_dataloader(plain, sampling="poisson", seed=0)
+    assert poisson.sample_rate == 64 / 1000
+    shuffled = from_dataloader(plain, sampling="shuffle", seed=0)
+    assert isinstance(shuffled, ShuffledDataLoader) and shuffled.batch_size == 64
+    assert from_dataloader(poisson) is poisson
+
+
+def test_secure_sampling_refuses_seeds_and_samples() -> None:
+    with pytest.raises(ValueError, match="seed must be None when secure=True"):
+        PoissonDataLoader(index_dataset(10), sample_rate=0.5, seed=1, secure=True)
+    n, q, steps = 64, 0.25, 400
+    loader = PoissonDataLoader(index_dataset(n), sample_rate=q, steps_per_epoch=steps, secure=True)
+    sizes = [len(ids(b)) for b in loader]
+    assert abs(np.mean(sizes) - n * q) < 6 * math.sqrt(n * q * (1 - q) / steps)
+    assert loader.state_dict()["rng"] is None
+    shuffled = ShuffledDataLoader(index_dataset(n), batch_size=10, secure=True)
+    assert sorted(i for b in shuffled for i in ids(b)) == list(range(n))
+    subset = WithoutReplacementDataLoader(index_dataset(n), batch_size=10, secure=True)
+    assert all(len(set(ids(b))) == 10 for b in subset)
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda d: PoissonDataLoader(d, sample_rate=0.0), "sample_rate must be in \\(0, 1\\]"),
+        (lambda d: PoissonDataLoader(d, sample_rate=1.5), "sample_rate must be in \\(0, 1\\]"),
+        (lambda d: PoissonDataLoader(d, sample_rate=float("nan")), "sample_rate must be a finite"),
+        (lambda d: PoissonDataLoader(d), "exactly one of sample_rate and expected_batch_size"),
+        (lambda d: PoissonDataLoader(d, expected_batch_size=11), "expected_batch_size must be in"),
+        (lambda d: ShuffledDataLoader(d, batch_size=11), "batch_size must be in \\[1, len"),
+        (lambda d: WithoutReplacementDataLoader(d, batch_size=0), "batch_size must be an integer >= 1"),
+    ],
+)
+def test_bad_loader_arguments(make, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        make(index_dataset(10))
+
+
+def test_checkpoint_from_another_configuration_is_refused() -> None:
+    state = PoissonDataLoader(index_dataset(10), sample_rate=0.5, seed=1).state_dict()
+    with pytest.raises(ValueError, match="configured as"):
+        PoissonDataLoader(index_dataset(10), sample_rate=0.25, seed=1).load_state_dict(state)
+    with pytest.raises(ValueError, match="not a ShuffledDataLoader checkpoint"):
+        ShuffledDataLoader(index_dataset(10), batch_size=2).load_state_dict(state)
