@@ -29,6 +29,17 @@ _LAZY: dict[str, str] = {
     "PrivacyBudget": "dpsharp.torch.engine",
     "PrivacyReport": "dpsharp.torch.engine",
     "BudgetExhausted": "dpsharp.torch.engine",
+    # noise schedules (issue 8)
+    "NoiseSchedule": "dpsharp.torch.schedules",
+    "Constant": "dpsharp.torch.schedules",
+    "TimeBased": "dpsharp.torch.schedules",
+    "Exponential": "dpsharp.torch.schedules",
+    "StepDecay": "dpsharp.torch.schedules",
+    "Polynomial": "dpsharp.torch.schedules",
+    "ValidationBased": "dpsharp.torch.schedules",
+    "ADP": "dpsharp.torch.schedules",
+    "calibrate_schedule": "dpsharp.torch.schedules",
+    "attach_schedule": "dpsharp.torch.schedules",
 }
 
 __all__ = sorted(_LAZY)
