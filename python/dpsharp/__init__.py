@@ -36,10 +36,22 @@ from dpsharp.events import (
     SampledWithoutReplacement,
     Shuffled,
 )
+from dpsharp.tuning_events import (  # issue 11: selection / tuning events
+    DisjointParts,
+    PoissonTuning,
+    PureDP,
+    RandomChoice,
+    TruncatedNegativeBinomialTuning,
+)
 
 __version__: str = _core_module.build_info()["version"]
 
 __all__ = [
+    "DisjointParts",
+    "PoissonTuning",
+    "PureDP",
+    "RandomChoice",
+    "TruncatedNegativeBinomialTuning",
     "Accountant",
     "ClassicAccountant",
     "Composed",

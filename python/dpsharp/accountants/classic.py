@@ -89,6 +89,7 @@ from dpsharp.events import (
     flatten,
 )
 from dpsharp.tradeoff import gdp_epsilon
+from dpsharp.tuning_events import PureDP  # issue 11: an epsilon-DP step (e.g. exponential mechanism)
 
 __all__ = ["ClassicAccountant", "paper_strong_composition_002"]
 
@@ -159,7 +160,7 @@ class ClassicAccountant(Accountant):
 
     # ------------------------------------------------------------------ support
     def _leaf_unsupported_reason(self, leaf: Event) -> str | None:
-        if isinstance(leaf, (Gaussian, Laplace)):
+        if isinstance(leaf, (Gaussian, Laplace, PureDP)):
             return None
         if isinstance(leaf, (PoissonSampled, Shuffled)) and isinstance(leaf.event, (Gaussian, Laplace)):
             return None
@@ -185,6 +186,8 @@ class ClassicAccountant(Accountant):
         base, q = _mechanism(leaf)
         if isinstance(base, Laplace):
             eps0, d0 = 1.0 / base.scale, 0.0
+        elif isinstance(base, PureDP):  # issue 11: (epsilon, 0)-DP by definition
+            eps0, d0 = base.epsilon, 0.0
         else:
             assert isinstance(base, Gaussian)
             eps0, d0 = _gaussian_epsilon(base.noise_multiplier, delta0, self._gaussian), delta0

@@ -27,7 +27,9 @@ from dpsharp.events import (
     Neighbouring,
     PoissonSampled,
     SampledWithoutReplacement,
+    flatten,
 )
+from dpsharp.tuning_events import TUNING_EVENT_TYPES, rdp_of_leaf, unsupported_reason_of_leaf
 
 __all__ = ["MomentsAccountant", "RDPAccountant"]
 
@@ -109,12 +111,36 @@ class RDPAccountant(Accountant):
 
     # ----------------------------------------------------------------- hooks
     def _leaf_unsupported_reason(self, leaf: Event) -> str | None:
+        if isinstance(leaf, TUNING_EVENT_TYPES):  # issue 11: selection / tuning events
+            return unsupported_reason_of_leaf(leaf, "rdp", self._event_unsupported_reason)
         return leaf_unsupported_reason(leaf)
 
     def _on_compose(self, leaves: list[tuple[Event, int]]) -> None:
         for leaf, _ in leaves:
             if leaf not in self._curves:
-                self._curves[leaf] = leaf_rdp(leaf, self._orders)
+                self._curves[leaf] = self._leaf_curve(leaf)
+
+    # -- issue 11 (dpsharp.tuning_events): a tuning leaf's curve is a function of the curves
+    # of the events inside it (training runs), which this accountant computes itself.
+    def _leaf_curve(self, leaf: Event) -> npt.NDArray[np.float64]:
+        if isinstance(leaf, TUNING_EVENT_TYPES):
+            curve = rdp_of_leaf(leaf, self._orders, self._event_curve)
+            assert curve is not None
+            return curve
+        return leaf_rdp(leaf, self._orders)
+
+    def _event_curve(self, event: Event) -> npt.NDArray[np.float64]:
+        total = np.zeros_like(self._orders)
+        for leaf, count in sorted(flatten(event), key=lambda item: repr(item[0])):
+            total = total + count * self._leaf_curve(leaf)
+        return total
+
+    def _event_unsupported_reason(self, event: Event) -> str | None:
+        for leaf, _ in flatten(event):
+            reason = self._leaf_unsupported_reason(leaf)
+            if reason is not None:
+                return f"{leaf!r}: {reason}"
+        return None
 
     def _reset_caches(self) -> None:
         self._curves = {}

@@ -43,7 +43,8 @@ from scipy.optimize import minimize_scalar
 from dpsharp._validation import require_delta, require_epsilon, require_real
 from dpsharp.accountants.base import Accountant, PrivacyGuarantee
 from dpsharp.accountants.registry import register
-from dpsharp.events import Event, Gaussian, Laplace, Neighbouring, PoissonSampled, Shuffled
+from dpsharp.events import Event, Gaussian, Laplace, Neighbouring, PoissonSampled, Shuffled, flatten
+from dpsharp.tuning_events import TUNING_EVENT_TYPES, DisjointParts, PureDP, RandomChoice, unsupported_reason_of_leaf
 
 __all__ = [
     "SAMPLING_WARNING",
@@ -230,6 +231,8 @@ class ZCDPAccountant(Accountant):
     def _leaf_unsupported_reason(self, leaf: Event) -> str | None:
         if _leaf_rho(leaf) is not None:
             return None
+        if isinstance(leaf, TUNING_EVENT_TYPES):  # issue 11: selection / tuning events
+            return unsupported_reason_of_leaf(leaf, "zcdp", self._event_unsupported_reason)
         if isinstance(leaf, Shuffled):
             if _leaf_rho(leaf.event) is not None:
                 return None
@@ -252,12 +255,34 @@ class ZCDPAccountant(Accountant):
             return None
         return "not a Gaussian, Laplace, Shuffled or (batching='sample') PoissonSampled event"
 
-    @staticmethod
-    def _leaf_cost(leaf: Event) -> tuple[float, float | None]:
+    # -- issue 11 (dpsharp.tuning_events): PureDP is epsilon^2/2-zCDP (Bun and Steinke 2016,
+    # Prop. 3.3); DisjointParts / RandomChoice cost the max rho of their parts (004, Theorem 2;
+    # joint quasi-convexity), valid for alpha up to the smallest limit among the parts.
+    def _event_unsupported_reason(self, event: Event) -> str | None:
+        for leaf, _ in flatten(event):
+            reason = self._leaf_unsupported_reason(leaf)
+            if reason is not None:
+                return f"{leaf!r}: {reason}"
+        return None
+
+    @classmethod
+    def _event_cost(cls, event: Event) -> tuple[float, float | None]:
+        costs = [(cls._leaf_cost(leaf), count) for leaf, count in flatten(event)]
+        limits = [limit for (_, limit), _ in costs if limit is not None]
+        return math.fsum(count * rho for (rho, _), count in costs), (min(limits) if limits else None)
+
+    @classmethod
+    def _leaf_cost(cls, leaf: Event) -> tuple[float, float | None]:
         """(rho contribution, alpha upper limit or None) of one leaf."""
         direct = _leaf_rho(leaf)
         if direct is not None:
             return direct, None
+        if isinstance(leaf, PureDP):
+            return leaf.epsilon**2 / 2.0, None
+        if isinstance(leaf, (DisjointParts, RandomChoice)):
+            parts = [cls._event_cost(event) for event in leaf.events]
+            limits = [limit for _, limit in parts if limit is not None]
+            return max(rho for rho, _ in parts), (min(limits) if limits else None)
         if isinstance(leaf, Shuffled):
             # Theorem 2: the epoch's disjoint batches cost max_i rho_i = rho(event).
             inner = _leaf_rho(leaf.event)

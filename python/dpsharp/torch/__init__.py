@@ -40,6 +40,10 @@ _LAZY: dict[str, str] = {
     "ADP": "dpsharp.torch.schedules",
     "calibrate_schedule": "dpsharp.torch.schedules",
     "attach_schedule": "dpsharp.torch.schedules",
+    # DP-PCA input projection (issue 11)
+    "DPPCA": "dpsharp.torch.pca",
+    "PCAProjection": "dpsharp.torch.pca",
+    "symmetric_gaussian_noise": "dpsharp.torch.pca",
 }
 
 __all__ = sorted(_LAZY)
