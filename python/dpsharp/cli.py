@@ -3,9 +3,10 @@
 Sub-commands:
 
 ``dpsharp demo``
-    The main job: a privacy report of the two classic settings of Abadi et al. 2016 (MNIST:
-    q = 256/60000, sigma = 1.1, 60 epochs; the moments-accountant example q = 0.01, sigma = 4,
-    T = 10^4) under every registered accountant, at delta = 1e-5.
+    The main job: trains a small CNN on scikit-learn's bundled digits with NoisyAdam under a
+    privacy budget (progress bar), prints the accuracy and every accountant's statement of the
+    run, and writes epsilon-vs-epoch and trade-off plots to ``--output DIR`` (see
+    :mod:`dpsharp.demo`).
 ``dpsharp epsilon``
     The privacy statement of a DP-SGD run, in the vocabulary of TF Privacy's
     ``compute_dp_sgd_privacy`` and Opacus: ``--dataset-size N --batch-size B (--epochs E |
@@ -167,35 +168,13 @@ def _fmt(value: float | None, digits: int = 4) -> str:
 
 
 # ---------------------------------------------------------------------------- demo
-def _demo_settings() -> list[tuple[str, int, int, float, int]]:
-    """(title, dataset size, batch size, sigma, steps) of the two classic settings."""
-    return [
-        ("MNIST, batch 256, sigma 1.1, 60 epochs", 60000, 256, 1.1, round(60 * 60000 / 256)),
-        ("q 0.01, sigma 4, 10^4 steps (Abadi et al.)", 10000, 100, 4.0, 10_000),
-    ]
-
-
 def _run_demo(args: argparse.Namespace) -> int:
-    import dpsharp
-    from dpsharp._dpsgd import DPSGDRun
-    from dpsharp._report import evaluate
+    if args.epochs < 1:
+        raise ValueError(f"--epochs must be a positive integer, got {args.epochs}")
+    _check_plot_flag(args, "--output")
+    from dpsharp.demo import run_demo
 
-    delta = args.delta
-    print(f"dpsharp {dpsharp.__version__}: privacy of Poisson-sampled DP-SGD at delta = {delta:g}")
-    print("(add/remove-one neighbouring relation; every accountant sees the same events)\n")
-    for title, size, batch, sigma, steps in _demo_settings():
-        run = DPSGDRun(size, batch, steps, sigma)
-        print(f"{title}: q = {run.sampling_probability:.6g}, sigma = {sigma:g}, T = {steps}")
-        for name in dpsharp.available():
-            fields = evaluate(run, name, delta).fields
-            if not fields["applicable"]:
-                continue
-            print(f"  {name:<10} epsilon = {_fmt(fields['epsilon']):>8}  "
-                  f"({_describe(fields, with_warning=False)})")
-        print()
-    print("Approximations are not bounds (dpsharp epsilon states why). "
-          "For your own run: dpsharp epsilon --help")
-    return 0
+    return run_demo(args)
 
 
 # ---------------------------------------------------------------------------- epsilon
@@ -368,35 +347,41 @@ def _calibrate_noise(args: argparse.Namespace, template: Any, name: str) -> floa
 
 
 # ---------------------------------------------------------------------------- curve
-def _run_curve(args: argparse.Namespace) -> int:
+def write_tradeoff_figure(run: Any, delta: float, path: Any) -> dict[str, Any]:
+    """Draw the composition's certified trade-off curve next to G_mu (certified and CLT mu) and
+    the (epsilon, delta) curves to ``path``; returns the data (arrays as lists)."""
     import numpy as np
 
     from dpsharp import plots
     from dpsharp._report import tradeoff_data
 
-    _check_plot_flag(args, "--output")
-    run = _run_from_args(args)
     alphas = np.concatenate([np.geomspace(1e-6, 1e-2, 40, endpoint=False), np.linspace(1e-2, 1.0, 161)])
     alphas = np.concatenate([[0.0], alphas])
-    data = tradeoff_data(run, args.delta, alphas)
+    data = tradeoff_data(run, delta, alphas)
     curves: dict[str, Any] = {"tight accountant (certified)": data["pld"]}
     curves[f"G_mu, certified mu = {data['gdp_mu_certified']:.3g}"] = data["gdp_certified"]
     if "gdp_clt" in data:
         curves[f"G_mu, CLT mu = {data['gdp_mu_clt']:.3g} (approx.)"] = data["gdp_clt"]
-    curves[f"({data['epsilon_pld']:.3g}, {args.delta:g})-DP, tight"] = data["eps_delta"]
+    curves[f"({data['epsilon_pld']:.3g}, {delta:g})-DP, tight"] = data["eps_delta"]
     if "eps_delta_rdp" in data:
-        curves[f"({data['epsilon_rdp']:.3g}, {args.delta:g})-DP, RDP"] = data["eps_delta_rdp"]
+        curves[f"({data['epsilon_rdp']:.3g}, {delta:g})-DP, RDP"] = data["eps_delta_rdp"]
     plots.tradeoff_curves(
         curves,
         alphas=alphas,
-        title=f"n={run.dataset_size}, B={run.batch_size}, sigma={run.noise_multiplier:g}, T={run.steps}",
-        path=args.output,
+        title=f"n={run.dataset_size}, B={run.batch_size}, sigma={run.noise_multiplier:.3g}, T={run.steps}",
+        path=path,
     )
-    summary = {key: value for key, value in data.items() if not isinstance(value, np.ndarray)}
+    return {key: (value.tolist() if isinstance(value, np.ndarray) else value) for key, value in data.items()}
+
+
+def _run_curve(args: argparse.Namespace) -> int:
+    _check_plot_flag(args, "--output")
+    run = _run_from_args(args)
+    data = write_tradeoff_figure(run, args.delta, args.output)
+    summary = {key: value for key, value in data.items() if not isinstance(value, list)}
     if args.json:
         document = {"inputs": _inputs(run, args), "output": str(args.output), **summary,
-                    "curves": {key: value.tolist() for key, value in data.items()
-                               if isinstance(value, np.ndarray)}}
+                    "curves": {key: value for key, value in data.items() if isinstance(value, list)}}
         print(json.dumps(document, indent=2, allow_nan=False))
     else:
         print(f"Trade-off curve written to {args.output}.")
@@ -425,8 +410,19 @@ def _build_parser() -> argparse.ArgumentParser:
                      "statements, calibration and plots from every dpsharp accountant.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    demo = commands.add_parser("demo", help="the main job: a privacy report of classic settings")
+    demo = commands.add_parser("demo", help="the main job: DP training on digits, every accountant's "
+                               "statement, plots")
+    demo.add_argument("--output", default="dpsharp-demo", metavar="DIR",
+                      help="folder for the plots and demo.json (default ./dpsharp-demo)")
+    demo.add_argument("--epochs", type=_positive_int, default=20, help="epochs (default 20)")
+    demo.add_argument("--target-epsilon", type=_positive_float, default=3.0, metavar="EPS",
+                      help="privacy budget epsilon (default 3)")
     demo.add_argument("--delta", type=_delta, default=1e-5, help="target delta (default 1e-5)")
+    demo.add_argument("--batch-size", type=_positive_int, default=256, help="expected batch size (default 256)")
+    demo.add_argument("--lr", type=_positive_float, default=2e-2, help="Adam learning rate (default 0.02)")
+    demo.add_argument("--max-grad-norm", type=_positive_float, default=1.0, help="clipping norm (default 1)")
+    demo.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    demo.add_argument("--no-progress", action="store_true", help="no progress bar")
     demo.set_defaults(handler=_run_demo, _parser=demo)
 
     epsilon = commands.add_parser("epsilon", help="privacy statement of a DP-SGD run")
