@@ -17,6 +17,11 @@ Sub-commands:
 ``dpsharp curve``
     The trade-off curve of the composition (tight accountant) next to G_mu and the
     (epsilon, delta) curves, written to ``--output FILE.png``.
+``dpsharp bench precision [--output DIR] [--grid FILE.json] [--no-peers]``
+    Epsilon, certified bounds, time and gap to the tightest certified bound of every accountant
+    and the installed peers (:mod:`dpsharp.bench.precision`).
+``dpsharp bench speed [--quick] [--output DIR]``
+    Query time against the peers, scaling in T and in distinct sigmas (:mod:`dpsharp.bench.speed`).
 ``dpsharp accountants``
     The registered accountant names.
 
@@ -404,6 +409,41 @@ def _run_accountants(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------- bench
+def _run_bench_precision(args: argparse.Namespace) -> int:
+    import warnings
+
+    from dpsharp.bench import precision
+
+    grid = precision.load_grid(args.grid) if args.grid else list(precision.DEFAULT_GRID)
+    print(f"dpsharp bench precision: {len(grid)} settings")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # peers warn (opacus GDP is experimental, ...)
+        results = precision.run_precision(grid, use_peers=not args.no_peers, progress=True)
+    skipped = results["skipped_peers"]
+    print(f"peers skipped (not installed): {', '.join(skipped)}" if skipped else "peers: all installed")
+    print(precision.markdown_table(results))
+    if args.output:
+        files = precision.write_outputs(results, args.output)
+        print("written: " + ", ".join(str(f) for f in files))
+    return 0
+
+
+def _run_bench_speed(args: argparse.Namespace) -> int:
+    import warnings
+
+    from dpsharp.bench import speed
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        results = speed.run_speed(quick=args.quick, use_peers=not args.no_peers, progress=True)
+    print(speed.markdown(results))
+    if args.output:
+        files = speed.write_outputs(results, args.output)
+        print("written: " + ", ".join(str(f) for f in files))
+    return 0
+
+
 # ---------------------------------------------------------------------------- parser
 def _build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="dpsharp", description="Privacy accounting for DP-SGD: "
@@ -449,6 +489,20 @@ def _build_parser() -> argparse.ArgumentParser:
     curve.add_argument("--output", required=True, metavar="FILE.png", help="where to write the figure")
     curve.add_argument("--json", action="store_true", help="also print the curves as JSON")
     curve.set_defaults(handler=_run_curve, _parser=curve)
+
+    bench = commands.add_parser("bench", help="benchmarks against the peer libraries")
+    benches = bench.add_subparsers(dest="bench", required=True, metavar="BENCH")
+    precision = benches.add_parser("precision", help="epsilon, bounds, time and gap of every accountant")
+    precision.add_argument("--output", metavar="DIR", help="write results.json/.csv/.md and plots here")
+    precision.add_argument("--grid", metavar="FILE.json",
+                           help="settings: a JSON list of {q, sigma, steps, delta?, name?}")
+    precision.add_argument("--no-peers", action="store_true", help="dpsharp's accountants only")
+    precision.set_defaults(handler=_run_bench_precision, _parser=precision)
+    speed = benches.add_parser("speed", help="query time against the peers, scaling in T and sigmas")
+    speed.add_argument("--output", metavar="DIR", help="write speed.json/.md/.png here")
+    speed.add_argument("--quick", action="store_true", help="T up to 10^5, 3 repeats")
+    speed.add_argument("--no-peers", action="store_true", help="dpsharp's accountants only")
+    speed.set_defaults(handler=_run_bench_speed, _parser=speed)
 
     listing = commands.add_parser("accountants", help="list the registered accountants")
     listing.set_defaults(handler=_run_accountants, _parser=listing)
