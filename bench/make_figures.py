@@ -107,13 +107,17 @@ def figure_004_fig2(epochs: list[int] | None = None) -> dict[str, Any]:
     epochs = epochs or [1, 10, 25, 50, 100, 150, 200, 250, 300, 350, 400]
     marks = [e * per_epoch for e in epochs]
     sampled = dpsharp.PoissonSampled(dpsharp.Gaussian(sigma), q)
+    # the paper's conversion: rho + 2 sqrt(rho log(1/delta)) (Bun and Steinke), epsilon_bun_steinke
     # random reshuffling: each epoch touches every example once: one Gaussian per epoch
-    reshuffled = [float(dpsharp.accountant("zcdp").compose(dpsharp.Gaussian(sigma), e).epsilon(DELTA))
+    reshuffled = [float(dpsharp.accountant("zcdp").compose(dpsharp.Gaussian(sigma), e).epsilon_bun_steinke(DELTA))
                   for e in epochs]
+    # random sampling: Theorem 3, P(q, sigma) = q^2 / sigma^2 per step (an approximation, per the paper)
+    sampling = [float(dpsharp.accountant("zcdp", batching="sample").compose(sampled, m).epsilon_bun_steinke(DELTA))
+                for m in marks]
     return {
         "q": q, "sigma": sigma, "delta": DELTA, "epochs": epochs, "steps": marks,
         "zCDP reshuffling": reshuffled,
-        "zCDP sampling": _curve(lambda: dpsharp.accountant("zcdp"), sampled, marks),
+        "zCDP sampling": sampling,
         "moments accountant": _curve(lambda: dpsharp.accountant("moments"), sampled, marks),
         "strong composition": _curve(lambda: dpsharp.accountant("classic", composition="advanced"), sampled, marks),
         "dpsharp tight (pld)": _curve(lambda: dpsharp.accountant("pld"), sampled, marks),
