@@ -72,12 +72,12 @@ def test_cli_without_peers_says_so(tmp_path: Path, capsys: pytest.CaptureFixture
 
 
 @pytest.mark.peers
+@pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
 def test_peer_rows_equal_the_peers_called_directly() -> None:
     dp_accounting = pytest.importorskip("dp_accounting")
     prv_accountant = pytest.importorskip("prv_accountant")
     opacus_accountants = pytest.importorskip("opacus.accountants")
-    with pytest.warns(UserWarning):  # opacus's GDP accountant warns that it is experimental
-        results = precision.run_precision(SMALL)
+    results = precision.run_precision(SMALL)
     assert results["skipped_peers"] == []
     q, sigma, steps, delta = 0.01, 1.5, 200, 1e-5
     event = dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma))

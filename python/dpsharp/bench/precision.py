@@ -108,11 +108,15 @@ def _dpsharp_rows(setting: Setting, names: list[str]) -> list[dict[str, Any]]:
 
 
 def _peer_rows(setting: Setting, peers: dict[str, Any]) -> list[dict[str, Any]]:
+    import warnings
+
     rows = []
     for name, call in peers.items():
         start = time.perf_counter()
         try:
-            result = call(setting.q, setting.sigma, setting.steps, setting.delta)
+            with warnings.catch_warnings():  # the peers' own deprecation/experimental warnings
+                warnings.simplefilter("ignore")
+                result = call(setting.q, setting.sigma, setting.steps, setting.delta)
         except Exception as exc:  # noqa: BLE001 - a peer's failure is a result, reported as such
             rows.append({"library": name.split(".")[0], "accountant": name, "epsilon": None,
                          "epsilon_lower": None, "epsilon_upper": None, "certified": False,
