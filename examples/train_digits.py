@@ -36,7 +36,7 @@ from dpsharp.torch import BudgetExhausted, PoissonDataLoader, PrivacyBudget, Pri
 
 OPTIMIZERS = {
     # name: (torch optimizer class, default learning rate, extra options)
-    "sgd": (torch.optim.SGD, 1.0, {"momentum": 0.5}),
+    "sgd": (torch.optim.SGD, 4.0, {"momentum": 0.5}),
     "adam": (torch.optim.Adam, 1e-2, {}),
     "adagrad": (torch.optim.Adagrad, 0.1, {}),
 }
@@ -62,8 +62,8 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="sgd")
     parser.add_argument("--target-epsilon", type=float, default=3.0)
     parser.add_argument("--delta", type=float, default=1e-5)
-    parser.add_argument("--epochs", type=int, default=30)
-    parser.add_argument("--batch-size", type=int, default=256, help="expected (Poisson) batch size")
+    parser.add_argument("--epochs", type=int, default=40)
+    parser.add_argument("--batch-size", type=int, default=512, help="expected (Poisson) batch size")
     parser.add_argument("--max-grad-norm", type=float, default=1.0)
     parser.add_argument("--lr", type=float, default=None, help="default depends on --optimizer")
     parser.add_argument("--noise-multiplier", type=float, default=None,
