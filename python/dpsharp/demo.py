@@ -188,7 +188,7 @@ def run_demo(args: argparse.Namespace) -> int:
     # the same run restated by every accountant (the statement of `dpsharp epsilon`)
     run = DPSGDRun(result["dataset_size"], result["batch_size"], result["steps"],
                    result["noise_multiplier"])
-    statement_args = argparse.Namespace(epochs=None, delta=args.delta)
+    statement_args = argparse.Namespace(epochs=result["epochs_run"], delta=args.delta)
     results = [evaluate(run, name, args.delta) for name in available()]
     _print_statement(run, statement_args, results)
 
