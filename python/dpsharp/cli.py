@@ -421,7 +421,10 @@ def _run_bench_precision(args: argparse.Namespace) -> int:
         warnings.simplefilter("ignore")  # peers warn (opacus GDP is experimental, ...)
         results = precision.run_precision(grid, use_peers=not args.no_peers, progress=True)
     skipped = results["skipped_peers"]
-    print(f"peers skipped (not installed): {', '.join(skipped)}" if skipped else "peers: all installed")
+    if args.no_peers:
+        print("peers skipped: --no-peers (dpsharp's accountants only)")
+    else:
+        print(f"peers skipped (not installed): {', '.join(skipped)}" if skipped else "peers: all installed")
     print(precision.markdown_table(results))
     if args.output:
         files = precision.write_outputs(results, args.output)
