@@ -112,3 +112,12 @@ def test_speed_quick_runs_without_peers(monkeypatch: pytest.MonkeyPatch) -> None
     assert results["sweeps"]["T"]["ratio_to_dpsharp_pld"]["dpsharp.pld"] == [1.0, 1.0, 1.0]
     event = dpsharp.PoissonSampled(dpsharp.Gaussian(1.0), 0.01)
     assert records[0]["epsilon"] == pytest.approx(dpsharp.accountant("pld").compose(event, 1000).epsilon(1e-5))
+
+
+def test_without_peer_libraries_it_runs_and_names_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dpsharp.bench import peers
+
+    monkeypatch.setattr(peers, "_installed", lambda module: False)
+    results = precision.run_precision(SMALL)
+    assert results["skipped_peers"] == ["dp_accounting", "opacus", "prv_accountant"]
+    assert {r["library"] for r in results["rows"]} == {"dpsharp"}
