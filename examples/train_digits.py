@@ -26,13 +26,12 @@ from typing import Sequence
 
 import numpy as np
 import torch
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
 from torch import nn
 from torch.utils.data import TensorDataset
 from tqdm import tqdm
 
 import dpsharp
+from dpsharp import demo
 from dpsharp.torch import BudgetExhausted, PoissonDataLoader, PrivacyBudget, PrivacyEngine
 
 OPTIMIZERS = {
@@ -43,38 +42,12 @@ OPTIMIZERS = {
 }
 
 
-def build_model() -> nn.Module:
-    return nn.Sequential(
-        nn.Conv2d(1, 8, 3, padding=1),
-        nn.Tanh(),
-        nn.AvgPool2d(2),  # 8x8 -> 4x4
-        nn.Conv2d(8, 16, 3, padding=1),
-        nn.Tanh(),
-        nn.AvgPool2d(2),  # 4x4 -> 2x2
-        nn.Flatten(),
-        nn.Linear(16 * 2 * 2, 10),
-    )
+build_model = demo.build_model  # the CNN of `dpsharp demo`
+accuracy = demo.accuracy
 
 
 def load(seed: int) -> tuple[TensorDataset, torch.Tensor, torch.Tensor]:
-    images, labels = load_digits(return_X_y=True)
-    x_train, x_test, y_train, y_test = train_test_split(
-        images / 16.0, labels, test_size=0.2, random_state=seed, stratify=labels
-    )
-
-    def tensors(x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        return torch.tensor(x, dtype=torch.float32).reshape(-1, 1, 8, 8), torch.tensor(y)
-
-    train = TensorDataset(*tensors(x_train, y_train))
-    return (train, *tensors(x_test, y_test))
-
-
-def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
-    model.eval()
-    with torch.no_grad():
-        result = float((model(x).argmax(1) == y).float().mean())
-    model.train()
-    return result
+    return demo.load_digits_split(seed)
 
 
 def default_accountant() -> str:

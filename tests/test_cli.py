@@ -210,12 +210,6 @@ def test_module_and_console_script_run(tmp_path: Path) -> None:
         assert result.returncode == 0 and json.loads(result.stdout)["inputs"]["steps"] == 100
 
 
-def test_demo_still_runs(capsys: pytest.CaptureFixture[str]) -> None:
-    status, out, _ = run_cli(capsys, "demo")
-    assert status == 0
-    assert "MNIST, batch 256, sigma 1.1, 60 epochs" in out and "q 0.01, sigma 4" in out
-
-
 def test_accountants_listing(capsys: pytest.CaptureFixture[str]) -> None:
     status, out, _ = run_cli(capsys, "accountants")
     assert status == 0

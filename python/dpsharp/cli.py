@@ -3,9 +3,10 @@
 Sub-commands:
 
 ``dpsharp demo``
-    The main job: a privacy report of the two classic settings of Abadi et al. 2016 (MNIST:
-    q = 256/60000, sigma = 1.1, 60 epochs; the moments-accountant example q = 0.01, sigma = 4,
-    T = 10^4) under every registered accountant, at delta = 1e-5.
+    The main job: trains a small CNN on scikit-learn's bundled digits with NoisyAdam under a
+    privacy budget (progress bar), prints the accuracy and every accountant's statement of the
+    run, and writes epsilon-vs-epoch and trade-off plots to ``--output DIR`` (see
+    :mod:`dpsharp.demo`).
 ``dpsharp epsilon``
     The privacy statement of a DP-SGD run, in the vocabulary of TF Privacy's
     ``compute_dp_sgd_privacy`` and Opacus: ``--dataset-size N --batch-size B (--epochs E |
@@ -16,6 +17,11 @@ Sub-commands:
 ``dpsharp curve``
     The trade-off curve of the composition (tight accountant) next to G_mu and the
     (epsilon, delta) curves, written to ``--output FILE.png``.
+``dpsharp bench precision [--output DIR] [--grid FILE.json] [--no-peers]``
+    Epsilon, certified bounds, time and gap to the tightest certified bound of every accountant
+    and the installed peers (:mod:`dpsharp.bench.precision`).
+``dpsharp bench speed [--quick] [--output DIR]``
+    Query time against the peers, scaling in T and in distinct sigmas (:mod:`dpsharp.bench.speed`).
 ``dpsharp accountants``
     The registered accountant names.
 
@@ -167,35 +173,13 @@ def _fmt(value: float | None, digits: int = 4) -> str:
 
 
 # ---------------------------------------------------------------------------- demo
-def _demo_settings() -> list[tuple[str, int, int, float, int]]:
-    """(title, dataset size, batch size, sigma, steps) of the two classic settings."""
-    return [
-        ("MNIST, batch 256, sigma 1.1, 60 epochs", 60000, 256, 1.1, round(60 * 60000 / 256)),
-        ("q 0.01, sigma 4, 10^4 steps (Abadi et al.)", 10000, 100, 4.0, 10_000),
-    ]
-
-
 def _run_demo(args: argparse.Namespace) -> int:
-    import dpsharp
-    from dpsharp._dpsgd import DPSGDRun
-    from dpsharp._report import evaluate
+    if args.epochs < 1:
+        raise ValueError(f"--epochs must be a positive integer, got {args.epochs}")
+    _check_plot_flag(args, "--output")
+    from dpsharp.demo import run_demo
 
-    delta = args.delta
-    print(f"dpsharp {dpsharp.__version__}: privacy of Poisson-sampled DP-SGD at delta = {delta:g}")
-    print("(add/remove-one neighbouring relation; every accountant sees the same events)\n")
-    for title, size, batch, sigma, steps in _demo_settings():
-        run = DPSGDRun(size, batch, steps, sigma)
-        print(f"{title}: q = {run.sampling_probability:.6g}, sigma = {sigma:g}, T = {steps}")
-        for name in dpsharp.available():
-            fields = evaluate(run, name, delta).fields
-            if not fields["applicable"]:
-                continue
-            print(f"  {name:<10} epsilon = {_fmt(fields['epsilon']):>8}  "
-                  f"({_describe(fields, with_warning=False)})")
-        print()
-    print("Approximations are not bounds (dpsharp epsilon states why). "
-          "For your own run: dpsharp epsilon --help")
-    return 0
+    return run_demo(args)
 
 
 # ---------------------------------------------------------------------------- epsilon
@@ -368,35 +352,41 @@ def _calibrate_noise(args: argparse.Namespace, template: Any, name: str) -> floa
 
 
 # ---------------------------------------------------------------------------- curve
-def _run_curve(args: argparse.Namespace) -> int:
+def write_tradeoff_figure(run: Any, delta: float, path: Any) -> dict[str, Any]:
+    """Draw the composition's certified trade-off curve next to G_mu (certified and CLT mu) and
+    the (epsilon, delta) curves to ``path``; returns the data (arrays as lists)."""
     import numpy as np
 
     from dpsharp import plots
     from dpsharp._report import tradeoff_data
 
-    _check_plot_flag(args, "--output")
-    run = _run_from_args(args)
     alphas = np.concatenate([np.geomspace(1e-6, 1e-2, 40, endpoint=False), np.linspace(1e-2, 1.0, 161)])
     alphas = np.concatenate([[0.0], alphas])
-    data = tradeoff_data(run, args.delta, alphas)
+    data = tradeoff_data(run, delta, alphas)
     curves: dict[str, Any] = {"tight accountant (certified)": data["pld"]}
     curves[f"G_mu, certified mu = {data['gdp_mu_certified']:.3g}"] = data["gdp_certified"]
     if "gdp_clt" in data:
         curves[f"G_mu, CLT mu = {data['gdp_mu_clt']:.3g} (approx.)"] = data["gdp_clt"]
-    curves[f"({data['epsilon_pld']:.3g}, {args.delta:g})-DP, tight"] = data["eps_delta"]
+    curves[f"({data['epsilon_pld']:.3g}, {delta:g})-DP, tight"] = data["eps_delta"]
     if "eps_delta_rdp" in data:
-        curves[f"({data['epsilon_rdp']:.3g}, {args.delta:g})-DP, RDP"] = data["eps_delta_rdp"]
+        curves[f"({data['epsilon_rdp']:.3g}, {delta:g})-DP, RDP"] = data["eps_delta_rdp"]
     plots.tradeoff_curves(
         curves,
         alphas=alphas,
-        title=f"n={run.dataset_size}, B={run.batch_size}, sigma={run.noise_multiplier:g}, T={run.steps}",
-        path=args.output,
+        title=f"n={run.dataset_size}, B={run.batch_size}, sigma={run.noise_multiplier:.3g}, T={run.steps}",
+        path=path,
     )
-    summary = {key: value for key, value in data.items() if not isinstance(value, np.ndarray)}
+    return {key: (value.tolist() if isinstance(value, np.ndarray) else value) for key, value in data.items()}
+
+
+def _run_curve(args: argparse.Namespace) -> int:
+    _check_plot_flag(args, "--output")
+    run = _run_from_args(args)
+    data = write_tradeoff_figure(run, args.delta, args.output)
+    summary = {key: value for key, value in data.items() if not isinstance(value, list)}
     if args.json:
         document = {"inputs": _inputs(run, args), "output": str(args.output), **summary,
-                    "curves": {key: value.tolist() for key, value in data.items()
-                               if isinstance(value, np.ndarray)}}
+                    "curves": {key: value for key, value in data.items() if isinstance(value, list)}}
         print(json.dumps(document, indent=2, allow_nan=False))
     else:
         print(f"Trade-off curve written to {args.output}.")
@@ -419,14 +409,63 @@ def _run_accountants(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------- bench
+def _run_bench_precision(args: argparse.Namespace) -> int:
+    import warnings
+
+    from dpsharp.bench import precision
+
+    grid = precision.load_grid(args.grid) if args.grid else list(precision.DEFAULT_GRID)
+    print(f"dpsharp bench precision: {len(grid)} settings")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # peers warn (opacus GDP is experimental, ...)
+        results = precision.run_precision(grid, use_peers=not args.no_peers, progress=True)
+    skipped = results["skipped_peers"]
+    if args.no_peers:
+        print("peers skipped: --no-peers (dpsharp's accountants only)")
+    else:
+        print(f"peers skipped (not installed): {', '.join(skipped)}" if skipped else "peers: all installed")
+    print(precision.markdown_table(results))
+    if args.output:
+        files = precision.write_outputs(results, args.output)
+        print("written: " + ", ".join(str(f) for f in files))
+    return 0
+
+
+def _run_bench_speed(args: argparse.Namespace) -> int:
+    import warnings
+
+    from dpsharp.bench import speed
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        results = speed.run_speed(quick=args.quick, use_peers=not args.no_peers, progress=True)
+    print(speed.markdown(results))
+    if args.output:
+        files = speed.write_outputs(results, args.output)
+        print("written: " + ", ".join(str(f) for f in files))
+    return 0
+
+
 # ---------------------------------------------------------------------------- parser
 def _build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="dpsharp", description="Privacy accounting for DP-SGD: "
                      "statements, calibration and plots from every dpsharp accountant.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    demo = commands.add_parser("demo", help="the main job: a privacy report of classic settings")
+    demo = commands.add_parser("demo", help="the main job: DP training on digits, every accountant's "
+                               "statement, plots")
+    demo.add_argument("--output", default="dpsharp-demo", metavar="DIR",
+                      help="folder for the plots and demo.json (default ./dpsharp-demo)")
+    demo.add_argument("--epochs", type=_positive_int, default=20, help="epochs (default 20)")
+    demo.add_argument("--target-epsilon", type=_positive_float, default=3.0, metavar="EPS",
+                      help="privacy budget epsilon (default 3)")
     demo.add_argument("--delta", type=_delta, default=1e-5, help="target delta (default 1e-5)")
+    demo.add_argument("--batch-size", type=_positive_int, default=256, help="expected batch size (default 256)")
+    demo.add_argument("--lr", type=_positive_float, default=2e-2, help="Adam learning rate (default 0.02)")
+    demo.add_argument("--max-grad-norm", type=_positive_float, default=1.0, help="clipping norm (default 1)")
+    demo.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    demo.add_argument("--no-progress", action="store_true", help="no progress bar")
     demo.set_defaults(handler=_run_demo, _parser=demo)
 
     epsilon = commands.add_parser("epsilon", help="privacy statement of a DP-SGD run")
@@ -453,6 +492,20 @@ def _build_parser() -> argparse.ArgumentParser:
     curve.add_argument("--output", required=True, metavar="FILE.png", help="where to write the figure")
     curve.add_argument("--json", action="store_true", help="also print the curves as JSON")
     curve.set_defaults(handler=_run_curve, _parser=curve)
+
+    bench = commands.add_parser("bench", help="benchmarks against the peer libraries")
+    benches = bench.add_subparsers(dest="bench", required=True, metavar="BENCH")
+    precision = benches.add_parser("precision", help="epsilon, bounds, time and gap of every accountant")
+    precision.add_argument("--output", metavar="DIR", help="write results.json/.csv/.md and plots here")
+    precision.add_argument("--grid", metavar="FILE.json",
+                           help="settings: a JSON list of {q, sigma, steps, delta?, name?}")
+    precision.add_argument("--no-peers", action="store_true", help="dpsharp's accountants only")
+    precision.set_defaults(handler=_run_bench_precision, _parser=precision)
+    speed = benches.add_parser("speed", help="query time against the peers, scaling in T and sigmas")
+    speed.add_argument("--output", metavar="DIR", help="write speed.json/.md/.png here")
+    speed.add_argument("--quick", action="store_true", help="T up to 10^5, 3 repeats")
+    speed.add_argument("--no-peers", action="store_true", help="dpsharp's accountants only")
+    speed.set_defaults(handler=_run_bench_speed, _parser=speed)
 
     listing = commands.add_parser("accountants", help="list the registered accountants")
     listing.set_defaults(handler=_run_accountants, _parser=listing)

@@ -1,0 +1,246 @@
+"""``dpsharp bench precision``: epsilon of a Poisson-subsampled Gaussian composed T times, from
+every dpsharp accountant and the installed peers, with certified bounds, time and the gap to the
+tightest certified upper bound.
+
+For each setting (q, sigma, T, delta) and accountant a row holds: ``epsilon`` (the reported
+number), ``epsilon_lower`` / ``epsilon_upper`` (proven bounds where the accountant gives them;
+``epsilon_upper`` = ``epsilon`` for a certified accountant), ``certified``, ``seconds`` (one
+fresh compose + query), and ``gap`` = epsilon - min over the setting's certified rows of
+``epsilon_upper`` (0 for the tightest certified bound; negative for an approximation below it).
+Peers' rows are named after their library (``dp_accounting.rdp``, ``prv_accountant``,
+``opacus.prv``, ...). The default grid is the MNIST and Abadi et al. settings of
+REFERENCE.md (Abadi et al. 2016; Bu et al. 2020) plus three hard regimes.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from dpsharp._validation import require_positive_finite
+
+__all__ = ["DEFAULT_GRID", "Setting", "load_grid", "markdown_table", "run_precision", "write_outputs"]
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One benchmark setting: Poisson sampling probability q, noise multiplier sigma, T steps."""
+
+    name: str
+    q: float
+    sigma: float
+    steps: int
+    delta: float = 1e-5
+
+    def __post_init__(self) -> None:
+        if not (0.0 < self.q <= 1.0) or not math.isfinite(self.q):
+            raise ValueError(f"q must be in (0, 1], got {self.q!r} (setting {self.name!r})")
+        require_positive_finite("sigma", self.sigma)
+        if int(self.steps) != self.steps or self.steps < 1:
+            raise ValueError(f"steps must be a positive integer, got {self.steps!r} (setting {self.name!r})")
+        if not (0.0 < self.delta < 1.0):
+            raise ValueError(f"delta must be in (0, 1), got {self.delta!r} (setting {self.name!r})")
+
+
+_MNIST_Q = 256 / 60000
+
+DEFAULT_GRID: tuple[Setting, ...] = (
+    Setting("MNIST sigma=1.1 60 epochs", _MNIST_Q, 1.1, round(60 * 60000 / 256)),
+    Setting("MNIST sigma=0.7 45 epochs", _MNIST_Q, 0.7, round(45 * 60000 / 256)),
+    Setting("MNIST sigma=1.3 20 epochs", _MNIST_Q, 1.3, round(20 * 60000 / 256)),
+    Setting("Abadi q=0.01 sigma=4 T=1e4", 0.01, 4.0, 10_000),
+    Setting("Abadi q=0.01 sigma=4 T=4e4", 0.01, 4.0, 40_000),
+    Setting("hard q=0.02 sigma=0.5 T=5000", 0.02, 0.5, 5000),
+    Setting("hard q=0.1 sigma=2 T=1000", 0.1, 2.0, 1000),
+    Setting("hard q=0.001 sigma=0.8 T=1e5", 0.001, 0.8, 100_000),
+)
+
+
+def load_grid(path: str | Path) -> list[Setting]:
+    """A user grid: a JSON list of objects with keys q, sigma, steps (or T), optional delta, name."""
+    items = json.loads(Path(path).read_text())
+    if not isinstance(items, list) or not items:
+        raise ValueError(f"--grid must be a non-empty JSON list of settings, got {type(items).__name__}")
+    grid = []
+    for index, item in enumerate(items):
+        if not isinstance(item, dict) or "q" not in item or "sigma" not in item or not ({"steps", "T"} & set(item)):
+            raise ValueError(f"--grid entry {index} must have keys q, sigma and steps (or T); got {item!r}")
+        steps = item.get("steps", item.get("T"))
+        name = item.get("name", f"q={item['q']:g} sigma={item['sigma']:g} T={steps}")
+        grid.append(Setting(str(name), float(item["q"]), float(item["sigma"]), int(steps),
+                            float(item.get("delta", 1e-5))))
+    return grid
+
+
+def _finite(value: Any) -> float | None:
+    if value is None:
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def _dpsharp_rows(setting: Setting, names: list[str]) -> list[dict[str, Any]]:
+    import dpsharp
+
+    event = dpsharp.PoissonSampled(dpsharp.Gaussian(setting.sigma), setting.q)
+    rows = []
+    for name in names:
+        acc = dpsharp.accountant(name)
+        if not acc.supports(event):
+            continue
+        start = time.perf_counter()
+        try:
+            guarantee = acc.compose(event, setting.steps).guarantee(setting.delta)
+        except (ValueError, ArithmeticError):
+            continue
+        seconds = time.perf_counter() - start
+        eps = _finite(guarantee.epsilon)
+        rows.append({"library": "dpsharp", "accountant": f"dpsharp.{name}", "epsilon": eps,
+                     "epsilon_lower": _finite(guarantee.epsilon_lower),
+                     "epsilon_upper": eps if guarantee.certified else None,
+                     "certified": bool(guarantee.certified), "seconds": seconds})
+    return rows
+
+
+def _peer_rows(setting: Setting, peers: dict[str, Any]) -> list[dict[str, Any]]:
+    import warnings
+
+    rows = []
+    for name, call in peers.items():
+        start = time.perf_counter()
+        try:
+            with warnings.catch_warnings():  # the peers' own deprecation/experimental warnings
+                warnings.simplefilter("ignore")
+                result = call(setting.q, setting.sigma, setting.steps, setting.delta)
+        except Exception as exc:  # noqa: BLE001 - a peer's failure is a result, reported as such
+            rows.append({"library": name.split(".")[0], "accountant": name, "epsilon": None,
+                         "epsilon_lower": None, "epsilon_upper": None, "certified": False,
+                         "seconds": time.perf_counter() - start, "error": f"{type(exc).__name__}: {exc}"})
+            continue
+        rows.append({"library": name.split(".")[0], "accountant": name, "epsilon": _finite(result.epsilon),
+                     "epsilon_lower": _finite(result.epsilon_lower),
+                     "epsilon_upper": _finite(result.epsilon_upper), "certified": result.certified,
+                     "seconds": time.perf_counter() - start})
+    return rows
+
+
+def run_precision(
+    grid: list[Setting] | tuple[Setting, ...] = DEFAULT_GRID,
+    *,
+    accountants: list[str] | None = None,
+    peers: list[str] | None = None,
+    use_peers: bool = True,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Run the benchmark; returns ``{"settings": [...], "rows": [...], "skipped_peers": [...]}``.
+
+    ``accountants``: dpsharp accountant names (default all registered); ``peers``: peer row
+    names of :data:`dpsharp.bench.peers.PEERS` (default all installed); ``use_peers=False``
+    runs dpsharp only.
+    """
+    import dpsharp
+    from dpsharp.bench.peers import available_peers, skipped_peers
+
+    names = accountants if accountants is not None else dpsharp.available()
+    peer_calls = available_peers(peers) if use_peers else {}
+    rows: list[dict[str, Any]] = []
+    for setting in grid:
+        if progress:
+            print(f"  {setting.name}", flush=True)
+        found = _dpsharp_rows(setting, names) + _peer_rows(setting, peer_calls)
+        uppers = [r["epsilon_upper"] for r in found if r["certified"] and r["epsilon_upper"] is not None]
+        tightest = min(uppers) if uppers else None
+        for row in found:
+            row.update({"setting": setting.name, "q": setting.q, "sigma": setting.sigma,
+                        "steps": setting.steps, "delta": setting.delta,
+                        "tightest_certified_upper": tightest,
+                        "gap": None if (tightest is None or row["epsilon"] is None) else row["epsilon"] - tightest})
+        rows.extend(found)
+    return {"settings": [asdict(s) for s in grid], "rows": rows,
+            "skipped_peers": skipped_peers() if use_peers else ["(peers disabled)"]}
+
+
+_COLUMNS = ["setting", "q", "sigma", "steps", "delta", "library", "accountant", "epsilon",
+            "epsilon_lower", "epsilon_upper", "certified", "gap", "seconds"]
+
+
+def _cell(value: Any, digits: int = 4) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.{digits}g}" if abs(value) < 1e-3 or abs(value) >= 1e4 else f"{value:.{digits}f}"
+    return str(value)
+
+
+def markdown_table(results: dict[str, Any]) -> str:
+    """One row per setting and accountant (results.md)."""
+    lines = ["| setting | accountant | epsilon | lower | upper | certified | gap to tightest | seconds |",
+             "| --- | --- | ---: | ---: | ---: | --- | ---: | ---: |"]
+    for r in results["rows"]:
+        lines.append(f"| {r['setting']} | {r['accountant']} | {_cell(r['epsilon'])} | {_cell(r['epsilon_lower'])} | "
+                     f"{_cell(r['epsilon_upper'])} | {_cell(r['certified'])} | {_cell(r['gap'])} | "
+                     f"{r['seconds']:.3g} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_outputs(results: dict[str, Any], output: str | Path, *, plots: bool = True) -> list[Path]:
+    """Write results.json, results.csv, results.md (and precision.png) to ``output``."""
+    out = Path(output)
+    out.mkdir(parents=True, exist_ok=True)
+    written = [out / "results.json", out / "results.csv", out / "results.md"]
+    written[0].write_text(json.dumps(results, indent=2))
+    with written[1].open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=_COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(results["rows"])
+    skipped = ", ".join(results["skipped_peers"]) or "none"
+    written[2].write_text(
+        "# Accountant precision: Poisson-subsampled Gaussian, T steps\n\n"
+        "gap = epsilon - the smallest certified upper bound of the setting. Peers skipped: "
+        f"{skipped}.\n\n" + markdown_table(results))
+    if plots:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            return written
+        written.append(_plot(results, out / "precision.png"))
+    return written
+
+
+def _plot(results: dict[str, Any], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    settings = [s["name"] for s in results["settings"]]
+    accountants = sorted({r["accountant"] for r in results["rows"]})
+    figure, (left, right) = plt.subplots(1, 2, figsize=(13, 0.5 * len(settings) + 3), sharey=True)
+    for index, name in enumerate(accountants):
+        ys, gaps, secs = [], [], []
+        for row in results["rows"]:
+            if row["accountant"] == name and row["gap"] is not None:
+                ys.append(settings.index(row["setting"]) + (index - len(accountants) / 2) * 0.05)
+                gaps.append(row["epsilon"] / row["tightest_certified_upper"])
+                secs.append(row["seconds"])
+        left.scatter(gaps, ys, label=name, s=18)
+        right.scatter(secs, ys, label=name, s=18)
+    left.set_xscale("log")
+    left.axvline(1.0, color="0.6", linewidth=0.8)
+    left.set_xlabel("epsilon / tightest certified upper bound")
+    right.set_xscale("log")
+    right.set_xlabel("seconds (compose + query)")
+    left.set_yticks(range(len(settings)), settings)
+    right.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    figure.suptitle("Accountant precision and time, delta = 1e-5")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
