@@ -25,9 +25,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import scipy.fft
+import scipy.signal
 
 __all__ = ["ComposedPLD", "DiscretePLD", "compose", "forward_transform", "inverse_transform"]
 
@@ -133,39 +135,51 @@ class ComposedPLD:
         mass, constant, low_mass = self._curve_terms(pessimistic)
         h = self.grid_step
         first = self.start * h
-        shifted = np.exp(-(self.losses - first))  # e^{-(l_k - a)} <= 1
-        # suffix sums over k > j: A_j = sum m_k, B_j = sum m_k e^{-(l_k - a)}
+        # suffix sums over k > j: A_j = sum m_k, W_j = sum m_k e^{-(l_k - l_j)}
         tail_mass = np.concatenate((np.cumsum(mass[::-1])[::-1][1:], [0.0]))
-        tail_weighted = np.concatenate((np.cumsum((mass * shifted)[::-1])[::-1][1:], [0.0]))
-        curve = tail_mass + constant - tail_weighted / shifted
+        tail_weighted = _discounted_suffix(mass, h)
+        curve = tail_mass + constant - tail_weighted
         if constant >= delta and pessimistic and constant > 0:
             return float("inf")
         below_target = np.flatnonzero(curve <= delta)
         if below_target.size == 0:
             return float("inf")
         j = int(below_target[0])
+        # Between l_{j-1} and l_j the curve is A - e^eps B; with B normalised at the left end
+        # (anchor), eps = anchor + log((A - delta) / B).
         if j == 0:
+            anchor = first
             a_sum = float(mass.sum()) + constant + low_mass
+            shifted = np.exp(-(self.losses - first))  # e^{-(l_k - a)} <= 1, no division
             b_sum = float(np.dot(mass, shifted)) + low_mass
         else:
+            anchor = (self.start + j - 1) * h
             a_sum = float(tail_mass[j - 1]) + constant
             b_sum = float(tail_weighted[j - 1])
         if a_sum <= delta or b_sum <= 0:
-            value = (self.start + j - 1) * h if j > 0 else first
+            value = anchor
         else:
-            value = first + float(np.log((a_sum - delta) / b_sum))
+            value = anchor + float(np.log((a_sum - delta) / b_sum))
         return max(value, 0.0)
 
     def delta_curve(self, *, pessimistic: bool) -> tuple[np.ndarray, np.ndarray]:
         """(eps grid, delta bound at each grid point)."""
         mass, constant, _ = self._curve_terms(pessimistic)
         losses = self.losses
-        first = losses[0]
-        shifted = np.exp(-(losses - first))
         tail_mass = np.concatenate((np.cumsum(mass[::-1])[::-1][1:], [0.0]))
-        tail_weighted = np.concatenate((np.cumsum((mass * shifted)[::-1])[::-1][1:], [0.0]))
-        curve = np.clip(tail_mass + constant - tail_weighted / shifted, 0.0, 1.0)
+        tail_weighted = _discounted_suffix(mass, self.grid_step)
+        curve = np.clip(tail_mass + constant - tail_weighted, 0.0, 1.0)
         return losses, curve
+
+
+def _discounted_suffix(mass: np.ndarray, grid_step: float) -> np.ndarray:
+    """``W_j = sum_{k > j} m_k e^{-(k - j) h}`` by the recursion ``W_j = e^{-h} (m_{j+1} +
+    W_{j+1})`` (a first-order linear filter run backwards): no ratio of underflowing exponentials,
+    so it stays finite however wide the window is."""
+    decay = math.exp(-grid_step)
+    reversed_mass = mass[::-1]
+    out = scipy.signal.lfilter([0.0, decay], [1.0, -decay], reversed_mass)
+    return np.ascontiguousarray(out[::-1])
 
 
 def chernoff_window(log_mgf_total: np.ndarray, log_tail: float) -> tuple[float, float]:
@@ -194,12 +208,14 @@ def compose(
     counts: list[int],
     *,
     log_tail: float,
-    spectra: dict[int, tuple[int, np.ndarray]] | None = None,
+    spectra: dict[Any, tuple[int, np.ndarray]] | None = None,
+    keys: list[Any] | None = None,
 ) -> ComposedPLD:
     """The composition of ``counts[i]`` copies of ``plds[i]``, on a power-of-two circle just wide
     enough for the Chernoff window at ``e^{log_tail}``.
 
-    ``spectra`` (optional) caches ``id -> (size, log spectrum)`` per PLD position, so that
+    ``spectra`` (optional) caches ``key -> (size, log spectrum)`` per PLD (``keys[i]`` names
+    ``plds[i]``; its position by default), so that
     recomposing after one more step only costs a pointwise exponential and one inverse FFT.
     """
     grid_step = plds[0].grid_step
@@ -221,7 +237,8 @@ def compose(
     log_spectrum = np.zeros(size // 2 + 1, dtype=complex)
     shift = 0
     for index, (pld, count) in enumerate(zip(plds, counts)):
-        log_spectrum += count * _log_spectrum(pld, size, spectra, index)
+        key = keys[index] if keys is not None else index
+        log_spectrum += count * _log_spectrum(pld, size, spectra, key)
         shift += count * pld.offset
     circular = inverse_transform(np.exp(log_spectrum), size)
     mass = np.roll(circular, (shift - start) % size)
@@ -254,15 +271,15 @@ def _cached_log_mgf(pld: DiscretePLD, exponents: np.ndarray) -> np.ndarray:
 
 
 def _log_spectrum(
-    pld: DiscretePLD, size: int, spectra: dict[int, tuple[int, np.ndarray]] | None, index: int
+    pld: DiscretePLD, size: int, spectra: dict[Any, tuple[int, np.ndarray]] | None, key: Any
 ) -> np.ndarray:
     if spectra is not None:
-        hit = spectra.get(index)
+        hit = spectra.get(key)
         if hit is not None and hit[0] == size:
             return hit[1]
     spectrum = forward_transform(pld.folded(size), size)
     with np.errstate(divide="ignore"):
         log_spectrum = np.log(spectrum)
     if spectra is not None:
-        spectra[index] = (size, log_spectrum)
+        spectra[key] = (size, log_spectrum)
     return log_spectrum
