@@ -241,7 +241,12 @@ def compose(
         key = keys[index] if keys is not None else index
         log_spectrum += count * _log_spectrum(pld, size, spectra, key)
         shift += count * pld.offset
-    circular = inverse_transform(np.exp(log_spectrum), size)
+    # The spectrum of a wide composition decays fast: only entries whose modulus does not
+    # underflow (log modulus > -800, well below the smallest subnormal e^-745) need the complex
+    # exponential; the others are exactly 0 either way.
+    spectrum = np.zeros_like(log_spectrum)
+    np.exp(log_spectrum, out=spectrum, where=log_spectrum.real > -800.0)
+    circular = inverse_transform(spectrum, size)
     mass = np.roll(circular, (shift - start) % size)
     window_low = start * grid_step
     window_high = (start + size - 1) * grid_step
