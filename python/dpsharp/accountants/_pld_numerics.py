@@ -237,15 +237,26 @@ def compose(
     size = _circle_size(needed)
     log_spectrum = np.zeros(size // 2 + 1, dtype=complex)
     shift = 0
+    product: np.ndarray | None = None
     for index, (pld, count) in enumerate(zip(plds, counts)):
+        shift += count * pld.offset
+        if spectra is None and count <= _DIRECT_POWER_UP_TO:
+            # A few copies: a power by repeated multiplication, no complex log and exponential.
+            spectrum_one = _integer_power(forward_transform(pld.folded(size), size), count)
+            if product is None:
+                product = spectrum_one
+            else:
+                product *= spectrum_one
+            continue
         key = keys[index] if keys is not None else index
         log_spectrum += count * _log_spectrum(pld, size, spectra, key)
-        shift += count * pld.offset
     # The spectrum of a wide composition decays fast: only entries whose modulus does not
     # underflow (log modulus > -800, well below the smallest subnormal e^-745) need the complex
     # exponential; the others are exactly 0 either way.
     spectrum = np.zeros_like(log_spectrum)
     np.exp(log_spectrum, out=spectrum, where=log_spectrum.real > -800.0)
+    if product is not None:
+        spectrum *= product
     circular = inverse_transform(spectrum, size)
     mass = np.roll(circular, (shift - start) % size)
     window_low = start * grid_step
@@ -276,6 +287,26 @@ def _circle_size(needed: int) -> int:
         if m * base >= needed:
             return m * base
     raise AssertionError("unreachable")
+
+
+#: Counts up to this are raised to their power by repeated multiplication in :func:`compose`.
+_DIRECT_POWER_UP_TO = 32
+
+
+def _integer_power(values: np.ndarray, count: int) -> np.ndarray:
+    """``values ** count`` for a small positive integer by square-and-multiply (in place on
+    ``values``' copy); moduli are at most 1, so nothing overflows."""
+    result: np.ndarray | None = None
+    base = values
+    while True:
+        if count & 1:
+            result = base.copy() if result is None else result * base
+        count >>= 1
+        if not count:
+            break
+        base = base * base
+    assert result is not None
+    return result
 
 
 _MGF_CACHE_ATTR = "_log_mgf_cache"
