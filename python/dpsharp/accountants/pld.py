@@ -88,10 +88,13 @@ class PLDAccountant(Accountant):
     ----------
     precision
         Target relative gap (upper - lower) / upper between the two epsilon bounds, in (0, 1).
-        The grid step h is derived from it and from the number of composed steps T as
-        ``h = 0.02 sqrt(precision / 1e-3) / sqrt(T')`` with T' = T rounded up to a power of two
-        (second-order roundings err by O(T h^2)); :meth:`epsilon_bounds` refines h until the
-        gap is met or the FFT size limit is reached, and then returns the wider honest bracket.
+        The grid step h is derived from it and from the mean per-step variance of the privacy
+        loss (see :meth:`_grid_step`; second-order roundings err by O(T h^2) against a composed
+        variance of order T), and the per-step truncation from the tail budget divided by T
+        rounded up to a power of two: both are functions of the composed multiset only, so
+        incremental, all-at-once and restored accountants give identical answers.
+        :meth:`epsilon_bounds` refines h until the gap is met or the FFT size limit is reached,
+        and then returns the wider honest bracket.
     neighbouring
         The relation every guarantee is stated under (``"add_remove"`` or ``"replace_one"``).
 
