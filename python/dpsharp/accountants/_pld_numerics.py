@@ -135,16 +135,26 @@ class ComposedPLD:
         mass, constant, low_mass = self._curve_terms(pessimistic)
         h = self.grid_step
         first = self.start * h
-        # suffix sums over k > j: A_j = sum m_k, W_j = sum m_k e^{-(l_k - l_j)}
-        tail_mass = np.concatenate((np.cumsum(mass[::-1])[::-1][1:], [0.0]))
-        tail_weighted = _discounted_suffix(mass, h)
-        curve = tail_mass + constant - tail_weighted
         if constant >= delta and pessimistic and constant > 0:
             return float("inf")
+        # The answer is clamped at 0, so grid points below l = -h are not needed: the suffix
+        # sums are computed from index i0 (loss <= -h when i0 > 0) on, which gives the same
+        # values as over the whole window (suffix sums run from the top end).
+        i0 = max(0, -self.start - 1)
+        mass_from = mass[i0:]
+        # suffix sums over k > j: A_j = sum m_k, W_j = sum m_k e^{-(l_k - l_j)} (j >= i0)
+        tail_mass = np.concatenate((np.cumsum(mass_from[::-1])[::-1][1:], [0.0]))
+        tail_weighted = _discounted_suffix(mass_from, h)
+        curve = tail_mass + constant - tail_weighted
         below_target = np.flatnonzero(curve <= delta)
         if below_target.size == 0:
-            return float("inf")
-        j = int(below_target[0])
+            return float("inf")  # the curve is non-increasing: no crossing below i0 either
+        j_from = int(below_target[0])
+        if i0 > 0 and j_from == 0:
+            return 0.0  # delta(l_{i0}) <= delta with l_{i0} <= -h < 0
+        j = i0 + j_from
+        tail_mass_at = lambda index: float(tail_mass[index - i0])  # noqa: E731
+        tail_weighted_at = lambda index: float(tail_weighted[index - i0])  # noqa: E731
         # Between l_{j-1} and l_j the curve is A - e^eps B; with B normalised at the left end
         # (anchor), eps = anchor + log((A - delta) / B).
         if j == 0:
@@ -154,8 +164,8 @@ class ComposedPLD:
             b_sum = float(np.dot(mass, shifted)) + low_mass
         else:
             anchor = (self.start + j - 1) * h
-            a_sum = float(tail_mass[j - 1]) + constant
-            b_sum = float(tail_weighted[j - 1])
+            a_sum = tail_mass_at(j - 1) + constant
+            b_sum = tail_weighted_at(j - 1)
         if a_sum <= delta or b_sum <= 0:
             value = anchor
         else:
