@@ -291,3 +291,52 @@ def test_many_distinct_sigmas_are_quantised_soundly() -> None:
     lower, upper = acc.epsilon_bounds(1e-5)
     assert lower <= exact_epsilon_bisect(1e-5, mu) <= upper
     assert upper - lower <= 2e-2 * upper
+
+
+# ---------------------------------------------------------------- answers depend on the multiset only
+def _history_answers(events: list[tuple[object, int]], query_every: bool) -> tuple[float, float]:
+    acc = PLDAccountant()
+    for event, count in events:
+        acc.compose(event, count)
+        if query_every:
+            acc.epsilon(1e-5)
+            acc.delta(1.0)
+    return acc.epsilon(1e-5), acc.delta(1.0)
+
+
+@pytest.mark.parametrize(
+    "chunks",
+    [
+        [(PoissonSampled(Gaussian(1.1), 0.01), 100), (PoissonSampled(Gaussian(1.1), 0.01), 600)],
+        [(PoissonSampled(Gaussian(0.9), 0.02), 30), (Gaussian(5.0), 3), (PoissonSampled(Gaussian(1.3), 0.05), 200)],
+    ],
+)
+def test_answers_are_a_function_of_the_multiset(chunks: list[tuple[object, int]]) -> None:
+    """Base-class contract (accountants/base.py): incremental runs with queries in between,
+    all-at-once composition in another order, and a restored checkpoint give bit-for-bit the
+    same answers (issue: compose 100, query, compose 600 differed from compose 700)."""
+    incremental = _history_answers(chunks, query_every=True)
+    at_once = _history_answers(list(reversed(chunks)), query_every=False)
+    assert incremental == at_once
+    acc = PLDAccountant()
+    for event, count in chunks:
+        acc.compose(event, count)
+        acc.epsilon(1e-5)
+    restored = PLDAccountant()
+    restored.load_state_dict(acc.state_dict())
+    assert (restored.epsilon(1e-5), restored.delta(1.0)) == incremental
+    assert acc.epsilon_bounds(1e-5) == restored.epsilon_bounds(1e-5)
+
+
+@pytest.mark.parametrize("event", [Gaussian(0.01), PoissonSampled(Gaussian(0.01), 0.01)])
+def test_extreme_sigma_is_finite_without_warnings(event: object) -> None:
+    """sigma = 0.01 used to raise an invalid-divide RuntimeWarning (an error under the test
+    configuration) from a ratio of underflowing exponentials; the upper bound must still bracket
+    the exact Gaussian value (mu = 100 for the plain Gaussian)."""
+    acc = PLDAccountant().compose(event, 1)
+    upper = acc.epsilon(1e-5)
+    assert math.isfinite(upper) and upper > 0.0
+    assert acc.delta(upper) <= 1e-5 * (1 + 1e-9)
+    if isinstance(event, Gaussian):
+        # delta(eps; mu) decreases in eps, so exact epsilon <= upper iff exact delta(upper) <= 1e-5.
+        assert exact_delta(upper, 100.0) <= 1e-5

@@ -23,11 +23,14 @@ LossTails poisson_remove(double mu, double q, double loss) noexcept {
   if (loss <= log1mq) return certain_above();
   const double log_q = std::log(q);
   const double x = (log_diff(loss, log1mq) - log_q + 0.5 * mu * mu) / mu;
+  // Four normal tails, each evaluated once (the same values as evaluating them in place).
+  const double upper_null = log_normal_cdf(-x);
+  const double lower_null = log_normal_cdf(x);
   LossTails t;
-  t.log_survival_p = log_add_exp(log1mq + log_normal_cdf(-x), log_q + log_normal_cdf(mu - x));
-  t.log_cdf_p = log_add_exp(log1mq + log_normal_cdf(x), log_q + log_normal_cdf(x - mu));
-  t.log_survival_q = log_normal_cdf(-x);
-  t.log_cdf_q = log_normal_cdf(x);
+  t.log_survival_p = log_add_exp(log1mq + upper_null, log_q + log_normal_cdf(mu - x));
+  t.log_cdf_p = log_add_exp(log1mq + lower_null, log_q + log_normal_cdf(x - mu));
+  t.log_survival_q = upper_null;
+  t.log_cdf_q = lower_null;
   return t;
 }
 
@@ -38,11 +41,13 @@ LossTails poisson_add(double mu, double q, double loss) noexcept {
   if (-loss <= log1mq) return certain_below();
   const double log_q = std::log(q);
   const double x = (log_diff(-loss, log1mq) - log_q + 0.5 * mu * mu) / mu;
+  const double lower_null = log_normal_cdf(x);
+  const double upper_null = log_normal_cdf(-x);
   LossTails t;
-  t.log_survival_p = log_normal_cdf(x);
-  t.log_cdf_p = log_normal_cdf(-x);
-  t.log_survival_q = log_add_exp(log1mq + log_normal_cdf(x), log_q + log_normal_cdf(x - mu));
-  t.log_cdf_q = log_add_exp(log1mq + log_normal_cdf(-x), log_q + log_normal_cdf(mu - x));
+  t.log_survival_p = lower_null;
+  t.log_cdf_p = upper_null;
+  t.log_survival_q = log_add_exp(log1mq + lower_null, log_q + log_normal_cdf(x - mu));
+  t.log_cdf_q = log_add_exp(log1mq + upper_null, log_q + log_normal_cdf(mu - x));
   return t;
 }
 

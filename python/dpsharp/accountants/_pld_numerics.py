@@ -25,9 +25,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import scipy.fft
+import scipy.signal
 
 __all__ = ["ComposedPLD", "DiscretePLD", "compose", "forward_transform", "inverse_transform"]
 
@@ -133,39 +135,61 @@ class ComposedPLD:
         mass, constant, low_mass = self._curve_terms(pessimistic)
         h = self.grid_step
         first = self.start * h
-        shifted = np.exp(-(self.losses - first))  # e^{-(l_k - a)} <= 1
-        # suffix sums over k > j: A_j = sum m_k, B_j = sum m_k e^{-(l_k - a)}
-        tail_mass = np.concatenate((np.cumsum(mass[::-1])[::-1][1:], [0.0]))
-        tail_weighted = np.concatenate((np.cumsum((mass * shifted)[::-1])[::-1][1:], [0.0]))
-        curve = tail_mass + constant - tail_weighted / shifted
         if constant >= delta and pessimistic and constant > 0:
             return float("inf")
+        # The answer is clamped at 0, so grid points below l = -h are not needed: the suffix
+        # sums are computed from index i0 (loss <= -h when i0 > 0) on, which gives the same
+        # values as over the whole window (suffix sums run from the top end).
+        i0 = max(0, -self.start - 1)
+        mass_from = mass[i0:]
+        # suffix sums over k > j: A_j = sum m_k, W_j = sum m_k e^{-(l_k - l_j)} (j >= i0)
+        tail_mass = np.concatenate((np.cumsum(mass_from[::-1])[::-1][1:], [0.0]))
+        tail_weighted = _discounted_suffix(mass_from, h)
+        curve = tail_mass + constant - tail_weighted
         below_target = np.flatnonzero(curve <= delta)
         if below_target.size == 0:
-            return float("inf")
-        j = int(below_target[0])
+            return float("inf")  # the curve is non-increasing: no crossing below i0 either
+        j_from = int(below_target[0])
+        if i0 > 0 and j_from == 0:
+            return 0.0  # delta(l_{i0}) <= delta with l_{i0} <= -h < 0
+        j = i0 + j_from
+        tail_mass_at = lambda index: float(tail_mass[index - i0])  # noqa: E731
+        tail_weighted_at = lambda index: float(tail_weighted[index - i0])  # noqa: E731
+        # Between l_{j-1} and l_j the curve is A - e^eps B; with B normalised at the left end
+        # (anchor), eps = anchor + log((A - delta) / B).
         if j == 0:
+            anchor = first
             a_sum = float(mass.sum()) + constant + low_mass
+            shifted = np.exp(-(self.losses - first))  # e^{-(l_k - a)} <= 1, no division
             b_sum = float(np.dot(mass, shifted)) + low_mass
         else:
-            a_sum = float(tail_mass[j - 1]) + constant
-            b_sum = float(tail_weighted[j - 1])
+            anchor = (self.start + j - 1) * h
+            a_sum = tail_mass_at(j - 1) + constant
+            b_sum = tail_weighted_at(j - 1)
         if a_sum <= delta or b_sum <= 0:
-            value = (self.start + j - 1) * h if j > 0 else first
+            value = anchor
         else:
-            value = first + float(np.log((a_sum - delta) / b_sum))
+            value = anchor + float(np.log((a_sum - delta) / b_sum))
         return max(value, 0.0)
 
     def delta_curve(self, *, pessimistic: bool) -> tuple[np.ndarray, np.ndarray]:
         """(eps grid, delta bound at each grid point)."""
         mass, constant, _ = self._curve_terms(pessimistic)
         losses = self.losses
-        first = losses[0]
-        shifted = np.exp(-(losses - first))
         tail_mass = np.concatenate((np.cumsum(mass[::-1])[::-1][1:], [0.0]))
-        tail_weighted = np.concatenate((np.cumsum((mass * shifted)[::-1])[::-1][1:], [0.0]))
-        curve = np.clip(tail_mass + constant - tail_weighted / shifted, 0.0, 1.0)
+        tail_weighted = _discounted_suffix(mass, self.grid_step)
+        curve = np.clip(tail_mass + constant - tail_weighted, 0.0, 1.0)
         return losses, curve
+
+
+def _discounted_suffix(mass: np.ndarray, grid_step: float) -> np.ndarray:
+    """``W_j = sum_{k > j} m_k e^{-(k - j) h}`` by the recursion ``W_j = e^{-h} (m_{j+1} +
+    W_{j+1})`` (a first-order linear filter run backwards): no ratio of underflowing exponentials,
+    so it stays finite however wide the window is."""
+    decay = math.exp(-grid_step)
+    reversed_mass = mass[::-1]
+    out = scipy.signal.lfilter([0.0, decay], [1.0, -decay], reversed_mass)
+    return np.ascontiguousarray(out[::-1])
 
 
 def chernoff_window(log_mgf_total: np.ndarray, log_tail: float) -> tuple[float, float]:
@@ -194,12 +218,15 @@ def compose(
     counts: list[int],
     *,
     log_tail: float,
-    spectra: dict[int, tuple[int, np.ndarray]] | None = None,
+    spectra: dict[Any, tuple[int, np.ndarray]] | None = None,
+    keys: list[Any] | None = None,
 ) -> ComposedPLD:
-    """The composition of ``counts[i]`` copies of ``plds[i]``, on a power-of-two circle just wide
+    """The composition of ``counts[i]`` copies of ``plds[i]``, on a circle (a 2-3-5-smooth size,
+    fast for pocketfft; the folding argument holds for any size) just wide
     enough for the Chernoff window at ``e^{log_tail}``.
 
-    ``spectra`` (optional) caches ``id -> (size, log spectrum)`` per PLD position, so that
+    ``spectra`` (optional) caches ``key -> (size, log spectrum)`` per PLD (``keys[i]`` names
+    ``plds[i]``; its position by default), so that
     recomposing after one more step only costs a pointwise exponential and one inverse FFT.
     """
     grid_step = plds[0].grid_step
@@ -217,13 +244,30 @@ def compose(
     start = max(int(np.floor(a / grid_step)), support_low)
     stop = min(int(np.ceil(b / grid_step)), support_high)
     needed = max(stop - start + 1, 2)
-    size = 1 << int(np.ceil(np.log2(needed)))
+    size = _circle_size(needed)
     log_spectrum = np.zeros(size // 2 + 1, dtype=complex)
     shift = 0
+    product: np.ndarray | None = None
     for index, (pld, count) in enumerate(zip(plds, counts)):
-        log_spectrum += count * _log_spectrum(pld, size, spectra, index)
         shift += count * pld.offset
-    circular = inverse_transform(np.exp(log_spectrum), size)
+        if spectra is None and count <= _DIRECT_POWER_UP_TO:
+            # A few copies: a power by repeated multiplication, no complex log and exponential.
+            spectrum_one = _integer_power(forward_transform(pld.folded(size), size), count)
+            if product is None:
+                product = spectrum_one
+            else:
+                product *= spectrum_one
+            continue
+        key = keys[index] if keys is not None else index
+        log_spectrum += count * _log_spectrum(pld, size, spectra, key)
+    # The spectrum of a wide composition decays fast: only entries whose modulus does not
+    # underflow (log modulus > -800, well below the smallest subnormal e^-745) need the complex
+    # exponential; the others are exactly 0 either way.
+    spectrum = np.zeros_like(log_spectrum)
+    np.exp(log_spectrum, out=spectrum, where=log_spectrum.real > -800.0)
+    if product is not None:
+        spectrum *= product
+    circular = inverse_transform(spectrum, size)
     mass = np.roll(circular, (shift - start) % size)
     window_low = start * grid_step
     window_high = (start + size - 1) * grid_step
@@ -242,6 +286,39 @@ def compose(
     )
 
 
+def _circle_size(needed: int) -> int:
+    """The smallest size >= ``needed`` of the form m 2^k, m in {8, 9, 10, 12, 15} (fast 2-3-5
+    FFT sizes, at most 25% above ``needed``, few enough that cached spectra of an incremental run
+    are reused over many steps)."""
+    if needed <= 16:
+        return 16
+    base = 1 << (int(needed - 1).bit_length() - 4)  # needed in (8 base, 16 base]
+    for m in (9, 10, 12, 15, 16):
+        if m * base >= needed:
+            return m * base
+    raise AssertionError("unreachable")
+
+
+#: Counts up to this are raised to their power by repeated multiplication in :func:`compose`.
+_DIRECT_POWER_UP_TO = 32
+
+
+def _integer_power(values: np.ndarray, count: int) -> np.ndarray:
+    """``values ** count`` for a small positive integer by square-and-multiply (in place on
+    ``values``' copy); moduli are at most 1, so nothing overflows."""
+    result: np.ndarray | None = None
+    base = values
+    while True:
+        if count & 1:
+            result = base.copy() if result is None else result * base
+        count >>= 1
+        if not count:
+            break
+        base = base * base
+    assert result is not None
+    return result
+
+
 _MGF_CACHE_ATTR = "_log_mgf_cache"
 
 
@@ -254,15 +331,15 @@ def _cached_log_mgf(pld: DiscretePLD, exponents: np.ndarray) -> np.ndarray:
 
 
 def _log_spectrum(
-    pld: DiscretePLD, size: int, spectra: dict[int, tuple[int, np.ndarray]] | None, index: int
+    pld: DiscretePLD, size: int, spectra: dict[Any, tuple[int, np.ndarray]] | None, key: Any
 ) -> np.ndarray:
     if spectra is not None:
-        hit = spectra.get(index)
+        hit = spectra.get(key)
         if hit is not None and hit[0] == size:
             return hit[1]
     spectrum = forward_transform(pld.folded(size), size)
     with np.errstate(divide="ignore"):
         log_spectrum = np.log(spectrum)
     if spectra is not None:
-        spectra[index] = (size, log_spectrum)
+        spectra[key] = (size, log_spectrum)
     return log_spectrum

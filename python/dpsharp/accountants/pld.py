@@ -76,9 +76,8 @@ class _DirectionCache:
 
     def __init__(self) -> None:
         self.plds: dict[tuple[_Leaf, bool], DiscretePLD] = {}
-        self.spectra: dict[bool, dict[int, tuple[int, np.ndarray]]] = {True: {}, False: {}}
-        self.order: dict[bool, dict[_Leaf, int]] = {True: {}, False: {}}
-        self.results: dict[tuple[bool, tuple[int, ...]], ComposedPLD] = {}
+        self.spectra: dict[bool, dict[Any, tuple[int, np.ndarray]]] = {True: {}, False: {}}
+        self.results: dict[tuple[bool, tuple[_Leaf, ...], tuple[int, ...]], ComposedPLD] = {}
 
 
 @register("pld")
@@ -89,10 +88,13 @@ class PLDAccountant(Accountant):
     ----------
     precision
         Target relative gap (upper - lower) / upper between the two epsilon bounds, in (0, 1).
-        The grid step h is derived from it and from the number of composed steps T as
-        ``h = 0.02 sqrt(precision / 1e-3) / sqrt(T')`` with T' = T rounded up to a power of two
-        (second-order roundings err by O(T h^2)); :meth:`epsilon_bounds` refines h until the
-        gap is met or the FFT size limit is reached, and then returns the wider honest bracket.
+        The grid step h is derived from it and from the mean per-step variance of the privacy
+        loss (see :meth:`_grid_step`; second-order roundings err by O(T h^2) against a composed
+        variance of order T), and the per-step truncation from the tail budget divided by T
+        rounded up to a power of two: both are functions of the composed multiset only, so
+        incremental, all-at-once and restored accountants give identical answers.
+        :meth:`epsilon_bounds` refines h until the gap is met or the FFT size limit is reached,
+        and then returns the wider honest bracket.
     neighbouring
         The relation every guarantee is stated under (``"add_remove"`` or ``"replace_one"``).
 
@@ -183,12 +185,20 @@ class PLDAccountant(Accountant):
     def _composed(
         self, direction: str, pessimistic: bool, grid_step: float, tail: float
     ) -> ComposedPLD:
-        cache = self._caches.get((direction, grid_step, tail))
+        # Every discretisation parameter is a deterministic function of the composed multiset
+        # (grid step, tail budget and the power-of-two bucket of the step count), so answers do
+        # not depend on the order of compose() calls and queries, nor on a checkpoint restore:
+        # the caches below are keyed by those parameters and only save work.
+        steps = self._steps()
+        bucket = 1 << max(steps - 1, 0).bit_length()  # smallest power of two >= steps
+        per_step_tail = tail / bucket
+        cache_key = (direction, grid_step, tail, bucket)
+        cache = self._caches.get(cache_key)
         if cache is None:
             # Keep the caches of the last few grids only (each holds spectra of every leaf).
             while len(self._caches) >= 4:
                 self._caches.pop(next(iter(self._caches)))
-            cache = self._caches[(direction, grid_step, tail)] = _DirectionCache()
+            cache = self._caches[cache_key] = _DirectionCache()
         leaves: dict[_Leaf, int] = {}
         quantize = len(self._counts) > _QUANTIZE_ABOVE
         for leaf, count in self._counts.items():
@@ -196,16 +206,12 @@ class PLDAccountant(Accountant):
             if quantize:
                 key = _quantized(key, self._precision, pessimistic)
             leaves[key] = leaves.get(key, 0) + count
-        order = cache.order[pessimistic]
-        for key in leaves:
-            if key not in order:
-                order[key] = len(order)
-        counts = tuple(leaves.get(key, 0) for key in order)
-        hit = cache.results.get((pessimistic, counts))
+        # A canonical order, so that floating-point sums do not depend on insertion order.
+        order = sorted(leaves, key=lambda k: (k.mechanism, k.parameter, k.rate))
+        counts = tuple(leaves[key] for key in order)
+        hit = cache.results.get((pessimistic, tuple(order), counts))
         if hit is not None:
             return hit
-        steps = sum(counts)
-        per_step_tail = tail / max(steps, 1)
         plds = []
         for key in order:
             pld = cache.plds.get((key, pessimistic))
@@ -217,13 +223,13 @@ class PLDAccountant(Accountant):
                 pld = DiscretePLD(int(offset), np.asarray(mass), float(infinity), grid_step)
                 cache.plds[(key, pessimistic)] = pld
             plds.append(pld)
-        # The per-step truncation was chosen for the step count when the PLD was built; a later
-        # larger count keeps it (its infinity mass is composed exactly, so it stays certified).
         # Spectra are cached for incremental use only when there are few distinct leaves
         # (otherwise their memory, leaves x FFT size, would dominate).
         spectra = cache.spectra[pessimistic] if len(order) <= _CACHE_SPECTRA_UP_TO else None
-        result = compose(plds, list(counts), log_tail=math.log(tail), spectra=spectra)
-        cache.results = {(pessimistic, counts): result}
+        result = compose(
+            plds, list(counts), log_tail=math.log(tail), spectra=spectra, keys=list(order)
+        )
+        cache.results = {(pessimistic, tuple(order), counts): result}
         return result
 
     def _reset_caches(self) -> None:
@@ -255,7 +261,19 @@ class PLDAccountant(Accountant):
             )
 
     def _delta(self, epsilon: float) -> float:
-        return self.delta_bounds(epsilon)[1]
+        return self._delta_upper(epsilon)[0]
+
+    def _delta_upper(self, epsilon: float) -> tuple[float, float]:
+        """(certified upper delta(epsilon), the truncation budget it was computed with)."""
+        tail = _TAIL_BUDGET
+        for _ in range(2):
+            uppers = self._bounds_at(0, tail, True)
+            upper = max(r.delta(epsilon, pessimistic=True) for r in uppers)
+            refined = _tail_for(max(upper, 1e-300), self._precision)
+            if refined >= tail:
+                break
+            tail = refined
+        return upper, tail
 
     def epsilon_bounds(self, delta: float) -> tuple[float, float]:
         """(lower, upper): certified bounds on the optimal epsilon of the composition at
@@ -283,14 +301,7 @@ class PLDAccountant(Accountant):
         epsilon = require_epsilon(epsilon)
         if self.is_empty:
             return 0.0, 0.0
-        tail = _TAIL_BUDGET
-        for _ in range(2):
-            uppers = self._bounds_at(0, tail, True)
-            upper = max(r.delta(epsilon, pessimistic=True) for r in uppers)
-            refined = _tail_for(max(upper, 1e-300), self._precision)
-            if refined >= tail:
-                break
-            tail = refined
+        upper, tail = self._delta_upper(epsilon)
         lowers = self._bounds_at(0, tail, False)
         lower = max(r.delta(epsilon, pessimistic=False) for r in lowers)
         return min(lower, upper), upper
