@@ -19,16 +19,15 @@ stderr); the last line on stdout is one JSON object with at least ``test_accurac
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
+from dpsharp import demo
 from sklearn.datasets import load_breast_cancer
 from sklearn.model_selection import train_test_split
 from torch import nn
 from torch.utils.data import TensorDataset
-
-from dpsharp import demo
 
 OPTIMIZERS = {
     # name: (torch optimizer class, default learning rate, extra options)

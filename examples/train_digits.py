@@ -18,10 +18,9 @@ stderr); the last line on stdout is one JSON object with at least ``test_accurac
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
-
 from dpsharp import demo
 
 OPTIMIZERS = {

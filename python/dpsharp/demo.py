@@ -23,8 +23,9 @@ import json
 import math
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -84,6 +85,33 @@ def accuracy(model: Any, x: Any, y: Any) -> float:
     return result
 
 
+def _train_epoch(
+    model: Any, optimizer: Any, batches: Any, *, after_step: Callable[[], Any] | None = None
+) -> tuple[list[float], bool]:
+    """One epoch of cross-entropy DP training over ``batches``: (the batch losses, whether a
+    :class:`dpsharp.torch.BudgetExhausted` stopped it). ``after_step`` runs after every step."""
+    from torch import nn
+    from tqdm import tqdm
+
+    from dpsharp.torch import BudgetExhausted
+
+    losses: list[float] = []
+    try:
+        for x, y in batches:
+            optimizer.zero_grad()
+            if len(y):  # an empty Poisson batch is still a step: step() adds pure noise
+                loss = nn.functional.cross_entropy(model(x), y)
+                loss.backward()
+                losses.append(loss.item())
+            optimizer.step()
+            if after_step is not None:
+                after_step()
+    except BudgetExhausted as exc:
+        tqdm.write(f"stopping: {exc}", file=sys.stderr)
+        return losses, True
+    return losses, False
+
+
 def train(
     *,
     target_epsilon: float,
@@ -103,10 +131,9 @@ def train(
     ``stopped_by_budget``, ``history`` (per epoch: loss, accuracy, epsilon) and ``seconds``.
     """
     import torch
-    from torch import nn
     from tqdm import tqdm
 
-    from dpsharp.torch import BudgetExhausted, PoissonDataLoader, PrivacyBudget, PrivacyEngine
+    from dpsharp.torch import PoissonDataLoader, PrivacyBudget, PrivacyEngine
 
     torch.manual_seed(seed)
     start = time.perf_counter()
@@ -132,19 +159,7 @@ def train(
                disable=not progress, leave=False)
     try:
         for epoch in range(1, epochs + 1):
-            losses = []
-            try:
-                for x, y in loader:
-                    optimizer.zero_grad()
-                    if len(y):  # an empty Poisson batch is still a step: step() adds pure noise
-                        loss = nn.functional.cross_entropy(model(x), y)
-                        loss.backward()
-                        losses.append(loss.item())
-                    optimizer.step()
-                    bar.update(1)
-            except BudgetExhausted as exc:
-                stopped = True
-                tqdm.write(f"stopping: {exc}", file=sys.stderr)
+            losses, stopped = _train_epoch(model, optimizer, loader, after_step=bar.update)
             acc = accuracy(model, x_test, y_test)
             eps = engine.epsilon(delta)
             history.append({"epoch": epoch, "loss": float(np.mean(losses)) if losses else math.nan,
@@ -207,10 +222,9 @@ def run_example(
     the JSON.
     """
     import torch
-    from torch import nn
     from tqdm import tqdm
 
-    from dpsharp.torch import BudgetExhausted, PoissonDataLoader, PrivacyBudget, PrivacyEngine
+    from dpsharp.torch import PoissonDataLoader, PrivacyBudget, PrivacyEngine
 
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--optimizer", choices=sorted(optimizers), default="sgd")
@@ -260,19 +274,9 @@ def run_example(
     stopped = False
     test_accuracy = accuracy(model, x_test, y_test)
     for epoch in range(1, args.epochs + 1):
-        losses = []
         bar = tqdm(loader, total=len(loader), desc=f"epoch {epoch}", leave=False, file=sys.stderr)
         try:
-            for x, y in bar:
-                optimizer.zero_grad()
-                if len(y):  # an empty Poisson batch is still a step: step() adds pure noise
-                    loss = nn.functional.cross_entropy(model(x), y)
-                    loss.backward()
-                    losses.append(loss.item())
-                optimizer.step()
-        except BudgetExhausted as exc:
-            stopped = True
-            tqdm.write(f"stopping: {exc}", file=sys.stderr)
+            losses, stopped = _train_epoch(model, optimizer, bar)
         finally:
             bar.close()
         test_accuracy = accuracy(model, x_test, y_test)
