@@ -86,9 +86,23 @@ class PureDP(Event):
         object.__setattr__(self, "epsilon", require_positive_finite("epsilon", self.epsilon))
 
 
+@dataclass(frozen=True)
+class _OfEvents(Event):
+    """An event over a non-empty tuple ``events`` of events, its children (a base, not itself a
+    serialisable event type)."""
+
+    events: tuple[Event, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "events", _event_tuple("events", self.events))
+
+    def children(self) -> tuple[Event, ...]:
+        return self.events
+
+
 @register_event_type
 @dataclass(frozen=True)
-class DisjointParts(Event):
+class DisjointParts(_OfEvents):
     """Parallel composition: ``events[i]`` runs only on part i of a partition of the records.
 
     The partition must be a function of each record alone (e.g. every record independently
@@ -99,30 +113,14 @@ class DisjointParts(Event):
     004, Theorem 2; the max epsilon and max delta under (epsilon, delta)-DP).
     """
 
-    events: tuple[Event, ...]
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "events", _event_tuple("events", self.events))
-
-    def children(self) -> tuple[Event, ...]:
-        return self.events
-
 
 @register_event_type
 @dataclass(frozen=True)
-class RandomChoice(Event):
+class RandomChoice(_OfEvents):
     """One of ``events``, chosen at random independently of the data (the base run of a random
     search that picks a hyperparameter setting uniformly). Its output distribution is a mixture
     with data-independent weights, so by the joint quasi-convexity of Renyi divergence its cost
     is at most the maximum over the choices at every order (likewise rho and (epsilon, delta))."""
-
-    events: tuple[Event, ...]
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "events", _event_tuple("events", self.events))
-
-    def children(self) -> tuple[Event, ...]:
-        return self.events
 
 
 @register_event_type
