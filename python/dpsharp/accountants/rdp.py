@@ -12,6 +12,7 @@ function of the multiset alone and ``count``, ``Repeated``, ``Composed`` and a r
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -171,14 +172,7 @@ class RDPAccountant(Accountant):
         if self.is_empty:
             return base
         _, order = self._epsilon_and_order(base.delta)
-        return PrivacyGuarantee(
-            epsilon=base.epsilon,
-            delta=base.delta,
-            certified=base.certified,
-            accountant=base.accountant,
-            neighbouring=base.neighbouring,
-            details={"order": order, "conversion": self._conversion},
-        )
+        return replace(base, details={"order": order, "conversion": self._conversion})
 
 
 @register("moments")
@@ -208,13 +202,8 @@ class MomentsAccountant(RDPAccountant):
         if self.is_empty:
             return base
         order = base.details["order"]
-        return PrivacyGuarantee(
-            epsilon=base.epsilon,
-            delta=base.delta,
-            certified=base.certified,
-            accountant=base.accountant,
-            neighbouring=base.neighbouring,
-            details={"order": order, "lambda": int(order) - 1, "conversion": "classic"},
+        return replace(
+            base, details={"order": order, "lambda": int(order) - 1, "conversion": "classic"}
         )
 
     def _options(self) -> dict[str, Any]:
