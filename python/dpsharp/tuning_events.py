@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dpsharp._validation import require_positive_finite, require_real
-from dpsharp.events import Event, register_event_type
+from dpsharp.events import Event, flatten, register_event_type
 
 __all__ = [
     "TUNING_EVENT_TYPES",
@@ -310,6 +310,18 @@ def poisson_tuning_rdp(
 
 
 # ------------------------------------------------------------------ hooks for the accountants
+def first_unsupported_leaf(
+    event: Event, leaf_reason: Callable[[Event], str | None]
+) -> str | None:
+    """``"<leaf!r>: <reason>"`` for the first leaf of ``event`` (in :func:`dpsharp.events.flatten`
+    order) for which ``leaf_reason`` gives a reason; None when it accepts every leaf."""
+    for leaf, _ in flatten(event):
+        reason = leaf_reason(leaf)
+        if reason is not None:
+            return f"{leaf!r}: {reason}"
+    return None
+
+
 def unsupported_reason_of_leaf(
     leaf: Event, family: str, base_reason: Callable[[Event], str | None]
 ) -> str | None:

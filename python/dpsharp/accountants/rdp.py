@@ -30,7 +30,12 @@ from dpsharp.events import (
     SampledWithoutReplacement,
     flatten,
 )
-from dpsharp.tuning_events import TUNING_EVENT_TYPES, rdp_of_leaf, unsupported_reason_of_leaf
+from dpsharp.tuning_events import (
+    TUNING_EVENT_TYPES,
+    first_unsupported_leaf,
+    rdp_of_leaf,
+    unsupported_reason_of_leaf,
+)
 
 __all__ = ["MomentsAccountant", "RDPAccountant"]
 
@@ -137,11 +142,7 @@ class RDPAccountant(Accountant):
         return total
 
     def _event_unsupported_reason(self, event: Event) -> str | None:
-        for leaf, _ in flatten(event):
-            reason = self._leaf_unsupported_reason(leaf)
-            if reason is not None:
-                return f"{leaf!r}: {reason}"
-        return None
+        return first_unsupported_leaf(event, self._leaf_unsupported_reason)
 
     def _reset_caches(self) -> None:
         self._curves = {}
