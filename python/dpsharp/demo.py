@@ -23,12 +23,21 @@ import json
 import math
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-__all__ = ["accuracy", "build_model", "load_digits_split", "run_demo", "train"]
+__all__ = [
+    "accuracy",
+    "build_model",
+    "default_accountant",
+    "load_digits_split",
+    "run_demo",
+    "run_example",
+    "train",
+]
 
 
 def build_model() -> Any:
@@ -76,6 +85,33 @@ def accuracy(model: Any, x: Any, y: Any) -> float:
     return result
 
 
+def _train_epoch(
+    model: Any, optimizer: Any, batches: Any, *, after_step: Callable[[], Any] | None = None
+) -> tuple[list[float], bool]:
+    """One epoch of cross-entropy DP training over ``batches``: (the batch losses, whether a
+    :class:`dpsharp.torch.BudgetExhausted` stopped it). ``after_step`` runs after every step."""
+    from torch import nn
+    from tqdm import tqdm
+
+    from dpsharp.torch import BudgetExhausted
+
+    losses: list[float] = []
+    try:
+        for x, y in batches:
+            optimizer.zero_grad()
+            if len(y):  # an empty Poisson batch is still a step: step() adds pure noise
+                loss = nn.functional.cross_entropy(model(x), y)
+                loss.backward()
+                losses.append(loss.item())
+            optimizer.step()
+            if after_step is not None:
+                after_step()
+    except BudgetExhausted as exc:
+        tqdm.write(f"stopping: {exc}", file=sys.stderr)
+        return losses, True
+    return losses, False
+
+
 def train(
     *,
     target_epsilon: float,
@@ -95,10 +131,9 @@ def train(
     ``stopped_by_budget``, ``history`` (per epoch: loss, accuracy, epsilon) and ``seconds``.
     """
     import torch
-    from torch import nn
     from tqdm import tqdm
 
-    from dpsharp.torch import BudgetExhausted, PoissonDataLoader, PrivacyBudget, PrivacyEngine
+    from dpsharp.torch import PoissonDataLoader, PrivacyBudget, PrivacyEngine
 
     torch.manual_seed(seed)
     start = time.perf_counter()
@@ -124,19 +159,7 @@ def train(
                disable=not progress, leave=False)
     try:
         for epoch in range(1, epochs + 1):
-            losses = []
-            try:
-                for x, y in loader:
-                    optimizer.zero_grad()
-                    if len(y):  # an empty Poisson batch is still a step: step() adds pure noise
-                        loss = nn.functional.cross_entropy(model(x), y)
-                        loss.backward()
-                        losses.append(loss.item())
-                    optimizer.step()
-                    bar.update(1)
-            except BudgetExhausted as exc:
-                stopped = True
-                tqdm.write(f"stopping: {exc}", file=sys.stderr)
+            losses, stopped = _train_epoch(model, optimizer, loader, after_step=bar.update)
             acc = accuracy(model, x_test, y_test)
             eps = engine.epsilon(delta)
             history.append({"epoch": epoch, "loss": float(np.mean(losses)) if losses else math.nan,
@@ -161,6 +184,125 @@ def train(
         "history": history,
         "seconds": time.perf_counter() - start,
     }
+
+
+def default_accountant() -> str:
+    """The tightest certified Poisson accountant installed: ``"pld"``, else ``"rdp"``."""
+    import dpsharp
+
+    for name in ("pld", "rdp"):
+        if name in dpsharp.available():
+            return name
+    raise SystemExit("no certified Poisson accountant ('pld' or 'rdp') is installed")
+
+
+def run_example(
+    argv: Sequence[str] | None,
+    *,
+    description: str,
+    dataset: str,
+    label: str,
+    load: Callable[[int], tuple[Any, Any, Any]],
+    build_model: Callable[[], Any],
+    optimizers: dict[str, tuple[Any, float, dict[str, Any]]],
+    target_epsilon: float,
+    epochs: int,
+    batch_size: int,
+) -> dict[str, object]:
+    """The command line and DP training loop shared by the real-data scripts in ``examples/``.
+
+    Parses ``argv`` (flags --optimizer, --target-epsilon, --delta, --epochs, --batch-size,
+    --max-grad-norm, --lr, --noise-multiplier, --accountant, --seed, --quick; the keyword
+    arguments give the dataset-specific defaults), trains ``build_model()`` on ``load(seed)``
+    with Poisson sampling, per-example clipping and Gaussian noise (Abadi et al. 2016; Bu et al.
+    2020, Algorithm 1) under a :class:`dpsharp.torch.PrivacyBudget` of (--target-epsilon,
+    --delta), prints one line per epoch, and prints (and returns) the run's numbers as one JSON
+    object on the last line. ``optimizers`` maps a name to (torch optimizer class, default
+    learning rate, extra options); ``label`` names the data in the first line, ``dataset`` in
+    the JSON.
+    """
+    import torch
+    from tqdm import tqdm
+
+    from dpsharp.torch import PoissonDataLoader, PrivacyBudget, PrivacyEngine
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--optimizer", choices=sorted(optimizers), default="sgd")
+    parser.add_argument("--target-epsilon", type=float, default=target_epsilon)
+    parser.add_argument("--delta", type=float, default=1e-5)
+    parser.add_argument("--epochs", type=int, default=epochs)
+    parser.add_argument("--batch-size", type=int, default=batch_size,
+                        help="expected (Poisson) batch size")
+    parser.add_argument("--max-grad-norm", type=float, default=1.0)
+    parser.add_argument("--lr", type=float, default=None, help="default depends on --optimizer")
+    parser.add_argument("--noise-multiplier", type=float, default=None,
+                        help="use this sigma instead of calibrating to --target-epsilon (the "
+                        "budget still stops training at --target-epsilon)")
+    parser.add_argument("--accountant", default=None, help="default: pld (or rdp)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quick", action="store_true", help="a short run (tests)")
+    args = parser.parse_args(argv)
+
+    if args.quick:
+        args.epochs = min(args.epochs, 3)
+    torch.manual_seed(args.seed)
+    start = time.perf_counter()
+    train_set, x_test, y_test = load(args.seed)
+    model = build_model()
+    make, default_lr, options = optimizers[args.optimizer]
+    optimizer = make(model.parameters(), lr=args.lr or default_lr, **options)
+    accountant = args.accountant or default_accountant()
+    budget = PrivacyBudget(args.target_epsilon, args.delta)
+    engine = PrivacyEngine(accountant=accountant)
+    model, optimizer, loader = engine.make_private(
+        model,
+        optimizer,
+        PoissonDataLoader(train_set, expected_batch_size=args.batch_size, seed=args.seed),
+        target_epsilon=None if args.noise_multiplier is not None else args.target_epsilon,
+        noise_multiplier=args.noise_multiplier,
+        delta=args.delta,
+        epochs=args.epochs,
+        max_grad_norm=args.max_grad_norm,
+        budget=budget,
+        seed=args.seed,
+    )
+    print(
+        f"{label}: n_train={len(train_set)} q={loader.sample_rate:.4f} steps/epoch={len(loader)} "
+        f"sigma={optimizer.noise_multiplier:.4f} ({accountant}, target eps={args.target_epsilon}, "
+        f"delta={args.delta})"
+    )
+    stopped = False
+    test_accuracy = accuracy(model, x_test, y_test)
+    for epoch in range(1, args.epochs + 1):
+        bar = tqdm(loader, total=len(loader), desc=f"epoch {epoch}", leave=False, file=sys.stderr)
+        try:
+            losses, stopped = _train_epoch(model, optimizer, bar)
+        finally:
+            bar.close()
+        test_accuracy = accuracy(model, x_test, y_test)
+        print(
+            f"epoch {epoch:3d}  loss {np.mean(losses) if losses else float('nan'):.4f}  "
+            f"test accuracy {test_accuracy:.4f}  epsilon {engine.epsilon(args.delta):.4f}"
+        )
+        if stopped:
+            break
+    result: dict[str, object] = {
+        "dataset": dataset,
+        "optimizer": args.optimizer,
+        "test_accuracy": test_accuracy,
+        "epsilon": engine.epsilon(args.delta),
+        "delta": args.delta,
+        "accountant": accountant,
+        "noise_multiplier": optimizer.noise_multiplier,
+        "sample_rate": loader.sample_rate,
+        "epochs": loader.epoch,
+        "steps": engine.steps,
+        "max_grad_norm": args.max_grad_norm,
+        "stopped_by_budget": stopped,
+        "seconds": round(time.perf_counter() - start, 2),
+    }
+    print(json.dumps(result))
+    return result
 
 
 def run_demo(args: argparse.Namespace) -> int:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dpsharp._validation import require_positive_finite, require_real
-from dpsharp.events import Event, register_event_type
+from dpsharp.events import Event, flatten, register_event_type
 
 __all__ = [
     "TUNING_EVENT_TYPES",
@@ -86,9 +86,23 @@ class PureDP(Event):
         object.__setattr__(self, "epsilon", require_positive_finite("epsilon", self.epsilon))
 
 
+@dataclass(frozen=True)
+class _OfEvents(Event):
+    """An event over a non-empty tuple ``events`` of events, its children (a base, not itself a
+    serialisable event type)."""
+
+    events: tuple[Event, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "events", _event_tuple("events", self.events))
+
+    def children(self) -> tuple[Event, ...]:
+        return self.events
+
+
 @register_event_type
 @dataclass(frozen=True)
-class DisjointParts(Event):
+class DisjointParts(_OfEvents):
     """Parallel composition: ``events[i]`` runs only on part i of a partition of the records.
 
     The partition must be a function of each record alone (e.g. every record independently
@@ -99,30 +113,14 @@ class DisjointParts(Event):
     004, Theorem 2; the max epsilon and max delta under (epsilon, delta)-DP).
     """
 
-    events: tuple[Event, ...]
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "events", _event_tuple("events", self.events))
-
-    def children(self) -> tuple[Event, ...]:
-        return self.events
-
 
 @register_event_type
 @dataclass(frozen=True)
-class RandomChoice(Event):
+class RandomChoice(_OfEvents):
     """One of ``events``, chosen at random independently of the data (the base run of a random
     search that picks a hyperparameter setting uniformly). Its output distribution is a mixture
     with data-independent weights, so by the joint quasi-convexity of Renyi divergence its cost
     is at most the maximum over the choices at every order (likewise rho and (epsilon, delta))."""
-
-    events: tuple[Event, ...]
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "events", _event_tuple("events", self.events))
-
-    def children(self) -> tuple[Event, ...]:
-        return self.events
 
 
 @register_event_type
@@ -312,6 +310,18 @@ def poisson_tuning_rdp(
 
 
 # ------------------------------------------------------------------ hooks for the accountants
+def first_unsupported_leaf(
+    event: Event, leaf_reason: Callable[[Event], str | None]
+) -> str | None:
+    """``"<leaf!r>: <reason>"`` for the first leaf of ``event`` (in :func:`dpsharp.events.flatten`
+    order) for which ``leaf_reason`` gives a reason; None when it accepts every leaf."""
+    for leaf, _ in flatten(event):
+        reason = leaf_reason(leaf)
+        if reason is not None:
+            return f"{leaf!r}: {reason}"
+    return None
+
+
 def unsupported_reason_of_leaf(
     leaf: Event, family: str, base_reason: Callable[[Event], str | None]
 ) -> str | None:

@@ -12,6 +12,7 @@ function of the multiset alone and ``count``, ``Repeated``, ``Composed`` and a r
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -29,7 +30,12 @@ from dpsharp.events import (
     SampledWithoutReplacement,
     flatten,
 )
-from dpsharp.tuning_events import TUNING_EVENT_TYPES, rdp_of_leaf, unsupported_reason_of_leaf
+from dpsharp.tuning_events import (
+    TUNING_EVENT_TYPES,
+    first_unsupported_leaf,
+    rdp_of_leaf,
+    unsupported_reason_of_leaf,
+)
 
 __all__ = ["MomentsAccountant", "RDPAccountant"]
 
@@ -136,11 +142,7 @@ class RDPAccountant(Accountant):
         return total
 
     def _event_unsupported_reason(self, event: Event) -> str | None:
-        for leaf, _ in flatten(event):
-            reason = self._leaf_unsupported_reason(leaf)
-            if reason is not None:
-                return f"{leaf!r}: {reason}"
-        return None
+        return first_unsupported_leaf(event, self._leaf_unsupported_reason)
 
     def _reset_caches(self) -> None:
         self._curves = {}
@@ -171,14 +173,7 @@ class RDPAccountant(Accountant):
         if self.is_empty:
             return base
         _, order = self._epsilon_and_order(base.delta)
-        return PrivacyGuarantee(
-            epsilon=base.epsilon,
-            delta=base.delta,
-            certified=base.certified,
-            accountant=base.accountant,
-            neighbouring=base.neighbouring,
-            details={"order": order, "conversion": self._conversion},
-        )
+        return replace(base, details={"order": order, "conversion": self._conversion})
 
 
 @register("moments")
@@ -208,13 +203,8 @@ class MomentsAccountant(RDPAccountant):
         if self.is_empty:
             return base
         order = base.details["order"]
-        return PrivacyGuarantee(
-            epsilon=base.epsilon,
-            delta=base.delta,
-            certified=base.certified,
-            accountant=base.accountant,
-            neighbouring=base.neighbouring,
-            details={"order": order, "lambda": int(order) - 1, "conversion": "classic"},
+        return replace(
+            base, details={"order": order, "lambda": int(order) - 1, "conversion": "classic"}
         )
 
     def _options(self) -> dict[str, Any]:

@@ -44,7 +44,14 @@ from dpsharp._validation import require_delta, require_epsilon, require_real
 from dpsharp.accountants.base import Accountant, PrivacyGuarantee
 from dpsharp.accountants.registry import register
 from dpsharp.events import Event, Gaussian, Laplace, Neighbouring, PoissonSampled, Shuffled, flatten
-from dpsharp.tuning_events import TUNING_EVENT_TYPES, DisjointParts, PureDP, RandomChoice, unsupported_reason_of_leaf
+from dpsharp.tuning_events import (
+    TUNING_EVENT_TYPES,
+    DisjointParts,
+    PureDP,
+    RandomChoice,
+    first_unsupported_leaf,
+    unsupported_reason_of_leaf,
+)
 
 __all__ = [
     "SAMPLING_WARNING",
@@ -259,11 +266,7 @@ class ZCDPAccountant(Accountant):
     # Prop. 3.3); DisjointParts / RandomChoice cost the max rho of their parts (004, Theorem 2;
     # joint quasi-convexity), valid for alpha up to the smallest limit among the parts.
     def _event_unsupported_reason(self, event: Event) -> str | None:
-        for leaf, _ in flatten(event):
-            reason = self._leaf_unsupported_reason(leaf)
-            if reason is not None:
-                return f"{leaf!r}: {reason}"
-        return None
+        return first_unsupported_leaf(event, self._leaf_unsupported_reason)
 
     @classmethod
     def _event_cost(cls, event: Event) -> tuple[float, float | None]:

@@ -451,10 +451,10 @@ class _FixedSizeLoader(DPDataLoader):
         dataset: Dataset[Any],
         *,
         batch_size: int,
-        seed: int | None,
-        secure: bool,
-        collate_fn: Callable[[list[Any]], Any] | None,
-        max_physical_batch_size: int | None,
+        seed: int | None = None,
+        secure: bool = False,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+        max_physical_batch_size: int | None = None,
     ) -> None:
         super().__init__(
             dataset,
@@ -489,26 +489,10 @@ class ShuffledDataLoader(_FixedSizeLoader):
     """
 
     sampling = "shuffle"
-
-    def __init__(
-        self,
-        dataset: Dataset[Any],
-        *,
-        batch_size: int,
-        seed: int | None = None,
-        secure: bool = False,
-        collate_fn: Callable[[list[Any]], Any] | None = None,
-        max_physical_batch_size: int | None = None,
-    ) -> None:
-        super().__init__(
-            dataset,
-            batch_size=batch_size,
-            seed=seed,
-            secure=secure,
-            collate_fn=collate_fn,
-            max_physical_batch_size=max_physical_batch_size,
-        )
-        self._permutation: np.ndarray | None = None
+    # the permutation of the current epoch; None until the first epoch begins (the
+    # constructor is _FixedSizeLoader's: dataset, batch_size, seed, secure, collate_fn,
+    # max_physical_batch_size)
+    _permutation: np.ndarray | None = None
 
     @property
     def steps_per_epoch(self) -> int:
