@@ -35,11 +35,7 @@ def _load_families() -> None:
         return
     _families_loaded = True
     for module in _FAMILY_MODULES:
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name != module:  # a real missing dependency inside the module
-                raise
+        importlib.import_module(module)
 
 AccountantClass = TypeVar("AccountantClass", bound=type[Accountant])
 
@@ -59,7 +55,7 @@ def register(name: str) -> Callable[[AccountantClass], AccountantClass]:
 
 def available() -> list[str]:
     """The registered accountant names: dpsharp's families ("pld", "rdp", "moments", "gdp",
-    "zcdp", "classic" as far as built) tightest first, then any registered later."""
+    "zcdp", "classic") tightest first, then any registered later."""
     _load_families()
     rank = {name: index for index, name in enumerate(_FAMILY_ORDER)}
     return sorted(_REGISTRY, key=lambda name: rank.get(name, len(rank)))
