@@ -38,38 +38,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bench_training import Block  # the same pre-LN layer, causal here
+
 SIGMA, C, LR = 1.0, 1.0, 1e-4
 
 
 # --------------------------------------------------------------------------------- models
-class Block(nn.Module):
-    def __init__(self, dim: int, heads: int, ffn: int) -> None:
-        super().__init__()
-        self.heads = heads
-        self.ln1 = nn.LayerNorm(dim)
-        self.qkv = nn.Linear(dim, 3 * dim)
-        self.proj = nn.Linear(dim, dim)
-        self.ln2 = nn.LayerNorm(dim)
-        self.fc1 = nn.Linear(dim, ffn)
-        self.fc2 = nn.Linear(ffn, dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
-        shape = (b, t, self.heads, d // self.heads)
-        q, k, v = (z.reshape(shape).transpose(1, 2) for z in (q, k, v))
-        att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(att.transpose(1, 2).reshape(b, t, d))
-        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
-
-
 class GPT2Small(nn.Module):
     def __init__(self, vocab: int = 50257, dim: int = 768, layers: int = 12, heads: int = 12,
                  seq: int = 256) -> None:
         super().__init__()
         self.tok = nn.Embedding(vocab, dim)
         self.pos = nn.Embedding(seq, dim)
-        self.blocks = nn.Sequential(*[Block(dim, heads, 4 * dim) for _ in range(layers)])
+        self.blocks = nn.Sequential(*[Block(dim, heads, 4 * dim, causal=True) for _ in range(layers)])
         self.ln = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, vocab, bias=False)
 

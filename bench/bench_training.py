@@ -55,9 +55,13 @@ class CNN(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, dim: int, heads: int, ffn: int) -> None:
+    """A pre-LN transformer layer from nn.Linear / nn.LayerNorm (also bench_gpu.py's GPT-2 layer,
+    with ``causal=True``)."""
+
+    def __init__(self, dim: int, heads: int, ffn: int, *, causal: bool = False) -> None:
         super().__init__()
         self.heads = heads
+        self.causal = causal
         self.ln1 = nn.LayerNorm(dim)
         self.qkv = nn.Linear(dim, 3 * dim)
         self.proj = nn.Linear(dim, dim)
@@ -70,7 +74,7 @@ class Block(nn.Module):
         q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
         shape = (b, t, self.heads, d // self.heads)
         q, k, v = (z.reshape(shape).transpose(1, 2) for z in (q, k, v))
-        att = F.scaled_dot_product_attention(q, k, v)
+        att = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
         x = x + self.proj(att.transpose(1, 2).reshape(b, t, d))
         return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
 
