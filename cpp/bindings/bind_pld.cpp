@@ -1,5 +1,6 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include <cstring>
 
@@ -49,6 +50,24 @@ void bind_pld(py::module_& m) {
       "infinity_mass): mass[i] sits at loss (offset + i) * grid_step. mechanism: 0 Gaussian, 1 "
       "Laplace, 2 Poisson remove, 3 Poisson add, 4 symmetrised sampled Gaussian. pessimistic: "
       "connect-the-dots upper bound; otherwise the certified lower bound (see pld.hpp).");
+  m.def(
+      "pld_log_mgf",
+      [](py::array_t<double, py::array::c_style | py::array::forcecast> mass, std::int64_t offset,
+         double grid_step, std::vector<double> exponents) {
+        if (mass.ndim() != 1) throw py::value_error("mass must be one-dimensional");
+        std::vector<double> out;
+        {
+          py::gil_scoped_release release;
+          out = pld::log_mgf(mass.data(), static_cast<std::size_t>(mass.shape(0)), offset,
+                             grid_step, exponents);
+        }
+        py::array_t<double> result(static_cast<py::ssize_t>(out.size()));
+        std::memcpy(result.mutable_data(), out.data(), out.size() * sizeof(double));
+        return result;
+      },
+      py::arg("mass"), py::arg("offset"), py::arg("grid_step"), py::arg("exponents"),
+      "log sum_k mass[k] e^{t (offset + k) grid_step} for each exponent t (-inf when the mass "
+      "is 0): the log moment generating function of a discretised PLD's finite part.");
   m.def(
       "pld_log_hockey_stick",
       [](int mechanism, double parameter, double sampling_rate, double loss) {

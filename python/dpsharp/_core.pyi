@@ -2,7 +2,7 @@
 wraps these functions and never returns _core types. tests/test_stubs.py checks that every
 attribute of the built module has a stub here and that every stub exists in the module."""
 
-from typing import Any, overload
+from typing import Any, Sequence, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -28,6 +28,12 @@ def pld_discretize(
     """Discretise a privacy-loss distribution on the grid k * grid_step: (offset, mass,
     infinity_mass), mass[i] at loss (offset + i) * grid_step. mechanism: 0 Gaussian,
     1 Laplace, 2 Poisson remove, 3 Poisson add, 4 symmetrised sampled Gaussian."""
+
+def pld_log_mgf(
+    mass: npt.ArrayLike, offset: int, grid_step: float, exponents: Sequence[float]
+) -> np.ndarray:
+    """log sum_k mass[k] e^{t (offset + k) grid_step} for each exponent t (-inf when the mass
+    is 0): the log moment generating function of a discretised PLD's finite part."""
 
 def pld_log_hockey_stick(mechanism: int, parameter: float, sampling_rate: float, loss: float) -> float:
     """log delta(eps = loss) of the continuous dominating pair (-inf when delta is 0)."""

@@ -95,4 +95,12 @@ DiscretePld discretize_pessimistic(const MechanismParams& params, double grid_st
 DiscretePld discretize_optimistic(const MechanismParams& params, double grid_step,
                                   GridRange range);
 
+// log E[e^{t L}; L finite] = log sum_k mass[k] e^{t (offset + k) h} for each exponent t, the
+// exact log moment generating function of the finite part of a discretised PLD (for the Chernoff
+// bounds of the FFT window, see accountants/_pld_numerics.py). -inf when the finite mass is 0.
+// Computed by the recurrence e^{t l_{k-1}} = e^{t l_k} e^{-t h} from the end where t l is
+// largest (relative round-off about size * 1e-16).
+std::vector<double> log_mgf(const double* mass, std::size_t size, std::int64_t offset,
+                            double grid_step, const std::vector<double>& exponents);
+
 }  // namespace dpsharp::pld

@@ -31,6 +31,8 @@ import numpy as np
 import scipy.fft
 import scipy.signal
 
+from dpsharp._native import core as _core
+
 __all__ = ["ComposedPLD", "DiscretePLD", "compose", "forward_transform", "inverse_transform"]
 
 #: Exponents t of the Chernoff bounds (both signs are used).
@@ -57,16 +59,9 @@ class DiscretePLD:
     grid_step: float
 
     def log_mgf(self, exponents: np.ndarray) -> np.ndarray:
-        """``log E[e^{t L}; L finite]`` for each exponent ``t`` (exact for the finite masses)."""
-        positive = self.mass > 0
-        log_mass = np.log(self.mass[positive])
-        losses = (self.offset + np.flatnonzero(positive)) * self.grid_step
-        out = np.empty(exponents.size)
-        for i, t in enumerate(exponents):
-            terms = log_mass + t * losses
-            top = float(terms.max())
-            out[i] = top + math.log(float(np.exp(terms - top).sum()))
-        return out
+        """``log E[e^{t L}; L finite]`` for each exponent ``t`` (exact for the finite masses;
+        computed in the C++ core by a recurrence over the grid, see ``pld.hpp``)."""
+        return _core.pld_log_mgf(self.mass, self.offset, self.grid_step, exponents.tolist())
 
     def folded(self, size: int) -> np.ndarray:
         """The masses folded onto a circle of ``size`` points: entry ``j`` holds the masses at
@@ -218,16 +213,22 @@ def compose(
     counts: list[int],
     *,
     log_tail: float,
-    spectra: dict[Any, tuple[int, np.ndarray]] | None = None,
+    spectra: dict[Any, tuple[int, np.ndarray, np.ndarray]] | None = None,
     keys: list[Any] | None = None,
 ) -> ComposedPLD:
     """The composition of ``counts[i]`` copies of ``plds[i]``, on a circle (a 2-3-5-smooth size,
     fast for pocketfft; the folding argument holds for any size) just wide
     enough for the Chernoff window at ``e^{log_tail}``.
 
-    ``spectra`` (optional) caches ``key -> (size, log spectrum)`` per PLD (``keys[i]`` names
-    ``plds[i]``; its position by default), so that
-    recomposing after one more step only costs a pointwise exponential and one inverse FFT.
+    The spectrum of the composition is ``prod_i F_i^{c_i}`` with ``F_i`` the transform of PLD
+    ``i``, computed as ``exp(sum_i c_i log|F_i| + 1j sum_i c_i arg F_i)``. Its modulus is formed
+    first, and the phases and the complex exponential are evaluated only where it exceeds
+    ``e^-800`` (far below the smallest double; every other entry is 0 in double precision either
+    way): for a wide composition that is a small fraction of the circle.
+
+    ``spectra`` (optional) caches ``key -> (size, transform, log modulus)`` per PLD (``keys[i]``
+    names ``plds[i]``; its position by default), so that recomposing after one more step only
+    costs pointwise work and one inverse FFT.
     """
     grid_step = plds[0].grid_step
     exponents = chernoff_exponents()
@@ -245,28 +246,21 @@ def compose(
     stop = min(int(np.ceil(b / grid_step)), support_high)
     needed = max(stop - start + 1, 2)
     size = _circle_size(needed)
-    log_spectrum = np.zeros(size // 2 + 1, dtype=complex)
+    log_modulus = np.zeros(size // 2 + 1)
     shift = 0
-    product: np.ndarray | None = None
+    transforms = []
     for index, (pld, count) in enumerate(zip(plds, counts)):
         shift += count * pld.offset
-        if spectra is None and count <= _DIRECT_POWER_UP_TO:
-            # A few copies: a power by repeated multiplication, no complex log and exponential.
-            spectrum_one = _integer_power(forward_transform(pld.folded(size), size), count)
-            if product is None:
-                product = spectrum_one
-            else:
-                product *= spectrum_one
-            continue
         key = keys[index] if keys is not None else index
-        log_spectrum += count * _log_spectrum(pld, size, spectra, key)
-    # The spectrum of a wide composition decays fast: only entries whose modulus does not
-    # underflow (log modulus > -800, well below the smallest subnormal e^-745) need the complex
-    # exponential; the others are exactly 0 either way.
-    spectrum = np.zeros_like(log_spectrum)
-    np.exp(log_spectrum, out=spectrum, where=log_spectrum.real > -800.0)
-    if product is not None:
-        spectrum *= product
+        transform, leaf_log_modulus = _leaf_transform(pld, size, spectra, key)
+        log_modulus += count * leaf_log_modulus
+        transforms.append(transform)
+    kept = np.flatnonzero(log_modulus > -800.0)
+    phase = np.zeros(kept.size)
+    for transform, count in zip(transforms, counts):
+        phase += count * np.angle(transform[kept])
+    spectrum = np.zeros(size // 2 + 1, dtype=complex)
+    spectrum[kept] = np.exp(log_modulus[kept] + 1j * phase)
     circular = inverse_transform(spectrum, size)
     mass = np.roll(circular, (shift - start) % size)
     window_low = start * grid_step
@@ -299,26 +293,6 @@ def _circle_size(needed: int) -> int:
     raise AssertionError("unreachable")
 
 
-#: Counts up to this are raised to their power by repeated multiplication in :func:`compose`.
-_DIRECT_POWER_UP_TO = 32
-
-
-def _integer_power(values: np.ndarray, count: int) -> np.ndarray:
-    """``values ** count`` for a small positive integer by square-and-multiply (in place on
-    ``values``' copy); moduli are at most 1, so nothing overflows."""
-    result: np.ndarray | None = None
-    base = values
-    while True:
-        if count & 1:
-            result = base.copy() if result is None else result * base
-        count >>= 1
-        if not count:
-            break
-        base = base * base
-    assert result is not None
-    return result
-
-
 _MGF_CACHE_ATTR = "_log_mgf_cache"
 
 
@@ -330,16 +304,20 @@ def _cached_log_mgf(pld: DiscretePLD, exponents: np.ndarray) -> np.ndarray:
     return cached
 
 
-def _log_spectrum(
-    pld: DiscretePLD, size: int, spectra: dict[Any, tuple[int, np.ndarray]] | None, key: Any
-) -> np.ndarray:
+def _leaf_transform(
+    pld: DiscretePLD,
+    size: int,
+    spectra: dict[Any, tuple[int, np.ndarray, np.ndarray]] | None,
+    key: Any,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(transform of the PLD folded onto the circle, log of its modulus; -inf where it is 0)."""
     if spectra is not None:
         hit = spectra.get(key)
         if hit is not None and hit[0] == size:
-            return hit[1]
-    spectrum = forward_transform(pld.folded(size), size)
+            return hit[1], hit[2]
+    transform = forward_transform(pld.folded(size), size)
     with np.errstate(divide="ignore"):
-        log_spectrum = np.log(spectrum)
+        log_modulus = np.log(np.abs(transform))
     if spectra is not None:
-        spectra[key] = (size, log_spectrum)
-    return log_spectrum
+        spectra[key] = (size, transform, log_modulus)
+    return transform, log_modulus
