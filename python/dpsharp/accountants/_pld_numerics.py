@@ -24,8 +24,11 @@ a GPU build can replace those two functions by cuFFT.
 from __future__ import annotations
 
 import math
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import scipy.fft
@@ -33,7 +36,14 @@ import scipy.signal
 
 from dpsharp._native import core as _core
 
-__all__ = ["ComposedPLD", "DiscretePLD", "compose", "forward_transform", "inverse_transform"]
+__all__ = [
+    "ComposedPLD",
+    "DiscretePLD",
+    "compose",
+    "forward_transform",
+    "inverse_transform",
+    "parallel_map",
+]
 
 #: Exponents t of the Chernoff bounds (both signs are used).
 _CHERNOFF_T = np.array([0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0])
@@ -248,11 +258,17 @@ def compose(
     size = _circle_size(needed)
     log_modulus = np.zeros(size // 2 + 1)
     shift = 0
+    leaf_keys = keys if keys is not None else list(range(len(plds)))
+    leaf_transforms = parallel_map(
+        lambda index: _leaf_transform(plds[index], size, spectra, leaf_keys[index]),
+        range(len(plds)),
+    )
+    if spectra is not None:
+        for key, (transform, leaf_log_modulus) in zip(leaf_keys, leaf_transforms):
+            spectra[key] = (size, transform, leaf_log_modulus)
     transforms = []
-    for index, (pld, count) in enumerate(zip(plds, counts)):
+    for pld, count, (transform, leaf_log_modulus) in zip(plds, counts, leaf_transforms):
         shift += count * pld.offset
-        key = keys[index] if keys is not None else index
-        transform, leaf_log_modulus = _leaf_transform(pld, size, spectra, key)
         log_modulus += count * leaf_log_modulus
         transforms.append(transform)
     kept = np.flatnonzero(log_modulus > -800.0)
@@ -318,6 +334,25 @@ def _leaf_transform(
     transform = forward_transform(pld.folded(size), size)
     with np.errstate(divide="ignore"):
         log_modulus = np.log(np.abs(transform))
-    if spectra is not None:
-        spectra[key] = (size, transform, log_modulus)
     return transform, log_modulus
+
+
+_Item = TypeVar("_Item")
+_Result = TypeVar("_Result")
+#: Below this many items, :func:`parallel_map` stays on the calling thread.
+_PARALLEL_FROM = 16
+_POOL: ThreadPoolExecutor | None = None
+
+
+def parallel_map(function: Callable[[_Item], _Result], items: Sequence[_Item]) -> list[_Result]:
+    """``[function(item) for item in items]``, on a pool of threads (one per CPU) when there are
+    many items. The per-leaf work of a heterogeneous composition (the C++ discretisation and
+    pocketfft's transforms) releases the GIL, so the threads run in parallel; results are in the
+    order of ``items`` and do not depend on the number of threads."""
+    global _POOL
+    workers = os.cpu_count() or 1
+    if len(items) < _PARALLEL_FROM or workers < 2:
+        return [function(item) for item in items]
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dpsharp-pld")
+    return list(_POOL.map(function, items))

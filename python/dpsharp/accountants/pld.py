@@ -36,7 +36,7 @@ from scipy.special import log_ndtr, ndtr, ndtri
 
 from dpsharp._native import core as _core
 from dpsharp._validation import require_delta, require_epsilon, require_real
-from dpsharp.accountants._pld_numerics import ComposedPLD, DiscretePLD, compose
+from dpsharp.accountants._pld_numerics import ComposedPLD, DiscretePLD, compose, parallel_map
 from dpsharp.accountants.base import Accountant, PrivacyGuarantee
 from dpsharp.accountants.registry import register
 from dpsharp.events import (
@@ -183,8 +183,18 @@ class PLDAccountant(Accountant):
         return 2.0 ** math.floor(math.log2(step))
 
     def _composed(
-        self, direction: str, pessimistic: bool, grid_step: float, tail: float
+        self,
+        direction: str,
+        pessimistic: bool,
+        grid_step: float,
+        tail: float,
+        *,
+        quantum: float | None = None,
     ) -> ComposedPLD:
+        """The composition of one direction at one grid step and truncation budget. With more
+        than ``_QUANTIZE_ABOVE`` distinct events, noise multipliers and rates are rounded onto a
+        geometric grid of ratio ``1 + quantum / 2`` (default: the precision; see
+        :func:`_quantized`)."""
         # Every discretisation parameter is a deterministic function of the composed multiset
         # (grid step, tail budget and the power-of-two bucket of the step count), so answers do
         # not depend on the order of compose() calls and queries, nor on a checkpoint restore:
@@ -192,7 +202,8 @@ class PLDAccountant(Accountant):
         steps = self._steps()
         bucket = 1 << max(steps - 1, 0).bit_length()  # smallest power of two >= steps
         per_step_tail = tail / bucket
-        cache_key = (direction, grid_step, tail, bucket)
+        quantum = self._precision if quantum is None else quantum
+        cache_key = (direction, grid_step, tail, bucket, quantum)
         cache = self._caches.get(cache_key)
         if cache is None:
             # Keep the caches of the last few grids only (each holds spectra of every leaf).
@@ -204,7 +215,7 @@ class PLDAccountant(Accountant):
         for leaf, count in self._counts.items():
             key = self._leaves(leaf, direction)
             if quantize:
-                key = _quantized(key, self._precision, pessimistic)
+                key = _quantized(key, quantum, pessimistic)
             leaves[key] = leaves.get(key, 0) + count
         # A canonical order, so that floating-point sums do not depend on insertion order.
         order = sorted(leaves, key=lambda k: (k.mechanism, k.parameter, k.rate))
@@ -212,17 +223,18 @@ class PLDAccountant(Accountant):
         hit = cache.results.get((pessimistic, tuple(order), counts))
         if hit is not None:
             return hit
-        plds = []
-        for key in order:
-            pld = cache.plds.get((key, pessimistic))
-            if pld is None:
-                offset, mass, infinity = _core.pld_discretize(
-                    key.mechanism, key.parameter, key.rate, grid_step, per_step_tail,
-                    per_step_tail, pessimistic,
-                )
-                pld = DiscretePLD(int(offset), np.asarray(mass), float(infinity), grid_step)
-                cache.plds[(key, pessimistic)] = pld
-            plds.append(pld)
+        missing = [key for key in order if (key, pessimistic) not in cache.plds]
+
+        def discretize(key: _Leaf) -> DiscretePLD:
+            offset, mass, infinity = _core.pld_discretize(
+                key.mechanism, key.parameter, key.rate, grid_step, per_step_tail,
+                per_step_tail, pessimistic,
+            )
+            return DiscretePLD(int(offset), np.asarray(mass), float(infinity), grid_step)
+
+        for key, pld in zip(missing, parallel_map(discretize, missing)):
+            cache.plds[(key, pessimistic)] = pld
+        plds = [cache.plds[(key, pessimistic)] for key in order]
         # Spectra are cached for incremental use only when there are few distinct leaves
         # (otherwise their memory, leaves x FFT size, would dominate).
         spectra = cache.spectra[pessimistic] if len(order) <= _CACHE_SPECTRA_UP_TO else None
@@ -268,7 +280,8 @@ class PLDAccountant(Accountant):
         running maximum: the coarse pessimistic PLD is itself a certified upper bound (a
         mean-preserving spread of the fine one onto a subset of its grid points), so the skipped
         direction's exact value is below the maximum returned, which therefore still bounds every
-        direction. Under Poisson sampling the remove direction usually dominates, and this saves
+        direction. With many distinct events the coarse pass also rounds the noise multipliers
+        on a coarser grid (``_COARSE_QUANTUM``; still pessimistic). Under Poisson sampling the remove direction usually dominates, and this saves
         most of the add direction's FFTs; the answer is still a function of the multiset only."""
         directions = self._directions()
         step = self._grid_step(refinement)
@@ -277,7 +290,9 @@ class PLDAccountant(Accountant):
         coarse: dict[str, float] = {}
         for direction in directions:
             try:
-                coarse[direction] = upper_value(self._composed(direction, True, 4.0 * step, tail))
+                coarse[direction] = upper_value(
+                    self._composed(direction, True, 4.0 * step, tail, quantum=_COARSE_QUANTUM)
+                )
             except ValueError:  # below the coarse round-off floor: no shortcut for it
                 coarse[direction] = math.inf
         best = -math.inf
@@ -429,6 +444,9 @@ class PLDAccountant(Accountant):
 #: Above this many distinct mechanism events, noise multipliers and sampling rates are rounded
 #: to a geometric grid (see :func:`_quantized`).
 _QUANTIZE_ABOVE = 64
+#: Quantum of the coarse pass of :meth:`PLDAccountant._worst_direction` (noise multipliers within
+#: 2.5% share one discretisation there).
+_COARSE_QUANTUM = 0.05
 #: Cache per-leaf spectra (for incremental queries) up to this many distinct leaves.
 _CACHE_SPECTRA_UP_TO = 16
 
