@@ -145,6 +145,30 @@ def test_gaussian_tradeoff_below_exact_and_gdp_mu() -> None:
     assert sub.gdp_mu() <= mu * (1 + 1e-9)
 
 
+def test_subsampled_gdp_mu_cannot_be_improved() -> None:
+    """gdp_mu() of a Poisson-subsampled composition is the full Gaussian mu_0 = sqrt(T)/sigma,
+    and that is optimal: independently of the accountant, delta(eps) >= q^T delta_{mu_0}(eps +
+    T log(1/q)) (the all-sampled component of P), which exceeds delta_mu(eps) at a large eps for
+    every mu < mu_0 (evaluated in log space with mpmath)."""
+    sigma, q, steps = 1.0, 0.1, 4
+    mu0 = math.sqrt(steps) / sigma
+    acc = PLDAccountant(1e-2).compose(PoissonSampled(Gaussian(sigma), q), steps)
+    assert acc.gdp_mu() == pytest.approx(mu0, rel=1e-12)
+    mpmath.mp.dps = 60
+
+    def log_gaussian_delta(eps: mpmath.mpf, mu: mpmath.mpf) -> mpmath.mpf:
+        return mpmath.log(mpmath.ncdf(-eps / mu + mu / 2) - mpmath.exp(eps) * mpmath.ncdf(-eps / mu - mu / 2))
+
+    shift = steps * mpmath.log(1 / mpmath.mpf(q))
+    for fraction, eps in [(0.9, 1000), (0.99, 5000)]:
+        mu = mpmath.mpf(fraction) * mu0
+        eps = mpmath.mpf(eps)
+        lower_bound = steps * mpmath.log(q) + log_gaussian_delta(eps + shift, mpmath.mpf(mu0))
+        assert lower_bound > log_gaussian_delta(eps, mu)
+        # ... while at moderate eps the subsampled composition is far below delta_mu.
+        assert acc.delta(2.0) < math.exp(float(log_gaussian_delta(mpmath.mpf(2), mu)))
+
+
 def test_guarantee_carries_lower_bound() -> None:
     acc = PLDAccountant().compose(PoissonSampled(Gaussian(1.0), 0.01), 200)
     g = acc.guarantee(1e-5)

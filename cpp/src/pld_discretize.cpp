@@ -237,9 +237,6 @@ DiscretePld discretize_optimistic(const MechanismParams& params, double grid_ste
   const std::int64_t n = range.highest - range.lowest + 1;
   if (n < 2) throw std::invalid_argument("the grid range needs at least two points");
   const double top_loss = static_cast<double>(range.highest) * grid_step;
-  if (top_loss - static_cast<double>(range.lowest) * grid_step > 600.0) {
-    throw std::invalid_argument("the grid range is too wide for the optimistic rounding");
-  }
   // Post-process the output to half-width cells (boundaries at multiples of h/2 from the bottom
   // grid point up to the top one, plus one cell for everything above the top): the cell index is
   // a dominated pair (data processing), with point y*_c = Q(cell)/P(cell) per cell. Mass at or
@@ -255,11 +252,13 @@ DiscretePld discretize_optimistic(const MechanismParams& params, double grid_ste
   // Sweep the cells from the highest loss (smallest y) down. A group starts at the first unplaced
   // point, targets the smallest grid value y_k >= its y, and absorbs the following (larger-y)
   // points, the last one only in part, until its barycentre is exactly y_k: a mean-preserving
-  // contraction. y is scaled by e^{top_loss} so that the top grid point has y = 1.
+  // contraction. Within a group y is measured relative to the target, z = y / y_k = e^{l_k - l},
+  // so that nothing overflows however wide the grid is (z = +inf for a point more than ~709 below
+  // the target in loss: the group then needs a vanishing share of it and is closed).
   double group_mass = 0.0;
-  double group_moment = 0.0;
-  std::int64_t target = 0;  // index into out.mass
-  double target_y = 1.0;
+  double group_moment = 0.0;  // sum of mass * z over the group
+  std::int64_t target = 0;    // index into out.mass
+  double target_loss = top_loss;
   auto place_group = [&]() {
     out.mass[static_cast<std::size_t>(target)] += group_mass;
     group_mass = 0.0;
@@ -280,7 +279,6 @@ DiscretePld discretize_optimistic(const MechanismParams& params, double grid_ste
     if (log_p == kNegInf) continue;
     double mass = std::exp(log_p);
     const double cell_loss = log_p - log_q;  // in (cell), or +inf without Q-mass
-    const double y = std::exp(-(cell_loss - top_loss));
     while (mass > 0.0) {
       if (group_mass == 0.0) {
         // Largest grid loss <= the cell's loss (the cell lies above the bottom grid point).
@@ -288,23 +286,25 @@ DiscretePld discretize_optimistic(const MechanismParams& params, double grid_ste
         if (!(cell_loss < kInf) || k > n - 1) k = n - 1;
         if (k < 0) k = 0;
         target = k;
-        target_y = std::exp(-(static_cast<double>(range.lowest + k) * grid_step - top_loss));
+        target_loss = static_cast<double>(range.lowest + k) * grid_step;
+        const double z = std::exp(target_loss - cell_loss);
         group_mass = mass;
-        group_moment = mass * y;
+        group_moment = mass * z;
         mass = 0.0;
-        if (y >= target_y) place_group();  // already on the grid point (up to round-off)
+        if (z >= 1.0) place_group();  // already on the grid point (up to round-off)
         continue;
       }
-      if (y <= target_y) {
+      const double z = std::exp(target_loss - cell_loss);
+      if (z <= 1.0) {
         group_mass += mass;
-        group_moment += mass * y;
+        group_moment += mass * z;
         mass = 0.0;
         continue;
       }
-      const double wanted = (group_mass * target_y - group_moment) / (y - target_y);
+      const double wanted = (group_mass - group_moment) / (z - 1.0);
       if (wanted >= mass) {
         group_mass += mass;
-        group_moment += mass * y;
+        group_moment += mass * z;
         mass = 0.0;
       } else {
         group_mass += wanted;

@@ -342,6 +342,7 @@ _Result = TypeVar("_Result")
 #: Below this many items, :func:`parallel_map` stays on the calling thread.
 _PARALLEL_FROM = 16
 _POOL: ThreadPoolExecutor | None = None
+_WORKERS = os.cpu_count() or 1
 
 
 def parallel_map(function: Callable[[_Item], _Result], items: Sequence[_Item]) -> list[_Result]:
@@ -350,9 +351,8 @@ def parallel_map(function: Callable[[_Item], _Result], items: Sequence[_Item]) -
     pocketfft's transforms) releases the GIL, so the threads run in parallel; results are in the
     order of ``items`` and do not depend on the number of threads."""
     global _POOL
-    workers = os.cpu_count() or 1
-    if len(items) < _PARALLEL_FROM or workers < 2:
+    if len(items) < _PARALLEL_FROM or _WORKERS < 2:
         return [function(item) for item in items]
     if _POOL is None:
-        _POOL = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dpsharp-pld")
+        _POOL = ThreadPoolExecutor(max_workers=_WORKERS, thread_name_prefix="dpsharp-pld")
     return list(_POOL.map(function, items))

@@ -276,30 +276,27 @@ class PLDAccountant(Accountant):
         """max over the directions of ``upper_value`` (an epsilon or a delta, non-decreasing
         under mean-preserving spreads) of the pessimistic composition at ``refinement``.
 
-        A direction is skipped when its value on the grid 4 times coarser is already at most the
-        running maximum: the coarse pessimistic PLD is itself a certified upper bound (a
-        mean-preserving spread of the fine one onto a subset of its grid points), so the skipped
-        direction's exact value is below the maximum returned, which therefore still bounds every
-        direction. With many distinct events the coarse pass also rounds the noise multipliers
-        on a coarser grid (``_COARSE_QUANTUM``; still pessimistic). Under Poisson sampling the remove direction usually dominates, and this saves
-        most of the add direction's FFTs; the answer is still a function of the multiset only."""
+        The first direction (remove) is composed on the fine grid; any other is skipped when its
+        value on the grid 4 times coarser is already at most the running maximum. The coarse
+        pessimistic PLD is itself a certified upper bound (a mean-preserving spread of the fine
+        one onto a subset of its grid points), so the skipped direction is certified below the
+        maximum returned, which therefore still bounds every direction. With many distinct
+        events the coarse pass also rounds the noise multipliers on a coarser grid
+        (``_COARSE_QUANTUM``; still pessimistic). Under Poisson sampling the remove direction
+        usually dominates, and this saves most of the add direction's FFTs; the answer is still
+        a function of the multiset only."""
         directions = self._directions()
         step = self._grid_step(refinement)
-        if len(directions) == 1:
-            return upper_value(self._composed(directions[0], True, step, tail))
-        coarse: dict[str, float] = {}
-        for direction in directions:
+        best = upper_value(self._composed(directions[0], True, step, tail))
+        for direction in directions[1:]:
             try:
-                coarse[direction] = upper_value(
+                coarse = upper_value(
                     self._composed(direction, True, 4.0 * step, tail, quantum=_COARSE_QUANTUM)
                 )
             except ValueError:  # below the coarse round-off floor: no shortcut for it
-                coarse[direction] = math.inf
-        best = -math.inf
-        for direction in sorted(directions, key=lambda d: -coarse[d]):
-            if coarse[direction] <= best:
-                continue
-            best = max(best, upper_value(self._composed(direction, True, step, tail)))
+                coarse = math.inf
+            if coarse > best:
+                best = max(best, upper_value(self._composed(direction, True, step, tail)))
         return best
 
     def _check_floor(self, results: list[ComposedPLD], delta: float) -> None:
@@ -400,7 +397,17 @@ class PLDAccountant(Accountant):
         with the exact bound sqrt(sum_i k_i / sigma_i^2) of the unsubsampled Gaussians, which
         dominates every subsampled Gaussian (and beyond the grid the +inf mass makes the PLD alone
         unable to certify any finite mu). inf if the composition holds a Laplace mechanism and
-        its curve cannot be certified."""
+        its curve cannot be certified.
+
+        For Poisson-subsampled Gaussians the answer is that exact bound, and no smaller mu is
+        true: under remove, P = prod_i ((1-q_i) N(0,1) + q_i N(mu_i,1)) >= (prod_i q_i)
+        N(mu_vec, I) as measures, so delta(eps) >= Q delta_{mu_0}(eps + log(1/Q)) with
+        Q = prod_i q_i and mu_0 = sqrt(sum_i mu_i^2) (take the Gaussian pair's optimal test at
+        eps + log(1/Q)). That decays like exp(-eps^2 / (2 mu_0^2)), slower than delta_mu(eps) for
+        any mu < mu_0, so it exceeds delta_mu at some (large) eps: a finite-T subsampled composition
+        is mu-GDP only for mu >= mu_0. The CLT's much smaller mu (:class:`GDPAccountant`) is an
+        approximation, not a guarantee; for a certified statement at a given delta use
+        :meth:`epsilon` or :meth:`tradeoff`."""
         if self.is_empty:
             return 0.0
         gaussian_mu = self._gaussian_mu()
