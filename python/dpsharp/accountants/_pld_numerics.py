@@ -28,6 +28,7 @@ import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, TypeVar
 
 import numpy as np
@@ -39,6 +40,7 @@ from dpsharp._native import core as _core
 __all__ = [
     "ComposedPLD",
     "DiscretePLD",
+    "LeafSpectrum",
     "compose",
     "forward_transform",
     "inverse_transform",
@@ -73,6 +75,12 @@ class DiscretePLD:
         computed in the C++ core by a recurrence over the grid, see ``pld.hpp``)."""
         return _core.pld_log_mgf(self.mass, self.offset, self.grid_step, exponents.tolist())
 
+    @cached_property
+    def chernoff_log_mgf(self) -> np.ndarray:
+        """:meth:`log_mgf` at the Chernoff exponents (:func:`chernoff_exponents`), computed once
+        per PLD (a heterogeneous composition computes it on the worker that discretised it)."""
+        return self.log_mgf(chernoff_exponents())
+
     def folded(self, size: int) -> np.ndarray:
         """The masses folded onto a circle of ``size`` points: entry ``j`` holds the masses at
         indices ``offset + i`` with ``i = j (mod size)``."""
@@ -85,6 +93,26 @@ class DiscretePLD:
         padded = np.zeros(rows * size)
         padded[:length] = self.mass
         return padded.reshape(rows, size).sum(axis=0)
+
+
+@dataclass(frozen=True)
+class LeafSpectrum:
+    """The real FFT of one PLD folded onto a circle of ``size`` points, and the log of its
+    modulus (-inf where it is 0)."""
+
+    size: int
+    transform: np.ndarray
+    log_modulus: np.ndarray
+
+    @cached_property
+    def phase(self) -> np.ndarray:
+        """arg of the transform at every frequency (computed once, for cached spectra)."""
+        return np.angle(self.transform)
+
+    def phase_at(self, kept: np.ndarray, *, whole: bool) -> np.ndarray:
+        """arg of the transform at the frequencies ``kept``; ``whole``: from :attr:`phase`, kept
+        for the next query (an incremental run), otherwise only at ``kept``."""
+        return self.phase[kept] if whole else np.angle(self.transform[kept])
 
 
 @dataclass(frozen=True)
@@ -223,7 +251,7 @@ def compose(
     counts: list[int],
     *,
     log_tail: float,
-    spectra: dict[Any, tuple[int, np.ndarray, np.ndarray]] | None = None,
+    spectra: dict[Any, LeafSpectrum] | None = None,
     keys: list[Any] | None = None,
 ) -> ComposedPLD:
     """The composition of ``counts[i]`` copies of ``plds[i]``, on a circle (a 2-3-5-smooth size,
@@ -236,9 +264,9 @@ def compose(
     ``e^-800`` (far below the smallest double; every other entry is 0 in double precision either
     way): for a wide composition that is a small fraction of the circle.
 
-    ``spectra`` (optional) caches ``key -> (size, transform, log modulus)`` per PLD (``keys[i]``
-    names ``plds[i]``; its position by default), so that recomposing after one more step only
-    costs pointwise work and one inverse FFT.
+    ``spectra`` (optional) caches a :class:`LeafSpectrum` per PLD (``keys[i]`` names ``plds[i]``;
+    its position by default), so that recomposing after one more step only costs pointwise work
+    and one inverse FFT.
     """
     grid_step = plds[0].grid_step
     exponents = chernoff_exponents()
@@ -247,7 +275,7 @@ def compose(
     support_high = 0
     log_finite = 0.0
     for pld, count in zip(plds, counts):
-        log_mgf_total += count * _cached_log_mgf(pld, exponents)
+        log_mgf_total += count * pld.chernoff_log_mgf
         support_low += count * pld.offset
         support_high += count * (pld.offset + pld.mass.size - 1)
         log_finite += count * np.log1p(-pld.infinity_mass)
@@ -259,22 +287,20 @@ def compose(
     log_modulus = np.zeros(size // 2 + 1)
     shift = 0
     leaf_keys = keys if keys is not None else list(range(len(plds)))
-    leaf_transforms = parallel_map(
-        lambda index: _leaf_transform(plds[index], size, spectra, leaf_keys[index]),
+    leaf_spectra = parallel_map(
+        lambda index: _leaf_spectrum(plds[index], size, spectra, leaf_keys[index]),
         range(len(plds)),
     )
     if spectra is not None:
-        for key, (transform, leaf_log_modulus) in zip(leaf_keys, leaf_transforms):
-            spectra[key] = (size, transform, leaf_log_modulus)
-    transforms = []
-    for pld, count, (transform, leaf_log_modulus) in zip(plds, counts, leaf_transforms):
+        for key, leaf in zip(leaf_keys, leaf_spectra):
+            spectra[key] = leaf
+    for pld, count, leaf in zip(plds, counts, leaf_spectra):
         shift += count * pld.offset
-        log_modulus += count * leaf_log_modulus
-        transforms.append(transform)
+        log_modulus += count * leaf.log_modulus
     kept = np.flatnonzero(log_modulus > -800.0)
     phase = np.zeros(kept.size)
-    for transform, count in zip(transforms, counts):
-        phase += count * np.angle(transform[kept])
+    for leaf, count in zip(leaf_spectra, counts):
+        phase += count * leaf.phase_at(kept, whole=spectra is not None)
     spectrum = np.zeros(size // 2 + 1, dtype=complex)
     spectrum[kept] = np.exp(log_modulus[kept] + 1j * phase)
     circular = inverse_transform(spectrum, size)
@@ -309,32 +335,19 @@ def _circle_size(needed: int) -> int:
     raise AssertionError("unreachable")
 
 
-_MGF_CACHE_ATTR = "_log_mgf_cache"
-
-
-def _cached_log_mgf(pld: DiscretePLD, exponents: np.ndarray) -> np.ndarray:
-    cached = pld.__dict__.get(_MGF_CACHE_ATTR)
-    if cached is None:
-        cached = pld.log_mgf(exponents)
-        object.__setattr__(pld, _MGF_CACHE_ATTR, cached)
-    return cached
-
-
-def _leaf_transform(
-    pld: DiscretePLD,
-    size: int,
-    spectra: dict[Any, tuple[int, np.ndarray, np.ndarray]] | None,
-    key: Any,
-) -> tuple[np.ndarray, np.ndarray]:
-    """(transform of the PLD folded onto the circle, log of its modulus; -inf where it is 0)."""
+def _leaf_spectrum(
+    pld: DiscretePLD, size: int, spectra: dict[Any, LeafSpectrum] | None, key: Any
+) -> LeafSpectrum:
+    """The spectrum of ``pld`` folded onto a circle of ``size`` points (from ``spectra`` when it
+    holds one of that size)."""
     if spectra is not None:
         hit = spectra.get(key)
-        if hit is not None and hit[0] == size:
-            return hit[1], hit[2]
+        if hit is not None and hit.size == size:
+            return hit
     transform = forward_transform(pld.folded(size), size)
     with np.errstate(divide="ignore"):
         log_modulus = np.log(np.abs(transform))
-    return transform, log_modulus
+    return LeafSpectrum(size, transform, log_modulus)
 
 
 _Item = TypeVar("_Item")

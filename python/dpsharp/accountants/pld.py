@@ -36,7 +36,13 @@ from scipy.special import log_ndtr, ndtr, ndtri
 
 from dpsharp._native import core as _core
 from dpsharp._validation import require_delta, require_epsilon, require_real
-from dpsharp.accountants._pld_numerics import ComposedPLD, DiscretePLD, compose, parallel_map
+from dpsharp.accountants._pld_numerics import (
+    ComposedPLD,
+    DiscretePLD,
+    LeafSpectrum,
+    compose,
+    parallel_map,
+)
 from dpsharp.accountants.base import Accountant, PrivacyGuarantee
 from dpsharp.accountants.registry import register
 from dpsharp.events import (
@@ -76,7 +82,7 @@ class _DirectionCache:
 
     def __init__(self) -> None:
         self.plds: dict[tuple[_Leaf, bool], DiscretePLD] = {}
-        self.spectra: dict[bool, dict[Any, tuple[int, np.ndarray, np.ndarray]]] = {True: {}, False: {}}
+        self.spectra: dict[bool, dict[Any, LeafSpectrum]] = {True: {}, False: {}}
         self.results: dict[tuple[bool, tuple[_Leaf, ...], tuple[int, ...]], ComposedPLD] = {}
 
 
@@ -118,7 +124,7 @@ class PLDAccountant(Accountant):
             raise ValueError(f"precision must be in (0, 1), got {precision!r}")
         super().__init__(neighbouring=neighbouring)
         self._precision = precision
-        self._caches: dict[tuple[str, float, float], _DirectionCache] = {}
+        self._reset_caches()
 
     # ------------------------------------------------------------------ events
     def _leaf_unsupported_reason(self, leaf: Event) -> str | None:
@@ -212,10 +218,16 @@ class PLDAccountant(Accountant):
             cache = self._caches[cache_key] = _DirectionCache()
         leaves: dict[_Leaf, int] = {}
         quantize = len(self._counts) > _QUANTIZE_ABOVE
+        # leaf event -> discretisation key, a pure function of (event, direction, rounding):
+        # kept across queries so a long heterogeneous schedule is mapped once.
+        keys = self._leaf_keys.setdefault((direction, quantum if quantize else None, pessimistic), {})
         for leaf, count in self._counts.items():
-            key = self._leaves(leaf, direction)
-            if quantize:
-                key = _quantized(key, quantum, pessimistic)
+            key = keys.get(leaf)
+            if key is None:
+                key = self._leaves(leaf, direction)
+                if quantize:
+                    key = _quantized(key, quantum, pessimistic)
+                keys[leaf] = key
             leaves[key] = leaves.get(key, 0) + count
         # A canonical order, so that floating-point sums do not depend on insertion order.
         order = sorted(leaves, key=lambda k: (k.mechanism, k.parameter, k.rate))
@@ -230,7 +242,9 @@ class PLDAccountant(Accountant):
                 key.mechanism, key.parameter, key.rate, grid_step, per_step_tail,
                 per_step_tail, pessimistic,
             )
-            return DiscretePLD(int(offset), np.asarray(mass), float(infinity), grid_step)
+            pld = DiscretePLD(int(offset), np.asarray(mass), float(infinity), grid_step)
+            pld.chernoff_log_mgf  # noqa: B018 - computed here, on the worker thread
+            return pld
 
         for key, pld in zip(missing, parallel_map(discretize, missing)):
             cache.plds[(key, pessimistic)] = pld
@@ -246,6 +260,7 @@ class PLDAccountant(Accountant):
 
     def _reset_caches(self) -> None:
         self._caches = {}
+        self._leaf_keys: dict[tuple[str, float | None, bool], dict[Event, _Leaf]] = {}
 
     # ------------------------------------------------------------------ queries
     def _bounds_at(
