@@ -13,6 +13,7 @@ run.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -77,10 +78,12 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="skip the peers")
     parser.add_argument("--no-fine", action="store_true", help="skip dp-accounting at 1e-5")
     parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--peer-repeat", type=int, default=3, help="repeats of each peer call (median)")
     args = parser.parse_args()
     warnings.simplefilter("ignore")
     print(f"# command: python {' '.join(sys.argv)}")
-    print(f"# one epsilon({DELTA}) query from a fresh accountant, composition included")
+    print(f"# one epsilon({DELTA}) query from a fresh accountant, composition included; median of "
+          f"{args.repeat} (ours) and {args.peer_repeat} (peers) runs; load average {os.getloadavg()[0]:.1f}")
     header = (
         f"{'setting':24s} {'T':>7s} {'ours eps':>10s} {'ours ms':>8s} {'dpa1e-4 eps':>12s} {'dpa1e-4 s':>9s}"
         f" {'x':>6s} {'prv eps':>9s} {'prv s':>7s} {'x':>6s} {'dpa1e-5 eps':>12s} {'ours/dpa1e-5':>12s}"
@@ -92,8 +95,8 @@ def main() -> None:
         medians.append(median)
         row = f"{name:24s} {steps:7d} {value:10.5f} {median * 1e3:8.2f}"
         if not args.quick:
-            d4, t4 = timed(dp_accounting, q, sigma, steps, 1e-4)
-            pv, tp = timed(opacus_prv, q, sigma, steps)
+            d4, t4 = timed(dp_accounting, q, sigma, steps, 1e-4, repeat=args.peer_repeat)
+            pv, tp = timed(opacus_prv, q, sigma, steps, repeat=args.peer_repeat)
             row += f" {d4:12.5f} {t4:9.3f} {t4 / median:6.0f} {pv:9.5f} {tp:7.3f} {tp / median:6.0f}"
             if not args.no_fine:
                 d5, _ = timed(dp_accounting, q, sigma, steps, 1e-5)
@@ -101,25 +104,33 @@ def main() -> None:
         print(row, flush=True)
     print(f"# median over settings of our median time: {statistics.median(medians) * 1e3:.2f} ms; max {max(medians) * 1e3:.2f} ms")
 
-    # Heterogeneous: 10^4 distinct sigmas, one step each.
+    # Heterogeneous: 10^4 distinct sigmas, one step each (median of 3 runs, each from scratch).
     sigmas = np.linspace(0.8, 1.6, 10_000)
-    start = time.perf_counter()
-    acc = PLDAccountant()
-    for sigma in sigmas:
-        acc.compose(PoissonSampled(Gaussian(float(sigma)), 0.01))
-    eps = acc.epsilon(DELTA)
-    print(f"# 10^4 distinct sigmas in [0.8, 1.6], q=0.01: compose + epsilon = {time.perf_counter() - start:.3f} s, eps={eps:.5f}")
 
-    # Incremental: epsilon after every step of a 1,000-step run.
-    start = time.perf_counter()
-    acc = PLDAccountant()
+    def distinct_sigmas() -> float:
+        acc = PLDAccountant()
+        for sigma in sigmas:
+            acc.compose(PoissonSampled(Gaussian(float(sigma)), 0.01))
+        return acc.epsilon(DELTA)
+
+    eps, seconds = timed(distinct_sigmas, repeat=3)
+    print(f"# 10^4 distinct sigmas in [0.8, 1.6], q=0.01: compose + epsilon = {seconds:.3f} s (median of 3), eps={eps:.5f}")
+
+    # Incremental: epsilon after every step of a 1,000-step run (median of 3 runs).
     event = PoissonSampled(Gaussian(1.0), 0.01)
-    for _ in range(1000):
-        acc.compose(event)
-        last = acc.epsilon(DELTA)
-    total = time.perf_counter() - start
+
+    def incremental() -> float:
+        acc = PLDAccountant()
+        last = float("nan")
+        for _ in range(1000):
+            acc.compose(event)
+            last = acc.epsilon(DELTA)
+        return last
+
+    last, total = timed(incremental, repeat=3)
     fresh = PLDAccountant().compose(event, 1000).epsilon(DELTA)
-    print(f"# incremental: 1000 steps with a query after each: {total:.3f} s total; last eps {last:.6f} (fresh {fresh:.6f})")
+    print(f"# incremental: 1000 steps with a query after each: {total:.3f} s total (median of 3); last eps {last:.6f} (fresh {fresh:.6f})")
+    print(f"# load average at the end: {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":

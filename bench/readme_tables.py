@@ -5,8 +5,8 @@
     python bench/readme_tables.py --check    # exit 1 if README.md is out of date
 
 Sources: bench/results/precision/results.json (``dpsharp bench precision --output
-bench/results/precision``), bench/results/speed/speed.json (``dpsharp bench speed --quick
---output bench/results/speed``) and bench/results/training_speed.md (bench/bench_training.py).
+bench/results/precision``), bench/results/speed/speed.json (``dpsharp bench speed
+--output bench/results/speed``, or with ``--quick``) and bench/results/training_speed.md (bench/bench_training.py).
 """
 
 from __future__ import annotations
@@ -52,6 +52,13 @@ def precision_table() -> str:
     return "\n".join(lines) + "\n"
 
 
+def speed_command() -> str:
+    """The command that wrote bench/results/speed/speed.json (with --quick if it was quick)."""
+    path = RESULTS / "speed" / "speed.json"
+    quick = not path.exists() or json.loads(path.read_text()).get("quick", True)
+    return "dpsharp bench speed " + ("--quick " if quick else "") + "--output bench/results/speed"
+
+
 def speed_table() -> str:
     path = RESULTS / "speed" / "speed.json"
     if not path.exists():
@@ -88,7 +95,7 @@ def section() -> str:
              "**Precision** (`dpsharp bench precision --output bench/results/precision`; epsilon of "
              "Poisson-subsampled DP-SGD; certified upper bounds unless marked; full table with lower "
              "bounds, gaps and times in bench/results/precision/results.md):", "", precision_table(),
-             "**Speed** (`dpsharp bench speed --quick --output bench/results/speed`; compose + query, "
+             f"**Speed** (`{speed_command()}`; compose + query, "
              "q = 0.01, sigma = 1; median, and the ratio to dpsharp.pld in the same run; scaling in "
              "distinct sigmas in bench/results/speed/speed.md):", "", speed_table()]
     training = training_table()
