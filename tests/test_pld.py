@@ -126,6 +126,21 @@ def test_directions_and_symmetrised_tradeoff() -> None:
     assert np.all(f[1:-1] >= g - 1e-9)
 
 
+@pytest.mark.parametrize(("q", "sigma", "steps"), [(0.5, 0.5, 1), (0.9, 0.3, 1), (0.2, 0.8, 10), (0.01, 1.0, 1000)])
+def test_epsilon_covers_both_directions(q: float, sigma: float, steps: int) -> None:
+    """epsilon() composes the add direction only on a coarse grid when that already shows it is
+    dominated; the answer must still bound the add direction's own fine-grid upper bound."""
+    from dpsharp.accountants.pld import _tail_for
+
+    acc = PLDAccountant().compose(PoissonSampled(Gaussian(sigma), q), steps)
+    for delta in (0.2, 1e-2, 1e-5):
+        tail = _tail_for(delta, 1e-3)
+        for direction in ("remove", "add"):
+            composed = acc._composed(direction, True, acc._grid_step(0), tail)
+            assert acc.epsilon(delta) >= composed.epsilon(delta, pessimistic=True)
+        assert acc.delta(1.0) >= acc._composed("add", True, acc._grid_step(0), 1e-12).delta(1.0, pessimistic=True)
+
+
 def mpmath_gaussian_tradeoff(alphas: np.ndarray, mu: float) -> np.ndarray:
     return np.array([float(mpmath.ncdf(mpmath.sqrt(2) * mpmath.erfinv(1 - 2 * a) - mu)) for a in alphas])
 
