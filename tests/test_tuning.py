@@ -195,6 +195,64 @@ def test_geometric_search_of_pure_dp_tends_to_three_epsilon() -> None:
     assert np.all(np.diff(bound) < 0)
 
 
+# Papernot and Steinke 2022 (arXiv 2110.03620v2), Definition 1 and Theorem 2's E[K], by hand.
+@pytest.mark.parametrize("gamma", [0.5, 0.1, 1e-3])
+def test_truncated_negative_binomial_mean_closed_forms(gamma: float) -> None:
+    root = math.sqrt(gamma)
+    assert truncated_negative_binomial_mean(1.0, gamma) == pytest.approx(1 / gamma, rel=1e-14)  # geometric
+    assert truncated_negative_binomial_mean(0.0, gamma) == pytest.approx((1 / gamma - 1) / math.log(1 / gamma), rel=1e-14)
+    # eta = 2: 2 (1 - g) / (g (1 - g^2)) = 2 / (g (1 + g)); eta = -1/2: (1 + sqrt g) / (2 sqrt g).
+    assert truncated_negative_binomial_mean(2.0, gamma) == pytest.approx(2 / (gamma * (1 + gamma)), rel=1e-13)
+    assert truncated_negative_binomial_mean(-0.5, gamma) == pytest.approx((1 + root) / (2 * root), rel=1e-13)
+
+
+@pytest.mark.parametrize(("eta", "gamma"), [(1.0, 0.3), (0.0, 0.3)])
+def test_sampler_matches_definition1_special_cases(eta: float, gamma: float) -> None:
+    """Definition 1 at eta = 1 (geometric, gamma (1 - gamma)^(k-1)) and eta = 0 (logarithmic,
+    (1 - gamma)^k / (k log(1/gamma))): chi-square of 20000 draws."""
+    rng = np.random.default_rng(23)
+    draws = np.array([sample_truncated_negative_binomial(eta, gamma, rng) for _ in range(20000)])
+    ks = np.arange(1, 9)
+    pmf = gamma * (1 - gamma) ** (ks - 1) if eta == 1.0 else (1 - gamma) ** ks / (ks * math.log(1 / gamma))
+    observed = np.array([np.sum(draws == k) for k in ks] + [np.sum(draws > ks[-1])])
+    expected = draws.size * np.append(pmf, 1 - pmf.sum())
+    assert stats.chisquare(observed, expected).pvalue > 1e-3
+
+
+@pytest.mark.parametrize("eta", [0.0, 0.5, 1.0, 2.0, -0.5])
+def test_corollary3_pure_dp_search_is_two_plus_eta_epsilon(eta: float) -> None:
+    """Corollary 3 (section 3.1): an eps-DP base gives a ((2 + eta) eps)-DP search; eta = 0 gives
+    2 eps, eta = 1 Liu and Talwar's 3 eps. An eps-DP base is (lambda, eps)-RDP at every order;
+    at lambda = lambda_hat = 1e12 Theorem 2 is (2 + eta) eps up to O(1e-11)."""
+    eps = 0.5
+    bound = truncated_negative_binomial_tuning_rdp(np.array([eps, eps]), np.array([2.0, 1e12]), eta=eta, gamma=0.01)
+    assert bound[-1] == pytest.approx((2 + eta) * eps, rel=1e-9)
+
+
+@pytest.mark.parametrize(
+    ("rho", "gamma", "eta"), [(0.1, 0.05, 0.0), (0.5, 0.01, 1.0), (0.02, 0.1, 0.5), (0.05, 0.2, -0.5), (1.0, 1e-4, 2.0)]
+)
+def test_corollary4_zcdp_base(rho: float, gamma: float, eta: float) -> None:
+    """Corollary 4: a rho-zCDP base (RDP rho lambda) with rho <= log(1/gamma) gives
+    eps' = rho (lambda - 1) + log(E[K])/(lambda - 1) + 2 (1 + eta) sqrt(rho log(1/gamma)) - eta rho
+    (lambda_hat = sqrt(log(1/gamma)/rho)), which at lambda = 1 + sqrt(log(E[K])/rho) is
+    2 sqrt(rho log E[K]) + 2 (1 + eta) sqrt(rho log(1/gamma)) - eta rho. E[K] by hand."""
+    log_inv_gamma = math.log(1 / gamma)
+    if eta == 0.0:
+        mean = (1 / gamma - 1) / log_inv_gamma
+    else:
+        mean = eta * (1 - gamma) / (gamma * (1 - gamma**eta))
+    lam_hat = math.sqrt(log_inv_gamma / rho)
+    lam_star = 1 + math.sqrt(math.log(mean) / rho)
+    orders = np.array(sorted({1.5, 2.0, 4.0, lam_hat, lam_star, 50.0}))
+    bound = truncated_negative_binomial_tuning_rdp(rho * orders, orders, eta=eta, gamma=gamma)
+    constant = 2 * (1 + eta) * math.sqrt(rho * log_inv_gamma) - eta * rho
+    expected = rho * (orders - 1) + math.log(mean) / (orders - 1) + constant
+    np.testing.assert_allclose(bound, expected, rtol=1e-12)
+    at_star = bound[list(orders).index(lam_star)]
+    assert at_star == pytest.approx(2 * math.sqrt(rho * math.log(mean)) + constant, rel=1e-12)
+
+
 def _exact_search_rdp(p_scores: np.ndarray, q_scores: np.ndarray, pgf, alpha: float, p_zero: float) -> float:  # type: ignore[no-untyped-def]
     """The exact D_alpha between the outputs of best-of-K on two neighbours whose base outputs
     are scores with PMFs p_scores and q_scores on an ordered set (index = score), with
@@ -263,9 +321,9 @@ def test_poisson_theorem_bounds_the_exact_divergence_of_a_toy_search(mean: float
         assert exact <= value
 
 
-def test_poisson_recalled_short_form_fails_for_small_mean() -> None:
-    """The short form eps + mean delta_hat + log(mean)/(lambda - 1) (no K = 0 term) is below the
-    exact divergence of the toy search at mean 0.5, lambda 1.5: why we account K = 0."""
+def test_poisson_theorem6_expression_fails_for_small_mean() -> None:
+    """Papernot and Steinke 2022, Theorem 6's expression eps + mean delta_hat + log(mean)/(lambda - 1)
+    is below the exact divergence of the toy search at mean 0.5, lambda 1.5; ours is above it."""
     base = _base_rdp(TOY_P, TOY_Q, TOY_ORDERS)
     m = mpmath.mpf(0.5)
     exact = _exact_search_rdp(TOY_P, TOY_Q, lambda s: mpmath.e ** (m * (s - 1)), 1.5, float(mpmath.e ** (-m)))
@@ -274,14 +332,53 @@ def test_poisson_recalled_short_form_fails_for_small_mean() -> None:
     assert short < exact <= poisson_tuning_rdp(base, TOY_ORDERS, mean=0.5)[0]
 
 
+@pytest.mark.parametrize("mean", [0.05, 0.5, 0.99, 1.0, 3.0])
+def test_poisson_identical_neighbours_cost_nothing(mean: float) -> None:
+    """Identical output laws (eps = 0 at every order, delta_hat = 0): the search's divergence is
+    exactly 0. Theorem 6's expression gives log(mean)/(lambda - 1), negative (so invalid) for
+    mean < 1; ours gives 0."""
+    orders = np.array([1.5, 2.0, 10.0])
+    ours = poisson_tuning_rdp(np.zeros(3), orders, mean=mean, base_delta=lambda eps_hat: 0.0)
+    assert np.all(ours == 0.0)
+    theorem6 = np.log(mean) / (orders - 1)
+    assert np.all(theorem6 < 0) if mean < 1 else np.all(theorem6 >= 0)
+
+
+def _laplace_rdp(eps: float, alpha: float) -> float:
+    """Mironov 2017, Prop. 6: D_alpha of Laplace(0, 1/eps) from Laplace(1, 1/eps), by hand."""
+    return eps + math.log1p((alpha - 1) * math.expm1(-(2 * alpha - 1) * eps) / (2 * alpha - 1)) / (alpha - 1)
+
+
+@pytest.mark.parametrize(("eps", "mean"), [(1.0, 1.0), (0.1, 2.0), (1.0, 10.0), (2.0, 1000.0), (0.5, 1e6)])
+def test_poisson_pure_dp_case_of_theorem6(eps: float, mean: float) -> None:
+    """Theorem 6 for an eps-DP base (Laplace) at lambda = 1 + 1/(e^eps - 1), where the condition
+    e^eps_hat <= 1 + 1/(lambda - 1) allows eps_hat = eps, so delta_hat = 0 and the paper's bound is
+    eps(lambda) + log(mean) (e^eps - 1). Ours is the derived log1p(mean (e^((lambda-1) eps(lambda))
+    - 1))/(lambda - 1) (evaluated here in mpmath), at most the paper's for mean >= 1."""
+    lam = 1 + 1 / math.expm1(eps)
+    rdp = _laplace_rdp(eps, lam)
+    theorem6 = rdp + math.log(mean) * math.expm1(eps)
+    ours = poisson_tuning_rdp(np.array([rdp]), np.array([lam]), mean=mean, base_delta=lambda e: 0.0)[0]
+    mpmath.mp.dps = 30
+    a = mpmath.mpf(lam)
+    expected = mpmath.log1p(mean * mpmath.expm1((a - 1) * mpmath.mpf(rdp))) / (a - 1)
+    assert ours == pytest.approx(float(expected), rel=1e-12)
+    assert ours <= theorem6
+    # The two differ by log(1 - e^(-(lambda-1) eps(lambda)) (1 - 1/mean))/(lambda - 1) <= 0.
+    gap = math.log1p(-math.exp(-(lam - 1) * rdp) * (1 - 1 / mean)) / (lam - 1)
+    assert ours - theorem6 == pytest.approx(gap, rel=1e-9, abs=1e-12)
+
+
 def test_poisson_bound_against_direct_evaluation() -> None:
     """Our Poisson bound evaluated independently in mpmath for a Gaussian base: delta_hat from
-    the CKS conversion of the base curve at eps_hat = log(1 + 1/(lambda - 1))."""
+    the CKS conversion of the base curve at eps_hat = log(1 + 1/(lambda - 1)); it is below both
+    Theorem 6's expression (mean = 8 >= 1) and the bound with only the K = 0 term added."""
     base = 500 * ORDERS / (2 * 25.0**2)
     ours = poisson_tuning_rdp(base, ORDERS, mean=8.0)
     mpmath.mp.dps = 30
     for index in (0, 50, 120):
         lam = mpmath.mpf(float(ORDERS[index]))
+        eps = mpmath.mpf(float(base[index]))
         eps_hat = mpmath.log(1 + 1 / (lam - 1))
         delta_hat = min(
             mpmath.mpf(1),
@@ -292,10 +389,11 @@ def test_poisson_bound_against_direct_evaluation() -> None:
                 for a, b in zip(ORDERS, base)
             ),
         )
-        expected = mpmath.log(
-            mpmath.e ** (-8) + 8 * mpmath.e ** ((lam - 1) * (mpmath.mpf(float(base[index])) + 8 * delta_hat))
-        ) / (lam - 1)
+        expected = mpmath.log1p(8 * mpmath.e ** (8 * (lam - 1) * delta_hat) * mpmath.expm1((lam - 1) * eps)) / (lam - 1)
         assert ours[index] == pytest.approx(float(expected), rel=1e-9)
+        theorem6 = eps + 8 * delta_hat + mpmath.log(8) / (lam - 1)
+        with_k0 = mpmath.log(mpmath.e ** (-8) + 8 * mpmath.e ** ((lam - 1) * (eps + 8 * delta_hat))) / (lam - 1)
+        assert ours[index] <= float(theorem6) <= float(with_k0)
 
 
 def test_rdp_to_delta_is_valid_for_the_gaussian() -> None:

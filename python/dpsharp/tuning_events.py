@@ -129,18 +129,24 @@ class TruncatedNegativeBinomialTuning(Event):
     """Run the base mechanism K times, K ~ D_{eta, gamma}, release only the best run (by a
     total order on outputs, e.g. the privatised validation score).
 
-    Papernot and Steinke 2022, "Hyperparameter tuning with Renyi differential privacy" (ICLR):
+    Papernot and Steinke 2022, "Hyperparameter tuning with Renyi differential privacy" (ICLR;
+    arXiv 2110.03620v2). Definition 1: for eta > -1 and gamma in (0, 1),
     P[K = k] = (1 - gamma)^k / (gamma^(-eta) - 1) * prod_{l=0}^{k-1} (l + eta) / (l + 1),
-    k = 1, 2, ..., for eta > -1 and gamma in (0, 1) (eta = 0: the logarithmic distribution
-    P[K = k] = (1 - gamma)^k / (k log(1/gamma)); eta = 1: the geometric distribution).
+    k = 1, 2, ...; eta = 0 is the limit, the logarithmic distribution
+    P[K = k] = (1 - gamma)^k / (k log(1/gamma)); eta = 1 is the geometric distribution
+    P[K = k] = gamma (1 - gamma)^(k - 1).
 
-    Their Theorem 2: if the base is (lambda, eps)-RDP and (lambda_hat, eps_hat)-RDP with
+    Theorem 2: if the base is (lambda, eps)-RDP and (lambda_hat, eps_hat)-RDP with
     lambda > 1, lambda_hat >= 1, the search is (lambda, eps')-RDP with
     eps' = eps + (1 + eta) (1 - 1/lambda_hat) eps_hat + (1 + eta) log(1/gamma) / lambda_hat
            + log(E[K]) / (lambda - 1),
-    E[K] = eta (1 - gamma) / (gamma (1 - gamma^eta))  (eta != 0),
+    E[K] = eta (1 - gamma) / (gamma (1 - gamma^eta))  (eta != 0; 1/gamma for eta = 1),
     E[K] = (1/gamma - 1) / log(1/gamma)               (eta = 0).
-    The accountant minimises over lambda_hat in its own order grid.
+    The accountant minimises over lambda_hat in its own order grid. Special cases checked in
+    the tests: Corollary 3 (an eps-DP base gives a (2 + eta) eps-DP search; eta = 1 is Liu and
+    Talwar 2019's 3 eps) and Corollary 4 (a rho-zCDP base with rho <= log(1/gamma) gives
+    eps' = rho (lambda - 1) + log(E[K])/(lambda - 1) + 2 (1 + eta) sqrt(rho log(1/gamma))
+    - eta rho).
     """
 
     base: Event
@@ -172,20 +178,25 @@ class PoissonTuning(Event):
     """Run the base mechanism K ~ Poisson(mean) times (K = 0 releases a fixed symbol "nothing")
     and release the best run.
 
-    After Papernot and Steinke 2022 (Poisson number of repetitions): if the base is
-    (lambda, eps)-RDP and (eps_hat, delta_hat)-DP with e^eps_hat <= 1 + 1/(lambda - 1), then on
-    the runs' outputs the divergence sum is at most mean * exp((lambda - 1)(eps + mean *
-    delta_hat)) (the density of the best of K runs is Q(y) f'(F(y)) with f'(x) = mean
-    e^(mean (x - 1)), and the tail condition bounds the exponent by (lambda - 1) mean
-    delta_hat). The K = 0 outcome adds e^(-mean) to the sum, so we account
+    Papernot and Steinke 2022 (arXiv 2110.03620v2), Theorem 6: if the base is (lambda, eps)-RDP
+    and (eps_hat, delta_hat)-DP with e^eps_hat <= 1 + 1/(lambda - 1), the search is
+    (lambda, eps + mean delta_hat + log(mean)/(lambda - 1))-RDP. As printed this cannot hold
+    for mean < 1: for identical neighbours (eps = delta_hat = 0) the divergence is 0 while the
+    expression is log(mean)/(lambda - 1) < 0. Following the same argument (the density of the
+    best of K runs is Q(y) f'(F(y)) with f'(x) = mean e^(mean (x - 1)), and the tail condition
+    gives lambda F - (lambda - 1) F' <= 1 + (lambda - 1) delta_hat), keeping the K = 0 mass
+    e^(-mean) and bounding the rest with Bernoulli's inequality
+    p^lambda p'^(1 - lambda) >= lambda p - (lambda - 1) p', we account
 
-        eps'(lambda) = log(e^(-mean) + mean e^((lambda - 1)(eps + mean delta_hat))) / (lambda - 1),
+        eps'(lambda) = log(1 + mean e^(mean (lambda - 1) delta_hat) (e^((lambda - 1) eps) - 1))
+                       / (lambda - 1),
 
-    which tends to eps + mean delta_hat + log(mean)/(lambda - 1) for large mean. That shorter
-    expression (as we recall the paper's statement) omits the K = 0 term; it is negative for
-    mean < 1 at small lambda, and a brute-force check in the tests finds it below the exact
-    divergence there, so it is not used. The accountant takes eps_hat = log(1 + 1/(lambda - 1))
-    (the largest allowed) and delta_hat from the base's own RDP curve (:func:`rdp_to_delta`).
+    valid for every mean > 0 (see :func:`poisson_tuning_rdp`). It is never above the paper's
+    expression when mean e^(mean (lambda - 1) delta_hat) >= 1 (in particular mean >= 1, where
+    the paper's bound therefore holds), and never above log(e^(-mean) + mean e^((lambda - 1)
+    (eps + mean delta_hat)))/(lambda - 1), the bound with only the K = 0 term added. The
+    accountant takes eps_hat = log(1 + 1/(lambda - 1)) (the largest allowed) and delta_hat from
+    the base's own RDP curve (:func:`rdp_to_delta`).
     """
 
     base: Event
@@ -228,8 +239,9 @@ def pure_dp_rdp(epsilon: float, orders: Sequence[float] | np.ndarray) -> np.ndar
 
 
 def truncated_negative_binomial_mean(eta: float, gamma: float) -> float:
-    """E[K] for K ~ D_{eta, gamma} (Papernot and Steinke 2022, section 3):
-    eta (1 - gamma) / (gamma (1 - gamma^eta)) for eta != 0, (1/gamma - 1)/log(1/gamma) for 0."""
+    """E[K] for K ~ D_{eta, gamma} (Papernot and Steinke 2022, Definition 1 and Theorem 2):
+    eta (1 - gamma) / (gamma (1 - gamma^eta)) for eta != 0 (1/gamma for the geometric eta = 1),
+    (1/gamma - 1)/log(1/gamma) for the logarithmic eta = 0."""
     eta = require_real("eta", eta)
     gamma = require_real("gamma", gamma)
     if eta <= -1.0 or not 0.0 < gamma < 1.0:
@@ -291,10 +303,33 @@ def poisson_tuning_rdp(
     base_delta: Callable[[float], float] | None = None,
 ) -> np.ndarray:
     """The RDP of the best of K ~ Poisson(mean) runs (see :class:`PoissonTuning`), at every
-    order lambda: log(e^(-mean) + mean e^((lambda - 1)(eps(lambda) + mean delta_hat))) /
-    (lambda - 1), with delta_hat(lambda) the base's delta at eps_hat = log(1 + 1/(lambda - 1)),
-    from ``base_delta`` if given (e.g. an exact or PLD delta), else from the RDP curve by
-    :func:`rdp_to_delta`."""
+    order lambda:
+
+        log(1 + mean e^(mean (lambda - 1) delta_hat) (e^((lambda - 1) eps(lambda)) - 1))
+        / (lambda - 1),
+
+    with delta_hat(lambda) the base's delta at eps_hat = log(1 + 1/(lambda - 1)), from
+    ``base_delta`` if given (e.g. an exact or PLD delta), else from the RDP curve by
+    :func:`rdp_to_delta`.
+
+    Derivation (the argument of Papernot and Steinke 2022, Theorem 6, keeping the K = 0 term).
+    Append an independent uniform tie-breaker to the base's output (post-processing back is
+    free), so the base's output laws P, P' are atomless with CDFs F, F'. The best of K runs has
+    density p f'(F) with f(x) = E[x^K] = e^(mean (x - 1)), and K = 0 has mass e^(-mean) under
+    both. With h = lambda F - (lambda - 1) F', c = e^(mean (lambda - 1) delta_hat) and
+    Z = integral p^lambda p'^(1 - lambda) <= e^((lambda - 1) eps):
+
+        e^((lambda - 1) D_lambda)
+            = e^(-mean) + mean integral p^lambda p'^(1 - lambda) e^(mean (h - 1)).
+
+    The DP tail bound P'[Y > y] <= e^eps_hat P[Y > y] + delta_hat with e^eps_hat <= lambda /
+    (lambda - 1) gives h <= 1 + (lambda - 1) delta_hat, so c - e^(mean (h - 1)) >= 0; and
+    p^lambda p'^(1 - lambda) >= lambda p - (lambda - 1) p' = dh (Bernoulli). Hence
+    integral p^lambda p'^(1 - lambda) (c - e^(mean (h - 1))) >= integral (c - e^(mean (h - 1))) dh
+    = c - (1 - e^(-mean))/mean (h runs continuously from 0 to 1), and
+    e^((lambda - 1) D_lambda) <= 1 + mean c (Z - 1). The exact divergence of brute-forced toy
+    searches is checked against it in the tests. It is at most the paper's
+    eps + mean delta_hat + log(mean)/(lambda - 1) whenever mean c >= 1."""
     alphas = _orders(orders)
     base = np.asarray(base_rdp, dtype=np.float64)
     if base.shape != alphas.shape or np.any(np.isnan(base)) or np.any(base < 0):
@@ -304,8 +339,19 @@ def poisson_tuning_rdp(
     for index, lam in enumerate(alphas):
         eps_hat = math.log1p(1.0 / (lam - 1.0))
         delta_hat = base_delta(eps_hat) if base_delta is not None else rdp_to_delta(base, alphas, eps_hat)
-        exponent = (lam - 1.0) * (base[index] + mean * delta_hat) + math.log(mean)
-        result[index] = float(np.logaddexp(-mean, exponent)) / (lam - 1.0)
+        if math.isnan(delta_hat) or not 0.0 <= delta_hat <= 1.0:
+            raise ValueError(f"base_delta must return a delta in [0, 1], got {delta_hat!r}")
+        scaled = (lam - 1.0) * base[index]
+        if scaled == 0.0:
+            result[index] = 0.0  # identical output laws at this order
+            continue
+        # log(e^scaled - 1), accurate for small and large scaled (inf stays inf).
+        if scaled < 30.0:
+            log_expm1 = math.log(math.expm1(scaled))
+        else:  # log(e^x - 1) = x + log(1 - e^-x), no overflow
+            log_expm1 = scaled + math.log1p(-math.exp(-scaled))
+        log_term = math.log(mean) + mean * (lam - 1.0) * delta_hat + log_expm1
+        result[index] = float(np.logaddexp(0.0, log_term)) / (lam - 1.0)
     return result
 
 
