@@ -2,31 +2,24 @@
 
 The check (PrivacyEngine._check_budget, run before every release) is timed in the same process
 as full training steps (forward, backward with per-example clipping, release, optimizer step)
-of examples/train_digits.py's CNN at batch 256, and the ratio is printed (issue 7: < 1%).
+of the digits CNN of ``dpsharp demo`` (dpsharp.demo.build_model) at batch 256, and the ratio
+is printed (issue 7: < 1%).
 
     python bench/budget_check_overhead.py
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import time
-from pathlib import Path
 
 import torch
+from dpsharp.demo import build_model, load_digits_split
+from dpsharp.torch import PoissonDataLoader, PrivacyBudget, PrivacyEngine
 from torch import nn
 
-from dpsharp.torch import PoissonDataLoader, PrivacyBudget, PrivacyEngine
-
-spec = importlib.util.spec_from_file_location(
-    "train_digits", Path(__file__).resolve().parent.parent / "examples" / "train_digits.py"
-)
-digits = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(digits)  # type: ignore[union-attr]
-
-train, _, _ = digits.load(0)
-model = digits.build_model()
+train, _, _ = load_digits_split(0)
+model = build_model()
 engine = PrivacyEngine(accountant="pld")
 model, optimizer, loader = engine.make_private(
     model, torch.optim.SGD(model.parameters(), lr=1.0), PoissonDataLoader(train, expected_batch_size=256, seed=0),
