@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
-from scipy.special import log_ndtr, ndtr, ndtri
+from scipy.special import log_ndtr
 
 from dpsharp._native import core as _core
 from dpsharp._validation import require_delta, require_epsilon, require_real
