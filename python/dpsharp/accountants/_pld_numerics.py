@@ -95,7 +95,7 @@ class DiscretePLD:
         return padded.reshape(rows, size).sum(axis=0)
 
 
-@dataclass(frozen=True)
+@dataclass
 class LeafSpectrum:
     """The real FFT of one PLD folded onto a circle of ``size`` points, and the log of its
     modulus (-inf where it is 0)."""
@@ -103,16 +103,18 @@ class LeafSpectrum:
     size: int
     transform: np.ndarray
     log_modulus: np.ndarray
+    #: arg of the transform at every frequency, once the spectrum is used a second time
+    phase: np.ndarray | None = None
+    uses: int = 0
 
-    @cached_property
-    def phase(self) -> np.ndarray:
-        """arg of the transform at every frequency (computed once, for cached spectra)."""
-        return np.angle(self.transform)
-
-    def phase_at(self, kept: np.ndarray, *, whole: bool) -> np.ndarray:
-        """arg of the transform at the frequencies ``kept``; ``whole``: from :attr:`phase`, kept
-        for the next query (an incremental run), otherwise only at ``kept``."""
-        return self.phase[kept] if whole else np.angle(self.transform[kept])
+    def phase_at(self, kept: np.ndarray) -> np.ndarray:
+        """arg of the transform at the frequencies ``kept``. The first use (a one-off query)
+        computes it there only; a cached spectrum used again (an incremental run, where
+        ``kept`` grows with every step) computes and keeps it at every frequency."""
+        self.uses += 1
+        if self.phase is None and self.uses > 1:
+            self.phase = np.angle(self.transform)
+        return self.phase[kept] if self.phase is not None else np.angle(self.transform[kept])
 
 
 @dataclass(frozen=True)
@@ -300,7 +302,7 @@ def compose(
     kept = np.flatnonzero(log_modulus > -800.0)
     phase = np.zeros(kept.size)
     for leaf, count in zip(leaf_spectra, counts):
-        phase += count * leaf.phase_at(kept, whole=spectra is not None)
+        phase += count * leaf.phase_at(kept)
     spectrum = np.zeros(size // 2 + 1, dtype=complex)
     spectrum[kept] = np.exp(log_modulus[kept] + 1j * phase)
     circular = inverse_transform(spectrum, size)
