@@ -379,3 +379,22 @@ def test_extreme_sigma_is_finite_without_warnings(event: object) -> None:
     if isinstance(event, Gaussian):
         # delta(eps; mu) decreases in eps, so exact epsilon <= upper iff exact delta(upper) <= 1e-5.
         assert exact_delta(upper, 100.0) <= 1e-5
+
+
+def _heterogeneous_epsilon(_: object = None) -> float:
+    acc = PLDAccountant()
+    for sigma in np.linspace(0.8, 1.6, 80):
+        acc.compose(PoissonSampled(Gaussian(float(sigma)), 0.01), 5)
+    return acc.epsilon(1e-5)
+
+
+def test_heterogeneous_query_works_in_a_forked_child() -> None:
+    """The per-leaf thread pool must not deadlock a child forked after it was started (e.g. a
+    multiprocessing sweep with the default fork start method on Linux)."""
+    import multiprocessing
+
+    expected = _heterogeneous_epsilon()  # starts the pool in this process
+    context = multiprocessing.get_context("fork")
+    with context.Pool(1) as pool:
+        result = pool.apply_async(_heterogeneous_epsilon, (None,))
+        assert result.get(timeout=120) == pytest.approx(expected, rel=1e-12)

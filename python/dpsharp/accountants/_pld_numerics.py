@@ -371,3 +371,14 @@ def parallel_map(function: Callable[[_Item], _Result], items: Sequence[_Item]) -
     if _POOL is None:
         _POOL = ThreadPoolExecutor(max_workers=_WORKERS, thread_name_prefix="dpsharp-pld")
     return list(_POOL.map(function, items))
+
+
+def _forget_pool_after_fork() -> None:
+    """A forked child inherits the pool object but not its threads (it would wait on them
+    forever): it starts its own pool on first use."""
+    global _POOL
+    _POOL = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool_after_fork)
