@@ -398,3 +398,47 @@ def test_heterogeneous_query_works_in_a_forked_child() -> None:
     with context.Pool(1) as pool:
         result = pool.apply_async(_heterogeneous_epsilon, (None,))
         assert result.get(timeout=120) == pytest.approx(expected, rel=1e-12)
+
+
+def _mpmath_log_mgf(mass: np.ndarray, offset: int, grid_step: float, t: float) -> float:
+    total = mpmath.fsum(
+        mpmath.mpf(float(m)) * mpmath.exp(t * (offset + k) * mpmath.mpf(grid_step))
+        for k, m in enumerate(mass)
+        if m > 0
+    )
+    return float(mpmath.log(total)) if total > 0 else -math.inf
+
+
+@pytest.mark.parametrize(
+    "mass",
+    [
+        np.concatenate((np.zeros(440), [0.25, 0.5, 0.25])),  # nothing near the bottom
+        np.concatenate(([1e-300], np.zeros(500), [0.5, 0.5])),  # a tiny mass at the bottom
+        np.concatenate(([0.5, 0.5], np.zeros(500), [1e-300])),  # and at the top
+        np.full(300, 1.0 / 300),
+        np.zeros(10),
+    ],
+)
+def test_log_mgf_is_exact_whatever_sits_at_the_ends(mass: np.ndarray) -> None:
+    """The Chernoff window rests on exact log-MGFs of the discretised PLDs: a walk that stopped
+    when its factor got small (not small relative to the sum) returned -inf or a far too small
+    value when the masses at the anchoring end were 0 or tiny, as the optimistic rounding of a
+    wide subsampled Gaussian produces."""
+    from dpsharp.accountants._pld_numerics import DiscretePLD, chernoff_exponents
+
+    pld = DiscretePLD(offset=-439, mass=mass, infinity_mass=0.0, grid_step=0.0625)
+    exponents = chernoff_exponents()
+    ours = pld.log_mgf(exponents)
+    expected = [_mpmath_log_mgf(mass, -439, 0.0625, float(t)) for t in exponents]
+    np.testing.assert_allclose(ours, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_wide_heterogeneous_bounds_are_finite() -> None:
+    """100 distinct sigmas from 0.1 to 10 at q = 0.3 (found crashing with an OverflowError in
+    epsilon_bounds: the optimistic PLD's log-MGF was -inf)."""
+    acc = PLDAccountant()
+    for sigma in np.geomspace(0.1, 10.0, 100):
+        acc.compose(PoissonSampled(Gaussian(float(sigma)), 0.3), 3)
+    lower, upper = acc.epsilon_bounds(1e-5)
+    assert 0.0 < lower <= upper == acc.epsilon(1e-5)
+    assert math.isfinite(upper)

@@ -99,7 +99,9 @@ DiscretePld discretize_optimistic(const MechanismParams& params, double grid_ste
 // exact log moment generating function of the finite part of a discretised PLD (for the Chernoff
 // bounds of the FFT window, see accountants/_pld_numerics.py). -inf when the finite mass is 0.
 // Computed by the recurrence e^{t l_{k-1}} = e^{t l_k} e^{-t h} from the end where t l is
-// largest (relative round-off about size * 1e-16).
+// largest, stopped when the remaining terms are below 1e-18 of the sum so far (relative
+// round-off about size * 1e-16); where the masses near that end are 0 or tiny and the factor
+// would underflow first, by an exact log-sum-exp instead.
 std::vector<double> log_mgf(const double* mass, std::size_t size, std::int64_t offset,
                             double grid_step, const std::vector<double>& exponents);
 
