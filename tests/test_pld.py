@@ -442,3 +442,30 @@ def test_wide_heterogeneous_bounds_are_finite() -> None:
     lower, upper = acc.epsilon_bounds(1e-5)
     assert 0.0 < lower <= upper == acc.epsilon(1e-5)
     assert math.isfinite(upper)
+
+
+def test_tradeoff_is_finite_when_the_loss_grid_passes_exp_overflow() -> None:
+    """A composition whose losses exceed 709 (e^eps overflows): the certified trade-off curve
+    at alpha = 0 was NaN (inf * 0). For mu = 50 the exact curve is G_mu(alpha) =
+    Phi(Phi^-1(1 - alpha) - mu): 1 at alpha = 0 and below 1e-300 elsewhere on this grid."""
+    import warnings
+
+    acc = PLDAccountant().compose(Gaussian(0.02), 1)
+    alphas = np.array([0.0, 1e-12, 0.5, 1.0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        f = acc.tradeoff(alphas)
+    assert np.all(np.isfinite(f))
+    assert 0.99 <= f[0] <= 1.0
+    assert np.all(f[1:] <= 1e-9) and np.all(f >= 0.0)
+
+
+def test_epsilon_bounds_upper_never_above_epsilon() -> None:
+    """epsilon_bounds refines the grid and keeps the tightest certified bounds: its upper end is
+    at most epsilon() (which uses the precision's own grid) and at least its lower end."""
+    acc = PLDAccountant(1e-2)
+    acc.compose(PoissonSampled(Gaussian(0.6), 0.05), 300).compose(Gaussian(5.0), 20)
+    for delta in (1e-3, 1e-6):
+        lower, upper = acc.epsilon_bounds(delta)
+        assert lower <= upper <= acc.epsilon(delta)
+        assert upper - lower <= 1e-2 * upper

@@ -107,8 +107,11 @@ class PLDAccountant(Accountant):
     Notes
     -----
     ``epsilon(delta)`` is always a certified upper bound (up to double-precision round-off of
-    about 1e-12 relative in the cell masses, which is not certified); it is the upper end of
-    ``epsilon_bounds(delta)``.
+    about 1e-12 relative in the cell masses, which is not certified), computed on the grid the
+    precision implies. ``epsilon_bounds(delta)`` (and :meth:`guarantee`) also compute the
+    certified lower bound and refine the grid until the two are within the precision, so their
+    upper end is never above ``epsilon(delta)`` and can be slightly below it: every one of these
+    numbers is a valid guarantee, and the smaller is the tighter.
     """
 
     certified = True
@@ -348,9 +351,11 @@ class PLDAccountant(Accountant):
         if self.is_empty:
             return 0.0, 0.0
         refinement = 0
+        upper, lower = math.inf, 0.0
         while True:
-            upper = self._epsilon_side(delta, pessimistic=True, refinement=refinement)
-            lower = self._epsilon_side(delta, pessimistic=False, refinement=refinement)
+            # Every grid's bounds are certified, so the tightest of each so far is kept.
+            upper = min(upper, self._epsilon_side(delta, pessimistic=True, refinement=refinement))
+            lower = max(lower, self._epsilon_side(delta, pessimistic=False, refinement=refinement))
             lower = min(lower, upper)
             if upper - lower <= self._precision * upper or not math.isfinite(upper):
                 return lower, upper
@@ -546,13 +551,17 @@ def _tradeoff_from_curves(
         delta = np.maximum(upper_at(eps, delta, grid), upper_at(other_eps, other_delta, grid))
         eps = grid
     # f(alpha) >= max_k (1 - delta_k - e^{eps_k} alpha), plus the trivial 0.
+    # e^{eps} alpha is formed as e^{eps + log alpha}: 0 at alpha = 0 even where e^{eps}
+    # overflows (inf * 0 would be NaN), and -inf terms where it overflows for alpha > 0.
     best = np.zeros_like(alphas)
+    with np.errstate(divide="ignore"):
+        log_alphas = np.log(alphas)
     chunk = 4096
     for startix in range(0, eps.size, chunk):
         e = eps[startix : startix + chunk]
         d = delta[startix : startix + chunk]
         with np.errstate(over="ignore"):
-            values = 1.0 - d[None, :] - np.exp(e)[None, :] * alphas[:, None]
+            values = 1.0 - d[None, :] - np.exp(e[None, :] + log_alphas[:, None])
         best = np.maximum(best, values.max(axis=1))
     # Each term is a valid lower bound of f, so their maximum (and 0) is; f <= 1 - alpha always.
     return np.clip(best, 0.0, 1.0 - alphas)
