@@ -469,3 +469,48 @@ def test_epsilon_bounds_upper_never_above_epsilon() -> None:
         lower, upper = acc.epsilon_bounds(delta)
         assert lower <= upper <= acc.epsilon(delta)
         assert upper - lower <= 1e-2 * upper
+
+
+_mechanism_events = st.one_of(
+    st.builds(Laplace, st.floats(1.0, 20.0)),
+    st.builds(Gaussian, st.floats(1.0, 100.0)),
+    st.builds(
+        PoissonSampled,
+        st.builds(Gaussian, st.floats(0.2, 20.0)),
+        st.floats(1e-4, 1.0),
+    ),
+)
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    precision=st.sampled_from([1e-2, 1e-3]),
+    parts=st.lists(st.tuples(_mechanism_events, st.sampled_from([1, 3, 100, 1000])), min_size=1, max_size=6),
+    extra_sigmas=st.sampled_from([0, 70]),
+)
+def test_random_compositions_keep_every_contract(
+    precision: float, parts: list[tuple[object, int]], extra_sigmas: int
+) -> None:
+    """Random mixtures (Laplace, Gaussian, Poisson-subsampled Gaussian; with 70 extra distinct
+    sigmas the quantised path): bounds ordered, epsilon and delta inverse, trade-off curve
+    finite, no numpy warnings. A sweep like this found the -inf log-MGF and the NaN trade-off."""
+    import warnings
+
+    acc = PLDAccountant(precision)
+    for event, count in parts:
+        acc.compose(event, count)  # type: ignore[arg-type]
+    for sigma in np.linspace(0.5, 3.0, extra_sigmas):
+        acc.compose(PoissonSampled(Gaussian(float(sigma)), 0.01), 10)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for delta in (1e-3, 1e-7):
+            lower, upper = acc.epsilon_bounds(delta)
+            epsilon = acc.epsilon(delta)
+            assert 0.0 <= lower <= upper <= epsilon * (1 + 1e-12)
+            if math.isfinite(epsilon) and epsilon < 500:
+                assert acc.delta(epsilon) <= delta * (1 + 1e-6) + 1e-15
+                delta_lower, delta_upper = acc.delta_bounds(epsilon)
+                assert delta_lower <= delta_upper
+        curve = acc.tradeoff(np.linspace(0.0, 1.0, 11))
+        assert np.all(np.isfinite(curve))
+        assert np.all(curve <= 1.0 - np.linspace(0.0, 1.0, 11) + 1e-12)
