@@ -10,6 +10,7 @@
 
 #include "bindings.hpp"
 #include "dpsharp/clip.hpp"
+#include "dpsharp/patches.hpp"
 #include "dpsharp/philox.hpp"
 
 namespace py = pybind11;
@@ -52,6 +53,53 @@ void bind_clip(py::module_& m) {
       py::arg("per_example"), py::arg("dtype_code"), py::arg("batch"), py::arg("numel"),
       py::arg("out"), py::arg("threads"),
       "out[i] = sum_j g[i, j]^2 in float64 over a contiguous (batch, numel) buffer.");
+  m.def(
+      "clip_per_example_dots",
+      [](std::uintptr_t a, std::uintptr_t b, int dtype_code, std::int64_t batch,
+         std::int64_t numel, std::uintptr_t out, int threads) {
+        if (batch < 0 || numel < 0) throw py::value_error("batch and numel must be >= 0");
+        const clip::DType dtype = to_dtype(dtype_code);
+        py::gil_scoped_release release;
+        clip::per_example_dots(as_ptr<const void>(a), as_ptr<const void>(b), dtype, batch, numel,
+                               as_ptr<double>(out), threads);
+      },
+      py::arg("a"), py::arg("b"), py::arg("dtype_code"), py::arg("batch"), py::arg("numel"),
+      py::arg("out"), py::arg("threads"),
+      "out[i] = sum_j a[i, j] b[i, j] in float64 over two contiguous (batch, numel) buffers.");
+  m.def(
+      "conv_patches",
+      [](std::uintptr_t in, int element_size, std::int64_t batch, std::int64_t channels,
+         std::int64_t in_h, std::int64_t in_w, std::int64_t kernel_h, std::int64_t kernel_w,
+         std::int64_t stride_h, std::int64_t stride_w, std::int64_t pad_h, std::int64_t pad_w,
+         std::int64_t dilation_h, std::int64_t dilation_w, std::uintptr_t out, int threads) {
+        if (element_size != 2 && element_size != 4 && element_size != 8) {
+          throw py::value_error("element_size must be 2, 4 or 8, got " +
+                                std::to_string(element_size));
+        }
+        if (batch < 0 || channels < 0 || in_h < 0 || in_w < 0 || pad_h < 0 || pad_w < 0 ||
+            kernel_h < 1 || kernel_w < 1 || stride_h < 1 || stride_w < 1 || dilation_h < 1 ||
+            dilation_w < 1) {
+          throw py::value_error("sizes and paddings must be >= 0; kernel, stride and dilation >= 1");
+        }
+        const std::int64_t span_h = (kernel_h - 1) * dilation_h + 1;
+        const std::int64_t span_w = (kernel_w - 1) * dilation_w + 1;
+        if (in_h + 2 * pad_h < span_h || in_w + 2 * pad_w < span_w) {
+          throw py::value_error("the (padded) input is smaller than the dilated kernel");
+        }
+        const patches::ConvGeometry geometry{
+            batch, channels, in_h, in_w, kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w,
+            dilation_h, dilation_w, (in_h + 2 * pad_h - span_h) / stride_h + 1,
+            (in_w + 2 * pad_w - span_w) / stride_w + 1};
+        py::gil_scoped_release release;
+        patches::conv_patches(as_ptr<const void>(in), static_cast<std::size_t>(element_size),
+                              geometry, as_ptr<void>(out), threads);
+      },
+      py::arg("input"), py::arg("element_size"), py::arg("batch"), py::arg("channels"),
+      py::arg("in_h"), py::arg("in_w"), py::arg("kernel_h"), py::arg("kernel_w"),
+      py::arg("stride_h"), py::arg("stride_w"), py::arg("pad_h"), py::arg("pad_w"),
+      py::arg("dilation_h"), py::arg("dilation_w"), py::arg("out"), py::arg("threads"),
+      "Convolution patches (B, out_h * out_w, C * kernel_h * kernel_w) of a contiguous "
+      "(B, C, in_h, in_w) input into a contiguous buffer of that size.");
   m.def(
       "clip_accumulate_noise",
       [](std::uintptr_t per_example, std::uintptr_t factors, std::int64_t batch,

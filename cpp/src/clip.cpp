@@ -6,36 +6,15 @@
 
 #include <algorithm>
 #include <cstring>
-#include <thread>
-#include <vector>
 
 #include "dpsharp/normals.hpp"
+#include "dpsharp/parallel.hpp"
 
 namespace dpsharp::clip {
 namespace {
 
 constexpr std::int64_t kTile = 512;             // elements per tile (even: whole noise pairs)
 constexpr std::int64_t kMinPerThread = 1 << 15;  // below this a thread costs more than it saves
-
-template <typename Work>
-void parallel_ranges(std::int64_t count, std::int64_t grain, int threads, Work&& work) {
-  std::int64_t useful = std::max<std::int64_t>(1, count / std::max<std::int64_t>(grain, 1));
-  const int n_threads = static_cast<int>(std::min<std::int64_t>(std::max(threads, 1), useful));
-  if (n_threads <= 1) {
-    work(std::int64_t{0}, count);
-    return;
-  }
-  std::vector<std::thread> pool;
-  pool.reserve(static_cast<std::size_t>(n_threads - 1));
-  const std::int64_t chunk = (count + n_threads - 1) / n_threads;
-  for (int t = 1; t < n_threads; ++t) {
-    const std::int64_t lo = std::min(count, chunk * t);
-    const std::int64_t hi = std::min(count, lo + chunk);
-    pool.emplace_back([&work, lo, hi] { work(lo, hi); });
-  }
-  work(std::int64_t{0}, std::min(count, chunk));
-  for (auto& th : pool) th.join();
-}
 
 inline float bf16_to_float(std::uint16_t v) noexcept {
   const std::uint32_t bits = static_cast<std::uint32_t>(v) << 16;
@@ -144,7 +123,37 @@ void sq_norms_typed(const void* per_example, std::int64_t batch, std::int64_t nu
   });
 }
 
+template <typename T>
+void dots_typed(const void* a, const void* b, std::int64_t batch, std::int64_t numel, double* out,
+                int threads) {
+  parallel_ranges(batch, std::max<std::int64_t>(1, kMinPerThread / std::max<std::int64_t>(numel, 1)),
+                  threads, [&](std::int64_t lo, std::int64_t hi) {
+    for (std::int64_t i = lo; i < hi; ++i) {
+      double lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      const std::int64_t row = i * numel;
+      std::int64_t j = 0;
+      for (; j + 8 <= numel; j += 8) {
+        for (int l = 0; l < 8; ++l) {
+          lanes[l] += Elem<T>::load(a, row + j + l) * Elem<T>::load(b, row + j + l);
+        }
+      }
+      for (; j < numel; ++j) lanes[0] += Elem<T>::load(a, row + j) * Elem<T>::load(b, row + j);
+      out[i] = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) +
+               ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+    }
+  });
+}
+
 }  // namespace
+
+void per_example_dots(const void* a, const void* b, DType dtype, std::int64_t batch,
+                      std::int64_t numel, double* out, int threads) {
+  switch (dtype) {
+    case DType::kFloat32: dots_typed<float>(a, b, batch, numel, out, threads); break;
+    case DType::kFloat64: dots_typed<double>(a, b, batch, numel, out, threads); break;
+    case DType::kBFloat16: dots_typed<BF16>(a, b, batch, numel, out, threads); break;
+  }
+}
 
 void per_example_sq_norms(const void* per_example, DType dtype, std::int64_t batch,
                           std::int64_t numel, double* out, int threads) {

@@ -74,6 +74,32 @@ def clip_per_example_sq_norms(
 ) -> None:
     """out[i] = sum_j g[i, j]^2 in float64 over a contiguous (batch, numel) buffer."""
 
+def clip_per_example_dots(
+    a: int, b: int, dtype_code: int, batch: int, numel: int, out: int, threads: int
+) -> None:
+    """out[i] = sum_j a[i, j] b[i, j] in float64 over two contiguous (batch, numel) buffers."""
+
+def conv_patches(
+    input: int,
+    element_size: int,
+    batch: int,
+    channels: int,
+    in_h: int,
+    in_w: int,
+    kernel_h: int,
+    kernel_w: int,
+    stride_h: int,
+    stride_w: int,
+    pad_h: int,
+    pad_w: int,
+    dilation_h: int,
+    dilation_w: int,
+    out: int,
+    threads: int,
+) -> None:
+    """Convolution patches (B, out_h * out_w, C * kernel_h * kernel_w) of a contiguous
+    (B, C, in_h, in_w) input (im2col), written into a contiguous buffer of that size."""
+
 def clip_accumulate_noise(
     per_example: int,
     factors: int,

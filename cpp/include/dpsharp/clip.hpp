@@ -26,6 +26,11 @@ struct NoiseStream {
 void per_example_sq_norms(const void* per_example, DType dtype, std::int64_t batch,
                           std::int64_t numel, double* out, int threads);
 
+// out[i] = sum_j a[i * numel + j] * b[i * numel + j], products and sums in float64 (the ghost
+// norm sum_{t,s} (A_i)_{ts} (G_i)_{ts} of two Gram matrices, without widened copies).
+void per_example_dots(const void* a, const void* b, DType dtype, std::int64_t batch,
+                      std::int64_t numel, double* out, int threads);
+
 // out[j] = scale * (base[j] + sum_i factors[i] * per_example[i * numel + j] + noise_std * z_j)
 // with z_j the j-th standard normal of `stream`. per_example may be null (batch ignored), base
 // may be null (taken as 0) and may alias out; noise_std = 0 draws no noise. Sums over i run in

@@ -28,8 +28,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "clip_accumulate_noise",
+    "conv_patches",
     "cuda_built",
     "dtype_code",
+    "per_example_dots",
     "per_example_sq_norms",
     "reference_clip_accumulate_noise",
     "reference_gaussian",
@@ -127,6 +129,78 @@ def per_example_sq_norms(per_example: torch.Tensor, *, threads: int | None = Non
     _core.clip_per_example_sq_norms(
         src.data_ptr(), dtype_code(src.dtype), batch, numel, out.data_ptr(), _threads(threads)
     )
+    return out
+
+
+def per_example_dots(a: torch.Tensor, b: torch.Tensor, *,
+                     threads: int | None = None) -> torch.Tensor:
+    """``out[i] = sum_j a[i, j] b[i, j]`` in float64 (products and sums), shape (B,).
+
+    ``a`` and ``b`` have the same shape (B, ...) and dtype and are flattened per example. The
+    ghost norm of a linear layer on sequences is the dot of its two Gram matrices,
+    ||g_i(W)||^2 = sum_{t,s} (A_i)_{ts} (G_i)_{ts} (Li et al., ICLR 2022, section 4); this
+    reads the float32 Grams once instead of widening both to float64 copies. CUDA tensors
+    (no CUDA kernel for this) and float16 take a torch expression with the same meaning.
+    """
+    import torch
+
+    if a.shape != b.shape or a.dtype != b.dtype or a.device != b.device:
+        raise ValueError(
+            f"a and b must have the same shape, dtype and device, got {tuple(a.shape)} "
+            f"{a.dtype} {a.device} and {tuple(b.shape)} {b.dtype} {b.device}"
+        )
+    if a.dim() < 1:
+        raise ValueError("a and b must have a leading batch dimension")
+    batch = int(a.shape[0])
+    if a.is_cuda or a.dtype not in (torch.float32, torch.float64, torch.bfloat16):
+        flat_a = a.reshape(batch, -1).to(torch.float64)
+        return (flat_a * b.reshape(batch, -1).to(torch.float64)).sum(dim=1)
+    src_a, src_b = a.contiguous(), b.contiguous()
+    numel = src_a[0].numel() if batch else 0
+    out = torch.empty(batch, dtype=torch.float64)
+    _core.clip_per_example_dots(src_a.data_ptr(), src_b.data_ptr(), dtype_code(src_a.dtype),
+                                batch, numel, out.data_ptr(), _threads(threads))
+    return out
+
+
+def conv_patches(x: torch.Tensor, kernel_size: tuple[int, ...], stride: tuple[int, ...],
+                 padding: tuple[int, ...], dilation: tuple[int, ...], *,
+                 threads: int | None = None) -> torch.Tensor:
+    """Convolution patches (im2col) of a CPU input (B, C, *spatial), spatial 1-D or 2-D:
+    shape (B, L, C * prod(kernel_size)) with L the number of output positions, the last
+    dimension ordered like a convolution weight's (C, k_1, ..., k_s) and zeros where the
+    kernel overlaps the padding. Equal to ``F.unfold(x, ...).transpose(1, 2)`` (2-D)."""
+    import torch
+
+    spatial = x.dim() - 2
+    if spatial not in (1, 2) or not (len(kernel_size) == len(stride) == len(padding)
+                                     == len(dilation) == spatial):
+        raise ValueError(
+            f"x must be (B, C, L) or (B, C, H, W) with one kernel_size/stride/padding/dilation "
+            f"entry per spatial dimension, got x of shape {tuple(x.shape)} and kernel_size "
+            f"{kernel_size}"
+        )
+    if x.device.type != "cpu":
+        raise ValueError(f"x must be a CPU tensor for the CPU kernel, got {x.device}")
+    src = x.contiguous()
+    b, c = int(src.shape[0]), int(src.shape[1])
+    if spatial == 1:
+        geometry = (1, int(src.shape[2]), 1, kernel_size[0], 1, stride[0], 0, padding[0], 1,
+                    dilation[0])
+    else:
+        geometry = (int(src.shape[2]), int(src.shape[3]), kernel_size[0], kernel_size[1],
+                    stride[0], stride[1], padding[0], padding[1], dilation[0], dilation[1])
+    in_h, in_w, kh, kw, sh, sw, ph, pw, dh, dw = (int(v) for v in geometry)
+    span_h, span_w = (kh - 1) * dh + 1, (kw - 1) * dw + 1
+    if min(kh, kw, sh, sw, dh, dw) < 1 or min(ph, pw) < 0:
+        raise ValueError("kernel_size, stride and dilation must be >= 1 and padding >= 0")
+    if in_h + 2 * ph < span_h or in_w + 2 * pw < span_w:
+        raise ValueError(f"the padded input {tuple(x.shape[2:])} is smaller than the kernel")
+    out_h = (in_h + 2 * ph - span_h) // sh + 1
+    out_w = (in_w + 2 * pw - span_w) // sw + 1
+    out = torch.empty(b, out_h * out_w, c * kh * kw, dtype=src.dtype)
+    _core.conv_patches(src.data_ptr(), src.element_size(), b, c, in_h, in_w, kh, kw, sh, sw,
+                       ph, pw, dh, dw, out.data_ptr(), _threads(threads))
     return out
 
 

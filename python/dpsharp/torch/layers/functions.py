@@ -17,7 +17,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dpsharp.torch.layers.usages import AffineUsage, EmbeddingUsage, LinearUsage, PerExampleUsage
+from dpsharp.torch.layers.usages import (
+    AffineUsage,
+    ConvUsage,
+    EmbeddingUsage,
+    LinearUsage,
+    PerExampleUsage,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -62,38 +68,13 @@ class _LinearFn(torch.autograd.Function):
         # Explicit middle extent (not -1): a 0-row batch (empty Poisson sample) must reshape too.
         positions = math.prod(x.shape[1:-1])
         g = grad_out.reshape(b, positions, grad_out.shape[-1]).to(common)
-        scale = handle.scale_of(b)
-        if scale != 1.0:
-            g = g * scale
         m = handle.module
+        # The usage keeps the loss's output gradient and the loss scale separately (no scaled
+        # copy; see usages.py).
         handle.record(LinearUsage(_trainable(m.weight), _trainable(m.bias),
-                                  x.reshape(b, positions, x.shape[-1]).to(common), g))
+                                  x.reshape(b, positions, x.shape[-1]).to(common), g,
+                                  handle.scale_of(b)))
         return grad_in, None, None, None
-
-
-def _patches(x: torch.Tensor, kernel: tuple[int, ...], stride: tuple[int, ...],
-             padding: tuple[int, ...], dilation: tuple[int, ...]) -> torch.Tensor:
-    """Convolution patches as (B, L, C * prod(kernel)), ordered like the weight's (C, k...)
-    dims. Built from strided views (Tensor.unfold) and one copy: F.unfold (im2col) is
-    pathologically slow on CPU with several threads."""
-    pad: list[int] = []
-    for p_ in reversed(padding):
-        pad += [p_, p_]
-    xp = F.pad(x, pad) if any(padding) else x
-    view = xp
-    spatial = len(kernel)
-    for dim_offset in range(spatial):
-        k, st, dl = kernel[dim_offset], stride[dim_offset], dilation[dim_offset]
-        view = view.unfold(2 + dim_offset, (k - 1) * dl + 1, st)
-        if dl > 1:
-            view = view[..., ::dl]
-    # view: (B, C, out_1..out_s, k_1..k_s) -> (B, out..., C, k...)
-    b, c = x.shape[0], x.shape[1]
-    out_dims = list(range(2, 2 + spatial))
-    k_dims = list(range(2 + spatial, 2 + 2 * spatial))
-    view = view.permute(0, *out_dims, 1, *k_dims)
-    positions = math.prod(view.shape[1:1 + spatial])
-    return view.reshape(b, positions, c * math.prod(kernel))
 
 
 class _ConvFn(torch.autograd.Function):
@@ -118,14 +99,10 @@ class _ConvFn(torch.autograd.Function):
             grad_in = fn(x.shape, weight.to(grad_out.dtype), grad_out, m.stride, m.padding,
                          m.dilation, m.groups).to(x.dtype)
         common = torch.promote_types(x.dtype, grad_out.dtype)  # autocast: see _LinearFn
-        b = x.shape[0]
-        patches = _patches(x.to(common), m.kernel_size, m.stride, m.padding, m.dilation)
-        g = grad_out.reshape(b, grad_out.shape[1], math.prod(grad_out.shape[2:])).to(common)
-        scale = handle.scale_of(b)
-        if scale != 1.0:
-            g = g * scale
-        handle.record(LinearUsage(_trainable(m.weight), _trainable(m.bias), patches,
-                                  g.transpose(1, 2)))
+        # The input, not its patches (C * prod(kernel) times larger): the usage builds those
+        # per chunk of examples when it computes the norms.
+        handle.record(ConvUsage(m, _trainable(m.weight), _trainable(m.bias), x.to(common),
+                                grad_out.to(common), handle.scale_of(x.shape[0])))
         return grad_in, None, None, None
 
 
@@ -142,10 +119,8 @@ class _EmbeddingFn(torch.autograd.Function):
         (indices,) = ctx.saved_tensors
         handle: LayerHandle = ctx.handle
         m = handle.module
-        b = indices.shape[0]
-        scale = handle.scale_of(b)
-        g = grad_out * scale if scale != 1.0 else grad_out
-        handle.record(EmbeddingUsage(m.weight, indices, g, m.padding_idx))
+        handle.record(EmbeddingUsage(m.weight, indices, grad_out, m.padding_idx,
+                                     handle.scale_of(indices.shape[0])))
         return None, None, None
 
 
@@ -171,11 +146,8 @@ class _AffineFn(torch.autograd.Function):
         grad_in = None
         if ctx.needs_input_grad[0]:
             grad_in = grad_out * weight.view(ctx.view_shape) if weight is not None else grad_out
-        b = grad_out.shape[0]
-        scale = handle.scale_of(b)
-        g = grad_out * scale if scale != 1.0 else grad_out
-        handle.record(AffineUsage(_trainable(m.weight), _trainable(m.bias), xhat, g,
-                                  ctx.reduce_dims))
+        handle.record(AffineUsage(_trainable(m.weight), _trainable(m.bias), xhat, grad_out,
+                                  ctx.reduce_dims, handle.scale_of(grad_out.shape[0])))
         return grad_in, None, None, None, None, None
 
 

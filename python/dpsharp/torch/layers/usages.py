@@ -1,8 +1,8 @@
 """Per-example gradient book-keeping for one call of one layer (a *usage*).
 
 A usage holds what the backward pass left behind for one call of a layer (its input
-activations and the gradient of its output, already scaled to per-example gradients) and can
-answer, for each trainable parameter of the layer:
+activations and the gradient of its output) and can answer, for each trainable parameter of the
+layer:
 
 * ``sq_norm(p)``: the squared norm of each example's gradient of ``p``, shape (B,), float64,
   without materialising the per-example gradients where that is cheaper (ghost norm);
@@ -10,24 +10,38 @@ answer, for each trainable parameter of the layer:
 * ``clipped_sum(p, factors)``: ``sum_i factors[i] * g_i(p)``, shape ``p.shape``, by
   book-keeping (one contraction with the stored tensors; Bu et al., ICML 2023).
 
+The stored output gradients are those of the *loss*: with a mean-reduced loss they are the
+per-example gradients divided by the batch size. Every usage carries that factor as ``scale``
+(g_i = scale * what the stored tensors give) and applies it to the float64 norms
+(``scale^2``) and to the clip factors (``factors * scale``), so no scaled copy of an output
+gradient is ever made.
+
 Per-example gradients follow from the chain rule per example: for y = x W^T + b on a sequence,
 g_i(W) = sum_t gy_{i,t} x_{i,t}^T, so ||g_i(W)||^2 = sum_{t,s} (x_{i,t}.x_{i,s})(gy_{i,t}.gy_{i,s})
 (the Gram / ghost norm of Goodfellow 2015 and Li et al. 2022), which costs B T^2 (d + p)
-against B T d p for materialising g_i(W); each layer picks the cheaper.
+against B T d p for materialising g_i(W); each layer picks the cheaper. Convolutions are the
+same contraction over their patches (im2col), built chunk by chunk so that the patches of the
+whole batch never exist at once, and their clipped sum is one ordinary convolution weight
+gradient with the output gradient scaled per example.
 """
 
 from __future__ import annotations
 
 import math
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from dpsharp.torch import kernels
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["AffineUsage", "EmbeddingUsage", "LinearUsage", "PerExampleUsage", "Usage"]
+__all__ = ["AffineUsage", "ConvUsage", "EmbeddingUsage", "LinearUsage", "PerExampleUsage",
+           "Usage", "conv_patches", "weighted_sum"]
+
+# Elements of the patch / Gram scratch built at once (per chunk of examples): 512 KiB of
+# float32, small enough to stay in cache between being written and read, and out of the
+# allocator's mmap path (a fresh multi-megabyte buffer costs its page faults on every step).
+_CHUNK_ELEMENTS = 1 << 17
 
 
 def _wide(t: torch.Tensor) -> torch.Tensor:
@@ -37,10 +51,65 @@ def _wide(t: torch.Tensor) -> torch.Tensor:
     return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
 
 
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """(B, ...) -> contiguous (B, n) without a copy when already contiguous."""
+    return t.reshape(t.shape[0], -1)
+
+
+def _per_row(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """values (B,) viewed to broadcast against like (B, ...)."""
+    return values.reshape((values.shape[0],) + (1,) * (like.dim() - 1))
+
+
+def _chunk(batch: int, per_example_elements: int) -> int:
+    return max(1, min(batch, _CHUNK_ELEMENTS // max(per_example_elements, 1)))
+
+
+def weighted_sum(rows: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """sum_i weights[i] * rows[i] for rows (B, ...) and float64 weights (B,): the fused kernel
+    (float64 sums, in order) for the dtypes it reads, a torch reduction otherwise (float16)."""
+    import torch
+
+    rows = rows.contiguous()
+    if rows.dtype in (torch.float32, torch.float64, torch.bfloat16):
+        out = torch.empty(rows.shape[1:], dtype=rows.dtype, device=rows.device)
+        return kernels.clip_accumulate_noise(out, per_example=rows,
+                                             factors=weights.to(torch.float64).contiguous())
+    return (_per_row(weights.to(rows.dtype), rows) * rows).sum(dim=0)
+
+
+def conv_patches(x: torch.Tensor, kernel: tuple[int, ...], stride: tuple[int, ...],
+                 padding: tuple[int, ...], dilation: tuple[int, ...]) -> torch.Tensor:
+    """Convolution patches (B, L, C * prod(kernel)) ordered like the weight's (C, k...) dims:
+    the C++ kernel on the CPU, strided views and one copy elsewhere."""
+    import torch.nn.functional as F
+
+    if x.device.type == "cpu":
+        return kernels.conv_patches(x, kernel, stride, padding, dilation)
+    pad: list[int] = []
+    for p_ in reversed(padding):
+        pad += [p_, p_]
+    view = F.pad(x, pad) if any(padding) else x
+    spatial = len(kernel)
+    for dim_offset in range(spatial):
+        k, st, dl = kernel[dim_offset], stride[dim_offset], dilation[dim_offset]
+        view = view.unfold(2 + dim_offset, (k - 1) * dl + 1, st)
+        if dl > 1:
+            view = view[..., ::dl]
+    # view: (B, C, out_1..out_s, k_1..k_s) -> (B, out..., C, k...)
+    b, c = x.shape[0], x.shape[1]
+    out_dims = list(range(2, 2 + spatial))
+    k_dims = list(range(2 + spatial, 2 + 2 * spatial))
+    view = view.permute(0, *out_dims, 1, *k_dims)
+    positions = math.prod(view.shape[1:1 + spatial])
+    return view.reshape(b, positions, c * math.prod(kernel))
+
+
 class Usage:
     """Base class: one call of one layer, after its backward."""
 
     batch_size: int
+    scale: float = 1.0
 
     def params(self) -> list[torch.nn.Parameter]:
         raise NotImplementedError
@@ -52,29 +121,27 @@ class Usage:
         raise NotImplementedError
 
     def clipped_sum(self, p: torch.nn.Parameter, factors: torch.Tensor) -> torch.Tensor:
-        import torch
-
-        per_example = self.per_example(p).contiguous()
-        out = torch.empty(p.shape, dtype=per_example.dtype, device=per_example.device)
-        return kernels.clip_accumulate_noise(out, per_example=per_example,
-                                             factors=factors.contiguous())
+        return weighted_sum(self.per_example(p), factors)
 
 
 class LinearUsage(Usage):
-    """y = x W^T + b with x of shape (B, T, d), gy of shape (B, T, p) (T = 1 for 2-D inputs).
+    """y = x W^T + b with x of shape (B, T, d), gy of shape (B, T, p) (T = 1 for 2-D inputs);
+    the per-example gradients are ``scale`` times those of the stored tensors.
 
-    Also used for convolutions after unfolding (x = patches, W = the kernel as a p x d
-    matrix). ``weight`` / ``bias`` are the parameters (None when frozen).
+    ``weight`` / ``bias`` are the parameters (None when frozen).
     """
 
     def __init__(self, weight: torch.nn.Parameter | None, bias: torch.nn.Parameter | None,
-                 activations: torch.Tensor, out_grads: torch.Tensor) -> None:
+                 activations: torch.Tensor, out_grads: torch.Tensor, scale: float = 1.0) -> None:
         self.weight = weight
         self.bias = bias
         self.a = activations
         self.g = out_grads
+        self.scale = float(scale)
         self.batch_size = int(activations.shape[0])
-        self._per_example_weight: torch.Tensor | None = None
+        self._per_example_weight: torch.Tensor | None = None  # unscaled (B, p, d)
+        self._bias_rows: torch.Tensor | None = None  # unscaled sum_t gy_t, (B, p)
+        self._g_sq: torch.Tensor | None = None  # T = 1: ||gy_i||^2 (float64)
 
     def params(self) -> list[torch.nn.Parameter]:
         return [p for p in (self.weight, self.bias) if p is not None]
@@ -87,7 +154,7 @@ class LinearUsage(Usage):
 
         first = usages[0]
         return LinearUsage(first.weight, first.bias, torch.cat([u.a for u in usages], dim=1),
-                           torch.cat([u.g for u in usages], dim=1))
+                           torch.cat([u.g for u in usages], dim=1), first.scale)
 
     def _materialise_weight(self) -> bool:
         _, seq, d = self.a.shape
@@ -101,41 +168,163 @@ class LinearUsage(Usage):
             self._per_example_weight = torch.bmm(self.g.transpose(1, 2), self.a)  # (B, p, d)
         return self._per_example_weight
 
+    def _bias_per_example(self) -> torch.Tensor:
+        if self._bias_rows is None:  # summed over positions in float32 at least
+            g = _wide(self.g)
+            self._bias_rows = g[:, 0] if g.shape[1] == 1 else g.sum(dim=1)
+        return self._bias_rows
+
+    def _out_grad_sq(self) -> torch.Tensor:
+        if self._g_sq is None:
+            self._g_sq = kernels.per_example_sq_norms(self.g[:, 0])
+        return self._g_sq
+
     def sq_norm(self, p: torch.nn.Parameter) -> torch.Tensor:
         import torch
 
-        # Mixed precision: float16 / bfloat16 activations and output gradients are widened to
-        # float32 before any product (a float16 square overflows above 256), and the norms are
-        # summed in float64.
-        a_all, g_all = _wide(self.a), _wide(self.g)
+        # Mixed precision: the kernels read float16 / bfloat16 exactly and sum in float64; the
+        # matrix products below run on float32-widened copies (a float16 square overflows
+        # above 256).
+        s2 = self.scale * self.scale
         if p is self.bias:
-            gb = g_all.sum(dim=1)
-            return (gb * gb).sum(dim=1, dtype=torch.float64)
+            if self.g.shape[1] == 1:
+                return self._out_grad_sq() * s2
+            return kernels.per_example_sq_norms(self._bias_per_example()) * s2
         if self.a.shape[1] == 1:  # ||a_i g_i^T||_F^2 = ||a_i||^2 ||g_i||^2
-            a, g = a_all[:, 0], g_all[:, 0]
-            return (a * a).sum(dim=1, dtype=torch.float64) * (g * g).sum(dim=1, dtype=torch.float64)
+            return kernels.per_example_sq_norms(self.a[:, 0]) * self._out_grad_sq() * s2
+        a_all, g_all = _wide(self.a), _wide(self.g)
         if self._materialise_weight():
             if a_all is not self.a or g_all is not self.g:
-                return kernels.per_example_sq_norms(torch.bmm(g_all.transpose(1, 2), a_all))
-            return kernels.per_example_sq_norms(self._weight_per_example())
-        gram_a = torch.bmm(a_all, a_all.transpose(1, 2)).double()
-        gram_g = torch.bmm(g_all, g_all.transpose(1, 2)).double()
-        return (gram_a * gram_g).sum(dim=(1, 2))
+                per_example = torch.bmm(g_all.transpose(1, 2), a_all)
+            else:
+                per_example = self._weight_per_example()
+            return kernels.per_example_sq_norms(per_example) * s2
+        gram_a = torch.bmm(a_all, a_all.transpose(1, 2))
+        gram_g = torch.bmm(g_all, g_all.transpose(1, 2))
+        return kernels.per_example_dots(gram_a, gram_g) * s2
 
     def per_example(self, p: torch.nn.Parameter) -> torch.Tensor:
         if p is self.bias:
-            return self.g.sum(dim=1)
-        return self._weight_per_example().reshape((self.batch_size, *p.shape))
+            return self._bias_per_example() * self.scale
+        return self._weight_per_example().reshape((self.batch_size, *p.shape)) * self.scale
 
     def clipped_sum(self, p: torch.nn.Parameter, factors: torch.Tensor) -> torch.Tensor:
-        c = factors.to(self.g.dtype)
+        weights = factors * self.scale
         if p is self.bias:
-            return c @ self.g.sum(dim=1)
+            rows = self._bias_per_example()
+            return weights.to(rows.dtype) @ rows
         if self._per_example_weight is not None:
-            return super().clipped_sum(p, factors)
-        scaled = self.g * c[:, None, None]
+            return weighted_sum(self._per_example_weight, weights).reshape(p.shape)
         pdim, d = self.g.shape[2], self.a.shape[2]
-        return (scaled.reshape(-1, pdim).t() @ self.a.reshape(-1, d)).reshape(p.shape)
+        c = weights.to(self.g.dtype)[:, None, None]
+        if d < pdim:  # scale whichever of the two stored tensors is smaller
+            return (self.g.reshape(-1, pdim).t() @ (self.a * c).reshape(-1, d)).reshape(p.shape)
+        return ((self.g * c).reshape(-1, pdim).t() @ self.a.reshape(-1, d)).reshape(p.shape)
+
+
+class ConvUsage(Usage):
+    """A convolution (groups = 1, zero padding): the input x (B, C, *spatial) and the output
+    gradient (B, O, L) over the L output positions. The weight's per-example gradient is the
+    linear-layer one over the patches P_i (L x d, d = C * prod(kernel)): g_i(W) = G_i P_i. The
+    patches are built per chunk of examples when needed and never kept: where materialising
+    g_i(W) is the cheaper norm (O d <= L (d + O)) the per-example gradients are kept instead
+    (at most the size of the patches), else the Gram norm is used and the clipped sum
+    sum_i c_i G_i P_i is accumulated chunk by chunk."""
+
+    def __init__(self, module: Any, weight: torch.nn.Parameter | None,
+                 bias: torch.nn.Parameter | None, inputs: torch.Tensor,
+                 out_grads: torch.Tensor, scale: float = 1.0) -> None:
+        self.weight = weight
+        self.bias = bias
+        self.x = inputs
+        self.g = out_grads.reshape(out_grads.shape[0], out_grads.shape[1],
+                                   math.prod(out_grads.shape[2:]))  # (B, O, L)
+        self.scale = float(scale)
+        self.batch_size = int(inputs.shape[0])
+        kernel = tuple(module.kernel_size)
+        self._geometry = (kernel, tuple(module.stride), tuple(module.padding),
+                          tuple(module.dilation))
+        self._row = int(inputs.shape[1]) * math.prod(kernel)  # d = C * prod(kernel)
+        self._bias_rows: torch.Tensor | None = None
+        self._per_example_weight: torch.Tensor | None = None  # unscaled (B, O, d)
+
+    def params(self) -> list[torch.nn.Parameter]:
+        return [p for p in (self.weight, self.bias) if p is not None]
+
+    def _patches(self, lo: int, hi: int) -> torch.Tensor:
+        return _wide(conv_patches(self.x[lo:hi], *self._geometry))
+
+    def _materialise_weight(self) -> bool:
+        out_channels, positions = self.g.shape[1], self.g.shape[2]
+        return out_channels * self._row <= positions * (self._row + out_channels)
+
+    def _step(self, per_example_elements: int) -> int:
+        return _chunk(self.batch_size, per_example_elements)
+
+    def _weight_per_example(self) -> torch.Tensor:
+        import torch
+
+        if self._per_example_weight is None:
+            b, out_channels, positions = self.g.shape
+            g = _wide(self.g)
+            pe = torch.empty(b, out_channels, self._row, dtype=g.dtype, device=g.device)
+            step = self._step(positions * self._row)
+            for lo in range(0, b, step):
+                hi = min(b, lo + step)
+                torch.bmm(g[lo:hi], self._patches(lo, hi), out=pe[lo:hi])
+            self._per_example_weight = pe
+        return self._per_example_weight
+
+    def _bias_per_example(self) -> torch.Tensor:
+        if self._bias_rows is None:  # summed over positions in float32 at least
+            self._bias_rows = _wide(self.g).sum(dim=2)
+        return self._bias_rows
+
+    def sq_norm(self, p: torch.nn.Parameter) -> torch.Tensor:
+        import torch
+
+        s2 = self.scale * self.scale
+        if p is self.bias:
+            return kernels.per_example_sq_norms(self._bias_per_example()) * s2
+        if self._materialise_weight():
+            return kernels.per_example_sq_norms(self._weight_per_example()) * s2
+        b, _, positions = self.g.shape
+        out = torch.empty(b, dtype=torch.float64, device=self.g.device)
+        step = self._step(positions * (self._row + positions))
+        for lo in range(0, b, step):
+            hi = min(b, lo + step)
+            patches = self._patches(lo, hi)  # (n, L, d)
+            g = _wide(self.g[lo:hi])  # (n, O, L)
+            gram_p = torch.bmm(patches, patches.transpose(1, 2))
+            gram_g = torch.bmm(g.transpose(1, 2), g)
+            out[lo:hi] = kernels.per_example_dots(gram_p, gram_g)
+        return out * s2
+
+    def per_example(self, p: torch.nn.Parameter) -> torch.Tensor:
+        if p is self.bias:
+            return self._bias_per_example() * self.scale
+        return self._weight_per_example().reshape((self.batch_size, *p.shape)) * self.scale
+
+    def clipped_sum(self, p: torch.nn.Parameter, factors: torch.Tensor) -> torch.Tensor:
+        import torch
+
+        weights = factors * self.scale
+        if p is self.bias:
+            rows = self._bias_per_example()
+            return weights.to(rows.dtype) @ rows
+        if self._per_example_weight is not None or self._materialise_weight():
+            return weighted_sum(self._weight_per_example(), weights).reshape(p.shape)
+        # sum_i c_i G_i P_i = [c_1 G_1, ..., c_n G_n] [P_1; ...; P_n], per chunk of examples.
+        b, out_channels, positions = self.g.shape
+        g_all = _wide(self.g)
+        acc = torch.zeros(out_channels, self._row, dtype=g_all.dtype, device=g_all.device)
+        step = self._step(positions * self._row)
+        for lo in range(0, b, step):
+            hi = min(b, lo + step)
+            scaled = g_all[lo:hi] * weights[lo:hi].to(g_all.dtype)[:, None, None]  # (n, O, L)
+            acc.addmm_(scaled.transpose(0, 1).reshape(out_channels, -1),
+                       self._patches(lo, hi).reshape(-1, self._row))
+        return acc.reshape(p.shape)
 
 
 class EmbeddingUsage(Usage):
@@ -143,8 +332,9 @@ class EmbeddingUsage(Usage):
     indices add up; the padding row gets no gradient)."""
 
     def __init__(self, weight: torch.nn.Parameter, indices: torch.Tensor,
-                 out_grads: torch.Tensor, padding_idx: int | None) -> None:
+                 out_grads: torch.Tensor, padding_idx: int | None, scale: float = 1.0) -> None:
         self.weight = weight
+        self.scale = float(scale)
         self.batch_size = int(indices.shape[0])
         self.idx = indices.reshape(self.batch_size, math.prod(indices.shape[1:]))
         g = out_grads.reshape(self.batch_size, self.idx.shape[1], out_grads.shape[-1])
@@ -160,13 +350,19 @@ class EmbeddingUsage(Usage):
 
         num_rows = p.shape[0]
         b, t, d = self.g.shape
+        s2 = self.scale * self.scale
         keys = (torch.arange(b, device=self.idx.device).unsqueeze(1) * num_rows + self.idx).reshape(-1)
         unique_keys, inverse = torch.unique(keys, return_inverse=True)
+        if unique_keys.numel() == keys.numel():
+            # No row repeats within an example: the example's gradient rows are its output
+            # gradients, and its squared norm is the sum of theirs.
+            rows_sq = kernels.per_example_sq_norms(self.g.reshape(b * t, d))
+            return rows_sq.reshape(b, t).sum(dim=1) * s2
         rows = torch.zeros(unique_keys.numel(), d, dtype=torch.float64, device=self.g.device)
         rows.index_add_(0, inverse, self.g.reshape(-1, d).double())
         row_sq = (rows * rows).sum(dim=1)
         out = torch.zeros(b, dtype=torch.float64, device=self.g.device)
-        return out.index_add_(0, unique_keys // num_rows, row_sq)
+        return out.index_add_(0, unique_keys // num_rows, row_sq) * s2
 
     def per_example(self, p: torch.nn.Parameter) -> torch.Tensor:
         import torch
@@ -174,13 +370,14 @@ class EmbeddingUsage(Usage):
         b, t, d = self.g.shape
         out = torch.zeros(b, p.shape[0], d, dtype=self.g.dtype, device=self.g.device)
         out.scatter_add_(1, self.idx.unsqueeze(-1).expand(b, t, d), self.g)
-        return out
+        return out * self.scale
 
     def clipped_sum(self, p: torch.nn.Parameter, factors: torch.Tensor) -> torch.Tensor:
         import torch
 
         d = self.g.shape[2]
-        scaled = (self.g * factors.to(self.g.dtype)[:, None, None]).reshape(-1, d)
+        weights = (factors * self.scale).to(self.g.dtype)
+        scaled = (self.g * weights[:, None, None]).reshape(-1, d)
         out = torch.zeros(p.shape, dtype=self.g.dtype, device=self.g.device)
         return out.index_add_(0, self.idx.reshape(-1), scaled)
 
@@ -191,22 +388,37 @@ class AffineUsage(Usage):
 
     def __init__(self, weight: torch.nn.Parameter | None, bias: torch.nn.Parameter | None,
                  normalised: torch.Tensor, out_grads: torch.Tensor,
-                 reduce_dims: tuple[int, ...]) -> None:
+                 reduce_dims: tuple[int, ...], scale: float = 1.0) -> None:
         self.weight = weight
         self.bias = bias
         self.xhat = normalised
         self.g = out_grads
         self.reduce_dims = reduce_dims
+        self.scale = float(scale)
         self.batch_size = int(out_grads.shape[0])
+        self._rows: dict[int, torch.Tensor] = {}  # unscaled per-example gradients by id(p)
 
     def params(self) -> list[torch.nn.Parameter]:
         return [p for p in (self.weight, self.bias) if p is not None]
 
+    def _unscaled(self, p: torch.nn.Parameter) -> torch.Tensor:
+        rows = self._rows.get(id(p))
+        if rows is None:
+            src = self.g * self.xhat if p is self.weight else self.g
+            if self.reduce_dims:
+                src = src.sum(dim=self.reduce_dims)
+            rows = src.reshape((self.batch_size, *p.shape)).contiguous()
+            self._rows[id(p)] = rows
+        return rows
+
+    def sq_norm(self, p: torch.nn.Parameter) -> torch.Tensor:
+        return kernels.per_example_sq_norms(self._unscaled(p)) * (self.scale * self.scale)
+
     def per_example(self, p: torch.nn.Parameter) -> torch.Tensor:
-        src = self.g * self.xhat if p is self.weight else self.g
-        if self.reduce_dims:
-            src = src.sum(dim=self.reduce_dims)
-        return src.reshape((self.batch_size, *p.shape))
+        return self._unscaled(p) * self.scale
+
+    def clipped_sum(self, p: torch.nn.Parameter, factors: torch.Tensor) -> torch.Tensor:
+        return weighted_sum(self._unscaled(p), factors * self.scale)
 
 
 class PerExampleUsage(Usage):
