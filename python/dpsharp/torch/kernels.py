@@ -182,6 +182,10 @@ def conv_patches(x: torch.Tensor, kernel_size: tuple[int, ...], stride: tuple[in
         )
     if x.device.type != "cpu":
         raise ValueError(f"x must be a CPU tensor for the CPU kernel, got {x.device}")
+    if x.dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        raise ValueError(
+            f"x must have dtype float16, bfloat16, float32 or float64, got {x.dtype}"
+        )
     src = x.contiguous()
     b, c = int(src.shape[0]), int(src.shape[1])
     if spatial == 1:
