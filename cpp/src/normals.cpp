@@ -364,22 +364,22 @@ __attribute__((target("avx2"))) void fill_normals_avx2(const NoiseStream& s, std
       uniforms_avx2<1>(pair0 + static_cast<std::uint32_t>(done + k), s, keys, radius + k,
                        angle_u + k);
     }
-    for (std::int64_t k = 0; k < len; k += 4) {  // radius = sqrt(-2 log u1)
-      const __m256d u1 = _mm256_load_pd(radius + k);
-      _mm256_store_pd(radius + k,
+    for (std::int64_t j = 0; j < len; j += 4) {  // radius = sqrt(-2 log u1)
+      const __m256d u1 = _mm256_load_pd(radius + j);
+      _mm256_store_pd(radius + j,
                       _mm256_sqrt_pd(_mm256_mul_pd(_mm256_set1_pd(-2.0), log_unit_avx2(u1))));
     }
     double* out = z + 2 * done;
-    for (std::int64_t k = 0; k < len; k += 4) {
+    for (std::int64_t j = 0; j < len; j += 4) {
       __m256d sn, cs;
-      sincos_two_pi_avx2(_mm256_load_pd(angle_u + k), sn, cs);
-      const __m256d r = _mm256_load_pd(radius + k);
+      sincos_two_pi_avx2(_mm256_load_pd(angle_u + j), sn, cs);
+      const __m256d r = _mm256_load_pd(radius + j);
       const __m256d z0 = _mm256_mul_pd(r, cs);  // even elements
       const __m256d z1 = _mm256_mul_pd(r, sn);  // odd elements
       const __m256d lo = _mm256_unpacklo_pd(z0, z1);  // z0[0] z1[0] z0[2] z1[2]
       const __m256d hi = _mm256_unpackhi_pd(z0, z1);  // z0[1] z1[1] z0[3] z1[3]
-      _mm256_storeu_pd(out + 2 * k, _mm256_permute2f128_pd(lo, hi, 0x20));
-      _mm256_storeu_pd(out + 2 * k + 4, _mm256_permute2f128_pd(lo, hi, 0x31));
+      _mm256_storeu_pd(out + 2 * j, _mm256_permute2f128_pd(lo, hi, 0x20));
+      _mm256_storeu_pd(out + 2 * j + 4, _mm256_permute2f128_pd(lo, hi, 0x31));
     }
     done += len;
   }

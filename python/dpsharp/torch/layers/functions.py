@@ -135,6 +135,8 @@ class _AffineFn(torch.autograd.Function):
         ctx.view_shape = view_shape
         ctx.reduce_dims = reduce_dims
         ctx.save_for_backward(xhat, weight)
+        if weight is not None and bias is not None:  # one pass, one output buffer
+            return torch.addcmul(bias.view(view_shape), xhat, weight.view(view_shape))
         out = xhat * weight.view(view_shape) if weight is not None else xhat
         return out + bias.view(view_shape) if bias is not None else out
 
