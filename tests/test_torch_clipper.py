@@ -355,3 +355,13 @@ def test_empty_batch_backward_accumulates_nothing(kind: str) -> None:
     clipper.release(noise_multiplier=2.0, expected_batch_size=4.0, noise=NoiseGenerator(seed=1))
     for p in clipper.parameters:
         assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize(("shape", "normalized"), [((6, 5), (5,)), ((4, 3, 2, 5), (2, 5))])
+def test_layernorm_flat_and_multi_dim_normalized_shape(shape, normalized):
+    model = nn.Sequential(nn.Linear(shape[-1], shape[-1]), nn.LayerNorm(normalized), nn.Tanh(),
+                          nn.Flatten(), nn.Linear(math.prod(shape[1:]), 3))
+    with torch.no_grad():  # non-trivial affine parameters
+        model[1].weight.uniform_(0.5, 1.5)
+        model[1].bias.uniform_(-0.5, 0.5)
+    check(model, torch.randn(shape), torch.randn(shape[0], 3), mse, bound=0.3)

@@ -153,6 +153,39 @@ class _AffineFn(torch.autograd.Function):
         return grad_in, None, None, None, None, None
 
 
+class _LayerNormFn(torch.autograd.Function):
+    """LayerNorm with an affine part in torch's fused kernels: the forward saves what the plain
+    layer saves (input, mean, 1/std), the backward computes the input gradient with the plain
+    fused backward and rebuilds xhat = (x - mean) / std only to form the per-example affine
+    gradients (no normalised copy is kept between the forward and the backward)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                handle: LayerHandle, normalized_shape: tuple[int, ...],
+                eps: float) -> torch.Tensor:
+        out, mean, rstd = torch.native_layer_norm(x, normalized_shape, weight, bias, eps)
+        ctx.handle = handle
+        ctx.normalized_shape = normalized_shape
+        ctx.save_for_backward(x, mean, rstd, weight, bias)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:
+        x, mean, rstd, weight, bias = ctx.saved_tensors
+        handle: LayerHandle = ctx.handle
+        m = handle.module
+        grad_in = None
+        if ctx.needs_input_grad[0]:
+            grad_in = torch.ops.aten.native_layer_norm_backward(
+                grad_out, x, ctx.normalized_shape, mean, rstd, weight, bias,
+                [True, False, False])[0]
+        xhat = (x - mean) * rstd
+        reduce_dims = tuple(range(1, x.dim() - len(ctx.normalized_shape)))
+        handle.record(AffineUsage(_trainable(m.weight), _trainable(m.bias), xhat, grad_out,
+                                  reduce_dims, handle.scale_of(grad_out.shape[0])))
+        return grad_in, None, None, None, None, None
+
+
 class _FallbackFn(torch.autograd.Function):
     """Any other module with parameters: per-example gradients by torch.func (vmap of vjp),
     which also yields the input gradient. The module is run once more per example inside
@@ -253,6 +286,10 @@ def patch_module(module: nn.Module, kind: str, handle: LayerHandle) -> None:
             if not torch.is_grad_enabled() or not _any_trainable([module.weight, module.bias]):
                 return original(x)
             k = len(module.normalized_shape)
+            if (module.weight is not None and module.bias is not None
+                    and not torch.is_autocast_enabled(x.device.type)):
+                return _LayerNormFn.apply(x, module.weight, module.bias, handle,
+                                          tuple(module.normalized_shape), module.eps)
             xhat = F.layer_norm(x, module.normalized_shape, None, None, module.eps)
             view_shape = tuple(module.normalized_shape)
             reduce_dims = tuple(range(1, x.dim() - k))

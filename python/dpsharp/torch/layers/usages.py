@@ -384,32 +384,33 @@ class EmbeddingUsage(Usage):
 
 class AffineUsage(Usage):
     """y = xhat * w + b (the affine part of LayerNorm / GroupNorm), w broadcast over
-    ``reduce_dims`` of xhat (all dims but the batch and the parameter's own)."""
+    ``reduce_dims`` of xhat (all dims but the batch and the parameter's own).
+
+    The per-example gradients g_i(w) = sum_r gy_{i,r} xhat_{i,r} and g_i(b) = sum_r gy_{i,r}
+    (sums over ``reduce_dims``) are only the size of the parameters per example, so they are
+    formed when the usage is recorded and the normalised input and output gradient (each the
+    size of the layer's activations) are not kept until the end of the backward pass.
+    """
 
     def __init__(self, weight: torch.nn.Parameter | None, bias: torch.nn.Parameter | None,
                  normalised: torch.Tensor, out_grads: torch.Tensor,
                  reduce_dims: tuple[int, ...], scale: float = 1.0) -> None:
         self.weight = weight
         self.bias = bias
-        self.xhat = normalised
-        self.g = out_grads
-        self.reduce_dims = reduce_dims
         self.scale = float(scale)
         self.batch_size = int(out_grads.shape[0])
         self._rows: dict[int, torch.Tensor] = {}  # unscaled per-example gradients by id(p)
+        for p in self.params():
+            src = out_grads * normalised if p is weight else out_grads
+            if reduce_dims:
+                src = src.sum(dim=reduce_dims)
+            self._rows[id(p)] = src.reshape((self.batch_size, *p.shape)).contiguous()
 
     def params(self) -> list[torch.nn.Parameter]:
         return [p for p in (self.weight, self.bias) if p is not None]
 
     def _unscaled(self, p: torch.nn.Parameter) -> torch.Tensor:
-        rows = self._rows.get(id(p))
-        if rows is None:
-            src = self.g * self.xhat if p is self.weight else self.g
-            if self.reduce_dims:
-                src = src.sum(dim=self.reduce_dims)
-            rows = src.reshape((self.batch_size, *p.shape)).contiguous()
-            self._rows[id(p)] = rows
-        return rows
+        return self._rows[id(p)]
 
     def sq_norm(self, p: torch.nn.Parameter) -> torch.Tensor:
         return kernels.per_example_sq_norms(self._unscaled(p)) * (self.scale * self.scale)
