@@ -15,6 +15,10 @@ namespace {
 
 constexpr std::int64_t kTile = 512;             // elements per tile (even: whole noise pairs)
 constexpr std::int64_t kMinPerThread = 1 << 15;  // below this a thread costs more than it saves
+// Reductions (squared norms, dots) cost well under a nanosecond per element, so a thread
+// (spawned per call, and competing with torch's OpenMP workers, which spin for a while
+// after every parallel region) only pays off on a much larger share of the work.
+constexpr std::int64_t kMinReducePerThread = 1 << 18;
 
 inline float bf16_to_float(std::uint16_t v) noexcept {
   const std::uint32_t bits = static_cast<std::uint32_t>(v) << 16;
@@ -101,7 +105,9 @@ void clip_accumulate_noise_typed(const void* per_example, const double* factors,
 template <typename T>
 void sq_norms_typed(const void* per_example, std::int64_t batch, std::int64_t numel, double* out,
                     int threads) {
-  parallel_ranges(batch, std::max<std::int64_t>(1, kMinPerThread / std::max<std::int64_t>(numel, 1)),
+  const std::int64_t grain =
+      std::max<std::int64_t>(1, kMinReducePerThread / std::max<std::int64_t>(numel, 1));
+  parallel_ranges(batch, grain,
                   threads, [&](std::int64_t lo, std::int64_t hi) {
     for (std::int64_t i = lo; i < hi; ++i) {
       double lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -126,7 +132,9 @@ void sq_norms_typed(const void* per_example, std::int64_t batch, std::int64_t nu
 template <typename T>
 void dots_typed(const void* a, const void* b, std::int64_t batch, std::int64_t numel, double* out,
                 int threads) {
-  parallel_ranges(batch, std::max<std::int64_t>(1, kMinPerThread / std::max<std::int64_t>(numel, 1)),
+  const std::int64_t grain =
+      std::max<std::int64_t>(1, kMinReducePerThread / std::max<std::int64_t>(numel, 1));
+  parallel_ranges(batch, grain,
                   threads, [&](std::int64_t lo, std::int64_t hi) {
     for (std::int64_t i = lo; i < hi; ++i) {
       double lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};

@@ -19,7 +19,10 @@ void patches_typed(const Word* in, const ConvGeometry& g, Word* out, int threads
   const std::int64_t positions = g.out_h * g.out_w;
   const std::int64_t row_len = g.channels * g.kernel_h * kernel_w;
   const std::int64_t per_example = positions * row_len;
-  parallel_ranges(g.batch, std::max<std::int64_t>(1, (1 << 16) / std::max<std::int64_t>(per_example, 1)),
+  // A thread per 2^18 elements at least: copies are cheap, and a spawned thread competes with
+  // torch's OpenMP workers (still spinning after the previous torch op) for the cores.
+  const std::int64_t grain = std::max<std::int64_t>(1, (1 << 18) / std::max<std::int64_t>(per_example, 1));
+  parallel_ranges(g.batch, grain,
                   threads, [&](std::int64_t lo, std::int64_t hi) {
     for (std::int64_t b = lo; b < hi; ++b) {
       const Word* image = in + b * g.channels * g.in_h * g.in_w;
