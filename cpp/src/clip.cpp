@@ -103,33 +103,6 @@ void clip_accumulate_noise_typed(const void* per_example, const double* factors,
 }
 
 template <typename T>
-void sq_norms_typed(const void* per_example, std::int64_t batch, std::int64_t numel, double* out,
-                    int threads) {
-  const std::int64_t grain =
-      std::max<std::int64_t>(1, kMinReducePerThread / std::max<std::int64_t>(numel, 1));
-  parallel_ranges(batch, grain,
-                  threads, [&](std::int64_t lo, std::int64_t hi) {
-    for (std::int64_t i = lo; i < hi; ++i) {
-      double lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      const std::int64_t row = i * numel;
-      std::int64_t j = 0;
-      for (; j + 8 <= numel; j += 8) {
-        for (int l = 0; l < 8; ++l) {
-          const double v = Elem<T>::load(per_example, row + j + l);
-          lanes[l] += v * v;
-        }
-      }
-      for (; j < numel; ++j) {
-        const double v = Elem<T>::load(per_example, row + j);
-        lanes[0] += v * v;
-      }
-      out[i] = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) +
-               ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
-    }
-  });
-}
-
-template <typename T>
 void dots_typed(const void* a, const void* b, std::int64_t batch, std::int64_t numel, double* out,
                 int threads) {
   const std::int64_t grain =
@@ -165,11 +138,8 @@ void per_example_dots(const void* a, const void* b, DType dtype, std::int64_t ba
 
 void per_example_sq_norms(const void* per_example, DType dtype, std::int64_t batch,
                           std::int64_t numel, double* out, int threads) {
-  switch (dtype) {
-    case DType::kFloat32: sq_norms_typed<float>(per_example, batch, numel, out, threads); break;
-    case DType::kFloat64: sq_norms_typed<double>(per_example, batch, numel, out, threads); break;
-    case DType::kBFloat16: sq_norms_typed<BF16>(per_example, batch, numel, out, threads); break;
-  }
+  // ||x_i||^2 = <x_i, x_i>: the same lanes and summation order as per_example_dots.
+  per_example_dots(per_example, per_example, dtype, batch, numel, out, threads);
 }
 
 void clip_accumulate_noise(const void* per_example, const double* factors, std::int64_t batch,

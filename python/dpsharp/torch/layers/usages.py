@@ -124,7 +124,26 @@ class Usage:
         return weighted_sum(self.per_example(p), factors)
 
 
-class LinearUsage(Usage):
+class _WeightBiasUsage(Usage):
+    """A layer with a weight and an optional bias whose per-example gradients are ``scale``
+    times ``_weight_per_example()`` (B rows, reshaped to the weight) and
+    ``_bias_per_example()``."""
+
+    bias: torch.nn.Parameter | None
+
+    def _weight_per_example(self) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _bias_per_example(self) -> torch.Tensor:
+        raise NotImplementedError
+
+    def per_example(self, p: torch.nn.Parameter) -> torch.Tensor:
+        if p is self.bias:
+            return self._bias_per_example() * self.scale
+        return self._weight_per_example().reshape((self.batch_size, *p.shape)) * self.scale
+
+
+class LinearUsage(_WeightBiasUsage):
     """y = x W^T + b with x of shape (B, T, d), gy of shape (B, T, p) (T = 1 for 2-D inputs);
     the per-example gradients are ``scale`` times those of the stored tensors.
 
@@ -203,11 +222,6 @@ class LinearUsage(Usage):
         gram_g = torch.bmm(g_all, g_all.transpose(1, 2))
         return kernels.per_example_dots(gram_a, gram_g) * s2
 
-    def per_example(self, p: torch.nn.Parameter) -> torch.Tensor:
-        if p is self.bias:
-            return self._bias_per_example() * self.scale
-        return self._weight_per_example().reshape((self.batch_size, *p.shape)) * self.scale
-
     def clipped_sum(self, p: torch.nn.Parameter, factors: torch.Tensor) -> torch.Tensor:
         weights = factors * self.scale
         if p is self.bias:
@@ -222,7 +236,7 @@ class LinearUsage(Usage):
         return ((self.g * c).reshape(-1, pdim).t() @ self.a.reshape(-1, d)).reshape(p.shape)
 
 
-class ConvUsage(Usage):
+class ConvUsage(_WeightBiasUsage):
     """A convolution (groups = 1, zero padding): the input x (B, C, *spatial) and the output
     gradient (B, O, L) over the L output positions. The weight's per-example gradient is the
     linear-layer one over the patches P_i (L x d, d = C * prod(kernel)): g_i(W) = G_i P_i. The
@@ -299,11 +313,6 @@ class ConvUsage(Usage):
             gram_g = torch.bmm(g.transpose(1, 2), g)
             out[lo:hi] = kernels.per_example_dots(gram_p, gram_g)
         return out * s2
-
-    def per_example(self, p: torch.nn.Parameter) -> torch.Tensor:
-        if p is self.bias:
-            return self._bias_per_example() * self.scale
-        return self._weight_per_example().reshape((self.batch_size, *p.shape)) * self.scale
 
     def clipped_sum(self, p: torch.nn.Parameter, factors: torch.Tensor) -> torch.Tensor:
         import torch
