@@ -28,6 +28,11 @@
 #else
 #define DPSHARP_HD
 #endif
+#if defined(__GNUC__) && !defined(__CUDACC__)
+#define DPSHARP_SERIES_INLINE __attribute__((always_inline)) inline
+#else
+#define DPSHARP_SERIES_INLINE inline
+#endif
 
 namespace dpsharp::philox {
 
@@ -94,6 +99,55 @@ DPSHARP_HD inline void block_uniforms(const Block& b, double& u1, double& u2) no
   u2 = k2 * kTwoPowMinus53;
 }
 
+// The series of log_unit and sincos_two_pi, as templates over the element type: double here,
+// and the 4-lane vector types of normals.cpp, so that every implementation evaluates the same
+// IEEE operations in the same order (T{} + c and T{} - c are exactly c and -c).
+
+// log m = 2 s + 2 s (s^2 poly(s^2)), poly = sum_k s^(2k) / (2k + 3), to s^21.
+template <typename T>
+DPSHARP_HD DPSHARP_SERIES_INLINE T log_series(const T s, const T s2) noexcept {
+  T poly = T{} + 1.0 / 21.0;
+  poly = poly * s2 + 1.0 / 19.0;
+  poly = poly * s2 + 1.0 / 17.0;
+  poly = poly * s2 + 1.0 / 15.0;
+  poly = poly * s2 + 1.0 / 13.0;
+  poly = poly * s2 + 1.0 / 11.0;
+  poly = poly * s2 + 1.0 / 9.0;
+  poly = poly * s2 + 1.0 / 7.0;
+  poly = poly * s2 + 1.0 / 5.0;
+  poly = poly * s2 + 1.0 / 3.0;
+  return 2.0 * s + 2.0 * s * (s2 * poly);
+}
+
+// sin x, Taylor series to x^17.
+template <typename T>
+DPSHARP_HD DPSHARP_SERIES_INLINE T sin_series(const T x, const T x2) noexcept {
+  T sp = T{} - 1.0 / 355687428096000.0;  // -1/17!
+  sp = sp * x2 + 1.0 / 1307674368000.0;   // 1/15!
+  sp = sp * x2 - 1.0 / 6227020800.0;      // -1/13!
+  sp = sp * x2 + 1.0 / 39916800.0;        // 1/11!
+  sp = sp * x2 - 1.0 / 362880.0;          // -1/9!
+  sp = sp * x2 + 1.0 / 5040.0;            // 1/7!
+  sp = sp * x2 - 1.0 / 120.0;             // -1/5!
+  sp = sp * x2 + 1.0 / 6.0;               // 1/3!  (sign applied below)
+  return x - x * (x2 * sp);
+}
+
+// cos x, Taylor series to x^18.
+template <typename T>
+DPSHARP_HD DPSHARP_SERIES_INLINE T cos_series(const T x2) noexcept {
+  T cp = T{} + 1.0 / 6402373705728000.0;  // 1/18!
+  cp = cp * x2 - 1.0 / 20922789888000.0;  // -1/16!
+  cp = cp * x2 + 1.0 / 87178291200.0;     // 1/14!
+  cp = cp * x2 - 1.0 / 479001600.0;       // -1/12!
+  cp = cp * x2 + 1.0 / 3628800.0;         // 1/10!
+  cp = cp * x2 - 1.0 / 40320.0;           // -1/8!
+  cp = cp * x2 + 1.0 / 720.0;             // 1/6!
+  cp = cp * x2 - 1.0 / 24.0;              // -1/4!
+  cp = cp * x2 + 1.0 / 2.0;               // 1/2!  (sign applied below)
+  return 1.0 - x2 * cp;
+}
+
 // Natural log of u in (0, 1] (normal numbers only; u >= 2^-53 here). u = m 2^e with
 // m in [sqrt(1/2), sqrt(2)); log m = 2 atanh(s), s = (m - 1)/(m + 1), |s| <= 0.1716, series to
 // s^21 (truncation error < 1e-17 relative).
@@ -113,17 +167,7 @@ DPSHARP_HD inline double log_unit(double u) noexcept {
   exponent = big ? exponent + 1.0 : exponent;
   const double s = (m - 1.0) / (m + 1.0);
   const double s2 = s * s;
-  double poly = 1.0 / 21.0;
-  poly = poly * s2 + 1.0 / 19.0;
-  poly = poly * s2 + 1.0 / 17.0;
-  poly = poly * s2 + 1.0 / 15.0;
-  poly = poly * s2 + 1.0 / 13.0;
-  poly = poly * s2 + 1.0 / 11.0;
-  poly = poly * s2 + 1.0 / 9.0;
-  poly = poly * s2 + 1.0 / 7.0;
-  poly = poly * s2 + 1.0 / 5.0;
-  poly = poly * s2 + 1.0 / 3.0;
-  const double log_m = 2.0 * s + 2.0 * s * (s2 * poly);
+  const double log_m = log_series(s, s2);
   return exponent * 0.6931471805599453 + log_m;
 }
 
@@ -138,25 +182,8 @@ DPSHARP_HD inline void sincos_two_pi(double u, double& sin_out, double& cos_out)
   const double quadrant = quadrant_f >= 4.0 ? quadrant_f - 4.0 : quadrant_f;
   const double x = f * 1.5707963267948966;
   const double x2 = x * x;
-  double sp = -1.0 / 355687428096000.0;      // -1/17!
-  sp = sp * x2 + 1.0 / 1307674368000.0;      // 1/15!
-  sp = sp * x2 - 1.0 / 6227020800.0;         // -1/13!
-  sp = sp * x2 + 1.0 / 39916800.0;           // 1/11!
-  sp = sp * x2 - 1.0 / 362880.0;             // -1/9!
-  sp = sp * x2 + 1.0 / 5040.0;               // 1/7!
-  sp = sp * x2 - 1.0 / 120.0;                // -1/5!
-  sp = sp * x2 + 1.0 / 6.0;                  // 1/3!  (sign applied below)
-  const double sin_x = x - x * (x2 * sp);
-  double cp = 1.0 / 6402373705728000.0;      // 1/18!
-  cp = cp * x2 - 1.0 / 20922789888000.0;     // -1/16!
-  cp = cp * x2 + 1.0 / 87178291200.0;        // 1/14!
-  cp = cp * x2 - 1.0 / 479001600.0;          // -1/12!
-  cp = cp * x2 + 1.0 / 3628800.0;            // 1/10!
-  cp = cp * x2 - 1.0 / 40320.0;              // -1/8!
-  cp = cp * x2 + 1.0 / 720.0;                // 1/6!
-  cp = cp * x2 - 1.0 / 24.0;                 // -1/4!
-  cp = cp * x2 + 1.0 / 2.0;                  // 1/2!  (sign applied below)
-  const double cos_x = 1.0 - x2 * cp;
+  const double sin_x = sin_series(x, x2);
+  const double cos_x = cos_series(x2);
   // Rotate by quadrant * pi/2 (branch-free so loops vectorise).
   const bool swap = (quadrant == 1.0) | (quadrant == 3.0);
   const double sign_sin = quadrant >= 2.0 ? -1.0 : 1.0;
