@@ -102,17 +102,45 @@ void normal_tails(double x, double& survival, double& cdf) noexcept {
   }
 }
 
+// The sigma-independent part of the Gaussian-family tails at the grid points first .. first +
+// size - 1 (shared by every noise multiplier with the same sampling rate and grid):
+// log_ratio = log((e^{+-l} - (1 - q)) / q) (= +-l when q = 1; -inf below the support, where L
+// ranges over (log(1 - q), inf) (remove) or (-inf, -log(1 - q)) (add)), and e^{l}.
+struct GaussianFamilyTable {
+  std::int64_t first = 0;
+  std::vector<double> log_ratio;
+  std::vector<double> exp_loss;
+};
+
+GaussianFamilyTable gaussian_family_table(bool remove, double q, double grid_step,
+                                          std::int64_t first, std::int64_t last) {
+  GaussianFamilyTable table;
+  table.first = first;
+  const auto size = static_cast<std::size_t>(last - first + 1);
+  table.log_ratio.resize(size);
+  table.exp_loss.resize(size);
+  const double support_floor = q < 1.0 ? std::log1p(-q) : kNegInf;
+  for (std::size_t i = 0; i < size; ++i) {
+    const double loss = static_cast<double>(first + static_cast<std::int64_t>(i)) * grid_step;
+    const double signed_loss = remove ? loss : -loss;
+    if (q < 1.0 && signed_loss <= support_floor) {
+      table.log_ratio[i] = kNegInf;
+    } else {
+      table.log_ratio[i] = q < 1.0 ? std::log((std::expm1(signed_loss) + q) / q) : signed_loss;
+    }
+    table.exp_loss[i] = std::exp(loss);
+  }
+  return table;
+}
+
 // Linear-space tails of the Poisson-subsampled Gaussian pairs (q = 1: the Gaussian pair), the same
 // quantities as loss_tails() in pld_tails.cpp with two erfc calls per point instead of six
-// log-CDFs. remove: {L > l} = {x > x_l}; add: {L > l} = {x < x_l} (see pld_tails.cpp).
-LinearTails gaussian_family_tails(bool remove, double mu, double q, double loss) noexcept {
-  const double signed_loss = remove ? loss : -loss;
-  // L ranges over (log(1 - q), inf) (remove) or (-inf, -log(1 - q)) (add).
-  if (q < 1.0 && signed_loss <= std::log1p(-q)) {
+// log-CDFs, from the point's log_ratio (see GaussianFamilyTable). remove: {L > l} = {x > x_l};
+// add: {L > l} = {x < x_l} (see pld_tails.cpp), with x_l = (log_ratio + mu^2 / 2) / mu.
+LinearTails gaussian_family_tails(bool remove, double mu, double q, double log_ratio) noexcept {
+  if (log_ratio == kNegInf) {
     return remove ? LinearTails{1.0, 0.0, 1.0, 0.0} : LinearTails{0.0, 1.0, 0.0, 1.0};
   }
-  // x_l = (log(e^{+-l} - (1 - q)) - log q + mu^2 / 2) / mu.
-  const double log_ratio = q < 1.0 ? std::log((std::expm1(signed_loss) + q) / q) : signed_loss;
   const double x = (log_ratio + 0.5 * mu * mu) / mu;
   double null_above, null_below, shifted_above, shifted_below;
   normal_tails(x, null_above, null_below);
@@ -121,6 +149,11 @@ LinearTails gaussian_family_tails(bool remove, double mu, double q, double loss)
   const double mixture_below = (1.0 - q) * null_below + q * shifted_below;
   if (remove) return {mixture_above, mixture_below, null_above, null_below};
   return {null_below, null_above, mixture_below, mixture_above};
+}
+
+bool is_gaussian_family(Mechanism mechanism) {
+  return mechanism == Mechanism::kGaussian || mechanism == Mechanism::kPoissonRemove ||
+         mechanism == Mechanism::kPoissonAdd;
 }
 
 // P(a < L <= b) from the tails at a and b: from the survival function where it is at most 1/2,
@@ -133,10 +166,7 @@ double cell_mass(double survival_a, double cdf_a, double survival_b, double cdf_
 // Whether linear-space tails keep every value the discretisation needs above the subnormal range
 // on [lowest, highest] * h (checked at both ends, where the tails are smallest).
 bool linear_tails_are_safe(const MechanismParams& params, double grid_step, GridRange range) {
-  if (params.mechanism != Mechanism::kGaussian && params.mechanism != Mechanism::kPoissonRemove &&
-      params.mechanism != Mechanism::kPoissonAdd) {
-    return false;
-  }
+  if (!is_gaussian_family(params.mechanism)) return false;
   constexpr double kLogSafe = -650.0;
   for (const std::int64_t index : {range.lowest, range.highest}) {
     const LossTails t = loss_tails(params, static_cast<double>(index) * grid_step);
@@ -148,29 +178,31 @@ bool linear_tails_are_safe(const MechanismParams& params, double grid_step, Grid
 }
 
 // The connect-the-dots rounding of discretize_pessimistic for the Gaussian-family pairs, in linear
-// space. The same cell masses as the log-space version up to double rounding (a relative 1e-12 on
-// a cell mass, also the accuracy of the log-space differences).
+// space, with the sigma-independent values from `table` (which must cover the range). The same
+// cell masses as the log-space version up to double rounding (a relative 1e-12 on a cell mass,
+// also the accuracy of the log-space differences).
 DiscretePld discretize_pessimistic_linear(const MechanismParams& params, double grid_step,
-                                          GridRange range) {
+                                          GridRange range, const GaussianFamilyTable& table) {
   const bool remove = params.mechanism != Mechanism::kPoissonAdd;
   const double q = params.mechanism == Mechanism::kGaussian ? 1.0 : params.sampling_rate;
   const double mu = 1.0 / params.parameter;
   const std::int64_t n = range.highest - range.lowest + 1;
+  const auto base = static_cast<std::size_t>(range.lowest - table.first);
+  const double* log_ratio = table.log_ratio.data() + base;
+  const double* exp_loss = table.exp_loss.data() + base;
   DiscretePld out;
   out.offset = range.lowest;
   out.mass.assign(static_cast<std::size_t>(n), 0.0);
   const double spread_denominator = -std::expm1(-grid_step);
-  LinearTails a = gaussian_family_tails(remove, mu, q, static_cast<double>(range.lowest) * grid_step);
+  LinearTails a = gaussian_family_tails(remove, mu, q, log_ratio[0]);
   out.mass[0] += a.cdf_p;  // mass at or below the bottom point moves up to it
   for (std::int64_t i = 0; i + 1 < n; ++i) {
-    const double loss_a = static_cast<double>(range.lowest + i) * grid_step;
-    const LinearTails b =
-        gaussian_family_tails(remove, mu, q, static_cast<double>(range.lowest + i + 1) * grid_step);
+    const LinearTails b = gaussian_family_tails(remove, mu, q, log_ratio[i + 1]);
     const double p = cell_mass(a.survival_p, a.cdf_p, b.survival_p, b.cdf_p);
     if (p > 0.0) {
       const double q_mass = cell_mass(a.survival_q, a.cdf_q, b.survival_q, b.cdf_q);
       // r = e^{a} Q(cell) / P(cell) in [e^{-h}, 1]; weight at b = p (1 - r) / (1 - e^{-h}).
-      const double r = q_mass / p * std::exp(loss_a);
+      const double r = q_mass / p * exp_loss[i];
       const double upper_fraction = std::clamp((1.0 - r) / spread_denominator, 0.0, 1.0);
       out.mass[i + 1] += p * upper_fraction;
       out.mass[i] += p * (1.0 - upper_fraction);
@@ -178,11 +210,17 @@ DiscretePld discretize_pessimistic_linear(const MechanismParams& params, double 
     a = b;
   }
   // Mass above the top point l_t: Q-mass e^{l_t} at l_t and the rest, delta(l_t), at +inf.
-  const double top_loss = static_cast<double>(range.highest) * grid_step;
-  const double at_top = std::min(a.survival_q * std::exp(top_loss), a.survival_p);
+  const double at_top = std::min(a.survival_q * exp_loss[n - 1], a.survival_p);
   out.mass[n - 1] += at_top;
   out.infinity_mass = std::max(a.survival_p - at_top, 0.0);
   return out;
+}
+
+GaussianFamilyTable table_for(const MechanismParams& params, double grid_step, std::int64_t first,
+                              std::int64_t last) {
+  const bool remove = params.mechanism != Mechanism::kPoissonAdd;
+  const double q = params.mechanism == Mechanism::kGaussian ? 1.0 : params.sampling_rate;
+  return gaussian_family_table(remove, q, grid_step, first, last);
 }
 
 }  // namespace
@@ -193,7 +231,8 @@ DiscretePld discretize_pessimistic(const MechanismParams& params, double grid_st
   const std::int64_t n = range.highest - range.lowest + 1;
   if (n < 2) throw std::invalid_argument("the grid range needs at least two points");
   if (linear_tails_are_safe(params, grid_step, range)) {
-    return discretize_pessimistic_linear(params, grid_step, range);
+    return discretize_pessimistic_linear(params, grid_step, range,
+                                         table_for(params, grid_step, range.lowest, range.highest));
   }
   std::vector<LossTails> tails(static_cast<std::size_t>(n));
   for (std::int64_t i = 0; i < n; ++i) {
@@ -315,6 +354,44 @@ DiscretePld discretize_optimistic(const MechanismParams& params, double grid_ste
   }
   // A last group whose barycentre stays below its target moves up in y (down in loss) onto it.
   if (group_mass > 0.0) place_group();
+  return out;
+}
+
+std::vector<DiscretePld> discretize_pessimistic_many(Mechanism mechanism,
+                                                     const std::vector<double>& parameters,
+                                                     double sampling_rate, double grid_step,
+                                                     double top_tail, double bottom_tail) {
+  std::vector<MechanismParams> params;
+  std::vector<GridRange> ranges;
+  params.reserve(parameters.size());
+  ranges.reserve(parameters.size());
+  for (const double parameter : parameters) {
+    params.push_back({mechanism, parameter, sampling_rate});
+    ranges.push_back(grid_range(params.back(), grid_step, top_tail, bottom_tail));
+  }
+  std::vector<bool> linear(parameters.size());
+  std::int64_t first = 0;
+  std::int64_t last = -1;
+  for (std::size_t i = 0; i < parameters.size(); ++i) {
+    linear[i] = ranges[i].highest > ranges[i].lowest &&
+                linear_tails_are_safe(params[i], grid_step, ranges[i]);
+    if (!linear[i]) continue;
+    if (last < first) {
+      first = ranges[i].lowest;
+      last = ranges[i].highest;
+    } else {
+      first = std::min(first, ranges[i].lowest);
+      last = std::max(last, ranges[i].highest);
+    }
+  }
+  GaussianFamilyTable table;
+  if (last >= first) table = table_for(params.front(), grid_step, first, last);
+  std::vector<DiscretePld> out;
+  out.reserve(parameters.size());
+  for (std::size_t i = 0; i < parameters.size(); ++i) {
+    out.push_back(linear[i] ? discretize_pessimistic_linear(params[i], grid_step, ranges[i], table)
+                            : discretize_pessimistic(params[i], grid_step, ranges[i]));
+  }
   return out;
 }
 

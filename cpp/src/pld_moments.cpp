@@ -44,36 +44,69 @@ std::vector<double> log_mgf(const double* mass, std::size_t size, std::int64_t o
   if (!(grid_step > 0.0) || !std::isfinite(grid_step)) {
     throw std::invalid_argument("grid_step must be finite and > 0");
   }
+  for (const double t : exponents) {
+    if (!std::isfinite(t)) throw std::invalid_argument("exponents must be finite");
+  }
   std::vector<double> out(exponents.size(), kNegInf);
   if (size == 0) return out;
   const double bottom = static_cast<double>(offset) * grid_step;
   const double top = static_cast<double>(offset + static_cast<std::int64_t>(size) - 1) * grid_step;
-  for (std::size_t e = 0; e < exponents.size(); ++e) {
-    const double t = exponents[e];
-    if (!std::isfinite(t)) throw std::invalid_argument("exponents must be finite");
-    // Factor out e^{t l*} at the end l* where t l is largest and walk away from it with the
-    // ratio e^{-|t| h} <= 1, so every factor is in (0, 1] and nothing overflows; stop when the
-    // rest cannot matter relative to the sum so far (never merely because the factor is small:
-    // the masses near l* may be 0 or tiny).
-    const double ratio = std::exp(-std::fabs(t) * grid_step);
-    const double anchor = t >= 0.0 ? top : bottom;
-    double factor = 1.0;
-    double sum = 0.0;
-    bool exact_needed = false;
-    for (std::size_t step = 0; step < size; ++step) {
-      const std::size_t k = t >= 0.0 ? size - 1 - step : step;
-      sum += mass[k] * factor;
-      factor *= ratio;
-      if (factor < kRelativeCutoff * sum) break;
-      if (factor < kFactorFloor) {
-        exact_needed = true;
-        break;
-      }
+  // Factor out e^{t l*} at the end l* where t l is largest and walk away from it with the ratio
+  // e^{-|t| h} <= 1, so every factor is in (0, 1] and nothing overflows; stop when the rest
+  // cannot matter relative to the sum so far (never merely because the factor is small: the
+  // masses near l* may be 0 or tiny). The exponents of one sign share one walk (independent
+  // running sums, so the work pipelines); each stops on its own.
+  // Exponents of one sign share one walk, kLanes at a time, in blocks of kBlock points between
+  // the stopping checks (independent running sums with no branch inside a block, so the
+  // compiler vectorises across exponents; summing a few more, negligible, terms past the
+  // cut-off only makes the sums more exact).
+  constexpr std::size_t kLanes = 8;
+  constexpr std::size_t kBlock = 32;
+  for (const bool from_top : {true, false}) {
+    std::vector<std::size_t> walking;  // indices into exponents
+    for (std::size_t e = 0; e < exponents.size(); ++e) {
+      if ((exponents[e] >= 0.0) == from_top) walking.push_back(e);
     }
-    if (exact_needed) {
-      out[e] = log_mgf_exact(mass, size, bottom, grid_step, t);
-    } else if (sum > 0.0) {
-      out[e] = t * anchor + std::log(sum);
+    for (std::size_t first = 0; first < walking.size(); first += kLanes) {
+      const std::size_t lanes = std::min(kLanes, walking.size() - first);
+      double ratio[kLanes], factor[kLanes], sum[kLanes];
+      bool exact_needed[kLanes];
+      for (std::size_t j = 0; j < kLanes; ++j) {
+        const double t = j < lanes ? exponents[walking[first + j]] : 0.0;
+        ratio[j] = std::exp(-std::fabs(t) * grid_step);
+        factor[j] = 1.0;
+        sum[j] = 0.0;
+        exact_needed[j] = false;
+      }
+      bool done = false;
+      for (std::size_t start = 0; start < size && !done; start += kBlock) {
+        const std::size_t stop = std::min(size, start + kBlock);
+        for (std::size_t step = start; step < stop; ++step) {
+          const double m = mass[from_top ? size - 1 - step : step];
+          for (std::size_t j = 0; j < kLanes; ++j) {
+            sum[j] += m * factor[j];
+            factor[j] *= ratio[j];
+          }
+        }
+        done = true;
+        for (std::size_t j = 0; j < lanes; ++j) {
+          if (factor[j] < kRelativeCutoff * sum[j] || exact_needed[j]) continue;
+          if (factor[j] < kFactorFloor) {
+            exact_needed[j] = true;
+            continue;
+          }
+          done = false;
+        }
+      }
+      const double anchor = from_top ? top : bottom;
+      for (std::size_t j = 0; j < lanes; ++j) {
+        const std::size_t e = walking[first + j];
+        if (exact_needed[j]) {
+          out[e] = log_mgf_exact(mass, size, bottom, grid_step, exponents[e]);
+        } else if (sum[j] > 0.0) {
+          out[e] = exponents[e] * anchor + std::log(sum[j]);
+        }
+      }
     }
   }
   return out;

@@ -67,6 +67,10 @@ def require_epsilon(value: object, name: str = "epsilon") -> float:
 
 def require_count(name: str, value: object, *, minimum: int = 0) -> int:
     """An integer count >= ``minimum`` (bools and floats such as 3.0 are refused)."""
+    if type(value) is int:  # the common case, without the abstract-class check below
+        if value < minimum:
+            raise ValueError(f"{name} must be an integer >= {minimum}, got {value}")
+        return value
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
     result = int(value)

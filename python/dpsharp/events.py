@@ -249,6 +249,8 @@ def flatten(event: Event, count: int = 1) -> list[tuple[Event, int]]:
     """
     _require_event("event", event)
     count = require_count("count", count)
+    if not isinstance(event, (Repeated, Composed)):  # a leaf (the common case)
+        return [(event, count)] if count > 0 else []
     totals: dict[Event, int] = {}
     _accumulate_leaves(event, count, totals)
     return [(leaf, total) for leaf, total in totals.items() if total > 0]

@@ -23,6 +23,7 @@ a GPU build can replace those two functions by cuFFT.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from collections.abc import Callable, Sequence
@@ -123,7 +124,10 @@ class ComposedPLD:
 
     ``mass`` is the circular FFT result rolled so that entry ``j`` is loss ``(start + j) h``.
     ``infinity_mass`` is the composed mass at +inf; ``above`` and ``below`` bound the mass of the
-    linear composition above and below the window.
+    linear composition above and below the window. ``excess`` bounds the total mass by which the
+    (non-negative) measure that was composed exceeds the optimistic PLDs' composition (non-zero
+    after a two-level composition, see :func:`compose`); ``inner_roundoff`` is the negative mass
+    clipped by its first level.
     """
 
     start: int
@@ -132,6 +136,8 @@ class ComposedPLD:
     above: float
     below: float
     grid_step: float
+    excess: float = 0.0
+    inner_roundoff: float = 0.0
 
     @property
     def losses(self) -> np.ndarray:
@@ -140,7 +146,7 @@ class ComposedPLD:
     @property
     def roundoff(self) -> float:
         """Total negative mass left by FFT round-off: a measure of its noise level."""
-        return float(-self.mass[self.mass < 0].sum())
+        return float(-self.mass[self.mass < 0].sum()) + self.inner_roundoff
 
     def _curve_terms(self, pessimistic: bool) -> tuple[np.ndarray, float, float]:
         mass = np.maximum(self.mass, 0.0) if pessimistic else self.mass
@@ -148,7 +154,9 @@ class ComposedPLD:
             constant = self.infinity_mass + self.above
             low_mass = self.below
         else:
-            constant = self.infinity_mass - self.above - self.below - 2.0 * self.roundoff
+            constant = (
+                self.infinity_mass - self.above - self.below - 2.0 * self.roundoff - self.excess
+            )
             low_mass = 0.0
         return mass, constant, low_mass
 
@@ -253,6 +261,7 @@ def compose(
     counts: list[int],
     *,
     log_tail: float,
+    pessimistic: bool,
     spectra: dict[Any, LeafSpectrum] | None = None,
     keys: list[Any] | None = None,
 ) -> ComposedPLD:
@@ -261,33 +270,22 @@ def compose(
     enough for the Chernoff window at ``e^{log_tail}``.
 
     The spectrum of the composition is ``prod_i F_i^{c_i}`` with ``F_i`` the transform of PLD
-    ``i``, computed as ``exp(sum_i c_i log|F_i| + 1j sum_i c_i arg F_i)``. Its modulus is formed
-    first, and the phases and the complex exponential are evaluated only where it exceeds
-    ``e^-800`` (far below the smallest double; every other entry is 0 in double precision either
-    way): for a wide composition that is a small fraction of the circle.
+    ``i``. With a spectrum cache (few distinct PLDs, incremental use) it is computed as
+    ``exp(sum_i c_i log|F_i| + 1j sum_i c_i arg F_i)``: the modulus is formed first, and the phases
+    and the complex exponential are evaluated only where it exceeds ``e^-800`` (far below the
+    smallest double; every other entry is 0 in double precision either way), for a wide
+    composition a small fraction of the circle. ``spectra`` caches a :class:`LeafSpectrum` per
+    PLD (``keys[i]`` names ``plds[i]``; its position by default), so that recomposing after one
+    more step only costs pointwise work and one inverse FFT.
 
-    ``spectra`` (optional) caches a :class:`LeafSpectrum` per PLD (``keys[i]`` names ``plds[i]``;
-    its position by default), so that recomposing after one more step only costs pointwise work
-    and one inverse FFT.
+    Without a cache and with more than ``_TWO_LEVEL_FROM`` PLDs (a heterogeneous schedule), the
+    composition is done in two levels, see :func:`_compose_two_level`; ``pessimistic`` says which
+    side the PLDs round to, which decides how the first level's results are made into PLDs.
     """
-    grid_step = plds[0].grid_step
-    exponents = chernoff_exponents()
-    log_mgf_total = np.zeros(exponents.size)
-    support_low = 0
-    support_high = 0
-    log_finite = 0.0
-    for pld, count in zip(plds, counts):
-        log_mgf_total += count * pld.chernoff_log_mgf
-        support_low += count * pld.offset
-        support_high += count * (pld.offset + pld.mass.size - 1)
-        log_finite += count * np.log1p(-pld.infinity_mass)
-    a, b = chernoff_window(log_mgf_total, log_tail)
-    start = max(int(np.floor(a / grid_step)), support_low)
-    stop = min(int(np.ceil(b / grid_step)), support_high)
-    needed = max(stop - start + 1, 2)
-    size = _circle_size(needed)
-    log_modulus = np.zeros(size // 2 + 1)
-    shift = 0
+    if spectra is None and len(plds) > _TWO_LEVEL_FROM:
+        return _compose_two_level(plds, counts, log_tail=log_tail, pessimistic=pessimistic)
+    window = _Window.of(plds, counts, log_tail)
+    size = window.size
     leaf_keys = keys if keys is not None else list(range(len(plds)))
     leaf_spectra = parallel_map(
         lambda index: _leaf_spectrum(plds[index], size, spectra, leaf_keys[index]),
@@ -296,8 +294,8 @@ def compose(
     if spectra is not None:
         for key, leaf in zip(leaf_keys, leaf_spectra):
             spectra[key] = leaf
-    for pld, count, leaf in zip(plds, counts, leaf_spectra):
-        shift += count * pld.offset
+    log_modulus = np.zeros(size // 2 + 1)
+    for count, leaf in zip(counts, leaf_spectra):
         log_modulus += count * leaf.log_modulus
     kept = np.flatnonzero(log_modulus > -800.0)
     phase = np.zeros(kept.size)
@@ -305,23 +303,169 @@ def compose(
         phase += count * leaf.phase_at(kept)
     spectrum = np.zeros(size // 2 + 1, dtype=complex)
     spectrum[kept] = np.exp(log_modulus[kept] + 1j * phase)
-    circular = inverse_transform(spectrum, size)
-    mass = np.roll(circular, (shift - start) % size)
-    window_low = start * grid_step
-    window_high = (start + size - 1) * grid_step
-    below, above = chernoff_tails(log_mgf_total, window_low, window_high)
-    if start <= support_low:
-        below = 0.0
-    if start + size - 1 >= support_high:
-        above = 0.0
-    return ComposedPLD(
-        start=start,
-        mass=mass,
-        infinity_mass=float(-np.expm1(log_finite)),
-        above=above,
-        below=below,
-        grid_step=grid_step,
-    )
+    return window.result(inverse_transform(spectrum, size))
+
+
+@dataclass(frozen=True)
+class _Window:
+    """The circle of a composition: ``size`` points from loss ``start * grid_step``, wide enough
+    for the Chernoff window, and what is needed to turn the circular result into a
+    :class:`ComposedPLD`."""
+
+    start: int
+    size: int
+    shift: int  # sum_i c_i offset_i: index 0 of the circular result is loss shift * h
+    support_low: int
+    support_high: int
+    log_mgf_total: np.ndarray
+    log_finite: float  # log of the composed finite mass
+    grid_step: float
+
+    @classmethod
+    def of(cls, plds: Sequence[DiscretePLD], counts: Sequence[int], log_tail: float) -> _Window:
+        grid_step = plds[0].grid_step
+        log_mgf_total = np.zeros(chernoff_exponents().size)
+        support_low = support_high = 0
+        log_finite = 0.0
+        for pld, count in zip(plds, counts):
+            log_mgf_total += count * pld.chernoff_log_mgf
+            support_low += count * pld.offset
+            support_high += count * (pld.offset + pld.mass.size - 1)
+            log_finite += count * math.log1p(-pld.infinity_mass)
+        a, b = chernoff_window(log_mgf_total, log_tail)
+        start = max(int(np.floor(a / grid_step)), support_low)
+        stop = min(int(np.ceil(b / grid_step)), support_high)
+        size = _circle_size(max(stop - start + 1, 2))
+        return cls(start, size, support_low, support_low, support_high, log_mgf_total, log_finite, grid_step)
+
+    def result(self, circular: np.ndarray) -> ComposedPLD:
+        """The :class:`ComposedPLD` of the circular composition ``circular`` (index 0 = loss
+        ``shift * h``, where ``shift`` is the sum of the composed offsets)."""
+        mass = np.roll(circular, (self.shift - self.start) % self.size)
+        window_low = self.start * self.grid_step
+        window_high = (self.start + self.size - 1) * self.grid_step
+        below, above = chernoff_tails(self.log_mgf_total, window_low, window_high)
+        if self.start <= self.support_low:
+            below = 0.0
+        if self.start + self.size - 1 >= self.support_high:
+            above = 0.0
+        return ComposedPLD(
+            start=self.start,
+            mass=mass,
+            infinity_mass=float(-np.expm1(self.log_finite)),
+            above=above,
+            below=below,
+            grid_step=self.grid_step,
+        )
+
+
+def _compose_by_products(
+    plds: Sequence[DiscretePLD], counts: Sequence[int], log_tail: float, *, parallel: bool
+) -> ComposedPLD:
+    """The composition with the spectrum ``prod_i F_i^{c_i}`` formed by complex multiplication
+    (integer powers by repeated squaring). Every factor has modulus at most its mass (<= 1 up to
+    round-off, or the small excess of a first-level result), so partial products never overflow,
+    and an entry that underflows is below every digit of the inverse transform. With
+    ``parallel`` the factors are split into ``_PRODUCT_CHUNKS`` chunks multiplied on the worker
+    threads (a fixed number, so the rounding does not depend on the number of threads)."""
+    window = _Window.of(plds, counts, log_tail)
+    size = window.size
+
+    def product(chunk: range) -> np.ndarray:
+        out = np.ones(size // 2 + 1, dtype=complex)
+        for index in chunk:
+            transform = forward_transform(plds[index].folded(size), size)
+            out *= _integer_power(transform, counts[index])
+        return out
+
+    chunks = _chunks(len(plds), _PRODUCT_CHUNKS if parallel else 1)
+    partial = parallel_map(product, chunks, threshold=2)
+    spectrum = partial[0]
+    for other in partial[1:]:
+        spectrum *= other
+    return window.result(inverse_transform(spectrum, size))
+
+
+def _integer_power(values: np.ndarray, exponent: int) -> np.ndarray:
+    """``values ** exponent`` elementwise for an integer ``exponent >= 1``, by repeated squaring
+    (about 2 log2(exponent) complex products)."""
+    result: np.ndarray | None = None
+    base = values
+    while True:
+        if exponent & 1:
+            result = base.copy() if result is None else result * base
+        exponent >>= 1
+        if not exponent:
+            assert result is not None
+            return result
+        base = base * base
+
+
+def _chunks(length: int, parts: int) -> list[range]:
+    bounds = np.linspace(0, length, min(parts, length) + 1).astype(int)
+    return [range(int(lo), int(hi)) for lo, hi in zip(bounds[:-1], bounds[1:])]
+
+
+def _compose_two_level(
+    plds: list[DiscretePLD],
+    counts: list[int],
+    *,
+    log_tail: float,
+    pessimistic: bool,
+    group_log_tail: float | None = None,
+) -> ComposedPLD:
+    """A composition of many distinct PLDs in two levels: consecutive groups of about
+    ``_GROUP_SIZE`` PLDs (the caller's order puts similar ones together) are composed on their
+    own, narrower circles, and the group results are composed on the full one. The per-PLD
+    transforms are then of the group's circle, not the whole composition's.
+
+    Each group result is turned into a PLD that keeps the bound on its side:
+
+    * pessimistic: the circular window holds the linear group composition plus non-negative
+      aliased mass; the mass below the window (at most ``below``, Chernoff) is added at the
+      window's bottom point and the mass above it (at most ``above``) at +inf, and negative
+      round-off is clipped to 0. The result is a measure that dominates the group's composition
+      pointwise after moving mass only to larger losses, so every delta(eps) of every composition
+      it enters can only grow (the hockey-stick integrand is non-negative and non-decreasing in
+      the loss; convolution of non-negative measures is monotone; Chernoff's bound holds for
+      any non-negative measure).
+    * optimistic: the window is kept as it is (clipped at 0) and the masses outside it are
+      dropped (which can only lower delta); the window exceeds the group composition's
+      restriction by its aliased mass plus the clipped round-off, at most ``e_g = above + below +
+      clipped``. Writing each group measure as (its true part) + (an excess of mass <= e_g), the
+      composed measure exceeds the composition of the true parts by a measure of mass at most
+      ``prod_g (1 + e_g) - 1``; as the hockey-stick integrand is in [0, 1], subtracting that
+      (``ComposedPLD.excess``) keeps every delta a lower bound.
+
+    The groups' Chernoff windows are set at ``e^{log_tail} / groups`` (unless ``group_log_tail``
+    is given), so the extra +inf mass of the pessimistic side is at most the tail budget in
+    total."""
+    groups = max(2, round(len(plds) / _GROUP_SIZE))
+    if group_log_tail is None:
+        group_log_tail = log_tail - math.log(groups)
+
+    def first_level(chunk: range) -> tuple[DiscretePLD, float, float]:
+        part = _compose_by_products(
+            [plds[i] for i in chunk], [counts[i] for i in chunk], group_log_tail, parallel=False
+        )
+        mass = part.mass
+        clipped = float(-mass[mass < 0].sum())
+        mass = np.maximum(mass, 0.0)
+        if pessimistic:
+            mass[0] += part.below
+            pld = DiscretePLD(part.start, mass, part.infinity_mass + part.above, part.grid_step)
+            excess = 0.0
+        else:
+            pld = DiscretePLD(part.start, mass, part.infinity_mass, part.grid_step)
+            excess = part.above + part.below + clipped
+        pld.chernoff_log_mgf  # noqa: B018 - computed here, on the worker thread
+        return pld, excess, clipped
+
+    parts = parallel_map(first_level, _chunks(len(plds), groups), threshold=2)
+    result = _compose_by_products([p for p, _, _ in parts], [1] * len(parts), log_tail, parallel=True)
+    excess = math.expm1(sum(math.log1p(e) for _, e, _ in parts))
+    inner_roundoff = sum(c for _, _, c in parts)
+    return dataclasses.replace(result, excess=excess, inner_roundoff=inner_roundoff)
 
 
 def _circle_size(needed: int) -> int:
@@ -352,6 +496,13 @@ def _leaf_spectrum(
     return LeafSpectrum(size, transform, log_modulus)
 
 
+#: Above this many distinct PLDs (without a spectrum cache) :func:`compose` works in two levels.
+_TWO_LEVEL_FROM = 64
+#: Number of PLDs per first-level group of a two-level composition.
+_GROUP_SIZE = 32
+#: Chunks of a parallel product of spectra.
+_PRODUCT_CHUNKS = 4
+
 _Item = TypeVar("_Item")
 _Result = TypeVar("_Result")
 #: Below this many items, :func:`parallel_map` stays on the calling thread.
@@ -360,13 +511,15 @@ _POOL: ThreadPoolExecutor | None = None
 _WORKERS = os.cpu_count() or 1
 
 
-def parallel_map(function: Callable[[_Item], _Result], items: Sequence[_Item]) -> list[_Result]:
+def parallel_map(
+    function: Callable[[_Item], _Result], items: Sequence[_Item], *, threshold: int = _PARALLEL_FROM
+) -> list[_Result]:
     """``[function(item) for item in items]``, on a pool of threads (one per CPU) when there are
-    many items. The per-leaf work of a heterogeneous composition (the C++ discretisation and
+    at least ``threshold`` items. The per-leaf work of a heterogeneous composition (the C++ discretisation and
     pocketfft's transforms) releases the GIL, so the threads run in parallel; results are in the
     order of ``items`` and do not depend on the number of threads."""
     global _POOL
-    if len(items) < _PARALLEL_FROM or _WORKERS < 2:
+    if len(items) < threshold or _WORKERS < 2:
         return [function(item) for item in items]
     if _POOL is None:
         _POOL = ThreadPoolExecutor(max_workers=_WORKERS, thread_name_prefix="dpsharp-pld")

@@ -115,8 +115,10 @@ class Accountant(abc.ABC):
         count = require_count("count", count)
         if not isinstance(event, Event):
             raise TypeError(f"event must be a dpsharp event, got {event!r} ({type(event).__name__})")
-        self._raise_if_unsupported(event)
         leaves = flatten(event, count)
+        reason = self._unsupported_reason(event, leaves if count else flatten(event))
+        if reason is not None:
+            raise UnsupportedEventError(reason)
         if leaves:
             self._on_compose(leaves)
             for leaf, leaf_count in leaves:
@@ -136,6 +138,10 @@ class Accountant(abc.ABC):
         """None if ``event`` is supported, else a sentence naming the offending sub-event."""
         if not isinstance(event, Event):
             return f"{event!r} is not a dpsharp event"
+        return self._unsupported_reason(event, flatten(event))
+
+    def _unsupported_reason(self, event: Event, leaves: list[tuple[Event, int]]) -> str | None:
+        """:meth:`unsupported_reason` given ``flatten(event)`` (up to the counts)."""
         for relation, sub_event in required_neighbouring(event).items():
             if relation is not self._neighbouring:
                 return (
@@ -143,16 +149,11 @@ class Accountant(abc.ABC):
                     f"{type(self).__name__} states guarantees under {self._neighbouring.value}; "
                     f"create the accountant with neighbouring={relation.value!r}"
                 )
-        for leaf, _ in flatten(event):
+        for leaf, _ in leaves:
             reason = self._leaf_unsupported_reason(leaf)
             if reason is not None:
                 return f"{type(self).__name__} cannot account {leaf!r}: {reason}"
         return None
-
-    def _raise_if_unsupported(self, event: Event) -> None:
-        reason = self.unsupported_reason(event)
-        if reason is not None:
-            raise UnsupportedEventError(reason)
 
     # ------------------------------------------------------------------ queries
     def epsilon(self, delta: float) -> float:

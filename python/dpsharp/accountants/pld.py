@@ -28,8 +28,8 @@ Su 2019, Thm 4.2).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from itertools import islice
+from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 from scipy.special import log_ndtr
@@ -68,9 +68,9 @@ _MIN_TAIL = 1e-30
 _MAX_SIZE = 1 << 24
 
 
-@dataclass(frozen=True)
-class _Leaf:
-    """One mechanism in one direction: (mechanism code, parameter, sampling rate)."""
+class _Leaf(NamedTuple):
+    """One mechanism in one direction: (mechanism code, parameter, sampling rate). A named tuple:
+    tens of thousands are made and hashed for a long heterogeneous schedule."""
 
     mechanism: int
     parameter: float
@@ -181,12 +181,13 @@ class PLDAccountant(Accountant):
         Poisson-sampled Gaussian, mu^2 for a Gaussian, 1/b^2 for Laplace). Both roundings err by
         O(h^2) per step, so the relative error of epsilon is O(T h^2 / V); the constant was
         calibrated against the refined bracket on the settings of bench/bench_pld.py."""
-        total = 0.0
-        steps = 0
-        for leaf, count in self._counts.items():
-            total += count * _loss_variance(leaf)
-            steps += count
-        spread = math.sqrt(total / max(steps, 1))
+        # Per leaf in the order of self._counts (which only grows), computed once; fsum is
+        # correctly rounded, so the total does not depend on the order of composition.
+        variances = self._leaf_variances
+        if len(variances) < len(self._counts):
+            variances.extend(_loss_variance(leaf) for leaf in islice(self._counts, len(variances), None))
+        total = math.fsum(count * variance for count, variance in zip(self._counts.values(), variances))
+        spread = math.sqrt(total / max(self._steps(), 1))
         step = 0.07 * math.sqrt(self._precision / 1e-3) * spread
         step = min(max(step, 2.0**-20), 2.0**-4) / (2.0**refinement)
         return 2.0 ** math.floor(math.log2(step))
@@ -219,51 +220,47 @@ class PLDAccountant(Accountant):
             while len(self._caches) >= 8:
                 self._caches.pop(next(iter(self._caches)))
             cache = self._caches[cache_key] = _DirectionCache()
-        leaves: dict[_Leaf, int] = {}
         quantize = len(self._counts) > _QUANTIZE_ABOVE
-        # leaf event -> discretisation key, a pure function of (event, direction, rounding):
-        # kept across queries so a long heterogeneous schedule is mapped once.
-        keys = self._leaf_keys.setdefault((direction, quantum if quantize else None, pessimistic), {})
-        for leaf, count in self._counts.items():
-            key = keys.get(leaf)
-            if key is None:
-                key = self._leaves(leaf, direction)
-                if quantize:
-                    key = _quantized(key, quantum, pessimistic)
-                keys[leaf] = key
+        # The discretisation key of each composed leaf event, in the (insertion) order of
+        # self._counts, which only grows: a pure function of (event, direction, rounding), kept
+        # across queries so that a long heterogeneous schedule is mapped once, without hashing
+        # the events again.
+        keys = self._leaf_keys.setdefault((direction, quantum if quantize else None, pessimistic), [])
+        if len(keys) < len(self._counts):
+            exact = [self._leaves(leaf, direction) for leaf in islice(self._counts, len(keys), None)]
+            keys.extend(_quantized(exact, quantum, pessimistic) if quantize else exact)
+        leaves: dict[_Leaf, int] = {}
+        for key, count in zip(keys, self._counts.values()):
             leaves[key] = leaves.get(key, 0) + count
         # A canonical order, so that floating-point sums do not depend on insertion order.
-        order = sorted(leaves, key=lambda k: (k.mechanism, k.parameter, k.rate))
+        order = sorted(leaves)  # (mechanism, parameter, rate)
         counts = tuple(leaves[key] for key in order)
         hit = cache.results.get((pessimistic, tuple(order), counts))
         if hit is not None:
             return hit
         missing = [key for key in order if (key, pessimistic) not in cache.plds]
 
-        def discretize(key: _Leaf) -> DiscretePLD:
-            offset, mass, infinity = _core.pld_discretize(
-                key.mechanism, key.parameter, key.rate, grid_step, per_step_tail,
-                per_step_tail, pessimistic,
-            )
-            pld = DiscretePLD(int(offset), np.asarray(mass), float(infinity), grid_step)
-            pld.chernoff_log_mgf  # noqa: B018 - computed here, on the worker thread
-            return pld
-
-        for key, pld in zip(missing, parallel_map(discretize, missing)):
+        for key, pld in zip(missing, _discretize(missing, grid_step, per_step_tail, pessimistic)):
             cache.plds[(key, pessimistic)] = pld
         plds = [cache.plds[(key, pessimistic)] for key in order]
         # Spectra are cached for incremental use only when there are few distinct leaves
         # (otherwise their memory, leaves x FFT size, would dominate).
         spectra = cache.spectra[pessimistic] if len(order) <= _CACHE_SPECTRA_UP_TO else None
         result = compose(
-            plds, list(counts), log_tail=math.log(tail), spectra=spectra, keys=list(order)
+            plds,
+            list(counts),
+            log_tail=math.log(tail),
+            pessimistic=pessimistic,
+            spectra=spectra,
+            keys=list(order),
         )
         cache.results = {(pessimistic, tuple(order), counts): result}
         return result
 
     def _reset_caches(self) -> None:
         self._caches = {}
-        self._leaf_keys: dict[tuple[str, float | None, bool], dict[Event, _Leaf]] = {}
+        self._leaf_keys: dict[tuple[str, float | None, bool], list[_Leaf]] = {}
+        self._leaf_variances: list[float] = []
 
     # ------------------------------------------------------------------ queries
     def _bounds_at(
@@ -478,25 +475,87 @@ _COARSE_QUANTUM = 0.05
 _CACHE_SPECTRA_UP_TO = 16
 
 
-def _quantized(leaf: _Leaf, precision: float, pessimistic: bool) -> _Leaf:
-    """Round a Gaussian-family leaf onto the geometric grid r^k, r = 1 + precision / 2: the noise
+def _discretize(
+    leaves: list[_Leaf], grid_step: float, tail: float, pessimistic: bool
+) -> list[DiscretePLD]:
+    """The discretised PLD of each leaf (truncated at ``tail`` on both sides), with its Chernoff
+    log-MGFs, computed on the worker threads. Pessimistic Gaussian-family leaves with the same
+    mechanism and rate are discretised in batches that share the parameter-independent work
+    (``pld_discretize_pessimistic_many``, the same values)."""
+
+    def finish(offset: int, mass: np.ndarray, infinity: float) -> DiscretePLD:
+        pld = DiscretePLD(int(offset), np.asarray(mass), float(infinity), grid_step)
+        pld.chernoff_log_mgf  # noqa: B018 - computed here, on the worker thread
+        return pld
+
+    def one(key: _Leaf) -> list[DiscretePLD]:
+        return [
+            finish(*_core.pld_discretize(
+                key.mechanism, key.parameter, key.rate, grid_step, tail, tail, pessimistic
+            ))
+        ]
+
+    def batch(keys: list[_Leaf]) -> list[DiscretePLD]:
+        first = keys[0]
+        parts = _core.pld_discretize_pessimistic_many(
+            first.mechanism, [k.parameter for k in keys], first.rate, grid_step, tail, tail
+        )
+        return [finish(*part) for part in parts]
+
+    tasks: list[tuple[Callable[[Any], list[DiscretePLD]], Any, list[int]]] = []
+    families: dict[tuple[int, float], list[int]] = {}
+    for index, key in enumerate(leaves):
+        if pessimistic and key.mechanism in (_GAUSSIAN, _REMOVE, _ADD):
+            families.setdefault((key.mechanism, key.rate), []).append(index)
+        else:
+            tasks.append((one, key, [index]))
+    for indices in families.values():
+        for start in range(0, len(indices), _BATCH):
+            chunk = indices[start : start + _BATCH]
+            tasks.append((batch, [leaves[i] for i in chunk], chunk))
+    out: list[DiscretePLD | None] = [None] * len(leaves)
+    for (_, _, indices), plds in zip(
+        tasks, parallel_map(lambda task: task[0](task[1]), tasks, threshold=2)
+    ):
+        for index, pld in zip(indices, plds):
+            out[index] = pld
+    return out  # type: ignore[return-value]
+
+
+#: Leaves per call of the batched discretisation (several batches keep both threads busy).
+_BATCH = 32
+
+
+def _quantized(leaves: list[_Leaf], precision: float, pessimistic: bool) -> list[_Leaf]:
+    """Round Gaussian-family leaves onto the geometric grid r^k, r = 1 + precision / 2: the noise
     multiplier down and the sampling rate up for the pessimistic side, the reverse for the
     optimistic side. Sound because the pair of (sigma', q') is a post-processing of the pair of
     (sigma, q) whenever sigma' >= sigma and q' <= q (map N(1/sigma, 1) to N(1/sigma', 1) by
     scaling and adding independent noise, and keep a sampled component with probability q'/q),
-    for both directions and the symmetrised pair. Laplace leaves are kept as they are."""
-    if leaf.mechanism == _LAPLACE:
-        return leaf
+    for both directions and the symmetrised pair. Laplace leaves are kept as they are. (Up to
+    the last bit of exp: the rounded value of a parameter that sits exactly on the grid can be an
+    ulp off, far below the uncertified round-off of the discretisation.)"""
     log_r = math.log1p(precision / 2.0)
-    down, up = (math.floor, math.ceil) if pessimistic else (math.ceil, math.floor)
-    sigma = math.exp(down(math.log(leaf.parameter) / log_r) * log_r)
-    rate = leaf.rate
-    if rate < 1.0:
-        rate = min(1.0, math.exp(up(math.log(rate) / log_r) * log_r))
-    mechanism = leaf.mechanism
-    if rate >= 1.0:
-        mechanism, rate = _GAUSSIAN, 1.0
-    return _Leaf(mechanism, sigma, rate)
+    down, up = (np.floor, np.ceil) if pessimistic else (np.ceil, np.floor)
+    sigma = np.exp(down(np.log([leaf.parameter for leaf in leaves]) / log_r) * log_r)
+    rates = np.array([leaf.rate for leaf in leaves])
+    rounded_rates = np.minimum(1.0, np.exp(up(np.log(rates) / log_r) * log_r))
+    rate = np.where(rates < 1.0, rounded_rates, rates)
+    out: list[_Leaf] = []
+    made: dict[tuple[int, float, float], _Leaf] = {}  # one object per distinct key
+    for leaf, noise, sampling in zip(leaves, sigma.tolist(), rate.tolist()):
+        if leaf.mechanism == _LAPLACE:
+            out.append(leaf)
+            continue
+        mechanism = leaf.mechanism
+        if sampling >= 1.0:
+            mechanism, sampling = _GAUSSIAN, 1.0
+        triple = (mechanism, noise, sampling)
+        key = made.get(triple)
+        if key is None:
+            key = made[triple] = _Leaf(mechanism, noise, sampling)
+        out.append(key)
+    return out
 
 
 def _loss_variance(leaf: Event) -> float:
