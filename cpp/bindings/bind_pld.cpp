@@ -90,6 +90,24 @@ void bind_pld(py::module_& m) {
       "log sum_k mass[k] e^{t (offset + k) grid_step} for each exponent t (-inf when the mass "
       "is 0): the log moment generating function of a discretised PLD's finite part.");
   m.def(
+      "pld_delta_crossing",
+      [](py::array_t<double, py::array::c_style | py::array::forcecast> mass, double constant,
+         double decay, double delta, bool clip_negative) {
+        if (mass.ndim() != 1) throw py::value_error("mass must be one-dimensional");
+        pld::CurveCrossing crossing;
+        {
+          py::gil_scoped_release release;
+          crossing = pld::delta_crossing(mass.data(), static_cast<std::size_t>(mass.shape(0)),
+                                         constant, decay, delta, clip_negative);
+        }
+        return py::make_tuple(crossing.index, crossing.tail_mass, crossing.tail_weighted);
+      },
+      py::arg("mass"), py::arg("constant"), py::arg("decay"), py::arg("delta"),
+      py::arg("clip_negative"),
+      "(j, A, W): the smallest grid index j whose hockey-stick value A_j + constant - W_j is <= "
+      "delta (-1 if none), with A_{j-1} = sum_{k >= j} m_k and W_{j-1} = sum_{k >= j} m_k "
+      "decay^(k - j + 1) when j > 0 (see pld.hpp).");
+  m.def(
       "pld_log_hockey_stick",
       [](int mechanism, double parameter, double sampling_rate, double loss) {
         return pld::log_hockey_stick(make_params(mechanism, parameter, sampling_rate), loss);

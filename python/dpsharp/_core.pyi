@@ -46,6 +46,12 @@ def pld_log_mgf(
     """log sum_k mass[k] e^{t (offset + k) grid_step} for each exponent t (-inf when the mass
     is 0): the log moment generating function of a discretised PLD's finite part."""
 
+def pld_delta_crossing(
+    mass: npt.ArrayLike, constant: float, decay: float, delta: float, clip_negative: bool
+) -> tuple[int, float, float]:
+    """(j, A, W): the smallest grid index j whose hockey-stick value A_j + constant - W_j is <=
+    delta (-1 if none), with A and W at j - 1 when j > 0 (see pld.hpp)."""
+
 def pld_log_hockey_stick(mechanism: int, parameter: float, sampling_rate: float, loss: float) -> float:
     """log delta(eps = loss) of the continuous dominating pair (-inf when delta is 0)."""
 

@@ -113,4 +113,21 @@ DiscretePld discretize_optimistic(const MechanismParams& params, double grid_ste
 std::vector<double> log_mgf(const double* mass, std::size_t size, std::int64_t offset,
                             double grid_step, const std::vector<double>& exponents);
 
+// The crossing of a composed PLD's hockey-stick curve with delta. With masses m_0..m_{n-1} on a
+// grid of step h (decay = e^{-h}), the curve at grid point j is
+//   A_j + constant - W_j,  A_j = sum_{k > j} m_k,  W_j = sum_{k > j} m_k e^{-(k - j) h}
+// (W by the recursion W_j = e^{-h} (m_{j+1} + W_{j+1}), which never forms a ratio of
+// exponentials). `index` is the smallest j with curve_j <= delta (-1 if there is none) and, when
+// index > 0, tail_mass and tail_weighted are A and W at index - 1 (between grid points index - 1
+// and index the curve is A - e^{eps - l_{index-1}} W). clip_negative: negative masses (FFT
+// round-off) count as 0.
+struct CurveCrossing {
+  std::int64_t index = -1;
+  double tail_mass = 0.0;
+  double tail_weighted = 0.0;
+};
+
+CurveCrossing delta_crossing(const double* mass, std::size_t size, double constant, double decay,
+                             double delta, bool clip_negative);
+
 }  // namespace dpsharp::pld

@@ -148,17 +148,15 @@ class ComposedPLD:
         """Total negative mass left by FFT round-off: a measure of its noise level."""
         return float(-self.mass[self.mass < 0].sum()) + self.inner_roundoff
 
+    def _constants(self, pessimistic: bool) -> tuple[float, float]:
+        """(constant added to every delta, mass that sits below the window's bottom point)."""
+        if pessimistic:
+            return self.infinity_mass + self.above, self.below
+        return self.infinity_mass - self.above - self.below - 2.0 * self.roundoff - self.excess, 0.0
+
     def _curve_terms(self, pessimistic: bool) -> tuple[np.ndarray, float, float]:
         mass = np.maximum(self.mass, 0.0) if pessimistic else self.mass
-        if pessimistic:
-            constant = self.infinity_mass + self.above
-            low_mass = self.below
-        else:
-            constant = (
-                self.infinity_mass - self.above - self.below - 2.0 * self.roundoff - self.excess
-            )
-            low_mass = 0.0
-        return mass, constant, low_mass
+        return (mass, *self._constants(pessimistic))
 
     def delta(self, epsilon: float, *, pessimistic: bool) -> float:
         """``sum_k m_k (1 - e^{eps - l_k})_+ + constant``: an upper (pessimistic) or lower bound
@@ -175,40 +173,37 @@ class ComposedPLD:
     def epsilon(self, delta: float, *, pessimistic: bool) -> float:
         """The smallest eps >= 0 with ``delta(eps) <= delta`` (exact for the discrete curve, which
         is ``A - e^eps B`` between grid points); inf when the +inf mass alone exceeds delta."""
-        mass, constant, low_mass = self._curve_terms(pessimistic)
+        constant, low_mass = self._constants(pessimistic)
         h = self.grid_step
         first = self.start * h
         if constant >= delta and pessimistic and constant > 0:
             return float("inf")
         # The answer is clamped at 0, so grid points below l = -h are not needed: the suffix
         # sums are computed from index i0 (loss <= -h when i0 > 0) on, which gives the same
-        # values as over the whole window (suffix sums run from the top end).
+        # values as over the whole window (suffix sums run from the top end). The C++ walk gives
+        # the first grid index j >= i0 where the curve A_j + constant - W_j is <= delta, with
+        # A_j = sum_{k > j} m_k and W_j = sum_{k > j} m_k e^{-(l_k - l_j)}, and A, W at j - 1.
         i0 = max(0, -self.start - 1)
-        mass_from = mass[i0:]
-        # suffix sums over k > j: A_j = sum m_k, W_j = sum m_k e^{-(l_k - l_j)} (j >= i0)
-        tail_mass = np.concatenate((np.cumsum(mass_from[::-1])[::-1][1:], [0.0]))
-        tail_weighted = _discounted_suffix(mass_from, h)
-        curve = tail_mass + constant - tail_weighted
-        below_target = np.flatnonzero(curve <= delta)
-        if below_target.size == 0:
+        j_from, tail_mass, tail_weighted = _core.pld_delta_crossing(
+            self.mass[i0:], constant, math.exp(-h), delta, pessimistic
+        )
+        if j_from < 0:
             return float("inf")  # the curve is non-increasing: no crossing below i0 either
-        j_from = int(below_target[0])
         if i0 > 0 and j_from == 0:
             return 0.0  # delta(l_{i0}) <= delta with l_{i0} <= -h < 0
         j = i0 + j_from
-        tail_mass_at = lambda index: float(tail_mass[index - i0])  # noqa: E731
-        tail_weighted_at = lambda index: float(tail_weighted[index - i0])  # noqa: E731
         # Between l_{j-1} and l_j the curve is A - e^eps B; with B normalised at the left end
         # (anchor), eps = anchor + log((A - delta) / B).
         if j == 0:
+            mass = np.maximum(self.mass, 0.0) if pessimistic else self.mass
             anchor = first
             a_sum = float(mass.sum()) + constant + low_mass
             shifted = np.exp(-(self.losses - first))  # e^{-(l_k - a)} <= 1, no division
             b_sum = float(np.dot(mass, shifted)) + low_mass
         else:
             anchor = (self.start + j - 1) * h
-            a_sum = tail_mass_at(j - 1) + constant
-            b_sum = tail_weighted_at(j - 1)
+            a_sum = tail_mass + constant
+            b_sum = tail_weighted
         if a_sum <= delta or b_sum <= 0:
             value = anchor
         else:
