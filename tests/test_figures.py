@@ -65,8 +65,10 @@ def test_committed_figure_data_is_what_the_script_computes(figures) -> None:
         pytest.skip("bench/results/figures not generated (python bench/make_figures.py)")
     committed = json.loads(path.read_text())
     fresh = {"002_fig2": figures.figure_002_fig2(), "004_fig2": figures.figure_004_fig2()}
+    # rel 1e-6: the tight accountant's answers move at the 1e-9 level with round-off (the order of
+    # FFT-domain products, how log|F| is formed), and the figures show 3-4 digits.
     for key, data in fresh.items():
         for name, values in data.items():
-            assert committed[key][name] == pytest.approx(values, rel=1e-9), (key, name)
+            assert committed[key][name] == pytest.approx(values, rel=1e-6), (key, name)
     for name in ("002_fig2.png", "000_fig2.png", "000_fig3.png", "004_fig2.png"):
         assert (path.parent / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
