@@ -84,6 +84,32 @@ def main() -> None:
     print(f"# command: python {' '.join(sys.argv)}")
     print(f"# one epsilon({DELTA}) query from a fresh accountant, composition included; median of "
           f"{args.repeat} (ours) and {args.peer_repeat} (peers) runs; load average {os.getloadavg()[0]:.1f}")
+    # Heterogeneous: 10^4 distinct sigmas, one step each (median of 5 runs, each from scratch).
+    sigmas = np.linspace(0.8, 1.6, 10_000)
+
+    def distinct_sigmas() -> float:
+        acc = PLDAccountant()
+        for sigma in sigmas:
+            acc.compose(PoissonSampled(Gaussian(float(sigma)), 0.01))
+        return acc.epsilon(DELTA)
+
+    eps, seconds = timed(distinct_sigmas, repeat=5)
+    print(f"# 10^4 distinct sigmas in [0.8, 1.6], q=0.01: compose + epsilon = {seconds:.3f} s (median of 5), eps={eps:.5f}")
+
+    # Incremental: epsilon after every step of a 1,000-step run (median of 5 runs).
+    event = PoissonSampled(Gaussian(1.0), 0.01)
+
+    def incremental() -> float:
+        acc = PLDAccountant()
+        last = float("nan")
+        for _ in range(1000):
+            acc.compose(event)
+            last = acc.epsilon(DELTA)
+        return last
+
+    last, total = timed(incremental, repeat=5)
+    fresh = PLDAccountant().compose(event, 1000).epsilon(DELTA)
+    print(f"# incremental: 1000 steps with a query after each: {total:.3f} s total (median of 5); last eps {last:.6f} (fresh {fresh:.6f})")
     header = (
         f"{'setting':24s} {'T':>7s} {'ours eps':>10s} {'ours ms':>8s} {'dpa1e-4 eps':>12s} {'dpa1e-4 s':>9s}"
         f" {'x':>6s} {'prv eps':>9s} {'prv s':>7s} {'x':>6s} {'dpa1e-5 eps':>12s} {'ours/dpa1e-5':>12s}"
@@ -104,32 +130,6 @@ def main() -> None:
         print(row, flush=True)
     print(f"# median over settings of our median time: {statistics.median(medians) * 1e3:.2f} ms; max {max(medians) * 1e3:.2f} ms")
 
-    # Heterogeneous: 10^4 distinct sigmas, one step each (median of 3 runs, each from scratch).
-    sigmas = np.linspace(0.8, 1.6, 10_000)
-
-    def distinct_sigmas() -> float:
-        acc = PLDAccountant()
-        for sigma in sigmas:
-            acc.compose(PoissonSampled(Gaussian(float(sigma)), 0.01))
-        return acc.epsilon(DELTA)
-
-    eps, seconds = timed(distinct_sigmas, repeat=3)
-    print(f"# 10^4 distinct sigmas in [0.8, 1.6], q=0.01: compose + epsilon = {seconds:.3f} s (median of 3), eps={eps:.5f}")
-
-    # Incremental: epsilon after every step of a 1,000-step run (median of 3 runs).
-    event = PoissonSampled(Gaussian(1.0), 0.01)
-
-    def incremental() -> float:
-        acc = PLDAccountant()
-        last = float("nan")
-        for _ in range(1000):
-            acc.compose(event)
-            last = acc.epsilon(DELTA)
-        return last
-
-    last, total = timed(incremental, repeat=3)
-    fresh = PLDAccountant().compose(event, 1000).epsilon(DELTA)
-    print(f"# incremental: 1000 steps with a query after each: {total:.3f} s total (median of 3); last eps {last:.6f} (fresh {fresh:.6f})")
     print(f"# load average at the end: {os.getloadavg()[0]:.1f}")
 
 

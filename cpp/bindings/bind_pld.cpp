@@ -51,26 +51,26 @@ void bind_pld(py::module_& m) {
       "Laplace, 2 Poisson remove, 3 Poisson add, 4 symmetrised sampled Gaussian. pessimistic: "
       "connect-the-dots upper bound; otherwise the certified lower bound (see pld.hpp).");
   m.def(
-      "pld_discretize_pessimistic_many",
+      "pld_discretize_many",
       [](int mechanism, const std::vector<double>& parameters, double sampling_rate,
-         double grid_step, double top_tail, double bottom_tail) {
+         double grid_step, double top_tail, double bottom_tail, bool pessimistic) {
         for (const double parameter : parameters) make_params(mechanism, parameter, sampling_rate);
         std::vector<pld::DiscretePld> results;
         {
           py::gil_scoped_release release;
-          results = pld::discretize_pessimistic_many(static_cast<pld::Mechanism>(mechanism),
-                                                     parameters, sampling_rate, grid_step,
-                                                     top_tail, bottom_tail);
+          results = pld::discretize_many(static_cast<pld::Mechanism>(mechanism), parameters,
+                                         sampling_rate, grid_step, top_tail, bottom_tail,
+                                         pessimistic);
         }
         py::list out;
         for (auto& result : results) out.append(to_python(std::move(result)));
         return out;
       },
       py::arg("mechanism"), py::arg("parameters"), py::arg("sampling_rate"), py::arg("grid_step"),
-      py::arg("top_tail"), py::arg("bottom_tail"),
-      "pld_discretize(..., pessimistic=True) at each of `parameters` (one mechanism and sampling "
-      "rate): a list of (offset, mass, infinity_mass), the same values, with the work that does "
-      "not depend on the parameter shared.");
+      py::arg("top_tail"), py::arg("bottom_tail"), py::arg("pessimistic"),
+      "pld_discretize(...) at each of `parameters` (one mechanism and sampling rate): a list of "
+      "(offset, mass, infinity_mass), the same values, with the work that does not depend on the "
+      "parameter shared.");
   m.def(
       "pld_log_mgf",
       [](py::array_t<double, py::array::c_style | py::array::forcecast> mass, std::int64_t offset,

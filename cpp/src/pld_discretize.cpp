@@ -270,21 +270,17 @@ DiscretePld discretize_pessimistic(const MechanismParams& params, double grid_st
   return out;
 }
 
-DiscretePld discretize_optimistic(const MechanismParams& params, double grid_step,
-                                  GridRange range) {
-  check_step(grid_step);
-  const std::int64_t n = range.highest - range.lowest + 1;
-  if (n < 2) throw std::invalid_argument("the grid range needs at least two points");
+namespace {
+
+// The optimistic rounding from the cells' log P- and Q-masses (cell c < cells - 1 is the half-width
+// cell (b_c, b_{c+1}] with b_i = (lowest + i / 2) h, the last cell is everything above the top
+// grid point), see discretize_optimistic.
+DiscretePld optimistic_from_cells(std::int64_t lowest, std::int64_t n, double grid_step,
+                                  const std::vector<double>& cell_log_p,
+                                  const std::vector<double>& cell_log_q) {
+  const GridRange range{lowest, lowest + n - 1};
   const double top_loss = static_cast<double>(range.highest) * grid_step;
-  // Post-process the output to half-width cells (boundaries at multiples of h/2 from the bottom
-  // grid point up to the top one, plus one cell for everything above the top): the cell index is
-  // a dominated pair (data processing), with point y*_c = Q(cell)/P(cell) per cell. Mass at or
-  // below the bottom grid point is dropped (loss -inf).
-  const std::int64_t boundaries = 2 * (n - 1) + 1;
-  std::vector<LossTails> tails(static_cast<std::size_t>(boundaries));
-  for (std::int64_t i = 0; i < boundaries; ++i) {
-    tails[i] = loss_tails(params, (static_cast<double>(range.lowest) + 0.5 * static_cast<double>(i)) * grid_step);
-  }
+  const auto boundaries = static_cast<std::int64_t>(cell_log_p.size());
   DiscretePld out;
   out.offset = range.lowest;
   out.mass.assign(static_cast<std::size_t>(n), 0.0);
@@ -304,17 +300,8 @@ DiscretePld discretize_optimistic(const MechanismParams& params, double grid_ste
     group_moment = 0.0;
   };
   for (std::int64_t c = boundaries - 1; c >= 0; --c) {
-    const LossTails& a = tails[c];
-    double log_p;
-    double log_q;
-    if (c == boundaries - 1) {
-      log_p = a.log_survival_p;
-      log_q = a.log_survival_q;
-    } else {
-      const LossTails& b = tails[c + 1];
-      log_p = log_cell_mass(a.log_survival_p, a.log_cdf_p, b.log_survival_p, b.log_cdf_p);
-      log_q = log_cell_mass(a.log_survival_q, a.log_cdf_q, b.log_survival_q, b.log_cdf_q);
-    }
+    const double log_p = cell_log_p[static_cast<std::size_t>(c)];
+    const double log_q = cell_log_q[static_cast<std::size_t>(c)];
     if (log_p == kNegInf) continue;
     double mass = std::exp(log_p);
     const double cell_loss = log_p - log_q;  // in (cell), or +inf without Q-mass
@@ -357,10 +344,79 @@ DiscretePld discretize_optimistic(const MechanismParams& params, double grid_ste
   return out;
 }
 
-std::vector<DiscretePld> discretize_pessimistic_many(Mechanism mechanism,
-                                                     const std::vector<double>& parameters,
-                                                     double sampling_rate, double grid_step,
-                                                     double top_tail, double bottom_tail) {
+
+// The cells of optimistic_from_cells for a Gaussian-family pair in linear space, with the
+// sigma-independent values from `half_table` (a table on the half-step grid h / 2 that covers
+// [2 lowest, 2 highest]): the same masses as the log-space tails up to double rounding.
+DiscretePld discretize_optimistic_linear(const MechanismParams& params, double grid_step,
+                                         GridRange range, const GaussianFamilyTable& half_table) {
+  const bool remove = params.mechanism != Mechanism::kPoissonAdd;
+  const double q = params.mechanism == Mechanism::kGaussian ? 1.0 : params.sampling_rate;
+  const double mu = 1.0 / params.parameter;
+  const std::int64_t n = range.highest - range.lowest + 1;
+  const std::int64_t boundaries = 2 * (n - 1) + 1;
+  const double* log_ratio = half_table.log_ratio.data() + (2 * range.lowest - half_table.first);
+  std::vector<double> cell_log_p(static_cast<std::size_t>(boundaries));
+  std::vector<double> cell_log_q(static_cast<std::size_t>(boundaries));
+  LinearTails a = gaussian_family_tails(remove, mu, q, log_ratio[0]);
+  for (std::int64_t c = 0; c < boundaries; ++c) {
+    const auto i = static_cast<std::size_t>(c);
+    if (c == boundaries - 1) {
+      cell_log_p[i] = std::log(a.survival_p);
+      cell_log_q[i] = std::log(a.survival_q);
+      break;
+    }
+    const LinearTails b = gaussian_family_tails(remove, mu, q, log_ratio[c + 1]);
+    cell_log_p[i] = std::log(cell_mass(a.survival_p, a.cdf_p, b.survival_p, b.cdf_p));
+    cell_log_q[i] = std::log(cell_mass(a.survival_q, a.cdf_q, b.survival_q, b.cdf_q));
+    a = b;
+  }
+  return optimistic_from_cells(range.lowest, n, grid_step, cell_log_p, cell_log_q);
+}
+
+}  // namespace
+
+DiscretePld discretize_optimistic(const MechanismParams& params, double grid_step,
+                                  GridRange range) {
+  check_step(grid_step);
+  const std::int64_t n = range.highest - range.lowest + 1;
+  if (n < 2) throw std::invalid_argument("the grid range needs at least two points");
+  // Post-process the output to half-width cells (boundaries at multiples of h/2 from the bottom
+  // grid point up to the top one, plus one cell for everything above the top): the cell index is
+  // a dominated pair (data processing), with point y*_c = Q(cell)/P(cell) per cell. Mass at or
+  // below the bottom grid point is dropped (loss -inf).
+  if (linear_tails_are_safe(params, grid_step, range)) {
+    return discretize_optimistic_linear(
+        params, grid_step, range,
+        table_for(params, 0.5 * grid_step, 2 * range.lowest, 2 * range.highest));
+  }
+  const std::int64_t boundaries = 2 * (n - 1) + 1;
+  std::vector<LossTails> tails(static_cast<std::size_t>(boundaries));
+  for (std::int64_t i = 0; i < boundaries; ++i) {
+    tails[i] = loss_tails(params, (static_cast<double>(range.lowest) + 0.5 * static_cast<double>(i)) * grid_step);
+  }
+  std::vector<double> cell_log_p(static_cast<std::size_t>(boundaries));
+  std::vector<double> cell_log_q(static_cast<std::size_t>(boundaries));
+  for (std::int64_t c = 0; c < boundaries; ++c) {
+    const LossTails& t = tails[static_cast<std::size_t>(c)];
+    if (c == boundaries - 1) {
+      cell_log_p[static_cast<std::size_t>(c)] = t.log_survival_p;
+      cell_log_q[static_cast<std::size_t>(c)] = t.log_survival_q;
+    } else {
+      const LossTails& next = tails[static_cast<std::size_t>(c + 1)];
+      cell_log_p[static_cast<std::size_t>(c)] =
+          log_cell_mass(t.log_survival_p, t.log_cdf_p, next.log_survival_p, next.log_cdf_p);
+      cell_log_q[static_cast<std::size_t>(c)] =
+          log_cell_mass(t.log_survival_q, t.log_cdf_q, next.log_survival_q, next.log_cdf_q);
+    }
+  }
+  return optimistic_from_cells(range.lowest, n, grid_step, cell_log_p, cell_log_q);
+}
+
+std::vector<DiscretePld> discretize_many(Mechanism mechanism, const std::vector<double>& parameters,
+                                         double sampling_rate, double grid_step, double top_tail,
+                                         double bottom_tail, bool pessimistic) {
+  check_step(grid_step);
   std::vector<MechanismParams> params;
   std::vector<GridRange> ranges;
   params.reserve(parameters.size());
@@ -369,28 +425,36 @@ std::vector<DiscretePld> discretize_pessimistic_many(Mechanism mechanism,
     params.push_back({mechanism, parameter, sampling_rate});
     ranges.push_back(grid_range(params.back(), grid_step, top_tail, bottom_tail));
   }
+  // The linear-space leaves share one table over the union of their ranges (on the half-step
+  // grid for the optimistic rounding's half-width cells).
+  const int scale = pessimistic ? 1 : 2;
   std::vector<bool> linear(parameters.size());
+  bool any_linear = false;
   std::int64_t first = 0;
-  std::int64_t last = -1;
+  std::int64_t last = 0;
   for (std::size_t i = 0; i < parameters.size(); ++i) {
     linear[i] = ranges[i].highest > ranges[i].lowest &&
                 linear_tails_are_safe(params[i], grid_step, ranges[i]);
     if (!linear[i]) continue;
-    if (last < first) {
-      first = ranges[i].lowest;
-      last = ranges[i].highest;
-    } else {
-      first = std::min(first, ranges[i].lowest);
-      last = std::max(last, ranges[i].highest);
-    }
+    const std::int64_t lo = scale * ranges[i].lowest;
+    const std::int64_t hi = scale * ranges[i].highest;
+    first = any_linear ? std::min(first, lo) : lo;
+    last = any_linear ? std::max(last, hi) : hi;
+    any_linear = true;
   }
   GaussianFamilyTable table;
-  if (last >= first) table = table_for(params.front(), grid_step, first, last);
+  if (any_linear) table = table_for(params.front(), grid_step / scale, first, last);
   std::vector<DiscretePld> out;
   out.reserve(parameters.size());
   for (std::size_t i = 0; i < parameters.size(); ++i) {
-    out.push_back(linear[i] ? discretize_pessimistic_linear(params[i], grid_step, ranges[i], table)
-                            : discretize_pessimistic(params[i], grid_step, ranges[i]));
+    if (!linear[i]) {
+      out.push_back(pessimistic ? discretize_pessimistic(params[i], grid_step, ranges[i])
+                                : discretize_optimistic(params[i], grid_step, ranges[i]));
+    } else {
+      out.push_back(pessimistic
+                        ? discretize_pessimistic_linear(params[i], grid_step, ranges[i], table)
+                        : discretize_optimistic_linear(params[i], grid_step, ranges[i], table));
+    }
   }
   return out;
 }

@@ -29,16 +29,17 @@ def pld_discretize(
     infinity_mass), mass[i] at loss (offset + i) * grid_step. mechanism: 0 Gaussian,
     1 Laplace, 2 Poisson remove, 3 Poisson add, 4 symmetrised sampled Gaussian."""
 
-def pld_discretize_pessimistic_many(
+def pld_discretize_many(
     mechanism: int,
     parameters: Sequence[float],
     sampling_rate: float,
     grid_step: float,
     top_tail: float,
     bottom_tail: float,
+    pessimistic: bool,
 ) -> list[tuple[int, np.ndarray, float]]:
-    """pld_discretize(..., pessimistic=True) at each of ``parameters`` (one mechanism and sampling
-    rate): the same values, with the work that does not depend on the parameter shared."""
+    """pld_discretize(...) at each of ``parameters`` (one mechanism and sampling rate): the same
+    values, with the work that does not depend on the parameter shared."""
 
 def pld_log_mgf(
     mass: npt.ArrayLike, offset: int, grid_step: float, exponents: Sequence[float]

@@ -91,13 +91,13 @@ GridRange grid_range(const MechanismParams& params, double grid_step, double top
 DiscretePld discretize_pessimistic(const MechanismParams& params, double grid_step,
                                    GridRange range);
 
-// discretize_pessimistic for one mechanism and sampling rate at each of `parameters`, each on its
-// own grid_range(top_tail, bottom_tail): the same results, with the parameter-independent work
-// of the Gaussian-family pairs (the loss-to-quantile map and e^{l} at each grid point) done once.
-std::vector<DiscretePld> discretize_pessimistic_many(Mechanism mechanism,
-                                                     const std::vector<double>& parameters,
-                                                     double sampling_rate, double grid_step,
-                                                     double top_tail, double bottom_tail);
+// discretize_pessimistic or discretize_optimistic for one mechanism and sampling rate at each of
+// `parameters`, each on its own grid_range(top_tail, bottom_tail): the same results, with the
+// parameter-independent work of the Gaussian-family pairs (the loss-to-quantile map and e^{l} at
+// each grid point) done once.
+std::vector<DiscretePld> discretize_many(Mechanism mechanism, const std::vector<double>& parameters,
+                                         double sampling_rate, double grid_step, double top_tail,
+                                         double bottom_tail, bool pessimistic);
 
 // The optimistic discretisation (cell post-processing plus mean-preserving merges).
 DiscretePld discretize_optimistic(const MechanismParams& params, double grid_step,

@@ -479,9 +479,9 @@ def _discretize(
     leaves: list[_Leaf], grid_step: float, tail: float, pessimistic: bool
 ) -> list[DiscretePLD]:
     """The discretised PLD of each leaf (truncated at ``tail`` on both sides), with its Chernoff
-    log-MGFs, computed on the worker threads. Pessimistic Gaussian-family leaves with the same
-    mechanism and rate are discretised in batches that share the parameter-independent work
-    (``pld_discretize_pessimistic_many``, the same values)."""
+    log-MGFs, computed on the worker threads. Gaussian-family leaves with the same mechanism and
+    rate are discretised in batches that share the parameter-independent work
+    (``pld_discretize_many``, the same values)."""
 
     def finish(offset: int, mass: np.ndarray, infinity: float) -> DiscretePLD:
         pld = DiscretePLD(int(offset), np.asarray(mass), float(infinity), grid_step)
@@ -497,15 +497,16 @@ def _discretize(
 
     def batch(keys: list[_Leaf]) -> list[DiscretePLD]:
         first = keys[0]
-        parts = _core.pld_discretize_pessimistic_many(
-            first.mechanism, [k.parameter for k in keys], first.rate, grid_step, tail, tail
+        parts = _core.pld_discretize_many(
+            first.mechanism, [k.parameter for k in keys], first.rate, grid_step, tail, tail,
+            pessimistic,
         )
         return [finish(*part) for part in parts]
 
     tasks: list[tuple[Callable[[Any], list[DiscretePLD]], Any, list[int]]] = []
     families: dict[tuple[int, float], list[int]] = {}
     for index, key in enumerate(leaves):
-        if pessimistic and key.mechanism in (_GAUSSIAN, _REMOVE, _ADD):
+        if key.mechanism in (_GAUSSIAN, _REMOVE, _ADD):
             families.setdefault((key.mechanism, key.rate), []).append(index)
         else:
             tasks.append((one, key, [index]))
