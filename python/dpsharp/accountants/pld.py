@@ -12,7 +12,11 @@ pld.hpp`` for the proofs):
 
 Composition is convolution, done by FFT with a pointwise power for ``count`` copies (Koskela,
 Jalko, Honkela 2020), and the folding of the linear result onto the FFT circle is accounted for
-with Chernoff bounds (see :mod:`dpsharp.accountants._pld_numerics`). Hockey-stick curves:
+with Chernoff bounds (see :mod:`dpsharp.accountants._pld_numerics`). A schedule with many distinct
+events (a different noise multiplier at every step) rounds the multipliers onto a geometric grid
+(pessimistically for the upper bound), discretises them in batches that share the
+sigma-independent work, and composes them in two levels with the first level's truncation
+accounted on each side (``_pld_numerics._compose_two_level``). Hockey-stick curves:
 delta(eps) = E_P[(1 - e^{eps - L})_+] + P(L = inf) (Balle, Wang 2018; the "tail of two densities"
 blog, seed 003).
 
@@ -199,12 +203,13 @@ class PLDAccountant(Accountant):
         grid_step: float,
         tail: float,
         *,
-        quantum: float | None = None,
+        coarse: bool = False,
     ) -> ComposedPLD:
         """The composition of one direction at one grid step and truncation budget. With more
-        than ``_QUANTIZE_ABOVE`` distinct events, noise multipliers and rates are rounded onto a
-        geometric grid of ratio ``1 + quantum / 2`` (default: the precision; see
-        :func:`_quantized`)."""
+        than ``_LEAF_BUDGET`` distinct events, noise multipliers and rates are rounded onto a
+        geometric grid of ratio ``1 + quantum / 2`` (see :func:`_quantized`), with the finest
+        quantum that brings the count within the budget (:meth:`_rounding_quantum`), or for the
+        ``coarse`` pass of :meth:`_worst_direction` at least ``_COARSE_QUANTUM``."""
         # Every discretisation parameter is a deterministic function of the composed multiset
         # (grid step, tail budget and the power-of-two bucket of the step count), so answers do
         # not depend on the order of compose() calls and queries, nor on a checkpoint restore:
@@ -212,7 +217,9 @@ class PLDAccountant(Accountant):
         steps = self._steps()
         bucket = 1 << max(steps - 1, 0).bit_length()  # smallest power of two >= steps
         per_step_tail = tail / bucket
-        quantum = self._precision if quantum is None else quantum
+        quantum = self._rounding_quantum(direction, pessimistic)
+        if coarse and quantum:
+            quantum = max(quantum, _COARSE_QUANTUM)
         cache_key = (direction, grid_step, tail, bucket, quantum)
         cache = self._caches.get(cache_key)
         if cache is None:
@@ -220,15 +227,13 @@ class PLDAccountant(Accountant):
             while len(self._caches) >= 8:
                 self._caches.pop(next(iter(self._caches)))
             cache = self._caches[cache_key] = _DirectionCache()
-        quantize = len(self._counts) > _QUANTIZE_ABOVE
-        # The discretisation key of each composed leaf event, in the (insertion) order of
-        # self._counts, which only grows: a pure function of (event, direction, rounding), kept
-        # across queries so that a long heterogeneous schedule is mapped once, without hashing
-        # the events again.
-        keys = self._leaf_keys.setdefault((direction, quantum if quantize else None, pessimistic), [])
-        if len(keys) < len(self._counts):
-            exact = [self._leaves(leaf, direction) for leaf in islice(self._counts, len(keys), None)]
-            keys.extend(_quantized(exact, quantum, pessimistic) if quantize else exact)
+        keys = self._exact_keys(direction)
+        if quantum:
+            # The rounded keys, in the same order, kept per rounding like the exact ones.
+            rounded = self._leaf_keys.setdefault((direction, quantum, pessimistic), [])
+            if len(rounded) < len(keys):
+                rounded.extend(_quantized(keys[len(rounded) :], quantum, pessimistic))
+            keys = rounded
         leaves: dict[_Leaf, int] = {}
         for key, count in zip(keys, self._counts.values()):
             leaves[key] = leaves.get(key, 0) + count
@@ -257,9 +262,45 @@ class PLDAccountant(Accountant):
         cache.results = {(pessimistic, tuple(order), counts): result}
         return result
 
+    def _exact_keys(self, direction: str) -> list[_Leaf]:
+        """The discretisation key of each composed leaf event, in the (insertion) order of
+        self._counts, which only grows: a pure function of (event, direction), kept across
+        queries so that a long heterogeneous schedule is mapped once, without hashing the events
+        again."""
+        keys = self._leaf_keys.setdefault((direction, 0.0, True), [])
+        if len(keys) < len(self._counts):
+            keys.extend(self._leaves(leaf, direction) for leaf in islice(self._counts, len(keys), None))
+        return keys
+
+    def _rounding_quantum(self, direction: str, pessimistic: bool) -> float:
+        """The quantum of the noise-multiplier rounding (0.0: none). Rounding costs tightness (the
+        pessimistic side rounds sigma down by up to quantum / 2, relative) and saves a
+        discretisation per merged event, so it is used only when there are more than
+        ``_LEAF_BUDGET`` distinct events, and then with the finest quantum in
+        precision * (1/16, 1/8, 1/4, 1/2, 1) that brings them within the budget (the precision
+        itself if none does). A function of the set of composed events only."""
+        memo_key = (direction, pessimistic, len(self._counts))
+        memo = self._quantum_memo
+        if memo_key in memo:
+            return memo[memo_key]
+        keys = self._exact_keys(direction)
+        distinct = len(set(keys))
+        quantum = 0.0
+        if distinct > _LEAF_BUDGET:
+            quantum = self._precision
+            candidates = [self._precision * fraction for fraction in (1 / 16, 1 / 8, 1 / 4, 1 / 2)]
+            for candidate, count in zip(candidates, _rounded_counts(keys, candidates, pessimistic)):
+                if count <= _LEAF_BUDGET:
+                    quantum = candidate
+                    break
+        memo.clear()  # only the latest set of events is asked about again
+        memo[memo_key] = quantum
+        return quantum
+
     def _reset_caches(self) -> None:
         self._caches = {}
-        self._leaf_keys: dict[tuple[str, float | None, bool], list[_Leaf]] = {}
+        self._leaf_keys: dict[tuple[str, float, bool], list[_Leaf]] = {}
+        self._quantum_memo: dict[tuple[str, bool, int], float] = {}
         self._leaf_variances: list[float] = []
 
     # ------------------------------------------------------------------ queries
@@ -306,7 +347,7 @@ class PLDAccountant(Accountant):
         for direction in directions[1:]:
             try:
                 coarse = upper_value(
-                    self._composed(direction, True, 4.0 * step, tail, quantum=_COARSE_QUANTUM)
+                    self._composed(direction, True, 4.0 * step, tail, coarse=True)
                 )
             except ValueError:  # below the coarse round-off floor: no shortcut for it
                 coarse = math.inf
@@ -357,7 +398,7 @@ class PLDAccountant(Accountant):
             if upper - lower <= self._precision * upper or not math.isfinite(upper):
                 return lower, upper
             sizes = [r.mass.size for r in self._bounds_at(refinement, _tail_for(delta, self._precision), False)]
-            many_leaves = len(self._counts) > _QUANTIZE_ABOVE
+            many_leaves = len(self._counts) > _REFINE_UP_TO
             if max(sizes) * 2 > _MAX_SIZE or refinement >= 4 or many_leaves:
                 return lower, upper
             refinement += 1
@@ -465,9 +506,11 @@ class PLDAccountant(Accountant):
         return {"precision": self._precision}
 
 
+#: epsilon_bounds refines the grid only up to this many distinct mechanism events.
+_REFINE_UP_TO = 64
 #: Above this many distinct mechanism events, noise multipliers and sampling rates are rounded
-#: to a geometric grid (see :func:`_quantized`).
-_QUANTIZE_ABOVE = 64
+#: to a geometric grid (see :func:`_quantized` and :meth:`PLDAccountant._rounding_quantum`).
+_LEAF_BUDGET = 512
 #: Quantum of the coarse pass of :meth:`PLDAccountant._worst_direction` (noise multipliers within
 #: 2.5% share one discretisation there).
 _COARSE_QUANTUM = 0.05
@@ -557,6 +600,26 @@ def _quantized(leaves: list[_Leaf], precision: float, pessimistic: bool) -> list
             key = made[triple] = _Leaf(mechanism, noise, sampling)
         out.append(key)
     return out
+
+
+def _rounded_counts(leaves: list[_Leaf], precisions: Sequence[float], pessimistic: bool) -> list[int]:
+    """For each precision, the number of distinct keys :func:`_quantized` would make of
+    ``leaves`` (the same grid indices, computed without making the keys)."""
+    mechanism, parameter, rate = (np.array(column, dtype=float) for column in zip(*leaves))
+    laplace = mechanism == _LAPLACE
+    sampled = rate < 1.0
+    log_parameter = np.log(parameter)
+    log_rate = np.log(rate)
+    down, up = (np.floor, np.ceil) if pessimistic else (np.ceil, np.floor)
+    counts = []
+    for precision in precisions:
+        log_r = math.log1p(precision / 2.0)
+        sigma_index = np.where(laplace, parameter, down(log_parameter / log_r))
+        # Rounded rates at or above 1 (index >= 0) make the leaf a plain Gaussian.
+        rate_index = np.where(sampled, np.minimum(up(log_rate / log_r), 0.0), 0.0)
+        kind = np.where(laplace, mechanism, np.where(rate_index == 0.0, _GAUSSIAN, mechanism))
+        counts.append(len(set(zip(kind.tolist(), sigma_index.tolist(), rate_index.tolist()))))
+    return counts
 
 
 def _loss_variance(leaf: Event) -> float:
