@@ -459,7 +459,8 @@ def _compose_two_level(
         mass = np.maximum(mass, 0.0)
         if pessimistic:
             mass[0] += part.below
-            pld = DiscretePLD(part.start, mass, part.infinity_mass + part.above, part.grid_step)
+            infinity = min(part.infinity_mass + part.above, 1.0)
+            pld = DiscretePLD(part.start, mass, infinity, part.grid_step)
             excess = 0.0
         else:
             pld = DiscretePLD(part.start, mass, part.infinity_mass, part.grid_step)

@@ -86,7 +86,6 @@ from dpsharp.events import (
     Neighbouring,
     PoissonSampled,
     Shuffled,
-    flatten,
 )
 from dpsharp.tradeoff import gdp_epsilon
 from dpsharp.tuning_events import PureDP  # issue 11: an epsilon-DP step (e.g. exponential mechanism)
@@ -169,10 +168,10 @@ class ClassicAccountant(Accountant):
             "and Shuffled(Gaussian | Laplace) events to per-step (epsilon, delta)"
         )
 
-    def unsupported_reason(self, event: Event) -> str | None:
-        reason = super().unsupported_reason(event)
+    def _unsupported_reason(self, event: Event, leaves: list[tuple[Event, int]]) -> str | None:
+        reason = super()._unsupported_reason(event, leaves)
         if reason is None and self._composition == "optimal":
-            distinct = set(self._counts) | {leaf for leaf, _ in flatten(event)}
+            distinct = set(self._counts) | {leaf for leaf, _ in leaves}
             if len(distinct) > 1:
                 return (
                     "ClassicAccountant(composition='optimal') applies the homogeneous optimal "

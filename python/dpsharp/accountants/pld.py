@@ -267,7 +267,7 @@ class PLDAccountant(Accountant):
         self._counts, which only grows: a pure function of (event, direction), kept across
         queries so that a long heterogeneous schedule is mapped once, without hashing the events
         again."""
-        keys = self._leaf_keys.setdefault((direction, 0.0, True), [])
+        keys = self._exact_leaf_keys.setdefault(direction, [])
         if len(keys) < len(self._counts):
             keys.extend(self._leaves(leaf, direction) for leaf in islice(self._counts, len(keys), None))
         return keys
@@ -293,12 +293,14 @@ class PLDAccountant(Accountant):
                 if count <= _LEAF_BUDGET:
                     quantum = candidate
                     break
-        memo.clear()  # only the latest set of events is asked about again
+        if any(key[2] != len(self._counts) for key in memo):
+            memo.clear()  # only the latest set of events is asked about again
         memo[memo_key] = quantum
         return quantum
 
     def _reset_caches(self) -> None:
         self._caches = {}
+        self._exact_leaf_keys: dict[str, list[_Leaf]] = {}
         self._leaf_keys: dict[tuple[str, float, bool], list[_Leaf]] = {}
         self._quantum_memo: dict[tuple[str, bool, int], float] = {}
         self._leaf_variances: list[float] = []
