@@ -31,6 +31,14 @@ void check_step(double grid_step) {
   }
 }
 
+// The number of grid points of `range`, after checking the step and that there are at least two.
+std::int64_t checked_points(double grid_step, GridRange range) {
+  check_step(grid_step);
+  const std::int64_t n = range.highest - range.lowest + 1;
+  if (n < 2) throw std::invalid_argument("the grid range needs at least two points");
+  return n;
+}
+
 }  // namespace
 
 GridRange grid_range(const MechanismParams& params, double grid_step, double top_tail,
@@ -151,6 +159,20 @@ LinearTails gaussian_family_tails(bool remove, double mu, double q, double log_r
   return {null_below, null_above, mixture_below, mixture_above};
 }
 
+// A Gaussian-family pair: its direction (remove or add), sampling rate (1 for the plain Gaussian)
+// and shift mu = 1 / noise multiplier.
+struct GaussianFamilyPair {
+  bool remove;
+  double q;
+  double mu;
+};
+
+GaussianFamilyPair gaussian_family_pair(const MechanismParams& params) {
+  return {params.mechanism != Mechanism::kPoissonAdd,
+          params.mechanism == Mechanism::kGaussian ? 1.0 : params.sampling_rate,
+          1.0 / params.parameter};
+}
+
 bool is_gaussian_family(Mechanism mechanism) {
   return mechanism == Mechanism::kGaussian || mechanism == Mechanism::kPoissonRemove ||
          mechanism == Mechanism::kPoissonAdd;
@@ -183,9 +205,7 @@ bool linear_tails_are_safe(const MechanismParams& params, double grid_step, Grid
 // also the accuracy of the log-space differences).
 DiscretePld discretize_pessimistic_linear(const MechanismParams& params, double grid_step,
                                           GridRange range, const GaussianFamilyTable& table) {
-  const bool remove = params.mechanism != Mechanism::kPoissonAdd;
-  const double q = params.mechanism == Mechanism::kGaussian ? 1.0 : params.sampling_rate;
-  const double mu = 1.0 / params.parameter;
+  const auto [remove, q, mu] = gaussian_family_pair(params);
   const std::int64_t n = range.highest - range.lowest + 1;
   const auto base = static_cast<std::size_t>(range.lowest - table.first);
   const double* log_ratio = table.log_ratio.data() + base;
@@ -218,18 +238,15 @@ DiscretePld discretize_pessimistic_linear(const MechanismParams& params, double 
 
 GaussianFamilyTable table_for(const MechanismParams& params, double grid_step, std::int64_t first,
                               std::int64_t last) {
-  const bool remove = params.mechanism != Mechanism::kPoissonAdd;
-  const double q = params.mechanism == Mechanism::kGaussian ? 1.0 : params.sampling_rate;
-  return gaussian_family_table(remove, q, grid_step, first, last);
+  const GaussianFamilyPair pair = gaussian_family_pair(params);
+  return gaussian_family_table(pair.remove, pair.q, grid_step, first, last);
 }
 
 }  // namespace
 
 DiscretePld discretize_pessimistic(const MechanismParams& params, double grid_step,
                                    GridRange range) {
-  check_step(grid_step);
-  const std::int64_t n = range.highest - range.lowest + 1;
-  if (n < 2) throw std::invalid_argument("the grid range needs at least two points");
+  const std::int64_t n = checked_points(grid_step, range);
   if (linear_tails_are_safe(params, grid_step, range)) {
     return discretize_pessimistic_linear(params, grid_step, range,
                                          table_for(params, grid_step, range.lowest, range.highest));
@@ -350,9 +367,7 @@ DiscretePld optimistic_from_cells(std::int64_t lowest, std::int64_t n, double gr
 // [2 lowest, 2 highest]): the same masses as the log-space tails up to double rounding.
 DiscretePld discretize_optimistic_linear(const MechanismParams& params, double grid_step,
                                          GridRange range, const GaussianFamilyTable& half_table) {
-  const bool remove = params.mechanism != Mechanism::kPoissonAdd;
-  const double q = params.mechanism == Mechanism::kGaussian ? 1.0 : params.sampling_rate;
-  const double mu = 1.0 / params.parameter;
+  const auto [remove, q, mu] = gaussian_family_pair(params);
   const std::int64_t n = range.highest - range.lowest + 1;
   const std::int64_t boundaries = 2 * (n - 1) + 1;
   const double* log_ratio = half_table.log_ratio.data() + (2 * range.lowest - half_table.first);
@@ -378,9 +393,7 @@ DiscretePld discretize_optimistic_linear(const MechanismParams& params, double g
 
 DiscretePld discretize_optimistic(const MechanismParams& params, double grid_step,
                                   GridRange range) {
-  check_step(grid_step);
-  const std::int64_t n = range.highest - range.lowest + 1;
-  if (n < 2) throw std::invalid_argument("the grid range needs at least two points");
+  const std::int64_t n = checked_points(grid_step, range);
   // Post-process the output to half-width cells (boundaries at multiples of h/2 from the bottom
   // grid point up to the top one, plus one cell for everything above the top): the cell index is
   // a dominated pair (data processing), with point y*_c = Q(cell)/P(cell) per cell. Mass at or
