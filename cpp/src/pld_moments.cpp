@@ -54,12 +54,12 @@ std::vector<double> log_mgf(const double* mass, std::size_t size, std::int64_t o
   // Factor out e^{t l*} at the end l* where t l is largest and walk away from it with the ratio
   // e^{-|t| h} <= 1, so every factor is in (0, 1] and nothing overflows; stop when the rest
   // cannot matter relative to the sum so far (never merely because the factor is small: the
-  // masses near l* may be 0 or tiny). The exponents of one sign share one walk (independent
-  // running sums, so the work pipelines); each stops on its own.
-  // Exponents of one sign share one walk, kLanes at a time, in blocks of kBlock points between
-  // the stopping checks (independent running sums with no branch inside a block, so the
-  // compiler vectorises across exponents; summing a few more, negligible, terms past the
-  // cut-off only makes the sums more exact).
+  // masses near l* may be 0 or tiny). The exponents of one sign share one walk, kLanes at a
+  // time, in blocks of kBlock points between the stopping checks (independent running sums with
+  // no branch inside a block, so the compiler vectorises across exponents; summing a few more,
+  // negligible, terms past the cut-off only makes the sums more exact). A lane whose factor has
+  // fallen below kFactorFloor by the end of a block is recomputed exactly, whether or not it
+  // also met the cut-off in that block.
   constexpr std::size_t kLanes = 8;
   constexpr std::size_t kBlock = 32;
   for (const bool from_top : {true, false}) {
@@ -71,12 +71,14 @@ std::vector<double> log_mgf(const double* mass, std::size_t size, std::int64_t o
       const std::size_t lanes = std::min(kLanes, walking.size() - first);
       double ratio[kLanes], factor[kLanes], sum[kLanes];
       bool exact_needed[kLanes];
+      bool stopped[kLanes];  // met the cut-off at an earlier check (later terms are negligible)
       for (std::size_t j = 0; j < kLanes; ++j) {
         const double t = j < lanes ? exponents[walking[first + j]] : 0.0;
         ratio[j] = std::exp(-std::fabs(t) * grid_step);
         factor[j] = 1.0;
         sum[j] = 0.0;
         exact_needed[j] = false;
+        stopped[j] = false;
       }
       bool done = false;
       for (std::size_t start = 0; start < size && !done; start += kBlock) {
@@ -90,12 +92,14 @@ std::vector<double> log_mgf(const double* mass, std::size_t size, std::int64_t o
         }
         done = true;
         for (std::size_t j = 0; j < lanes; ++j) {
-          if (factor[j] < kRelativeCutoff * sum[j] || exact_needed[j]) continue;
+          if (exact_needed[j] || stopped[j]) continue;
           if (factor[j] < kFactorFloor) {
             exact_needed[j] = true;
-            continue;
+          } else if (factor[j] < kRelativeCutoff * sum[j]) {
+            stopped[j] = true;
+          } else {
+            done = false;
           }
-          done = false;
         }
       }
       const double anchor = from_top ? top : bottom;
