@@ -116,6 +116,14 @@ class PLDAccountant(Accountant):
     certified lower bound and refine the grid until the two are within the precision, so their
     upper end is never above ``epsilon(delta)`` and can be slightly below it: every one of these
     numbers is a valid guarantee, and the smaller is the tighter.
+
+    A schedule with more than 512 distinct mechanism events (e.g. a different noise multiplier at
+    every step) is accounted with its noise multipliers and sampling rates rounded onto a
+    geometric grid, down (and rates up) for the upper bound and the other way for the lower one
+    (a post-processing argument, see ``_quantized``), with the finest quantum (at most the
+    precision) that leaves at most 512 distinct values. The bounds stay certified; the bracket
+    can then be up to about twice the precision wide, and ``epsilon_bounds`` does not refine the
+    grid beyond 64 distinct events.
     """
 
     certified = True
