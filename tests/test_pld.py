@@ -617,9 +617,10 @@ def test_two_level_bookkeeping_keeps_each_side(group_tail: float | None, mechani
     or to +inf and the optimistic side subtracts as excess, are then large enough that dropping
     any of them moves delta across the reference) brackets the reference at every eps on a grid;
     None is the default group window. Gaussian PLDs (mechanism 0) against the exact Gaussian
-    composition; Poisson-subsampled ones (mechanism 2, q = 0.2, whose windows start at the
-    support's bottom, so only the top is cut) against a one-level composition of the same PLDs
-    at a 1e-30 truncation."""
+    composition; Poisson-subsampled ones (mechanism 2, q = 0.2) against a one-level composition
+    of the same PLDs at a 1e-30 truncation. (Mutation check: without the +inf move or without the
+    optimistic excess this test fails; without the move of the below-window mass it still
+    passes, that mass's effect hiding under the Chernoff bounds' slack.)"""
     from dpsharp._native import core
     from dpsharp.accountants._pld_numerics import DiscretePLD, _compose_by_products, _compose_two_level
 
