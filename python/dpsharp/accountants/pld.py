@@ -32,6 +32,7 @@ Su 2019, Thm 4.2).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from itertools import islice
 from typing import Any, Callable, NamedTuple, Sequence
 
@@ -589,47 +590,71 @@ def _quantized(leaves: list[_Leaf], precision: float, pessimistic: bool) -> list
     for both directions and the symmetrised pair. Laplace leaves are kept as they are. (Up to
     the last bit of exp: the rounded value of a parameter that sits exactly on the grid can be an
     ulp off, far below the uncertified round-off of the discretisation.)"""
-    log_r = math.log1p(precision / 2.0)
-    down, up = (np.floor, np.ceil) if pessimistic else (np.ceil, np.floor)
-    sigma = np.exp(down(np.log([leaf.parameter for leaf in leaves]) / log_r) * log_r)
-    rates = np.array([leaf.rate for leaf in leaves])
-    rounded_rates = np.minimum(1.0, np.exp(up(np.log(rates) / log_r) * log_r))
-    rate = np.where(rates < 1.0, rounded_rates, rates)
+    grid = _RoundingGrid.of(_LeafColumns.of(leaves), precision, pessimistic)
+    sigma = np.exp(grid.sigma_index * grid.log_r).tolist()
+    rate = np.exp(grid.rate_index * grid.log_r).tolist()
     out: list[_Leaf] = []
     made: dict[tuple[int, float, float], _Leaf] = {}  # one object per distinct key
-    for leaf, noise, sampling in zip(leaves, sigma.tolist(), rate.tolist()):
+    for leaf, kind, noise, sampling in zip(leaves, grid.kind.tolist(), sigma, rate):
         if leaf.mechanism == _LAPLACE:
             out.append(leaf)
             continue
-        mechanism = leaf.mechanism
-        if sampling >= 1.0:
-            mechanism, sampling = _GAUSSIAN, 1.0
-        triple = (mechanism, noise, sampling)
+        triple = (int(kind), noise, sampling)
         key = made.get(triple)
         if key is None:
-            key = made[triple] = _Leaf(mechanism, noise, sampling)
+            key = made[triple] = _Leaf(*triple)
         out.append(key)
     return out
 
 
 def _rounded_counts(leaves: list[_Leaf], precisions: Sequence[float], pessimistic: bool) -> list[int]:
     """For each precision, the number of distinct keys :func:`_quantized` would make of
-    ``leaves`` (the same grid indices, computed without making the keys)."""
-    mechanism, parameter, rate = (np.array(column, dtype=float) for column in zip(*leaves))
-    laplace = mechanism == _LAPLACE
-    sampled = rate < 1.0
-    log_parameter = np.log(parameter)
-    log_rate = np.log(rate)
-    down, up = (np.floor, np.ceil) if pessimistic else (np.ceil, np.floor)
-    counts = []
-    for precision in precisions:
+    ``leaves`` (counted on the grid indices, without making the keys)."""
+    columns = _LeafColumns.of(leaves)
+    return [_RoundingGrid.of(columns, precision, pessimistic).distinct() for precision in precisions]
+
+
+@dataclass(frozen=True)
+class _LeafColumns:
+    """Leaves as arrays (mechanism code, parameter, rate, and the logarithms of the last two)."""
+
+    mechanism: np.ndarray
+    parameter: np.ndarray
+    rate: np.ndarray
+    log_parameter: np.ndarray
+    log_rate: np.ndarray
+
+    @classmethod
+    def of(cls, leaves: list[_Leaf]) -> _LeafColumns:
+        mechanism, parameter, rate = (np.array(column, dtype=float) for column in zip(*leaves))
+        return cls(mechanism, parameter, rate, np.log(parameter), np.log(rate))
+
+
+@dataclass(frozen=True)
+class _RoundingGrid:
+    """The grid indices of :func:`_quantized`, per leaf: the rounded noise multiplier is
+    r^sigma_index and the rounded rate r^rate_index (rate_index <= 0; 0, a rate of 1, makes the
+    leaf a plain Gaussian, ``kind``). Laplace leaves are not rounded: their indices are their raw
+    scale and rate."""
+
+    kind: np.ndarray
+    sigma_index: np.ndarray
+    rate_index: np.ndarray
+    log_r: float
+
+    @classmethod
+    def of(cls, leaves: _LeafColumns, precision: float, pessimistic: bool) -> _RoundingGrid:
+        laplace = leaves.mechanism == _LAPLACE
         log_r = math.log1p(precision / 2.0)
-        sigma_index = np.where(laplace, parameter, down(log_parameter / log_r))
-        # Rounded rates at or above 1 (index >= 0) make the leaf a plain Gaussian.
-        rate_index = np.where(sampled, np.minimum(up(log_rate / log_r), 0.0), 0.0)
-        kind = np.where(laplace, mechanism, np.where(rate_index == 0.0, _GAUSSIAN, mechanism))
-        counts.append(len(set(zip(kind.tolist(), sigma_index.tolist(), rate_index.tolist()))))
-    return counts
+        down, up = (np.floor, np.ceil) if pessimistic else (np.ceil, np.floor)
+        sigma_index = np.where(laplace, leaves.parameter, down(leaves.log_parameter / log_r))
+        rate_index = np.where(leaves.rate < 1.0, np.minimum(up(leaves.log_rate / log_r), 0.0), 0.0)
+        rate_index = np.where(laplace, leaves.rate, rate_index)
+        kind = np.where(~laplace & (rate_index == 0.0), _GAUSSIAN, leaves.mechanism)
+        return cls(kind, sigma_index, rate_index, log_r)
+
+    def distinct(self) -> int:
+        return len(set(zip(self.kind.tolist(), self.sigma_index.tolist(), self.rate_index.tolist())))
 
 
 def _loss_variance(leaf: Event) -> float:
