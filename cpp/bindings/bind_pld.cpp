@@ -21,10 +21,14 @@ pld::MechanismParams make_params(int mechanism, double parameter, double samplin
   return {static_cast<pld::Mechanism>(mechanism), parameter, sampling_rate};
 }
 
-py::tuple to_python(pld::DiscretePld&& result) {
+py::array_t<double> to_python_mass(const pld::DiscretePld& result) {
   py::array_t<double> mass(static_cast<py::ssize_t>(result.mass.size()));
   std::memcpy(mass.mutable_data(), result.mass.data(), result.mass.size() * sizeof(double));
-  return py::make_tuple(result.offset, mass, result.infinity_mass);
+  return mass;
+}
+
+py::tuple to_python(pld::DiscretePld&& result) {
+  return py::make_tuple(result.offset, to_python_mass(result), result.infinity_mass);
 }
 
 }  // namespace
@@ -89,6 +93,24 @@ void bind_pld(py::module_& m) {
       py::arg("mass"), py::arg("offset"), py::arg("grid_step"), py::arg("exponents"),
       "log sum_k mass[k] e^{t (offset + k) grid_step} for each exponent t (-inf when the mass "
       "is 0): the log moment generating function of a discretised PLD's finite part.");
+  m.def(
+      "pld_coarsen_optimistic",
+      [](py::array_t<double, py::array::c_style | py::array::forcecast> mass, std::int64_t offset,
+         double fine_step, std::int64_t factor) {
+        if (mass.ndim() != 1) throw py::value_error("mass must be one-dimensional");
+        if (factor < 1) throw py::value_error("factor must be >= 1");
+        pld::DiscretePld result;
+        {
+          py::gil_scoped_release release;
+          result = pld::coarsen_optimistic(mass.data(), static_cast<std::size_t>(mass.shape(0)),
+                                           offset, fine_step, factor);
+        }
+        return py::make_tuple(result.offset, to_python_mass(result));
+      },
+      py::arg("mass"), py::arg("offset"), py::arg("fine_step"), py::arg("factor"),
+      "(offset, mass): the optimistic coarsening of masses at losses (offset + i) * fine_step onto "
+      "the grid of step factor * fine_step, a mean-preserving contraction in y = e^{-loss} (see "
+      "pld.hpp); negative entries count as 0.");
   m.def(
       "pld_delta_crossing",
       [](py::array_t<double, py::array::c_style | py::array::forcecast> mass, double constant,

@@ -291,78 +291,21 @@ namespace {
 
 // The optimistic rounding from the cells' log P- and Q-masses (cell c < cells - 1 is the half-width
 // cell (b_c, b_{c+1}] with b_i = (lowest + i / 2) h, the last cell is everything above the top
-// grid point), see discretize_optimistic.
-DiscretePld optimistic_from_cells(std::int64_t lowest, std::int64_t n, double grid_step,
-                                  const std::vector<double>& cell_log_p,
-                                  const std::vector<double>& cell_log_q) {
-  const GridRange range{lowest, lowest + n - 1};
-  const double top_loss = static_cast<double>(range.highest) * grid_step;
-  const auto boundaries = static_cast<std::int64_t>(cell_log_p.size());
-  DiscretePld out;
-  out.offset = range.lowest;
-  out.mass.assign(static_cast<std::size_t>(n), 0.0);
-  // Sweep the cells from the highest loss (smallest y) down. A group starts at the first unplaced
-  // point, targets the smallest grid value y_k >= its y, and absorbs the following (larger-y)
-  // points, the last one only in part, until its barycentre is exactly y_k: a mean-preserving
-  // contraction. Within a group y is measured relative to the target, z = y / y_k = e^{l_k - l},
-  // so that nothing overflows however wide the grid is (z = +inf for a point more than ~709 below
-  // the target in loss: the group then needs a vanishing share of it and is closed).
-  double group_mass = 0.0;
-  double group_moment = 0.0;  // sum of mass * z over the group
-  std::int64_t target = 0;    // index into out.mass
-  double target_loss = top_loss;
-  auto place_group = [&]() {
-    out.mass[static_cast<std::size_t>(target)] += group_mass;
-    group_mass = 0.0;
-    group_moment = 0.0;
-  };
-  for (std::int64_t c = boundaries - 1; c >= 0; --c) {
-    const double log_p = cell_log_p[static_cast<std::size_t>(c)];
-    const double log_q = cell_log_q[static_cast<std::size_t>(c)];
-    if (log_p == kNegInf) continue;
-    double mass = std::exp(log_p);
-    const double cell_loss = log_p - log_q;  // in (cell), or +inf without Q-mass
-    while (mass > 0.0) {
-      if (group_mass == 0.0) {
-        // Largest grid loss <= the cell's loss (the cell lies above the bottom grid point).
-        std::int64_t k = static_cast<std::int64_t>(std::floor(cell_loss / grid_step)) - range.lowest;
-        if (!(cell_loss < kInf) || k > n - 1) k = n - 1;
-        if (k < 0) k = 0;
-        target = k;
-        target_loss = static_cast<double>(range.lowest + k) * grid_step;
-        const double z = std::exp(target_loss - cell_loss);
-        group_mass = mass;
-        group_moment = mass * z;
-        mass = 0.0;
-        if (z >= 1.0) place_group();  // already on the grid point (up to round-off)
-        continue;
-      }
-      const double z = std::exp(target_loss - cell_loss);
-      if (z <= 1.0) {
-        group_mass += mass;
-        group_moment += mass * z;
-        mass = 0.0;
-        continue;
-      }
-      const double wanted = (group_mass - group_moment) / (z - 1.0);
-      if (wanted >= mass) {
-        group_mass += mass;
-        group_moment += mass * z;
-        mass = 0.0;
-      } else {
-        group_mass += wanted;
-        mass -= wanted;
-        place_group();
-      }
-    }
+// grid point), see discretize_optimistic: each cell is an atom of its P-mass at its loss
+// log(P(cell) / Q(cell)), contracted onto the grid by contract_onto_grid.
+DiscretePld contract_cells(std::int64_t lowest, std::int64_t n, double grid_step,
+                           const std::vector<double>& cell_log_p,
+                           const std::vector<double>& cell_log_q) {
+  std::vector<double> mass(cell_log_p.size());
+  std::vector<double> loss(cell_log_p.size());
+  for (std::size_t c = 0; c < cell_log_p.size(); ++c) {
+    mass[c] = std::exp(cell_log_p[c]);
+    loss[c] = cell_log_p[c] - cell_log_q[c];  // in the cell, or +inf without Q-mass
   }
-  // A last group whose barycentre stays below its target moves up in y (down in loss) onto it.
-  if (group_mass > 0.0) place_group();
-  return out;
+  return contract_onto_grid(lowest, n, grid_step, mass, loss);
 }
 
-
-// The cells of optimistic_from_cells for a Gaussian-family pair in linear space, with the
+// The cells of contract_cells for a Gaussian-family pair in linear space, with the
 // sigma-independent values from `half_table` (a table on the half-step grid h / 2 that covers
 // [2 lowest, 2 highest]): the same masses as the log-space tails up to double rounding.
 DiscretePld discretize_optimistic_linear(const MechanismParams& params, double grid_step,
@@ -386,7 +329,7 @@ DiscretePld discretize_optimistic_linear(const MechanismParams& params, double g
     cell_log_q[i] = std::log(cell_mass(a.survival_q, a.cdf_q, b.survival_q, b.cdf_q));
     a = b;
   }
-  return optimistic_from_cells(range.lowest, n, grid_step, cell_log_p, cell_log_q);
+  return contract_cells(range.lowest, n, grid_step, cell_log_p, cell_log_q);
 }
 
 }  // namespace
@@ -423,7 +366,7 @@ DiscretePld discretize_optimistic(const MechanismParams& params, double grid_ste
           log_cell_mass(t.log_survival_q, t.log_cdf_q, next.log_survival_q, next.log_cdf_q);
     }
   }
-  return optimistic_from_cells(range.lowest, n, grid_step, cell_log_p, cell_log_q);
+  return contract_cells(range.lowest, n, grid_step, cell_log_p, cell_log_q);
 }
 
 std::vector<DiscretePld> discretize_many(Mechanism mechanism, const std::vector<double>& parameters,

@@ -47,6 +47,13 @@ def pld_log_mgf(
     """log sum_k mass[k] e^{t (offset + k) grid_step} for each exponent t (-inf when the mass
     is 0): the log moment generating function of a discretised PLD's finite part."""
 
+def pld_coarsen_optimistic(
+    mass: npt.ArrayLike, offset: int, fine_step: float, factor: int
+) -> tuple[int, np.ndarray]:
+    """(offset, mass): the optimistic coarsening of masses at losses (offset + i) * fine_step onto
+    the grid of step factor * fine_step (a mean-preserving contraction in y = e^{-loss}, see
+    pld.hpp); negative entries count as 0."""
+
 def pld_delta_crossing(
     mass: npt.ArrayLike, constant: float, decay: float, delta: float, clip_negative: bool
 ) -> tuple[int, float, float]:

@@ -103,6 +103,25 @@ std::vector<DiscretePld> discretize_many(Mechanism mechanism, const std::vector<
 DiscretePld discretize_optimistic(const MechanismParams& params, double grid_step,
                                   GridRange range);
 
+// The mean-preserving contraction of a measure onto the grid {k h : lowest <= k < lowest + n}:
+// atom c has mass cell_mass[c] at loss cell_loss[c] (atoms in increasing loss, +inf allowed for
+// the last). Sweeping from the highest loss down, a group starts at the first unplaced atom,
+// targets the largest grid loss <= its loss (the top grid point if it lies above the grid) and
+// absorbs the following (lower-loss) atoms, the last one only in part, until its barycentre in
+// y = e^{-L} is exactly the target's; a last group that never gets there is moved to lower loss.
+// Every step lowers every delta(eps) of every composition (see the header comment): the result is
+// an optimistic rounding. Its loss shift is second order in h.
+DiscretePld contract_onto_grid(std::int64_t lowest, std::int64_t n, double grid_step,
+                               const std::vector<double>& cell_mass,
+                               const std::vector<double>& cell_loss);
+
+// The optimistic coarsening of a PLD with masses mass[i] at losses (offset + i) fine_step onto
+// the grid of step factor * fine_step (contract_onto_grid with one atom per fine grid point;
+// negative entries count as 0). With fine_step a power of two every loss and grid index is exact.
+// The infinity mass is not touched (it stays at +inf).
+DiscretePld coarsen_optimistic(const double* mass, std::size_t size, std::int64_t offset,
+                               double fine_step, std::int64_t factor);
+
 // log E[e^{t L}; L finite] = log sum_k mass[k] e^{t (offset + k) h} for each exponent t, the
 // exact log moment generating function of the finite part of a discretised PLD (for the Chernoff
 // bounds of the FFT window, see accountants/_pld_numerics.py). -inf when the finite mass is 0.
