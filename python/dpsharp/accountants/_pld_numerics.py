@@ -17,6 +17,9 @@ of the true (linear) result onto the circle is accounted for rigorously:
   bounds the discretised composition from above, and ``delta_lower = sum(window) - P(S > b) -
   P(S < a) - |negative round-off|`` from below.
 
+A long composition of few distinct PLDs can be done in two stages, blocks of steps on the fine
+grid and the blocks on a coarser one (:func:`compose_staged`), each stage keeping its bound.
+
 The only transform is :func:`forward_transform` / :func:`inverse_transform` (scipy.fft's pocketfft);
 a GPU build can replace those two functions by cuFFT.
 """
@@ -42,7 +45,10 @@ __all__ = [
     "ComposedPLD",
     "DiscretePLD",
     "LeafSpectrum",
+    "coarsened",
     "compose",
+    "compose_staged",
+    "staging_pays",
     "forward_transform",
     "inverse_transform",
     "parallel_map",
@@ -425,23 +431,9 @@ def _compose_two_level(
     own, narrower circles, and the group results are composed on the full one. The per-PLD
     transforms are then of the group's circle, not the whole composition's.
 
-    Each group result is turned into a PLD that keeps the bound on its side:
-
-    * pessimistic: the circular window holds the linear group composition plus non-negative
-      aliased mass; the mass below the window (at most ``below``, Chernoff) is added at the
-      window's bottom point and the mass above it (at most ``above``) at +inf, and negative
-      round-off is clipped to 0. The result is a measure that dominates the group's composition
-      pointwise after moving mass only to larger losses, so every delta(eps) of every composition
-      it enters can only grow (the hockey-stick integrand is non-negative and non-decreasing in
-      the loss; convolution of non-negative measures is monotone; Chernoff's bound holds for
-      any non-negative measure).
-    * optimistic: the window is kept as it is (clipped at 0) and the masses outside it are
-      dropped (which can only lower delta); the window exceeds the group composition's
-      restriction by its aliased mass plus the clipped round-off, at most ``e_g = above + below +
-      clipped``. Writing each group measure as (its true part) + (an excess of mass <= e_g), the
-      composed measure exceeds the composition of the true parts by a measure of mass at most
-      ``prod_g (1 + e_g) - 1``; as the hockey-stick integrand is in [0, 1], subtracting that
-      (``ComposedPLD.excess``) keeps every delta a lower bound.
+    Each group result is turned into a PLD that keeps the bound on its side by :func:`_as_pld`
+    (whose docstring gives the argument); the optimistic side's excess masses ``e_g`` compose
+    to at most ``prod_g (1 + e_g) - 1`` (``ComposedPLD.excess``).
 
     The groups' Chernoff windows are set at ``e^{log_tail} / groups`` (unless ``group_log_tail``
     is given), so the extra +inf mass of the pessimistic side is at most the tail budget in
@@ -454,17 +446,7 @@ def _compose_two_level(
         part = _compose_by_products(
             [plds[i] for i in chunk], [counts[i] for i in chunk], group_log_tail, parallel=False
         )
-        mass = part.mass
-        clipped = float(-mass[mass < 0].sum())
-        mass = np.maximum(mass, 0.0)
-        if pessimistic:
-            mass[0] += part.below
-            infinity = min(part.infinity_mass + part.above, 1.0)
-            pld = DiscretePLD(part.start, mass, infinity, part.grid_step)
-            excess = 0.0
-        else:
-            pld = DiscretePLD(part.start, mass, part.infinity_mass, part.grid_step)
-            excess = part.above + part.below + clipped
+        pld, excess, clipped = _as_pld(part, pessimistic)
         pld.chernoff_log_mgf  # noqa: B018 - computed here, on the worker thread
         return pld, excess, clipped
 
@@ -473,6 +455,144 @@ def _compose_two_level(
     excess = math.expm1(sum(math.log1p(e) for _, e, _ in parts))
     inner_roundoff = sum(c for _, _, c in parts)
     return dataclasses.replace(result, excess=excess, inner_roundoff=inner_roundoff)
+
+
+def _as_pld(part: ComposedPLD, pessimistic: bool) -> tuple[DiscretePLD, float, float]:
+    """A composition turned into a PLD that keeps the bound on its side, to be composed further:
+    (the PLD, its excess mass ``e``, the negative round-off clipped).
+
+    * pessimistic: the circular window holds the linear composition plus non-negative aliased
+      mass; the mass below the window (at most ``below``, Chernoff) is added at the window's
+      bottom point and the mass above it (at most ``above``) at +inf, and negative round-off is
+      clipped to 0. The result is a measure that dominates the composition pointwise after
+      moving mass only to larger losses, so every delta(eps) of every composition it enters can
+      only grow (the hockey-stick integrand is non-negative and non-decreasing in the loss;
+      convolution of non-negative measures is monotone; Chernoff's bound holds for any
+      non-negative measure). ``e = 0``.
+    * optimistic: the window is kept as it is (clipped at 0) and the masses outside it are
+      dropped (which can only lower delta); the window exceeds the composition's restriction to
+      it by its aliased mass plus the clipped round-off, at most ``e = above + below + clipped``.
+      Writing the measure as (its true part) + (an excess of mass <= e), a composition of such
+      measures exceeds the composition of the true parts by a measure of mass at most
+      ``prod (1 + e_i) - 1``; as the hockey-stick integrand is in [0, 1], subtracting that
+      (``ComposedPLD.excess``) keeps every delta a lower bound."""
+    mass = part.mass
+    clipped = float(-mass[mass < 0].sum())
+    mass = np.maximum(mass, 0.0)
+    if pessimistic:
+        mass[0] += part.below
+        infinity = min(part.infinity_mass + part.above, 1.0)
+        return DiscretePLD(part.start, mass, infinity, part.grid_step), 0.0, clipped
+    pld = DiscretePLD(part.start, mass, part.infinity_mass, part.grid_step)
+    return pld, part.above + part.below + clipped, clipped
+
+
+def coarsened(pld: DiscretePLD, factor: int, *, pessimistic: bool) -> DiscretePLD:
+    """``pld`` moved onto the grid of step ``factor * grid_step`` (grid points ``J factor h``),
+    on the side that keeps its bound (the arguments of ``pld.hpp``, which hold for any
+    non-negative measure on the losses, not only for a mechanism's PLD):
+
+    * pessimistic: every atom at loss ``l = J H + r h`` (``0 <= r < factor``) is spread onto
+      ``J H`` and ``(J + 1) H`` keeping its mass and its mass times ``e^{-l}`` (weight
+      ``(1 - e^{-r h}) / (1 - e^{-H})`` at the upper point): a mean-preserving spread of
+      ``Y = e^{-L}`` ("connect the dots"), so every delta(eps) of every composition can only
+      grow;
+    * optimistic: the mean-preserving contraction of :cpp:func:`coarsen_optimistic` (C++ core),
+      which can only lower every delta(eps).
+
+    Both shift the loss by O(H^2) per atom. The infinity mass stays where it is."""
+    if factor == 1:
+        return pld
+    if not pessimistic:
+        offset, mass = _core.pld_coarsen_optimistic(pld.mass, pld.offset, pld.grid_step, factor)
+        return DiscretePLD(int(offset), mass, pld.infinity_mass, pld.grid_step * factor)
+    lowest = pld.offset // factor
+    lead = pld.offset - lowest * factor
+    rows = -(-(lead + pld.mass.size) // factor)
+    padded = np.zeros(rows * factor)
+    padded[lead : lead + pld.mass.size] = pld.mass
+    by_row = padded.reshape(rows, factor)
+    upper_weight = np.expm1(-np.arange(factor) * pld.grid_step) / math.expm1(-factor * pld.grid_step)
+    mass = np.zeros(rows + 1)
+    mass[:rows] = by_row @ (1.0 - upper_weight)
+    mass[1:] += by_row @ upper_weight
+    return DiscretePLD(lowest, mass, pld.infinity_mass, pld.grid_step * factor)
+
+
+def compose_staged(
+    plds: Sequence[DiscretePLD],
+    counts: Sequence[int],
+    *,
+    blocks: int,
+    factor: int,
+    log_tail: float,
+    pessimistic: bool,
+) -> ComposedPLD:
+    """The composition of ``counts[i]`` copies of ``plds[i]`` in two stages on two grids: a block
+    of ``counts[i] // blocks`` copies of each PLD (and a remainder block of the
+    ``counts[i] % blocks`` left over) is composed on the PLDs' fine grid h, turned into a PLD on
+    its side (:func:`_as_pld`), coarsened to the grid ``H = factor h`` (:func:`coarsened`), and
+    ``blocks`` copies of the block (and the remainder block once) are composed on that grid.
+
+    Why: a rounding onto a grid of step h errs by O(h^2) per composed PLD against a loss whose
+    variance is that PLD's, so the grid a composition needs scales with the spread of what is
+    composed. A block of T1 = T / blocks steps has sqrt(T1) times a step's spread, so its
+    coarsening by a factor well below sqrt(T1) adds little error, and the circles are of about
+    sqrt(T1) s / h and sqrt(T) s / H points (s: a step's loss spread) instead of one of
+    sqrt(T) s / h, when the truncation tails do not set the windows (see :func:`staging_pays`).
+
+    Bounds: every stage keeps its side (the coarsening by its mean-preserving spread or
+    contraction; the block's window by :func:`_as_pld`). Each block's Chernoff window is set at
+    ``e^{log_tail} / (2 (blocks + 1))``, so the +inf mass its truncation adds over all copies is at
+    most half the tail budget, and the second stage's window at the other half. On the
+    optimistic side the blocks' excess masses compose to at most ``(1 + e_A)^blocks (1 + e_B) - 1``
+    (``ComposedPLD.excess``)."""
+    if blocks < 2 or factor < 1:
+        raise ValueError("compose_staged needs blocks >= 2 and factor >= 1")
+    block_log_tail = _block_log_tail(log_tail, blocks)
+    block_counts = [count // blocks for count in counts]
+    remainder_counts = [count - blocks * per_block for count, per_block in zip(counts, block_counts)]
+    parts: list[DiscretePLD] = []
+    part_counts: list[int] = []
+    log_excess = 0.0
+    inner_roundoff = 0.0
+    for copies, per_leaf in ((blocks, block_counts), (1, remainder_counts)):
+        members = [i for i, count in enumerate(per_leaf) if count > 0]
+        if not members:
+            continue
+        block = _compose_by_products(
+            [plds[i] for i in members], [per_leaf[i] for i in members], block_log_tail,
+            parallel=False,
+        )
+        pld, excess, clipped = _as_pld(block, pessimistic)
+        parts.append(coarsened(pld, factor, pessimistic=pessimistic))
+        part_counts.append(copies)
+        log_excess += copies * math.log1p(excess)
+        inner_roundoff += copies * clipped
+    result = _compose_by_products(parts, part_counts, log_tail - math.log(2.0), parallel=False)
+    return dataclasses.replace(result, excess=math.expm1(log_excess), inner_roundoff=inner_roundoff)
+
+
+def _block_log_tail(log_tail: float, blocks: int) -> float:
+    return log_tail - math.log(2.0 * (blocks + 1))
+
+
+def staging_pays(
+    plds: Sequence[DiscretePLD], counts: Sequence[int], *, blocks: int, factor: int, log_tail: float
+) -> bool:
+    """Whether :func:`compose_staged` is predicted to be cheaper than one composition on the
+    PLDs' grid, from the circle sizes of the Chernoff windows (microseconds to compute): the one
+    stage costs about three transforms' worth of its circle (n0 points: a forward and an inverse
+    transform, and the pointwise logarithms, phases and exponentials of :func:`compose`), the
+    staged one about four transforms of the block circle (n1: the block and the remainder
+    block) and three of the coarse one (n0 / factor). Staging is used when that estimate is
+    below 0.9 times the one-stage one. Where few composed steps have far tails (rare records
+    with little noise), the block's window is set by them rather than by its spread, n1 is
+    close to n0 and staging does not pay."""
+    whole = _Window.of(plds, counts, log_tail).size
+    block_counts = [max(count // blocks, 1) for count in counts]
+    block = _Window.of(plds, block_counts, _block_log_tail(log_tail, blocks)).size
+    return 4 * block + 3 * whole / factor < 0.9 * 3 * whole
 
 
 def _circle_size(needed: int) -> int:

@@ -16,7 +16,11 @@ with Chernoff bounds (see :mod:`dpsharp.accountants._pld_numerics`). A schedule 
 events (a different noise multiplier at every step) rounds the multipliers onto a geometric grid
 (pessimistically for the upper bound), discretises them in batches that share the
 sigma-independent work, and composes them in two levels with the first level's truncation
-accounted on each side (``_pld_numerics._compose_two_level``). Hockey-stick curves:
+accounted on each side (``_pld_numerics._compose_two_level``). A long composition (from 2^15
+steps) of few distinct events is done in two stages when that is predicted to be cheaper: blocks
+of steps on the fine grid, each block moved to a coarser grid by a mean-preserving spread
+(pessimistic) or contraction (optimistic), then the blocks (``_pld_numerics.compose_staged``).
+Hockey-stick curves:
 delta(eps) = E_P[(1 - e^{eps - L})_+] + P(L = inf) (Balle, Wang 2018; the "tail of two densities"
 blog, seed 003).
 
@@ -46,7 +50,9 @@ from dpsharp.accountants._pld_numerics import (
     DiscretePLD,
     LeafSpectrum,
     compose,
+    compose_staged,
     parallel_map,
+    staging_pays,
 )
 from dpsharp.accountants.base import Accountant, PrivacyGuarantee
 from dpsharp.accountants.registry import register
@@ -253,21 +259,36 @@ class PLDAccountant(Accountant):
         if hit is not None:
             return hit
         missing = [key for key in order if (key, pessimistic) not in cache.plds]
-
         for key, pld in zip(missing, _discretize(missing, grid_step, per_step_tail, pessimistic)):
             cache.plds[(key, pessimistic)] = pld
         plds = [cache.plds[(key, pessimistic)] for key in order]
-        # Spectra are cached for incremental use only when there are few distinct leaves
-        # (otherwise their memory, leaves x FFT size, would dominate).
-        spectra = cache.spectra[pessimistic] if len(order) <= _CACHE_SPECTRA_UP_TO else None
-        result = compose(
-            plds,
-            list(counts),
-            log_tail=math.log(tail),
-            pessimistic=pessimistic,
-            spectra=spectra,
-            keys=list(order),
-        )
+        few_leaves = len(order) <= _CACHE_SPECTRA_UP_TO
+        plan = _staging(steps) if few_leaves else None
+        if plan is not None and not staging_pays(
+            plds, counts, blocks=plan[0], factor=plan[1], log_tail=math.log(tail)
+        ):
+            plan = None
+        if plan is not None:
+            blocks, factor = plan
+            result = compose_staged(
+                plds,
+                list(counts),
+                blocks=blocks,
+                factor=factor,
+                log_tail=math.log(tail),
+                pessimistic=pessimistic,
+            )
+        else:
+            # Spectra are cached for incremental use only when there are few distinct leaves
+            # (otherwise their memory, leaves x FFT size, would dominate).
+            result = compose(
+                plds,
+                list(counts),
+                log_tail=math.log(tail),
+                pessimistic=pessimistic,
+                spectra=cache.spectra[pessimistic] if few_leaves else None,
+                keys=list(order),
+            )
         cache.results = {(pessimistic, tuple(order), counts): result}
         return result
 
@@ -527,6 +548,29 @@ _LEAF_BUDGET = 512
 _COARSE_QUANTUM = 0.05
 #: Cache per-leaf spectra (for incremental queries) up to this many distinct leaves.
 _CACHE_SPECTRA_UP_TO = 16
+#: From this many composed steps (and up to _CACHE_SPECTRA_UP_TO distinct leaves) the composition
+#: is done in two stages on two grids (:func:`_staging`).
+_STAGED_FROM = 1 << 15
+
+
+def _staging(steps: int) -> tuple[int, int] | None:
+    """(blocks, factor) of :func:`~dpsharp.accountants._pld_numerics.compose_staged` for a
+    composition of ``steps`` steps, or None below ``_STAGED_FROM`` steps.
+
+    A block of T1 = T / blocks steps has about sqrt(T1) times one step's loss spread, and a
+    rounding errs by O(h^2 / spread^2) relative, so coarsening the block by a factor well below
+    sqrt(T1) adds little to the steps' own rounding error. ``blocks`` is the power of two nearest
+    sqrt(T) / 16 (at least 4) and ``factor`` the power of two at most sqrt(T1) / 8 (at least 2).
+    ``bench/bench_pld_staging.py`` measures both on Poisson-subsampled Gaussians from 4e4 to 1e7
+    steps: the staged upper epsilon is at most 5e-6 relative above the one-stage one on the same
+    grid (the precision knob's default gap is 1e-3), and the staged query is up to 8x faster at
+    1e7 steps (the gain grows with T; with fewer steps, or where a block's window is set by far
+    tails, :func:`~dpsharp.accountants._pld_numerics.staging_pays` keeps one stage)."""
+    if steps < _STAGED_FROM:
+        return None
+    blocks = 1 << max(2, round(math.log2(math.sqrt(steps) / 16.0)))
+    factor = 1 << max(1, math.floor(math.log2(math.sqrt(steps // blocks) / 8.0)))
+    return blocks, factor
 
 
 def _discretize(
