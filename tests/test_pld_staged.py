@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 
-import mpmath
 import numpy as np
 import pytest
 
@@ -17,23 +16,7 @@ from dpsharp._native import core
 from dpsharp.accountants import _pld_numerics, pld
 from dpsharp.accountants._pld_numerics import DiscretePLD, coarsened, compose_staged
 
-mpmath.mp.dps = 40
-
-
-def exact_gaussian_delta(eps: float, mu: float) -> float:
-    e, m = mpmath.mpf(eps), mpmath.mpf(mu)
-    return float(mpmath.ncdf(-e / m + m / 2) - mpmath.exp(e) * mpmath.ncdf(-e / m - m / 2))
-
-
-def exact_gaussian_epsilon(delta: float, mu: float) -> float:
-    """The eps with exact_gaussian_delta(eps, mu) = delta, by bisection (delta decreases in eps)."""
-    lo, hi = 0.0, 1.0
-    while exact_gaussian_delta(hi, mu) > delta:
-        hi *= 2.0
-    for _ in range(80):
-        mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if exact_gaussian_delta(mid, mu) > delta else (lo, mid)
-    return 0.5 * (lo + hi)
+from _gaussian_reference import exact_delta, exact_epsilon_bisect
 
 
 def direct_delta(masses: np.ndarray, losses: np.ndarray, infinity: float, eps: float) -> float:
@@ -129,7 +112,7 @@ def test_staged_composition_brackets_exact_gaussians(log_tail: float, blocks: in
         assert result.excess == 0.0 or not pessimistic
         for eps in (0.0, 0.5, 1.0, 2.0, 3.0, 4.0, 6.0):
             bound = result.delta(eps, pessimistic=pessimistic)
-            exact = exact_gaussian_delta(eps, mu)
+            exact = exact_delta(eps, mu)
             assert (bound >= exact) if pessimistic else (bound <= exact), (pessimistic, eps, bound, exact)
             if log_tail < -20:
                 assert bound == pytest.approx(exact, rel=2e-3, abs=1e-10)
@@ -163,7 +146,7 @@ def test_accountant_stages_long_gaussian_compositions(staged_calls: list[tuple[i
     mu = math.sqrt(steps) / sigma
     for delta in (1e-5, 1e-9):
         lower, upper = accountant.epsilon_bounds(delta)
-        eps_exact = exact_gaussian_epsilon(delta, mu)
+        eps_exact = exact_epsilon_bisect(delta, mu)
         assert lower <= eps_exact <= upper
         assert upper - lower <= 1e-3 * upper
     assert staged_calls, "a 50,000-step Gaussian composition should be staged"
