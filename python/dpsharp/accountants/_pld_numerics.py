@@ -134,7 +134,9 @@ class ComposedPLD:
     linear composition above and below the window. ``excess`` bounds the total mass by which the
     (non-negative) measure that was composed exceeds the optimistic PLDs' composition (non-zero
     after a two-level composition, see :func:`compose`); ``inner_roundoff`` is the negative mass
-    clipped by its first level.
+    clipped by its first level. ``noise`` is an allowance for the floating-point error of the
+    composition that no negative mass reveals (see ``_ROUNDOFF_PER_STEP`` in pld.py): added to
+    every pessimistic delta and subtracted from every optimistic one.
     """
 
     start: int
@@ -145,6 +147,7 @@ class ComposedPLD:
     grid_step: float
     excess: float = 0.0
     inner_roundoff: float = 0.0
+    noise: float = 0.0
 
     @property
     def losses(self) -> np.ndarray:
@@ -158,8 +161,11 @@ class ComposedPLD:
     def _constants(self, pessimistic: bool) -> tuple[float, float]:
         """(constant added to every delta, mass that sits below the window's bottom point)."""
         if pessimistic:
-            return self.infinity_mass + self.above, self.below
-        return self.infinity_mass - self.above - self.below - 2.0 * self.roundoff - self.excess, 0.0
+            return self.infinity_mass + self.above + self.noise, self.below
+        return (
+            self.infinity_mass - self.above - self.below - 2.0 * self.roundoff - self.excess - self.noise,
+            0.0,
+        )
 
     def _curve_terms(self, pessimistic: bool) -> tuple[np.ndarray, float, float]:
         mass = np.maximum(self.mass, 0.0) if pessimistic else self.mass
