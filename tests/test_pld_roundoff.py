@@ -49,3 +49,12 @@ def test_one_stage_and_staged_brackets_overlap(monkeypatch: pytest.MonkeyPatch) 
     assert max(staged[0], one_stage[0]) <= min(staged[1], one_stage[1])
     for lower, upper in (staged, one_stage):
         assert upper - lower <= 1e-3 * upper
+
+
+def test_delta_at_the_allowance_is_refused_with_the_floor() -> None:
+    # 10^7 steps: the allowance is 2^-52 1e7 = 2.2e-9, so delta = 3e-9 (below twice that) is
+    # refused with the smallest delta that can be asked for, and 1e-8 is answered.
+    accountant = PLDAccountant().compose(PoissonSampled(Gaussian(1.1), 256 / 60000), 10**7)
+    with pytest.raises(ValueError, match=r"allowance for 10000000 composed steps 2\.2e-09.*delta >= 4\.4e-09"):
+        accountant.epsilon(3e-9)
+    assert math.isfinite(accountant.epsilon(1e-8))

@@ -410,12 +410,17 @@ class PLDAccountant(Accountant):
         return best
 
     def _check_floor(self, results: list[ComposedPLD], delta: float) -> None:
+        """Refuse a delta at the round-off level: below 10 times the negative-mass estimate, below
+        1e-15, or at most twice the round-off allowance of the composition (there every epsilon
+        would be infinite or bounded only loosely)."""
         noise = max(r.roundoff for r in results) + 1e-16 * max(math.sqrt(r.mass.size) for r in results)
-        if delta < 10.0 * noise or delta < 1e-15:
+        floor = max(10.0 * noise, 1e-15, 2.0 * max(r.noise for r in results))
+        if delta < floor:
             raise ValueError(
                 f"delta={delta!r} is below what double-precision FFT composition can certify for "
-                f"this composition (round-off level ~{noise:.1e}); ask for delta >= "
-                f"{max(10.0 * noise, 1e-15):.1e}"
+                f"this composition (round-off level ~{noise:.1e}, allowance for "
+                f"{self._steps()} composed steps {max(r.noise for r in results):.1e}); ask for "
+                f"delta >= {floor:.1e}"
             )
 
     def _delta(self, epsilon: float) -> float:
