@@ -131,10 +131,11 @@ class PLDAccountant(Accountant):
     ``epsilon(delta)`` is always a certified upper bound (up to double-precision round-off of
     about 1e-12 relative in the cell masses, which is not certified, and with an allowance of
     2^-52 T in delta for the round-off of a T-step FFT composition, which is measured, not
-    proven), computed on the grid the precision implies. ``epsilon_bounds(delta)`` (and :meth:`guarantee`) also compute the
-    certified lower bound and refine the grid until the two are within the precision, so their
-    upper end is never above ``epsilon(delta)`` and can be slightly below it: every one of these
-    numbers is a valid guarantee, and the smaller is the tighter.
+    proven), computed on the grid the precision implies. A delta below twice that allowance is
+    refused. ``epsilon_bounds(delta)`` (and :meth:`guarantee`) also compute the certified lower
+    bound and refine the grid until the two are within the precision, so their upper end is
+    never above ``epsilon(delta)`` and can be slightly below it: every one of these numbers is a
+    valid guarantee, and the smaller is the tighter.
 
     A schedule with more than 512 distinct mechanism events (e.g. a different noise multiplier at
     every step) is accounted with its noise multipliers and sampling rates rounded onto a
@@ -411,7 +412,7 @@ class PLDAccountant(Accountant):
 
     def _check_floor(self, results: list[ComposedPLD], delta: float) -> None:
         """Refuse a delta at the round-off level: below 10 times the negative-mass estimate, below
-        1e-15, or at most twice the round-off allowance of the composition (there every epsilon
+        1e-15, or below twice the round-off allowance of the composition (there every epsilon
         would be infinite or bounded only loosely)."""
         noise = max(r.roundoff for r in results) + 1e-16 * max(math.sqrt(r.mass.size) for r in results)
         floor = max(10.0 * noise, 1e-15, 2.0 * max(r.noise for r in results))
