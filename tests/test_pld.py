@@ -590,8 +590,8 @@ def test_composed_pld_excess_lowers_only_the_optimistic_side() -> None:
     from dpsharp.accountants._pld_numerics import ComposedPLD
 
     mass = np.array([0.2, 0.3, 0.5])
-    plain = ComposedPLD(start=0, mass=mass, infinity_mass=0.0, above=0.0, below=0.0, grid_step=0.5)
-    slack = ComposedPLD(start=0, mass=mass, infinity_mass=0.0, above=0.0, below=0.0, grid_step=0.5, excess=1e-3)
+    plain = ComposedPLD(start=0, dense=mass, infinity_mass=0.0, above=0.0, below=0.0, grid_step=0.5)
+    slack = ComposedPLD(start=0, dense=mass, infinity_mass=0.0, above=0.0, below=0.0, grid_step=0.5, excess=1e-3)
     assert slack.delta(0.2, pessimistic=True) == plain.delta(0.2, pessimistic=True)
     assert slack.delta(0.2, pessimistic=False) == pytest.approx(plain.delta(0.2, pessimistic=False) - 1e-3, abs=1e-15)
 

@@ -21,6 +21,23 @@ pld::MechanismParams make_params(int mechanism, double parameter, double samplin
   return {static_cast<pld::Mechanism>(mechanism), parameter, sampling_rate};
 }
 
+pld::BandTerms band_terms(const py::array_t<double, py::array::c_style | py::array::forcecast>& plain,
+                          const py::array_t<double, py::array::c_style | py::array::forcecast>& discounted,
+                          double total, std::int64_t size, double grid_step) {
+  if (plain.ndim() != 1 || discounted.ndim() != 1 || plain.shape(0) != discounted.shape(0) ||
+      plain.shape(0) % 2 != 0) {
+    throw py::value_error("plain and discounted must be one-dimensional (re, im) pairs of equal length");
+  }
+  pld::BandTerms terms;
+  terms.plain = plain.data();
+  terms.discounted = discounted.data();
+  terms.count = static_cast<std::size_t>(plain.shape(0) / 2);
+  terms.total = total;
+  terms.size = size;
+  terms.grid_step = grid_step;
+  return terms;
+}
+
 py::array_t<double> to_python_mass(const pld::DiscretePld& result) {
   py::array_t<double> mass(static_cast<py::ssize_t>(result.mass.size()));
   std::memcpy(mass.mutable_data(), result.mass.data(), result.mass.size() * sizeof(double));
@@ -129,6 +146,36 @@ void bind_pld(py::module_& m) {
       "(j, A, W): the smallest grid index j whose hockey-stick value A_j + constant - W_j is <= "
       "delta (-1 if none), with A_{j-1} = sum_{k >= j} m_k and W_{j-1} = sum_{k >= j} m_k "
       "decay^(k - j + 1) when j > 0 (see pld.hpp).");
+  m.def(
+      "pld_band_suffix_sums",
+      [](py::array_t<double, py::array::c_style | py::array::forcecast> plain,
+         py::array_t<double, py::array::c_style | py::array::forcecast> discounted, double total,
+         std::int64_t size, double grid_step, std::int64_t index) {
+        const pld::BandTerms terms = band_terms(plain, discounted, total, size, grid_step);
+        const pld::BandSums sums = pld::band_suffix_sums(terms, index);
+        return py::make_tuple(sums.mass_above, sums.weighted_above);
+      },
+      py::arg("plain"), py::arg("discounted"), py::arg("total"), py::arg("size"),
+      py::arg("grid_step"), py::arg("index"),
+      "(A_K, W_K) of a composition held as a band (see pld.hpp: BandTerms; plain and discounted "
+      "are the terms P_f, Q_f as float64 pairs (re, im)).");
+  m.def(
+      "pld_band_crossing",
+      [](py::array_t<double, py::array::c_style | py::array::forcecast> plain,
+         py::array_t<double, py::array::c_style | py::array::forcecast> discounted, double total,
+         std::int64_t size, double grid_step, std::int64_t first, double constant, double delta) {
+        const pld::BandTerms terms = band_terms(plain, discounted, total, size, grid_step);
+        pld::CurveCrossing crossing;
+        {
+          py::gil_scoped_release release;
+          crossing = pld::band_crossing(terms, first, constant, delta);
+        }
+        return py::make_tuple(crossing.index, crossing.tail_mass, crossing.tail_weighted);
+      },
+      py::arg("plain"), py::arg("discounted"), py::arg("total"), py::arg("size"),
+      py::arg("grid_step"), py::arg("first"), py::arg("constant"), py::arg("delta"),
+      "(j, A_{j-1}, W_{j-1}): the first index j >= first with A_j + constant - W_j <= delta for a "
+      "composition held as a band (-1 if none; (first, nan, nan) if it holds at first).");
   m.def(
       "pld_log_hockey_stick",
       [](int mechanism, double parameter, double sampling_rate, double loss) {

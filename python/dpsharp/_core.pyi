@@ -60,6 +60,25 @@ def pld_delta_crossing(
     """(j, A, W): the smallest grid index j whose hockey-stick value A_j + constant - W_j is <=
     delta (-1 if none), with A and W at j - 1 when j > 0 (see pld.hpp)."""
 
+def pld_band_suffix_sums(
+    plain: npt.ArrayLike, discounted: npt.ArrayLike, total: float, size: int, grid_step: float, index: int
+) -> tuple[float, float]:
+    """(A_K, W_K) of a composition held as a band of low frequencies (see pld.hpp: BandTerms;
+    plain and discounted are the terms P_f, Q_f as float64 pairs (re, im))."""
+
+def pld_band_crossing(
+    plain: npt.ArrayLike,
+    discounted: npt.ArrayLike,
+    total: float,
+    size: int,
+    grid_step: float,
+    first: int,
+    constant: float,
+    delta: float,
+) -> tuple[int, float, float]:
+    """(j, A_{j-1}, W_{j-1}): the first index j >= first with A_j + constant - W_j <= delta for a
+    composition held as a band (-1 if none; (first, nan, nan) if it holds at first)."""
+
 def pld_log_hockey_stick(mechanism: int, parameter: float, sampling_rate: float, loss: float) -> float:
     """log delta(eps = loss) of the continuous dominating pair (-inf when delta is 0)."""
 

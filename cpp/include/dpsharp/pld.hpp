@@ -149,4 +149,32 @@ struct CurveCrossing {
 CurveCrossing delta_crossing(const double* mass, std::size_t size, double constant, double decay,
                              double delta, bool clip_negative);
 
+// A composition's window masses held as the band of a real trigonometric polynomial,
+// m_k = (1/n) [D_0 + 2 Re sum_{f=1}^{J-1} D_f w^{f k}] (w = e^{2 pi i / n}, 0 <= k < n), through
+// the precomputed terms P_f = D_f / (1 - w^f) and Q_f = D_f / (1 - rho w^f) (rho = e^{-h}),
+// interleaved (re, im), f = 1 .. J-1 (`count` = J - 1), and total = D_0.
+struct BandTerms {
+  const double* plain = nullptr;
+  const double* discounted = nullptr;
+  std::size_t count = 0;
+  double total = 0.0;
+  std::int64_t size = 0;
+  double grid_step = 0.0;
+};
+
+struct BandSums {
+  double mass_above = 0.0;      // A_K = sum_{k > K} m_k
+  double weighted_above = 0.0;  // W_K = sum_{k > K} m_k e^{-(k - K) h}
+};
+
+// (A_K, W_K) by their closed forms (finite geometric series per frequency), with the phase
+// f (K+1) mod n reduced in integers and 1 - cos formed as 2 sin^2: O(J) operations.
+BandSums band_suffix_sums(const BandTerms& terms, std::int64_t index);
+
+// The first index j >= first with A_j + constant - W_j <= delta (bisection on the
+// non-increasing curve), with (A, W) at j - 1; index -1 if none (constant > delta); (first,
+// nan, nan) if the curve is already at most delta at `first`.
+CurveCrossing band_crossing(const BandTerms& terms, std::int64_t first, double constant,
+                            double delta);
+
 }  // namespace dpsharp::pld

@@ -21,6 +21,11 @@ of the true (linear) result onto the circle is accounted for rigorously:
   covered by an allowance the accountant sets per composition (``ComposedPLD.noise``, added to
   the upper and subtracted from the lower delta): measured, not proven.
 
+When the composed spectrum is 0 (below e^-800) outside a band of low frequencies holding at most
+1/64 of the circle, the result is kept as that band (:class:`._pld_band.BandSpectrum`): epsilon
+and delta are then evaluated from closed forms over the band, with a bound on their evaluation
+error added on each side, and the masses are formed only for the queries that need all of them.
+
 A long composition of few distinct PLDs can be done in two stages, blocks of steps on the fine
 grid and the blocks on a coarser one (:func:`compose_staged`), each stage keeping its bound.
 
@@ -44,6 +49,7 @@ import scipy.fft
 import scipy.signal
 
 from dpsharp._native import core as _core
+from dpsharp.accountants._pld_band import BAND_FRACTION, BandSpectrum
 
 __all__ = [
     "ComposedPLD",
@@ -133,7 +139,11 @@ class LeafSpectrum:
 class ComposedPLD:
     """A composition on the window ``[start, start + size) * grid_step`` with certified slack.
 
-    ``mass`` is the circular FFT result rolled so that entry ``j`` is loss ``(start + j) h``.
+    The window's masses (entry ``j`` at loss ``(start + j) h``) are held either ``dense`` (the
+    circular FFT result, rolled) or, for a long composition whose spectrum is confined to a band
+    of low frequencies, as that band (``spectral``, see :mod:`._pld_band`): then epsilon and delta
+    queries are answered from closed-form sums over the band, and :attr:`mass` is formed only
+    when a query needs the whole curve.
     ``infinity_mass`` is the composed mass at +inf; ``above`` and ``below`` bound the mass of the
     linear composition above and below the window. ``excess`` bounds the total mass by which the
     (non-negative) measure that was composed exceeds the optimistic PLDs' composition (non-zero
@@ -144,28 +154,51 @@ class ComposedPLD:
     """
 
     start: int
-    mass: np.ndarray
     infinity_mass: float
     above: float
     below: float
     grid_step: float
+    dense: np.ndarray | None = None
+    spectral: BandSpectrum | None = None
     excess: float = 0.0
     inner_roundoff: float = 0.0
     noise: float = 0.0
 
+    def __post_init__(self) -> None:
+        if (self.dense is None) == (self.spectral is None):
+            raise ValueError("a ComposedPLD holds its masses either dense or spectral")
+
+    @cached_property
+    def mass(self) -> np.ndarray:
+        """The window's masses (formed by one inverse transform when held spectral)."""
+        if self.dense is not None:
+            return self.dense
+        assert self.spectral is not None
+        return inverse_transform(self.spectral.full_spectrum(), self.spectral.size)
+
+    @property
+    def size(self) -> int:
+        return self.dense.size if self.dense is not None else self.spectral.size  # type: ignore[union-attr]
+
     @property
     def losses(self) -> np.ndarray:
-        return (self.start + np.arange(self.mass.size)) * self.grid_step
+        return (self.start + np.arange(self.size)) * self.grid_step
 
     @property
     def roundoff(self) -> float:
-        """Total negative mass left by FFT round-off: a measure of its noise level."""
+        """A measure of the round-off level: the total negative mass left by the FFT (dense), or
+        the bound on the evaluation error of the band's sums (spectral)."""
+        if self.spectral is not None:
+            return self.spectral.error + self.inner_roundoff
         return float(-self.mass[self.mass < 0].sum()) + self.inner_roundoff
 
     def _constants(self, pessimistic: bool) -> tuple[float, float]:
-        """(constant added to every delta, mass that sits below the window's bottom point)."""
+        """(constant added to every delta, mass that sits below the window's bottom point). A
+        spectral composition's masses are not clipped at 0, so its pessimistic constant also
+        carries the evaluation error bound of the band's sums."""
         if pessimistic:
-            return self.infinity_mass + self.above + self.noise, self.below
+            evaluation = self.spectral.error if self.spectral is not None else 0.0
+            return self.infinity_mass + self.above + self.noise + evaluation, self.below
         return (
             self.infinity_mass - self.above - self.below - 2.0 * self.roundoff - self.excess - self.noise,
             0.0,
@@ -178,6 +211,10 @@ class ComposedPLD:
     def delta(self, epsilon: float, *, pessimistic: bool) -> float:
         """``sum_k m_k (1 - e^{eps - l_k})_+ + constant``: an upper (pessimistic) or lower bound
         of the hockey-stick divergence of the discretised composition."""
+        if self.spectral is not None:
+            value = self._spectral_delta(epsilon, pessimistic)
+            if value is not None:
+                return value
         mass, constant, low_mass = self._curve_terms(pessimistic)
         losses = self.losses
         above = losses > epsilon
@@ -185,6 +222,26 @@ class ComposedPLD:
         first = self.start * self.grid_step
         if low_mass and epsilon < first:
             value += low_mass * -np.expm1(epsilon - first)
+        return min(max(value, 0.0), 1.0)
+
+    def _spectral_delta(self, epsilon: float, pessimistic: bool) -> float | None:
+        """:meth:`delta` from the band's suffix sums: ``A_K - e^{eps - l_K} W_K + constant`` with
+        ``l_K <= eps < l_{K+1}``; None (use the masses) for an epsilon below the window."""
+        assert self.spectral is not None
+        h = self.grid_step
+        index = math.floor(epsilon / h) - self.start
+        # the index of the last grid point at or below epsilon, as `losses > epsilon` decides it
+        while index + 1 < self.size and (self.start + index + 1) * h <= epsilon:
+            index += 1
+        while index >= 0 and (self.start + index) * h > epsilon:
+            index -= 1
+        if index < 0:
+            return None
+        constant, _ = self._constants(pessimistic)
+        if index >= self.size - 1:
+            return min(max(constant, 0.0), 1.0)
+        mass_above, weighted_above = self.spectral.suffix_sums(index)
+        value = mass_above - math.exp(epsilon - (self.start + index) * h) * weighted_above + constant
         return min(max(value, 0.0), 1.0)
 
     def epsilon(self, delta: float, *, pessimistic: bool) -> float:
@@ -197,13 +254,21 @@ class ComposedPLD:
             return float("inf")
         # The answer is clamped at 0, so grid points below l = -h are not needed: the suffix
         # sums are computed from index i0 (loss <= -h when i0 > 0) on, which gives the same
-        # values as over the whole window (suffix sums run from the top end). The C++ walk gives
+        # values as over the whole window (suffix sums run from the top end). The walk gives
         # the first grid index j >= i0 where the curve A_j + constant - W_j is <= delta, with
-        # A_j = sum_{k > j} m_k and W_j = sum_{k > j} m_k e^{-(l_k - l_j)}, and A, W at j - 1.
+        # A_j = sum_{k > j} m_k and W_j = sum_{k > j} m_k e^{-(l_k - l_j)}, and A, W at j - 1:
+        # over the masses in the C++ core, or by a search over the band's closed forms.
         i0 = max(0, -self.start - 1)
-        j_from, tail_mass, tail_weighted = _core.pld_delta_crossing(
-            self.mass[i0:], constant, math.exp(-h), delta, pessimistic
-        )
+        if self.spectral is not None and i0 > 0:
+            found = self.spectral.crossing(i0, constant, delta)
+            if found is None:
+                return float("inf")
+            j, tail_mass, tail_weighted = found
+            j_from = j - i0
+        else:
+            j_from, tail_mass, tail_weighted = _core.pld_delta_crossing(
+                self.mass[i0:], constant, math.exp(-h), delta, pessimistic
+            )
         if j_from < 0:
             return float("inf")  # the curve is non-increasing: no crossing below i0 either
         if i0 > 0 and j_from == 0:
@@ -325,6 +390,25 @@ def compose(
         phase += count * leaf.phase_at(kept)
     spectrum = np.zeros(size // 2 + 1, dtype=complex)
     spectrum[kept] = np.exp(log_modulus[keep] + 1j * phase)
+    return _result_of_spectrum(window, spectrum)
+
+
+#: Spectrum entries at most this large in modulus are dropped when a composition is held as a
+#: band (:func:`_result_of_spectrum`): each moves every mass of the window by at most 2e-300 / n.
+_NEGLIGIBLE_SPECTRUM = 1e-300
+
+
+def _result_of_spectrum(window: _Window, spectrum: np.ndarray) -> ComposedPLD:
+    """The composition whose real-FFT spectrum on the window's circle is ``spectrum``: held as a
+    band (no inverse transform) when every entry beyond the first ``size / BAND_FRACTION`` is
+    negligible, else dense."""
+    size = window.size
+    significant = np.flatnonzero(np.abs(spectrum[: size // BAND_FRACTION + 1]) > _NEGLIGIBLE_SPECTRUM)
+    band = int(significant[-1]) + 1 if significant.size else 0
+    if 0 < band <= size // BAND_FRACTION and not np.any(
+        np.abs(spectrum[band:]) > _NEGLIGIBLE_SPECTRUM
+    ):
+        return window.band_result(spectrum[:band])
     return window.result(inverse_transform(spectrum, size))
 
 
@@ -363,7 +447,24 @@ class _Window:
     def result(self, circular: np.ndarray) -> ComposedPLD:
         """The :class:`ComposedPLD` of the circular composition ``circular`` (index 0 = loss
         ``shift * h``, where ``shift`` is the sum of the composed offsets)."""
-        mass = np.roll(circular, (self.shift - self.start) % self.size)
+        mass = np.roll(circular, self._rotation)
+        return self._composed(dense=mass)
+
+    def band_result(self, band: np.ndarray) -> ComposedPLD:
+        """The :class:`ComposedPLD` of a circular composition whose real-FFT spectrum is
+        ``band`` at frequencies 0 .. J-1 and 0 at every other frequency, held spectral. The roll
+        of :meth:`result` by r points multiplies frequency f by ``w^{-f r}`` (its argument
+        reduced modulo n in integers)."""
+        turn = (np.arange(band.size, dtype=np.int64) * self._rotation) % self.size
+        coefficients = band * np.exp((-2j * math.pi / self.size) * turn)
+        return self._composed(spectral=BandSpectrum(coefficients, self.size, self.grid_step))
+
+    @property
+    def _rotation(self) -> int:
+        """The roll that brings loss ``start * h`` to index 0 of the circular result."""
+        return (self.shift - self.start) % self.size
+
+    def _composed(self, **masses: Any) -> ComposedPLD:
         window_low = self.start * self.grid_step
         window_high = (self.start + self.size - 1) * self.grid_step
         below, above = chernoff_tails(self.log_mgf_total, window_low, window_high)
@@ -373,7 +474,7 @@ class _Window:
             above = 0.0
         return ComposedPLD(
             start=self.start,
-            mass=mass,
+            **masses,
             infinity_mass=float(-np.expm1(self.log_finite)),
             above=above,
             below=below,
@@ -405,7 +506,7 @@ def _compose_by_products(
     spectrum = partial[0]
     for other in partial[1:]:
         spectrum *= other
-    return window.result(inverse_transform(spectrum, size))
+    return _result_of_spectrum(window, spectrum)
 
 
 def _integer_power(values: np.ndarray, exponent: int) -> np.ndarray:

@@ -20,6 +20,9 @@ accounted on each side (``_pld_numerics._compose_two_level``). A long compositio
 steps) of few distinct events is done in two stages when that is predicted to be cheaper: blocks
 of steps on the fine grid, each block moved to a coarser grid by a mean-preserving spread
 (pessimistic) or contraction (optimistic), then the blocks (``_pld_numerics.compose_staged``).
+A long composition's spectrum is confined to a band of low frequencies; such a composition is
+kept as that band and its epsilon and delta queries are answered from closed-form sums over it,
+without the inverse transform of the circle (``_pld_band``).
 The FFT round-off that no negative mass reveals is covered by an allowance of 2^-52 per composed
 step in delta (``_ROUNDOFF_PER_STEP``), measured rather than proven.
 Hockey-stick curves:
@@ -416,7 +419,7 @@ class PLDAccountant(Accountant):
         """Refuse a delta at the round-off level: below 10 times the negative-mass estimate, below
         1e-15, or below twice the round-off allowance of the composition (there every epsilon
         would be infinite or bounded only loosely)."""
-        noise = max(r.roundoff for r in results) + 1e-16 * max(math.sqrt(r.mass.size) for r in results)
+        noise = max(r.roundoff for r in results) + 1e-16 * max(math.sqrt(r.size) for r in results)
         allowance = max(r.noise for r in results)
         floor = max(10.0 * noise, 1e-15, 2.0 * allowance)
         if delta < floor:
@@ -459,7 +462,7 @@ class PLDAccountant(Accountant):
             lower = min(lower, upper)
             if upper - lower <= self._precision * upper or not math.isfinite(upper):
                 return lower, upper
-            sizes = [r.mass.size for r in self._bounds_at(refinement, _tail_for(delta, self._precision), False)]
+            sizes = [r.size for r in self._bounds_at(refinement, _tail_for(delta, self._precision), False)]
             many_leaves = len(self._counts) > _REFINE_UP_TO
             if max(sizes) * 2 > _MAX_SIZE or refinement >= 4 or many_leaves:
                 return lower, upper

@@ -1,0 +1,112 @@
+"""A composed PLD held by its spectrum in a band of low frequencies (the query side of
+:func:`dpsharp.accountants._pld_numerics.compose`).
+
+The composition of T copies of a PLD has the spectrum ``F^T``; for a long composition this is
+below ``e^-800`` (zero in double precision, and dropped by ``compose``) everywhere except in a
+band of low frequencies ``|f| < J``: the composed loss is spread over thousands of grid points,
+so its masses are a smooth (band-limited) sequence. On the settings of bench/bench_pld.py, J is
+100 to 750 frequencies on circles of 2^16 to 2^20 points. The masses of the window are then the
+trigonometric polynomial
+
+    m_k = (1/n) [D_0 + 2 Re sum_{f=1}^{J-1} D_f w^{f k}],   w = e^{2 pi i / n},  0 <= k < n
+
+(``D_f``: the composed spectrum with the window's rotation folded in), and the two suffix sums a
+hockey-stick query needs have closed forms (finite geometric series): with rho = e^{-h},
+
+    A_K = sum_{k > K} m_k
+        = (1/n) [D_0 (n - 1 - K) + 2 Re sum_f D_f (w^{f (K+1)} - 1) / (1 - w^f)],
+    W_K = sum_{k > K} m_k rho^{k - K}
+        = (1/n) [D_0 rho (1 - rho^{n-1-K}) / (1 - rho)
+                 + 2 Re sum_f D_f (rho w^{f (K+1)} - rho^{n-K}) / (1 - rho w^f)],
+
+so delta at a grid point is ``A_K - W_K`` (plus the constants of the bound) in O(J) operations,
+and the crossing of ``delta`` by bisection over K in O(J log n) (both in the C++ core,
+``pld_band.cpp``): the inverse transform of the circle (and the O(n) passes over its masses) is
+not needed for an epsilon or delta query. The masses are formed (one inverse transform of :meth:`BandSpectrum.full_spectrum`) only for the queries that
+need the whole curve (trade-off, mu-GDP).
+
+Floating point: the sums are evaluated in double precision with pairwise summation; the
+error of one evaluation of ``A_K - c W_K`` (0 <= c <= 1) is bounded by :attr:`BandSpectrum.error`
+= (log2 J + 24) u S, where u = 2^-53 and S bounds the sum of the moduli of the terms (``|D_0|``
+twice and ``(2/n) |D_f| (2 / |1 - w^f| + 2 / |1 - rho w^f|)``); the 24 covers the blocks of
+16 terms summed in order and the few rounded operations of each term (the phases
+``w^{f(K+1)}`` are formed from ``f (K+1) mod n`` in integers, so their argument is exact before
+the final rounding). The error of the coefficients themselves (the forward transform and the T-th power)
+is the one a dense composition has too, covered by ``ComposedPLD.noise``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from dpsharp._native import core as _core
+
+__all__ = ["BAND_FRACTION", "BandSpectrum"]
+
+#: A composition is kept in spectral form when its band holds at most size / BAND_FRACTION
+#: frequencies: a query then costs about 2 log2(n) evaluations of J terms, below the inverse
+#: transform of the circle (and the passes over its masses) that it replaces.
+BAND_FRACTION = 64
+
+_UNIT_ROUNDOFF = 2.0**-53
+
+
+class BandSpectrum:
+    """The masses ``m_k`` (``0 <= k < size``) of a composition's window, held as the coefficients
+    ``D_0 .. D_{J-1}`` of their real trigonometric polynomial (see the module docstring)."""
+
+    def __init__(self, coefficients: np.ndarray, size: int, grid_step: float) -> None:
+        if coefficients.size < 1 or 2 * coefficients.size > size:
+            raise ValueError(f"a band of {coefficients.size} frequencies does not fit a circle of {size}")
+        self.coefficients = coefficients
+        self.size = size
+        self.grid_step = grid_step
+        self._frequencies = np.arange(1, coefficients.size, dtype=np.int64)
+        half_angle = (math.pi / size) * self._frequencies
+        # 1 - w^f = 2 sin^2(theta/2) - i sin(theta) and 1 - rho w^f = (1 - rho) + 2 rho
+        # sin^2(theta/2) - i rho sin(theta): no cancellation in the real parts (1 - cos(theta)
+        # is ~1e-12 at theta ~ 1e-6, where forming it from cos would lose 4 of 16 digits).
+        versine = 2.0 * np.sin(half_angle) ** 2
+        sine = np.sin(2.0 * half_angle)
+        self._decay = math.exp(-grid_step)  # rho
+        self._plain = 1.0 / (versine - 1j * sine)
+        self._discounted = 1.0 / ((-math.expm1(-grid_step) + self._decay * versine) - 1j * (self._decay * sine))
+        self._total = float(coefficients[0].real)  # D_0: the mass of the window
+        # S of the error bound: |D_0| (A) + |D_0| (W) + (2/n) |D_f| (2 |1/(1-w^f)| + 2 |1/(1-rho w^f)|)
+        rest = coefficients[1:]
+        # P_f = D_f / (1 - w^f) and Q_f = D_f / (1 - rho w^f), as (re, im) pairs for the C++ core.
+        self._terms = (
+            np.ascontiguousarray(rest * self._plain).view(np.float64),
+            np.ascontiguousarray(rest * self._discounted).view(np.float64),
+            self._total,
+            size,
+            grid_step,
+        )
+        moduli = np.abs(rest) * (np.abs(self._plain) + np.abs(self._discounted))
+        scale = 2.0 * abs(self._total) + (4.0 / size) * float(moduli.sum())
+        self.error = (math.log2(max(coefficients.size, 2)) + 24.0) * _UNIT_ROUNDOFF * scale
+
+    def suffix_sums(self, index: int) -> tuple[float, float]:
+        """``(A_K, W_K)`` at ``K = index`` (``-1 <= K < size``): the mass above grid point K and
+        that mass discounted by ``e^{-(l_k - l_K)}`` (C++ core: ``pld.hpp``, band_suffix_sums)."""
+        return _core.pld_band_suffix_sums(*self._terms, index)
+
+    def full_spectrum(self) -> np.ndarray:
+        """The real-FFT spectrum of the window's masses (the band, then zeros): its inverse real
+        transform of ``size`` points gives the masses."""
+        spectrum = np.zeros(self.size // 2 + 1, dtype=complex)
+        spectrum[: self.coefficients.size] = self.coefficients
+        return spectrum
+
+    def crossing(self, first: int, constant: float, delta: float) -> tuple[int, float, float] | None:
+        """The first grid index ``j >= first`` at which ``A_j + constant - W_j <= delta`` (a
+        non-increasing curve: the hockey-stick divergence at the grid points), with ``(A, W)`` at
+        ``j - 1``, by bisection in the C++ core (about log2(n) evaluations of the closed forms);
+        None when even the last point is above ``delta``; ``(first, nan, nan)`` when the curve is
+        already at most ``delta`` at ``first``."""
+        index, mass, weighted = _core.pld_band_crossing(*self._terms, first, constant, delta)
+        if index < 0:
+            return None
+        return int(index), float(mass), float(weighted)
