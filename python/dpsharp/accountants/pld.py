@@ -731,7 +731,16 @@ class _RoundingGrid:
         return cls(kind, sigma_index, rate_index, log_r)
 
     def distinct(self) -> int:
-        return len(set(zip(self.kind.tolist(), self.sigma_index.tolist(), self.rate_index.tolist())))
+        """The number of distinct (kind, sigma index, rate index) rows (by sorting, not hashing
+        tens of thousands of tuples)."""
+        if self.kind.size == 0:
+            return 0
+        order = np.lexsort((self.rate_index, self.sigma_index, self.kind))
+        columns = [column[order] for column in (self.kind, self.sigma_index, self.rate_index)]
+        changed = np.zeros(order.size - 1, dtype=bool)
+        for column in columns:
+            changed |= column[1:] != column[:-1]
+        return int(changed.sum()) + 1
 
 
 def _loss_variance(leaf: Event) -> float:
