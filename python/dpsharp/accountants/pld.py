@@ -596,9 +596,9 @@ def _staging(steps: int) -> tuple[int, int] | None:
     sqrt(T) / 16 (at least 4) and ``factor`` the power of two at most sqrt(T1) / 8 (at least 2).
     ``bench/bench_pld_staging.py`` measures both on Poisson-subsampled Gaussians from 4e4 to 1e7
     steps: the staged upper epsilon is at most 5e-6 relative above the one-stage one on the same
-    grid (the precision knob's default gap is 1e-3), and the staged query is up to 8x faster at
-    1e7 steps (the gain grows with T; with fewer steps, or where a block's window is set by far
-    tails, :func:`~dpsharp.accountants._pld_numerics.staging_pays` keeps one stage)."""
+    grid (the precision knob's default gap is 1e-3), and the staged query is 3x faster at 1e6
+    steps and 7-8x at 1e7 (the gain grows with T; with fewer steps, or where a block's window is
+    set by far tails, :func:`~dpsharp.accountants._pld_numerics.staging_pays` keeps one stage)."""
     if steps < _STAGED_FROM:
         return None
     blocks = 1 << max(2, round(math.log2(math.sqrt(steps) / 16.0)))
