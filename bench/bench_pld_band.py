@@ -41,11 +41,17 @@ _DENSE = 10**18  # a band threshold no circle reaches
 
 
 def query(q: float, sigma: float, steps: int, precision: float) -> float:
-    return PLDAccountant(precision=precision).compose(PoissonSampled(Gaussian(sigma), q), steps).epsilon(DELTA)
+    return (
+        PLDAccountant(precision=precision)
+        .compose(PoissonSampled(Gaussian(sigma), q), steps)
+        .epsilon(DELTA)
+    )
 
 
 def band_size(q: float, sigma: float, steps: int, precision: float) -> str:
-    accountant = PLDAccountant(precision=precision).compose(PoissonSampled(Gaussian(sigma), q), steps)
+    accountant = PLDAccountant(precision=precision).compose(
+        PoissonSampled(Gaussian(sigma), q), steps
+    )
     result = accountant._composed(
         "remove", True, accountant._grid_step(), pld_module._tail_for(DELTA, precision)
     )
@@ -60,10 +66,14 @@ def main() -> None:
     args = parser.parse_args()
     shipped = numerics.BAND_FRACTION
     print(f"# command: python bench/bench_pld_band.py --repeat {args.repeat}")
-    print(f"# one epsilon({DELTA}) query from a fresh accountant, band (shipped) and forced dense "
-          f"interleaved; medians of {args.repeat}; load average {os.getloadavg()[0]:.1f}")
-    print(f"{'setting':20s} {'T':>8s} {'precision':>9s} {'band/n':>15s} {'band eps':>14s} "
-          f"{'dense eps':>14s} {'band ms':>8s} {'dense ms':>9s} {'x':>5s}")
+    print(
+        f"# one epsilon({DELTA}) query from a fresh accountant, band (shipped) and forced dense "
+        f"interleaved; medians of {args.repeat}; load average {os.getloadavg()[0]:.1f}"
+    )
+    print(
+        f"{'setting':20s} {'T':>8s} {'precision':>9s} {'band/n':>15s} {'band eps':>14s} "
+        f"{'dense eps':>14s} {'band ms':>8s} {'dense ms':>9s} {'x':>5s}"
+    )
     for name, q, sigma, steps, precision in SETTINGS:
         times: dict[int, list[float]] = {shipped: [], _DENSE: []}
         values: dict[int, float] = {}
@@ -78,9 +88,11 @@ def main() -> None:
             numerics.BAND_FRACTION = shipped
         band_ms = statistics.median(times[shipped]) * 1e3
         dense_ms = statistics.median(times[_DENSE]) * 1e3
-        print(f"{name:20s} {steps:8d} {precision:9.3g} {band_size(q, sigma, steps, precision):>15s} "
-              f"{values[shipped]:14.9f} {values[_DENSE]:14.9f} {band_ms:8.2f} {dense_ms:9.2f} "
-              f"{dense_ms / band_ms:5.2f}")
+        print(
+            f"{name:20s} {steps:8d} {precision:9.3g} {band_size(q, sigma, steps, precision):>15s} "
+            f"{values[shipped]:14.9f} {values[_DENSE]:14.9f} {band_ms:8.2f} {dense_ms:9.2f} "
+            f"{dense_ms / band_ms:5.2f}"
+        )
     print(f"# load average at the end: {os.getloadavg()[0]:.1f}")
 
 

@@ -32,7 +32,9 @@ def reference_masses(coefficients: np.ndarray, size: int) -> np.ndarray:
     return total / size
 
 
-def band_of_a_smooth_distribution(size: int, band: int, grid_step: float, centre: float) -> np.ndarray:
+def band_of_a_smooth_distribution(
+    size: int, band: int, grid_step: float, centre: float
+) -> np.ndarray:
     """The first ``band`` DFT coefficients of a discretised Gaussian bump on the circle (its
     spectrum decays like e^{-f^2 ...}, so the band holds it to double precision)."""
     k = np.arange(size)
@@ -42,8 +44,12 @@ def band_of_a_smooth_distribution(size: int, band: int, grid_step: float, centre
     return np.fft.rfft(mass)[:band]
 
 
-@pytest.mark.parametrize(("size", "band", "grid_step"), [(512, 8, 0.01), (4096, 40, 1e-3), (30720, 100, 2e-4)])
-def test_suffix_sums_match_the_masses_summed_directly(size: int, band: int, grid_step: float) -> None:
+@pytest.mark.parametrize(
+    ("size", "band", "grid_step"), [(512, 8, 0.01), (4096, 40, 1e-3), (30720, 100, 2e-4)]
+)
+def test_suffix_sums_match_the_masses_summed_directly(
+    size: int, band: int, grid_step: float
+) -> None:
     coefficients = band_of_a_smooth_distribution(size, band, grid_step, centre=0.37 * size)
     spectrum = BandSpectrum(coefficients, size, grid_step)
     masses = reference_masses(coefficients, size)
@@ -51,7 +57,9 @@ def test_suffix_sums_match_the_masses_summed_directly(size: int, band: int, grid
     for index in [-1, 0, 1, size // 3, size // 2, size - 2, size - 1]:
         above = masses[index + 1 :]
         expected_mass = float(np.sum(above))
-        expected_weighted = float(np.sum(above * decay ** np.arange(1, above.size + 1, dtype=np.longdouble)))
+        expected_weighted = float(
+            np.sum(above * decay ** np.arange(1, above.size + 1, dtype=np.longdouble))
+        )
         mass, weighted = spectrum.suffix_sums(index)
         assert abs(mass - expected_mass) <= spectrum.error + 1e-17
         assert abs(weighted - expected_weighted) <= spectrum.error + 1e-17
@@ -64,15 +72,24 @@ def test_masses_are_the_inverse_transform_of_the_band() -> None:
     coefficients = band_of_a_smooth_distribution(size, band, 1e-3, centre=1000.0)
     spectrum = BandSpectrum(coefficients, size, 1e-3)
     masses = _pld_numerics.inverse_transform(spectrum.full_spectrum(), size)
-    np.testing.assert_allclose(masses, reference_masses(coefficients, size).astype(float), atol=1e-17)
+    np.testing.assert_allclose(
+        masses, reference_masses(coefficients, size).astype(float), atol=1e-17
+    )
 
 
 def test_crossing_is_the_first_grid_point_at_or_below_delta() -> None:
     size, band, step = 4096, 40, 1e-3
-    spectrum = BandSpectrum(band_of_a_smooth_distribution(size, band, step, centre=2000.0), size, step)
+    spectrum = BandSpectrum(
+        band_of_a_smooth_distribution(size, band, step, centre=2000.0), size, step
+    )
     masses = reference_masses(spectrum.coefficients, size).astype(float)
     tail_mass = np.concatenate((np.cumsum(masses[::-1])[::-1][1:], [0.0]))
-    weights = np.array([math.fsum(masses[j + 1 :] * np.exp(-step * np.arange(1, size - j))) for j in range(0, size, 1)])
+    weights = np.array(
+        [
+            math.fsum(masses[j + 1 :] * np.exp(-step * np.arange(1, size - j)))
+            for j in range(0, size, 1)
+        ]
+    )
     curve = tail_mass - weights
     for delta in (1e-2, 1e-4, 1e-7):
         expected = int(np.flatnonzero(curve <= delta)[0])
@@ -99,15 +116,20 @@ def test_bad_band_input_is_refused() -> None:
         _core.pld_band_crossing(plain, plain, 1.0, 512, 0.01, -1, 0.0, 1e-5)
 
 
-def composed(event: object, steps: int, *, spectral: bool, precision: float = 1e-3) -> _pld_numerics.ComposedPLD:
+def composed(
+    event: object, steps: int, *, spectral: bool, precision: float = 1e-3
+) -> _pld_numerics.ComposedPLD:
     """The pessimistic remove-direction composition at the grid and tail an epsilon(1e-5) query
     uses, held as a band (shipped) or forced dense."""
     fraction = _pld_numerics.BAND_FRACTION if spectral else 10**18
     original = _pld_numerics.BAND_FRACTION
     _pld_numerics.BAND_FRACTION = fraction
     try:
-        accountant = PLDAccountant(precision=precision).compose(event, steps)  # type: ignore[arg-type]
-        return accountant._composed("remove", True, accountant._grid_step(), pld._tail_for(1e-5, precision))
+        accountant = PLDAccountant(precision=precision)
+        accountant.compose(event, steps)  # type: ignore[arg-type]
+        return accountant._composed(
+            "remove", True, accountant._grid_step(), pld._tail_for(1e-5, precision)
+        )
     finally:
         _pld_numerics.BAND_FRACTION = original
 
@@ -120,7 +142,9 @@ def composed(event: object, steps: int, *, spectral: bool, precision: float = 1e
         (Gaussian(30.0), 2000, 1e-3),
     ],
 )
-def test_spectral_queries_agree_with_the_dense_composition(event: object, steps: int, precision: float) -> None:
+def test_spectral_queries_agree_with_the_dense_composition(
+    event: object, steps: int, precision: float
+) -> None:
     band = composed(event, steps, spectral=True, precision=precision)
     dense = composed(event, steps, spectral=False, precision=precision)
     assert band.spectral is not None and dense.spectral is None
@@ -134,7 +158,9 @@ def test_spectral_queries_agree_with_the_dense_composition(event: object, steps:
     for epsilon in (0.5 * eps, eps, 1.2 * eps):
         for pessimistic in (True, False):
             expected = dense.delta(epsilon, pessimistic=pessimistic)
-            assert band.delta(epsilon, pessimistic=pessimistic) == pytest.approx(expected, abs=slack + 1e-11 * expected)
+            assert band.delta(epsilon, pessimistic=pessimistic) == pytest.approx(
+                expected, abs=slack + 1e-11 * expected
+            )
     for pessimistic in (True, False):
         assert band.epsilon(1e-5, pessimistic=pessimistic) == pytest.approx(
             dense.epsilon(1e-5, pessimistic=pessimistic), rel=1e-8
@@ -148,7 +174,9 @@ def test_short_compositions_stay_dense() -> None:
 
 
 @pytest.mark.parametrize(("mu", "steps", "delta"), [(1.0, 20_000, 1e-5), (3.0, 30_000, 1e-7)])
-def test_spectral_bracket_holds_against_the_exact_gaussian_curve(mu: float, steps: int, delta: float) -> None:
+def test_spectral_bracket_holds_against_the_exact_gaussian_curve(
+    mu: float, steps: int, delta: float
+) -> None:
     # A composition of identical Gaussians is Gaussian with mu = sqrt(T) / sigma: the spectral
     # bounds must bracket the exact curve at every precision.
     sigma = math.sqrt(steps) / mu

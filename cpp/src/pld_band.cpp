@@ -39,7 +39,8 @@ class BandEvaluator {
     const double h = terms_.grid_step;
     const double rho = std::exp(-h);
     const std::int64_t above_count = n - 1 - index;
-    const double tail_gap = -rho * std::expm1(-static_cast<double>(above_count) * h);  // rho - rho^{n-K}
+    // rho - rho^{n-K}, without cancellation
+    const double tail_gap = -rho * std::expm1(-static_cast<double>(above_count) * h);
     const std::int64_t stride = ((index + 1) % n + n) % n;
     std::int64_t reduced = 0;  // f (K + 1) mod n, kept exact in integers
     for (std::size_t i = 0; i < terms_.count; ++i) {
@@ -61,7 +62,8 @@ class BandEvaluator {
     const double plain_sum = pairwise_sum(plain_.data(), plain_.size());
     const double discounted_sum = pairwise_sum(discounted_.data(), discounted_.size());
     // sum_{k=K+1}^{n-1} rho^{k-K} = rho (1 - rho^{n-1-K}) / (1 - rho)
-    const double geometric = rho * std::expm1(-static_cast<double>(above_count) * h) / std::expm1(-h);
+    const double geometric =
+        rho * std::expm1(-static_cast<double>(above_count) * h) / std::expm1(-h);
     const double size = static_cast<double>(n);
     return {(terms_.total * static_cast<double>(above_count) + 2.0 * plain_sum) / size,
             (terms_.total * geometric + 2.0 * discounted_sum) / size};

@@ -5,8 +5,8 @@ The composition of T copies of a PLD has the spectrum ``F^T``; for a long compos
 below ``e^-800`` (zero in double precision, and dropped by ``compose``) everywhere except in a
 band of low frequencies ``|f| < J``: the composed loss is spread over thousands of grid points,
 so its masses are a smooth (band-limited) sequence. On the settings of bench/bench_pld.py, J is
-100 to 750 frequencies on circles of 2^16 to 2^20 points. The masses of the window are then the
-trigonometric polynomial
+about 100 to 750 frequencies on circles of 15,000 to 2.4 million points
+(bench/results/pld_band.txt). The masses of the window are then the trigonometric polynomial
 
     m_k = (1/n) [D_0 + 2 Re sum_{f=1}^{J-1} D_f w^{f k}],   w = e^{2 pi i / n},  0 <= k < n
 
@@ -22,8 +22,9 @@ hockey-stick query needs have closed forms (finite geometric series): with rho =
 so delta at a grid point is ``A_K - W_K`` (plus the constants of the bound) in O(J) operations,
 and the crossing of ``delta`` by bisection over K in O(J log n) (both in the C++ core,
 ``pld_band.cpp``): the inverse transform of the circle (and the O(n) passes over its masses) is
-not needed for an epsilon or delta query. The masses are formed (one inverse transform of :meth:`BandSpectrum.full_spectrum`) only for the queries that
-need the whole curve (trade-off, mu-GDP).
+not needed for an epsilon or delta query. The masses are formed (one inverse transform of
+:meth:`BandSpectrum.full_spectrum`) only for the queries that need the whole curve (trade-off,
+mu-GDP) and for coarsening a staged composition's blocks.
 
 Floating point: the sums are evaluated in double precision with pairwise summation; the
 error of one evaluation of ``A_K - c W_K`` (0 <= c <= 1) is bounded by :attr:`BandSpectrum.error`
@@ -31,8 +32,10 @@ error of one evaluation of ``A_K - c W_K`` (0 <= c <= 1) is bounded by :attr:`Ba
 twice and ``(2/n) |D_f| (2 / |1 - w^f| + 2 / |1 - rho w^f|)``); the 24 covers the blocks of
 16 terms summed in order and the few rounded operations of each term (the phases
 ``w^{f(K+1)}`` are formed from ``f (K+1) mod n`` in integers, so their argument is exact before
-the final rounding). The error of the coefficients themselves (the forward transform and the T-th power)
-is the one a dense composition has too, covered by ``ComposedPLD.noise``.
+the final rounding). The error of the coefficients themselves (the forward transform and the
+T-th power) is the one a dense composition has too, covered by ``ComposedPLD.noise``
+(measured against the exact Gaussian curve in tests/test_pld_roundoff.py and
+tests/test_pld_band.py).
 """
 
 from __future__ import annotations
@@ -59,7 +62,9 @@ class BandSpectrum:
 
     def __init__(self, coefficients: np.ndarray, size: int, grid_step: float) -> None:
         if coefficients.size < 1 or 2 * coefficients.size > size:
-            raise ValueError(f"a band of {coefficients.size} frequencies does not fit a circle of {size}")
+            raise ValueError(
+                f"a band of {coefficients.size} frequencies does not fit a circle of {size}"
+            )
         self.coefficients = coefficients
         self.size = size
         self.grid_step = grid_step
@@ -72,9 +77,12 @@ class BandSpectrum:
         sine = np.sin(2.0 * half_angle)
         self._decay = math.exp(-grid_step)  # rho
         self._plain = 1.0 / (versine - 1j * sine)
-        self._discounted = 1.0 / ((-math.expm1(-grid_step) + self._decay * versine) - 1j * (self._decay * sine))
+        self._discounted = 1.0 / (
+            (-math.expm1(-grid_step) + self._decay * versine) - 1j * (self._decay * sine)
+        )
         self._total = float(coefficients[0].real)  # D_0: the mass of the window
-        # S of the error bound: |D_0| (A) + |D_0| (W) + (2/n) |D_f| (2 |1/(1-w^f)| + 2 |1/(1-rho w^f)|)
+        # S of the error bound: |D_0| (for A) + |D_0| (for W)
+        #   + (2/n) |D_f| (2 |1/(1-w^f)| + 2 |1/(1-rho w^f)|)
         rest = coefficients[1:]
         # P_f = D_f / (1 - w^f) and Q_f = D_f / (1 - rho w^f), as (re, im) pairs for the C++ core.
         self._terms = (
@@ -100,7 +108,9 @@ class BandSpectrum:
         spectrum[: self.coefficients.size] = self.coefficients
         return spectrum
 
-    def crossing(self, first: int, constant: float, delta: float) -> tuple[int, float, float] | None:
+    def crossing(
+        self, first: int, constant: float, delta: float
+    ) -> tuple[int, float, float] | None:
         """The first grid index ``j >= first`` at which ``A_j + constant - W_j <= delta`` (a
         non-increasing curve: the hockey-stick divergence at the grid points), with ``(A, W)`` at
         ``j - 1``, by bisection in the C++ core (about log2(n) evaluations of the closed forms);

@@ -178,7 +178,10 @@ class ComposedPLD:
 
     @property
     def size(self) -> int:
-        return self.dense.size if self.dense is not None else self.spectral.size  # type: ignore[union-attr]
+        if self.dense is not None:
+            return self.dense.size
+        assert self.spectral is not None
+        return self.spectral.size
 
     @property
     def losses(self) -> np.ndarray:
@@ -241,7 +244,8 @@ class ComposedPLD:
         if index >= self.size - 1:
             return min(max(constant, 0.0), 1.0)
         mass_above, weighted_above = self.spectral.suffix_sums(index)
-        value = mass_above - math.exp(epsilon - (self.start + index) * h) * weighted_above + constant
+        discount = math.exp(epsilon - (self.start + index) * h)
+        value = mass_above - discount * weighted_above + constant
         return min(max(value, 0.0), 1.0)
 
     def epsilon(self, delta: float, *, pessimistic: bool) -> float:
@@ -403,7 +407,8 @@ def _result_of_spectrum(window: _Window, spectrum: np.ndarray) -> ComposedPLD:
     band (no inverse transform) when every entry beyond the first ``size / BAND_FRACTION`` is
     negligible, else dense."""
     size = window.size
-    significant = np.flatnonzero(np.abs(spectrum[: size // BAND_FRACTION + 1]) > _NEGLIGIBLE_SPECTRUM)
+    head = np.abs(spectrum[: size // BAND_FRACTION + 1])
+    significant = np.flatnonzero(head > _NEGLIGIBLE_SPECTRUM)
     band = int(significant[-1]) + 1 if significant.size else 0
     if 0 < band <= size // BAND_FRACTION and not np.any(
         np.abs(spectrum[band:]) > _NEGLIGIBLE_SPECTRUM
