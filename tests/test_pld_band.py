@@ -32,9 +32,7 @@ def reference_masses(coefficients: np.ndarray, size: int) -> np.ndarray:
     return total / size
 
 
-def band_of_a_smooth_distribution(
-    size: int, band: int, grid_step: float, centre: float
-) -> np.ndarray:
+def band_of_a_smooth_distribution(size: int, band: int, centre: float) -> np.ndarray:
     """The first ``band`` DFT coefficients of a discretised Gaussian bump on the circle (its
     spectrum decays like e^{-f^2 ...}, so the band holds it to double precision)."""
     k = np.arange(size)
@@ -50,7 +48,7 @@ def band_of_a_smooth_distribution(
 def test_suffix_sums_match_the_masses_summed_directly(
     size: int, band: int, grid_step: float
 ) -> None:
-    coefficients = band_of_a_smooth_distribution(size, band, grid_step, centre=0.37 * size)
+    coefficients = band_of_a_smooth_distribution(size, band, centre=0.37 * size)
     spectrum = BandSpectrum(coefficients, size, grid_step)
     masses = reference_masses(coefficients, size)
     decay = np.exp(-np.longdouble(grid_step))
@@ -69,7 +67,7 @@ def test_suffix_sums_match_the_masses_summed_directly(
 
 def test_masses_are_the_inverse_transform_of_the_band() -> None:
     size, band = 4096, 40
-    coefficients = band_of_a_smooth_distribution(size, band, 1e-3, centre=1000.0)
+    coefficients = band_of_a_smooth_distribution(size, band, centre=1000.0)
     spectrum = BandSpectrum(coefficients, size, 1e-3)
     masses = _pld_numerics.inverse_transform(spectrum.full_spectrum(), size)
     np.testing.assert_allclose(
@@ -80,7 +78,7 @@ def test_masses_are_the_inverse_transform_of_the_band() -> None:
 def test_crossing_is_the_first_grid_point_at_or_below_delta() -> None:
     size, band, step = 4096, 40, 1e-3
     spectrum = BandSpectrum(
-        band_of_a_smooth_distribution(size, band, step, centre=2000.0), size, step
+        band_of_a_smooth_distribution(size, band, centre=2000.0), size, step
     )
     masses = reference_masses(spectrum.coefficients, size).astype(float)
     tail_mass = np.concatenate((np.cumsum(masses[::-1])[::-1][1:], [0.0]))
