@@ -416,7 +416,8 @@ class PLDAccountant(Accountant):
         return best
 
     def _check_floor(self, results: list[ComposedPLD], delta: float) -> None:
-        """Refuse a delta at the round-off level: below 10 times the negative-mass estimate, below
+        """Refuse a delta at the round-off level: below 10 times the round-off estimate (the
+        negative mass of a dense composition, the evaluation bound of one held as a band), below
         1e-15, or below twice the round-off allowance of the composition (there every epsilon
         would be infinite or bounded only loosely)."""
         noise = max(r.roundoff for r in results) + 1e-16 * max(math.sqrt(r.size) for r in results)
