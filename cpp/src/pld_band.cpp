@@ -26,7 +26,11 @@ double pairwise_sum(const double* values, std::size_t count) {
 class BandEvaluator {
  public:
   explicit BandEvaluator(const BandTerms& terms)
-      : terms_(terms), plain_(terms.count), discounted_(terms.count) {
+      : terms_(terms),
+        plain_(terms.count),
+        discounted_(terms.count),
+        rho_(std::exp(-terms.grid_step)),
+        rho_minus_one_(std::expm1(-terms.grid_step)) {
     if (terms.size < 2 || 2 * static_cast<std::int64_t>(terms.count + 1) > terms.size) {
       throw std::invalid_argument("the band must hold at most half the circle's frequencies");
     }
@@ -37,7 +41,7 @@ class BandEvaluator {
   BandSums at(std::int64_t index) {
     const std::int64_t n = terms_.size;
     const double h = terms_.grid_step;
-    const double rho = std::exp(-h);
+    const double rho = rho_;
     const std::int64_t above_count = n - 1 - index;
     // rho - rho^{n-K}, without cancellation
     const double tail_gap = -rho * std::expm1(-static_cast<double>(above_count) * h);
@@ -63,7 +67,7 @@ class BandEvaluator {
     const double discounted_sum = pairwise_sum(discounted_.data(), discounted_.size());
     // sum_{k=K+1}^{n-1} rho^{k-K} = rho (1 - rho^{n-1-K}) / (1 - rho)
     const double geometric =
-        rho * std::expm1(-static_cast<double>(above_count) * h) / std::expm1(-h);
+        rho * std::expm1(-static_cast<double>(above_count) * h) / rho_minus_one_;
     const double size = static_cast<double>(n);
     return {(terms_.total * static_cast<double>(above_count) + 2.0 * plain_sum) / size,
             (terms_.total * geometric + 2.0 * discounted_sum) / size};
@@ -73,6 +77,8 @@ class BandEvaluator {
   const BandTerms& terms_;
   std::vector<double> plain_;
   std::vector<double> discounted_;
+  const double rho_;            // e^{-h}
+  const double rho_minus_one_;  // e^{-h} - 1, without cancellation
 };
 
 }  // namespace

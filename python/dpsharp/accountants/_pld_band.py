@@ -67,33 +67,30 @@ class BandSpectrum:
             )
         self.coefficients = coefficients
         self.size = size
-        self.grid_step = grid_step
-        self._frequencies = np.arange(1, coefficients.size, dtype=np.int64)
-        half_angle = (math.pi / size) * self._frequencies
+        frequencies = np.arange(1, coefficients.size, dtype=np.int64)
+        half_angle = (math.pi / size) * frequencies
         # 1 - w^f = 2 sin^2(theta/2) - i sin(theta) and 1 - rho w^f = (1 - rho) + 2 rho
         # sin^2(theta/2) - i rho sin(theta): no cancellation in the real parts (1 - cos(theta)
         # is ~1e-12 at theta ~ 1e-6, where forming it from cos would lose 4 of 16 digits).
         versine = 2.0 * np.sin(half_angle) ** 2
         sine = np.sin(2.0 * half_angle)
-        self._decay = math.exp(-grid_step)  # rho
-        self._plain = 1.0 / (versine - 1j * sine)
-        self._discounted = 1.0 / (
-            (-math.expm1(-grid_step) + self._decay * versine) - 1j * (self._decay * sine)
-        )
-        self._total = float(coefficients[0].real)  # D_0: the mass of the window
-        # S of the error bound: |D_0| (for A) + |D_0| (for W)
-        #   + (2/n) |D_f| (2 |1/(1-w^f)| + 2 |1/(1-rho w^f)|)
+        decay = math.exp(-grid_step)  # rho
+        plain = 1.0 / (versine - 1j * sine)
+        discounted = 1.0 / ((-math.expm1(-grid_step) + decay * versine) - 1j * (decay * sine))
+        total = float(coefficients[0].real)  # D_0: the mass of the window
         rest = coefficients[1:]
         # P_f = D_f / (1 - w^f) and Q_f = D_f / (1 - rho w^f), as (re, im) pairs for the C++ core.
         self._terms = (
-            np.ascontiguousarray(rest * self._plain).view(np.float64),
-            np.ascontiguousarray(rest * self._discounted).view(np.float64),
-            self._total,
+            np.ascontiguousarray(rest * plain).view(np.float64),
+            np.ascontiguousarray(rest * discounted).view(np.float64),
+            total,
             size,
             grid_step,
         )
-        moduli = np.abs(rest) * (np.abs(self._plain) + np.abs(self._discounted))
-        scale = 2.0 * abs(self._total) + (4.0 / size) * float(moduli.sum())
+        # S of the error bound: |D_0| (for A) + |D_0| (for W)
+        #   + (2/n) |D_f| (2 |1/(1-w^f)| + 2 |1/(1-rho w^f)|)
+        moduli = np.abs(rest) * (np.abs(plain) + np.abs(discounted))
+        scale = 2.0 * abs(total) + (4.0 / size) * float(moduli.sum())
         self.error = (math.log2(max(coefficients.size, 2)) + 24.0) * _UNIT_ROUNDOFF * scale
 
     def suffix_sums(self, index: int) -> tuple[float, float]:

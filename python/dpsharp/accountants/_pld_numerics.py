@@ -394,7 +394,8 @@ def compose(
         phase += count * leaf.phase_at(kept)
     spectrum = np.zeros(size // 2 + 1, dtype=complex)
     spectrum[kept] = np.exp(log_modulus[keep] + 1j * phase)
-    return _result_of_spectrum(window, spectrum)
+    # Every entry outside `kept` is exactly 0: the band ends at its last frequency.
+    return _result_of_spectrum(window, spectrum, int(kept[-1]) + 1 if kept.size else 0)
 
 
 #: Spectrum entries at most this large in modulus are dropped when a composition is held as a
@@ -402,19 +403,13 @@ def compose(
 _NEGLIGIBLE_SPECTRUM = 1e-300
 
 
-def _result_of_spectrum(window: _Window, spectrum: np.ndarray) -> ComposedPLD:
-    """The composition whose real-FFT spectrum on the window's circle is ``spectrum``: held as a
-    band (no inverse transform) when every entry beyond the first ``size / BAND_FRACTION`` is
-    negligible, else dense."""
-    size = window.size
-    head = np.abs(spectrum[: size // BAND_FRACTION + 1])
-    significant = np.flatnonzero(head > _NEGLIGIBLE_SPECTRUM)
-    band = int(significant[-1]) + 1 if significant.size else 0
-    if 0 < band <= size // BAND_FRACTION and not np.any(
-        np.abs(spectrum[band:]) > _NEGLIGIBLE_SPECTRUM
-    ):
+def _result_of_spectrum(window: _Window, spectrum: np.ndarray, band: int) -> ComposedPLD:
+    """The composition whose real-FFT spectrum on the window's circle is ``spectrum``, every
+    entry of which from ``band`` on is negligible: held as that band (no inverse transform) when
+    it holds at most ``size / BAND_FRACTION`` frequencies, else dense."""
+    if 0 < band <= window.size // BAND_FRACTION:
         return window.band_result(spectrum[:band])
-    return window.result(inverse_transform(spectrum, size))
+    return window.result(inverse_transform(spectrum, window.size))
 
 
 @dataclass(frozen=True)
@@ -511,7 +506,8 @@ def _compose_by_products(
     spectrum = partial[0]
     for other in partial[1:]:
         spectrum *= other
-    return _result_of_spectrum(window, spectrum)
+    significant = np.flatnonzero(np.abs(spectrum) > _NEGLIGIBLE_SPECTRUM)
+    return _result_of_spectrum(window, spectrum, int(significant[-1]) + 1 if significant.size else 0)
 
 
 def _integer_power(values: np.ndarray, exponent: int) -> np.ndarray:
