@@ -2,7 +2,10 @@
 // the bind_*.cpp files and reports how the module was built.
 #include <pybind11/pybind11.h>
 
+#include <string>
+
 #include "bindings.hpp"
+#include "dpsharp/parallel.hpp"
 
 namespace py = pybind11;
 
@@ -35,6 +38,11 @@ PYBIND11_MODULE(_core, m) {
         return info;
       },
       "How this module was built: version, build type, whether CUDA kernels are included.");
+  m.def(
+      "parallel_backend", []() { return std::string(dpsharp::parallel_backend()); },
+      "Which threads the multithreaded CPU kernels run on now: 'openmp' (the thread team of an "
+      "OpenMP runtime already loaded into the process, e.g. PyTorch's) or 'std::thread' "
+      "(threads started per call).");
   dpsharp::bindings::bind_numerics(m);
   dpsharp::bindings::bind_clip(m);
   dpsharp::bindings::bind_pld(m);

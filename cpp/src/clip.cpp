@@ -1,7 +1,8 @@
-// Fused clip / accumulate / noise kernels (see clip.hpp). Work is split over std::thread
-// (not OpenMP: the extension must not bring a second OpenMP runtime next to torch's). Results
-// do not depend on the thread count: every element's noise is a pure function of its counter
-// and every element's sum runs over examples in order.
+// Fused clip / accumulate / noise kernels (see clip.hpp). Work is split by parallel_ranges
+// (parallel.hpp: torch's OpenMP team when torch is loaded, else std::threads; the extension
+// never links an OpenMP runtime of its own). Results do not depend on the thread count: every
+// element's noise is a pure function of its counter and every element's sum runs over examples
+// in order.
 #include "dpsharp/clip.hpp"
 
 #include <algorithm>
@@ -15,9 +16,9 @@ namespace {
 
 constexpr std::int64_t kTile = 512;             // elements per tile (even: whole noise pairs)
 constexpr std::int64_t kMinPerThread = 1 << 15;  // below this a thread costs more than it saves
-// Reductions (squared norms, dots) cost well under a nanosecond per element, so a thread
-// (spawned per call, and competing with torch's OpenMP workers, which spin for a while
-// after every parallel region) only pays off on a much larger share of the work.
+// Reductions (squared norms, dots) cost well under a nanosecond per element, so a second
+// thread (started per call when no OpenMP team is there to borrow) only pays off on a much
+// larger share of the work.
 constexpr std::int64_t kMinReducePerThread = 1 << 18;
 
 inline float bf16_to_float(std::uint16_t v) noexcept {

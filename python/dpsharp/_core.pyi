@@ -10,6 +10,9 @@ import numpy.typing as npt
 def build_info() -> dict[str, Any]:
     """How this module was built: version, build type, whether CUDA kernels are included."""
 
+def parallel_backend() -> str:
+    """'openmp' (the team of an OpenMP runtime already loaded, e.g. torch's) or 'std::thread'."""
+
 @overload
 def log_normal_cdf(x: float) -> float: ...
 @overload
