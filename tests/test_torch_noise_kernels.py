@@ -45,6 +45,41 @@ def test_gaussian_stream_equals_reference_bit_for_bit(numel):
     assert torch.equal(got, want)
 
 
+IMPLEMENTATIONS = core.normals_implementations()
+
+
+def test_the_kernels_use_the_widest_implementation_and_portable_always_exists():
+    assert IMPLEMENTATIONS[-1] == "portable"
+    assert set(IMPLEMENTATIONS) <= {"avx512", "avx2", "portable"}
+    with pytest.raises(ValueError, match="implementation must be"):
+        core.philox_gaussian_with("sse9", 1, 0, 0, 0, 0, 2)
+    with pytest.raises(ValueError, match="even"):
+        core.philox_gaussian_with("portable", 1, 0, 0, 0, 1, 2)
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+@pytest.mark.parametrize(("first", "count"),
+                         [(0, 2), (0, 14), (0, 16), (2, 30), (512, 1000), (0, 4098), (6, 258)])
+def test_every_generator_implementation_equals_the_reference(implementation, first, count):
+    """AVX-512, AVX2 and the portable vector code each replay the torch reference bit for bit,
+    including the counts that leave remainders for the narrower code paths (the AVX-512 loop
+    takes 8 pairs at a time, AVX2 4, the rest is scalar)."""
+    got = core.philox_gaussian_with(implementation, 0xDEADBEEF12345, 3, 17, 2, first, count)
+    reference = kernels.reference_gaussian(key=0xDEADBEEF12345, parameter=3, release=17, rank=2,
+                                           numel=first + count)
+    assert np.array_equal(got, reference.numpy()[first:])
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_generator_implementations_agree_where_the_pair_counter_wraps(implementation):
+    first = 2 * (2**32 - 20)  # pairs 2^32 - 20 .. 2^32 + 43 wrap to 0 .. 43 (counter word mod 2^32)
+    got = core.philox_gaussian_with(implementation, 5, 1, 2, 0, first, 128)
+    portable = core.philox_gaussian_with("portable", 5, 1, 2, 0, first, 128)
+    assert np.array_equal(got, portable)
+    head = kernels.reference_gaussian(key=5, parameter=1, release=2, rank=0, numel=88)
+    assert np.array_equal(got[40:], head.numpy())
+
+
 def test_polynomial_log_and_sincos_are_accurate():
     u = torch.rand(100000, dtype=torch.float64).clamp_min(1e-300)
     u = torch.cat([u, torch.tensor([1.0, 2.0**-53, 0.5, 0.70710678118654757])])

@@ -7,9 +7,12 @@
 
 #include <cstdint>
 #include <stdexcept>
+#include <string>
+#include <utility>
 
 #include "bindings.hpp"
 #include "dpsharp/clip.hpp"
+#include "dpsharp/normals.hpp"
 #include "dpsharp/patches.hpp"
 #include "dpsharp/philox.hpp"
 
@@ -30,6 +33,25 @@ clip::NoiseStream to_stream(std::uint64_t key, std::uint32_t parameter, std::uin
                             std::uint32_t rank) {
   return clip::NoiseStream{static_cast<std::uint32_t>(key),
                            static_cast<std::uint32_t>(key >> 32), parameter, release, rank};
+}
+
+constexpr std::pair<const char*, clip::NormalsIsa> kNormalsImplementations[] = {
+    {"avx512", clip::NormalsIsa::kAvx512},
+    {"avx2", clip::NormalsIsa::kAvx2},
+    {"portable", clip::NormalsIsa::kPortable},
+};
+
+clip::NormalsIsa to_normals_isa(const std::string& name) {
+  for (const auto& [known, isa] : kNormalsImplementations) {
+    if (name == known) {
+      if (!clip::normals_isa_supported(isa)) {
+        throw py::value_error("implementation '" + name + "' is not supported by this CPU");
+      }
+      return isa;
+    }
+  }
+  throw py::value_error("implementation must be 'avx512', 'avx2' or 'portable', got '" + name +
+                        "'");
 }
 
 template <typename P>
@@ -143,6 +165,38 @@ void bind_clip(py::module_& m) {
       },
       py::arg("key"), py::arg("parameter"), py::arg("release"), py::arg("rank"), py::arg("numel"),
       py::arg("threads") = 1, "The standard normals of one noise stream (float64).");
+  m.def(
+      "normals_implementations",
+      []() {
+        py::list names;
+        for (const auto& [name, isa] : kNormalsImplementations) {
+          if (clip::normals_isa_supported(isa)) names.append(name);
+        }
+        return names;
+      },
+      "The implementations of the bulk normal generator this CPU can run ('avx512', 'avx2', "
+      "'portable'); the kernels use the first.");
+  m.def(
+      "philox_gaussian_with",
+      [](const std::string& implementation, std::uint64_t key, std::uint32_t parameter,
+         std::uint32_t release, std::uint32_t rank, std::int64_t first, std::int64_t count) {
+        if (first < 0 || count < 0 || first % 2 != 0 || count % 2 != 0) {
+          throw py::value_error("first and count must be even and >= 0 (whole Box-Muller pairs)");
+        }
+        const clip::NormalsIsa isa = to_normals_isa(implementation);
+        py::array_t<double> out(count);
+        const clip::NoiseStream stream = to_stream(key, parameter, release, rank);
+        double* data = out.mutable_data();
+        {
+          py::gil_scoped_release gil;
+          clip::fill_normals_with(isa, stream, first, count, data);
+        }
+        return out;
+      },
+      py::arg("implementation"), py::arg("key"), py::arg("parameter"), py::arg("release"),
+      py::arg("rank"), py::arg("first"), py::arg("count"),
+      "Standard normals first .. first + count - 1 of one noise stream from one implementation "
+      "of the generator (for tests: they must all give the same bits).");
   m.def(
       "philox4x32_10",
       [](std::uint32_t c0, std::uint32_t c1, std::uint32_t c2, std::uint32_t c3,

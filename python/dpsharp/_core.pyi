@@ -165,6 +165,14 @@ def clip_accumulate_noise(
 ) -> None:
     """out = scale * (base + sum_i factors[i] g[i] + noise_std * z), z from Philox4x32-10."""
 
+def normals_implementations() -> list[str]:
+    """Implementations of the bulk normal generator this CPU runs, the kernels' choice first."""
+
+def philox_gaussian_with(
+    implementation: str, key: int, parameter: int, release: int, rank: int, first: int, count: int
+) -> npt.NDArray[np.float64]:
+    """Normals first .. first + count - 1 of one stream from one implementation (tests)."""
+
 def philox4x32_10(c0: int, c1: int, c2: int, c3: int, k0: int, k1: int) -> tuple[int, int, int, int]:
     """One Philox4x32-10 block (for known-answer tests)."""
 
