@@ -1,7 +1,7 @@
 // Bulk standard normals of one counter-based noise stream (philox.hpp): the hot loop of the
-// fused clip-and-noise kernel, vectorised. Every implementation (AVX2 intrinsics, portable GCC
-// vector extensions, scalar) evaluates exactly the IEEE operations of philox.hpp, so all give
-// the same bits as the scalar header, the CUDA kernels and the pure-torch reference
+// fused clip-and-noise kernel, vectorised. Every implementation (AVX-512 and AVX2 intrinsics,
+// portable GCC vector extensions, scalar) evaluates exactly the IEEE operations of philox.hpp,
+// so all give the same bits as the scalar header, the CUDA kernels and the pure-torch reference
 // (python/dpsharp/torch/kernels.py).
 #pragma once
 
