@@ -139,6 +139,64 @@ def test_per_example_dots_bad_arguments():
         kernels.per_example_dots(torch.tensor(1.0), torch.tensor(2.0))
 
 
+# --------------------------------------------------------------------------- per-example grads
+def conv_weight_grads_reference(x, g, conv_kwargs, one_d):
+    """Each example's weight gradient from torch's own convolution backward, in float64."""
+    conv_backward = torch.nn.grad.conv1d_weight if one_d else torch.nn.grad.conv2d_weight
+    kernel = conv_kwargs.pop("kernel_size")
+    weight_shape = (g.shape[1], x.shape[1], *kernel)
+    rows = [conv_backward(x[i : i + 1].double(), weight_shape, g[i : i + 1].double(),
+                          **conv_kwargs).reshape(g.shape[1], -1) for i in range(x.shape[0])]
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize(
+    ("channels", "out_channels", "spatial", "conv_kwargs"),
+    [
+        (1, 16, (28, 28), dict(kernel_size=(8, 8), stride=(2, 2), padding=(3, 3))),  # bench CNN
+        (16, 32, (13, 13), dict(kernel_size=(4, 4), stride=(2, 2), padding=(0, 0))),
+        # edge tiles: out_channels not a multiple of 4, rows not a multiple of 64 / 32
+        (3, 5, (7, 6), dict(kernel_size=(2, 3), stride=(1, 2), padding=(1, 0), dilation=(2, 1))),
+        (7, 9, (11,), dict(kernel_size=(3,), stride=(2,), padding=(2,), dilation=(3,))),
+        (2, 1, (1, 1), dict(kernel_size=(1, 1), stride=(1, 1), padding=(0, 0))),
+    ],
+)
+def test_conv_per_example_weight_grads_against_torch_per_example(dtype, channels, out_channels,
+                                                                 spatial, conv_kwargs):
+    torch.manual_seed(7)
+    one_d = len(spatial) == 1
+    conv = nn.Conv1d if one_d else nn.Conv2d
+    layer = conv(channels, out_channels, **conv_kwargs).to(dtype)
+    x = torch.randn(6, channels, *spatial, dtype=dtype)
+    g = torch.randn_like(layer(x))
+    geometry = tuple(tuple(conv_kwargs.get(k, (1,) * len(spatial)))
+                     for k in ("kernel_size", "stride", "padding", "dilation"))
+    got = kernels.conv_per_example_weight_grads(x, g, *geometry, threads=2)
+    want = conv_weight_grads_reference(x, g, dict(conv_kwargs), one_d)
+    assert got.shape == want.shape and got.dtype == dtype
+    tol = 2e-6 if dtype == torch.float32 else 1e-13
+    scale = float(want.abs().max())
+    assert float((got.double() - want).abs().max()) <= tol * scale
+    # each example is summed by one thread in a fixed order: the same bits on 1 thread
+    assert torch.equal(got, kernels.conv_per_example_weight_grads(x, g, *geometry, threads=1))
+
+
+def test_conv_per_example_weight_grads_bad_input():
+    x, g = torch.randn(2, 3, 5, 5), torch.randn(2, 4, 3, 3)
+    geometry = ((3, 3), (1, 1), (0, 0), (1, 1))
+    with pytest.raises(ValueError, match="dtype float32, float64"):
+        kernels.conv_per_example_weight_grads(x.bfloat16(), g.bfloat16(), *geometry)
+    with pytest.raises(ValueError, match="out_grads must have dtype"):
+        kernels.conv_per_example_weight_grads(x, g.double(), *geometry)
+    with pytest.raises(ValueError, match="out_grads must have 72 elements"):
+        kernels.conv_per_example_weight_grads(x, g[:, :, :2], *geometry)
+    with pytest.raises(ValueError, match="B = 2"):
+        kernels.conv_per_example_weight_grads(x, g[:1], *geometry)
+    with pytest.raises(ValueError, match="smaller than the kernel"):
+        kernels.conv_per_example_weight_grads(x, g, (7, 7), (1, 1), (0, 0), (1, 1))
+
+
 # --------------------------------------------------------------------------- through the clipper
 def per_example_reference(model, x, y):
     ref = copy.deepcopy(model)
@@ -155,11 +213,13 @@ def per_example_reference(model, x, y):
 @pytest.mark.parametrize(
     ("make_layer", "spatial"),
     [
-        # O d > L (d + O): the Gram (ghost) norm and the chunked clipped sum
+        # O d > 2 L (d + O): the Gram (ghost) norm and the clipped sum as a weight gradient
         (lambda: nn.Conv2d(8, 16, 3, padding=1, stride=2), (4, 4)),
         (lambda: nn.Conv1d(6, 12, 4, dilation=2), (9,)),
         # O d <= L (d + O): materialised per-example gradients
         (lambda: nn.Conv2d(2, 3, (2, 3), padding=(1, 0), dilation=(1, 2)), (6, 7)),
+        # L (d + O) < O d <= 2 L (d + O): materialised because the fused CPU kernel makes them
+        (lambda: nn.Conv2d(4, 8, 3, padding=1, stride=2), (4, 4)),
     ],
 )
 def test_conv_usage_paths_against_batch_size_one_reference(monkeypatch, make_layer, spatial,

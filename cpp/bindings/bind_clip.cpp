@@ -12,6 +12,7 @@
 
 #include "bindings.hpp"
 #include "dpsharp/clip.hpp"
+#include "dpsharp/conv_grads.hpp"
 #include "dpsharp/normals.hpp"
 #include "dpsharp/patches.hpp"
 #include "dpsharp/philox.hpp"
@@ -52,6 +53,28 @@ clip::NormalsIsa to_normals_isa(const std::string& name) {
   }
   throw py::value_error("implementation must be 'avx512', 'avx2' or 'portable', got '" + name +
                         "'");
+}
+
+// The geometry of a 2-D convolution, checked (the C++ side trusts it).
+patches::ConvGeometry to_geometry(std::int64_t batch, std::int64_t channels, std::int64_t in_h,
+                                  std::int64_t in_w, std::int64_t kernel_h,
+                                  std::int64_t kernel_w, std::int64_t stride_h,
+                                  std::int64_t stride_w, std::int64_t pad_h, std::int64_t pad_w,
+                                  std::int64_t dilation_h, std::int64_t dilation_w) {
+  if (batch < 0 || channels < 0 || in_h < 0 || in_w < 0 || pad_h < 0 || pad_w < 0 ||
+      kernel_h < 1 || kernel_w < 1 || stride_h < 1 || stride_w < 1 || dilation_h < 1 ||
+      dilation_w < 1) {
+    throw py::value_error("sizes and paddings must be >= 0; kernel, stride and dilation >= 1");
+  }
+  const std::int64_t span_h = (kernel_h - 1) * dilation_h + 1;
+  const std::int64_t span_w = (kernel_w - 1) * dilation_w + 1;
+  if (in_h + 2 * pad_h < span_h || in_w + 2 * pad_w < span_w) {
+    throw py::value_error("the (padded) input is smaller than the dilated kernel");
+  }
+  return patches::ConvGeometry{batch, channels, in_h, in_w, kernel_h, kernel_w, stride_h,
+                               stride_w, pad_h, pad_w, dilation_h, dilation_w,
+                               (in_h + 2 * pad_h - span_h) / stride_h + 1,
+                               (in_w + 2 * pad_w - span_w) / stride_w + 1};
 }
 
 template <typename P>
@@ -98,20 +121,9 @@ void bind_clip(py::module_& m) {
           throw py::value_error("element_size must be 2, 4 or 8, got " +
                                 std::to_string(element_size));
         }
-        if (batch < 0 || channels < 0 || in_h < 0 || in_w < 0 || pad_h < 0 || pad_w < 0 ||
-            kernel_h < 1 || kernel_w < 1 || stride_h < 1 || stride_w < 1 || dilation_h < 1 ||
-            dilation_w < 1) {
-          throw py::value_error("sizes and paddings must be >= 0; kernel, stride and dilation >= 1");
-        }
-        const std::int64_t span_h = (kernel_h - 1) * dilation_h + 1;
-        const std::int64_t span_w = (kernel_w - 1) * dilation_w + 1;
-        if (in_h + 2 * pad_h < span_h || in_w + 2 * pad_w < span_w) {
-          throw py::value_error("the (padded) input is smaller than the dilated kernel");
-        }
-        const patches::ConvGeometry geometry{
-            batch, channels, in_h, in_w, kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w,
-            dilation_h, dilation_w, (in_h + 2 * pad_h - span_h) / stride_h + 1,
-            (in_w + 2 * pad_w - span_w) / stride_w + 1};
+        const patches::ConvGeometry geometry =
+            to_geometry(batch, channels, in_h, in_w, kernel_h, kernel_w, stride_h, stride_w,
+                        pad_h, pad_w, dilation_h, dilation_w);
         py::gil_scoped_release release;
         patches::conv_patches(as_ptr<const void>(in), static_cast<std::size_t>(element_size),
                               geometry, as_ptr<void>(out), threads);
@@ -122,6 +134,39 @@ void bind_clip(py::module_& m) {
       py::arg("dilation_h"), py::arg("dilation_w"), py::arg("out"), py::arg("threads"),
       "Convolution patches (B, out_h * out_w, C * kernel_h * kernel_w) of a contiguous "
       "(B, C, in_h, in_w) input into a contiguous buffer of that size.");
+  m.def(
+      "conv_per_example_weight_grads",
+      [](std::uintptr_t in, std::uintptr_t out_grads, int dtype_code, std::int64_t batch,
+         std::int64_t channels, std::int64_t in_h, std::int64_t in_w, std::int64_t kernel_h,
+         std::int64_t kernel_w, std::int64_t stride_h, std::int64_t stride_w, std::int64_t pad_h,
+         std::int64_t pad_w, std::int64_t dilation_h, std::int64_t dilation_w,
+         std::int64_t out_channels, std::uintptr_t out, int threads) {
+        if (dtype_code != 0 && dtype_code != 1) {
+          throw py::value_error("dtype_code must be 0 (float32) or 1 (float64), got " +
+                                std::to_string(dtype_code));
+        }
+        if (out_channels < 0) throw py::value_error("out_channels must be >= 0");
+        const patches::ConvGeometry geometry =
+            to_geometry(batch, channels, in_h, in_w, kernel_h, kernel_w, stride_h, stride_w,
+                        pad_h, pad_w, dilation_h, dilation_w);
+        py::gil_scoped_release release;
+        if (dtype_code == 0) {
+          conv_grads::per_example_weight_grads(as_ptr<const float>(in),
+                                               as_ptr<const float>(out_grads), geometry,
+                                               out_channels, as_ptr<float>(out), threads);
+        } else {
+          conv_grads::per_example_weight_grads(as_ptr<const double>(in),
+                                               as_ptr<const double>(out_grads), geometry,
+                                               out_channels, as_ptr<double>(out), threads);
+        }
+      },
+      py::arg("input"), py::arg("out_grads"), py::arg("dtype_code"), py::arg("batch"),
+      py::arg("channels"), py::arg("in_h"), py::arg("in_w"), py::arg("kernel_h"),
+      py::arg("kernel_w"), py::arg("stride_h"), py::arg("stride_w"), py::arg("pad_h"),
+      py::arg("pad_w"), py::arg("dilation_h"), py::arg("dilation_w"), py::arg("out_channels"),
+      py::arg("out"), py::arg("threads"),
+      "Per-example convolution weight gradients (B, out_channels, C * kernel_h * kernel_w) of a "
+      "contiguous (B, C, in_h, in_w) input and (B, out_channels, out_h, out_w) output gradient.");
   m.def(
       "clip_accumulate_noise",
       [](std::uintptr_t per_example, std::uintptr_t factors, std::int64_t batch,

@@ -14,48 +14,50 @@ namespace {
 // fixed-size moves (a library memcpy call per 8-element row costs more than the copy);
 // kKernelW = 0: any width.
 template <typename Word, int kKernelW>
-void patches_typed(const Word* in, const ConvGeometry& g, Word* out, int threads) {
+void patches_of_example(const Word* image, const ConvGeometry& g, Word* dst) noexcept {
   const std::int64_t kernel_w = kKernelW > 0 ? kKernelW : g.kernel_w;
-  const std::int64_t positions = g.out_h * g.out_w;
-  const std::int64_t row_len = g.channels * g.kernel_h * kernel_w;
-  const std::int64_t per_example = positions * row_len;
+  for (std::int64_t oy = 0; oy < g.out_h; ++oy) {
+    for (std::int64_t ox = 0; ox < g.out_w; ++ox) {
+      const std::int64_t x0 = ox * g.stride_w - g.pad_w;
+      const bool row_inside = g.dilation_w == 1 && x0 >= 0 && x0 + kernel_w <= g.in_w;
+      for (std::int64_t c = 0; c < g.channels; ++c) {
+        const Word* plane = image + c * g.in_h * g.in_w;
+        for (std::int64_t ky = 0; ky < g.kernel_h; ++ky) {
+          const std::int64_t y = oy * g.stride_h - g.pad_h + ky * g.dilation_h;
+          if (y < 0 || y >= g.in_h) {
+            for (std::int64_t kx = 0; kx < kernel_w; ++kx) dst[kx] = Word{0};
+          } else if (row_inside) {
+            if constexpr (kKernelW > 0) {
+              std::memcpy(dst, plane + y * g.in_w + x0, kKernelW * sizeof(Word));
+            } else {
+              const Word* src = plane + y * g.in_w + x0;
+              for (std::int64_t kx = 0; kx < kernel_w; ++kx) dst[kx] = src[kx];
+            }
+          } else {
+            const Word* src = plane + y * g.in_w;
+            for (std::int64_t kx = 0; kx < kernel_w; ++kx) {
+              const std::int64_t x = x0 + kx * g.dilation_w;
+              dst[kx] = (x >= 0 && x < g.in_w) ? src[x] : Word{0};
+            }
+          }
+          dst += kernel_w;
+        }
+      }
+    }
+  }
+}
+
+template <typename Word, int kKernelW>
+void patches_typed(const Word* in, const ConvGeometry& g, Word* out, int threads) {
+  const std::int64_t per_example = g.out_h * g.out_w * g.channels * g.kernel_h * g.kernel_w;
   // A thread per 2^18 elements at least: copies are cheap, and a spawned thread competes with
   // torch's OpenMP workers (still spinning after the previous torch op) for the cores.
   const std::int64_t grain = std::max<std::int64_t>(1, (1 << 18) / std::max<std::int64_t>(per_example, 1));
   parallel_ranges(g.batch, grain,
                   threads, [&](std::int64_t lo, std::int64_t hi) {
     for (std::int64_t b = lo; b < hi; ++b) {
-      const Word* image = in + b * g.channels * g.in_h * g.in_w;
-      Word* dst = out + b * per_example;
-      for (std::int64_t oy = 0; oy < g.out_h; ++oy) {
-        for (std::int64_t ox = 0; ox < g.out_w; ++ox) {
-          const std::int64_t x0 = ox * g.stride_w - g.pad_w;
-          const bool row_inside = g.dilation_w == 1 && x0 >= 0 && x0 + kernel_w <= g.in_w;
-          for (std::int64_t c = 0; c < g.channels; ++c) {
-            const Word* plane = image + c * g.in_h * g.in_w;
-            for (std::int64_t ky = 0; ky < g.kernel_h; ++ky) {
-              const std::int64_t y = oy * g.stride_h - g.pad_h + ky * g.dilation_h;
-              if (y < 0 || y >= g.in_h) {
-                for (std::int64_t kx = 0; kx < kernel_w; ++kx) dst[kx] = Word{0};
-              } else if (row_inside) {
-                if constexpr (kKernelW > 0) {
-                  std::memcpy(dst, plane + y * g.in_w + x0, kKernelW * sizeof(Word));
-                } else {
-                  const Word* src = plane + y * g.in_w + x0;
-                  for (std::int64_t kx = 0; kx < kernel_w; ++kx) dst[kx] = src[kx];
-                }
-              } else {
-                const Word* src = plane + y * g.in_w;
-                for (std::int64_t kx = 0; kx < kernel_w; ++kx) {
-                  const std::int64_t x = x0 + kx * g.dilation_w;
-                  dst[kx] = (x >= 0 && x < g.in_w) ? src[x] : Word{0};
-                }
-              }
-              dst += kernel_w;
-            }
-          }
-        }
-      }
+      patches_of_example<Word, kKernelW>(in + b * g.channels * g.in_h * g.in_w, g,
+                                         out + b * per_example);
     }
   });
 }
@@ -75,6 +77,22 @@ void patches_any_width(const Word* in, const ConvGeometry& g, Word* out, int thr
 }
 
 }  // namespace
+
+template <typename Word>
+void example_patches(const Word* image, const ConvGeometry& g, Word* out) noexcept {
+  switch (g.kernel_w) {
+    case 1: patches_of_example<Word, 1>(image, g, out); break;
+    case 2: patches_of_example<Word, 2>(image, g, out); break;
+    case 3: patches_of_example<Word, 3>(image, g, out); break;
+    case 4: patches_of_example<Word, 4>(image, g, out); break;
+    case 5: patches_of_example<Word, 5>(image, g, out); break;
+    case 7: patches_of_example<Word, 7>(image, g, out); break;
+    case 8: patches_of_example<Word, 8>(image, g, out); break;
+    default: patches_of_example<Word, 0>(image, g, out); break;
+  }
+}
+template void example_patches<float>(const float*, const ConvGeometry&, float*) noexcept;
+template void example_patches<double>(const double*, const ConvGeometry&, double*) noexcept;
 
 void conv_patches(const void* in, std::size_t element_size, const ConvGeometry& geometry,
                   void* out, int threads) {

@@ -147,6 +147,30 @@ def conv_patches(
     """Convolution patches (B, out_h * out_w, C * kernel_h * kernel_w) of a contiguous
     (B, C, in_h, in_w) input (im2col), written into a contiguous buffer of that size."""
 
+def conv_per_example_weight_grads(
+    input: int,
+    out_grads: int,
+    dtype_code: int,
+    batch: int,
+    channels: int,
+    in_h: int,
+    in_w: int,
+    kernel_h: int,
+    kernel_w: int,
+    stride_h: int,
+    stride_w: int,
+    pad_h: int,
+    pad_w: int,
+    dilation_h: int,
+    dilation_w: int,
+    out_channels: int,
+    out: int,
+    threads: int,
+) -> None:
+    """Per-example convolution weight gradients (B, out_channels, C * kernel_h * kernel_w) of a
+    contiguous (B, C, in_h, in_w) input and (B, out_channels, out_h, out_w) output gradient
+    (float32 or float64), written into a contiguous buffer of that size."""
+
 def clip_accumulate_noise(
     per_example: int,
     factors: int,

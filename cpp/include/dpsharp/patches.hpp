@@ -29,4 +29,10 @@ struct ConvGeometry {
 void conv_patches(const void* in, std::size_t element_size, const ConvGeometry& geometry,
                   void* out, int threads);
 
+// The patches of one example: image is its contiguous (channels, in_h, in_w) input, out its
+// (out_h * out_w, channels * kernel_h * kernel_w) patch matrix (geometry.batch is ignored).
+// Instantiated for float and double.
+template <typename Word>
+void example_patches(const Word* image, const ConvGeometry& geometry, Word* out) noexcept;
+
 }  // namespace dpsharp::patches

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 __all__ = [
     "clip_accumulate_noise",
     "conv_patches",
+    "conv_per_example_weight_grads",
     "cuda_built",
     "dtype_code",
     "per_example_dots",
@@ -163,15 +164,11 @@ def per_example_dots(a: torch.Tensor, b: torch.Tensor, *,
     return out
 
 
-def conv_patches(x: torch.Tensor, kernel_size: tuple[int, ...], stride: tuple[int, ...],
-                 padding: tuple[int, ...], dilation: tuple[int, ...], *,
-                 threads: int | None = None) -> torch.Tensor:
-    """Convolution patches (im2col) of a CPU input (B, C, *spatial), spatial 1-D or 2-D:
-    shape (B, L, C * prod(kernel_size)) with L the number of output positions, the last
-    dimension ordered like a convolution weight's (C, k_1, ..., k_s) and zeros where the
-    kernel overlaps the padding. Equal to ``F.unfold(x, ...).transpose(1, 2)`` (2-D)."""
-    import torch
-
+def _conv_geometry(x: torch.Tensor, kernel_size: tuple[int, ...], stride: tuple[int, ...],
+                   padding: tuple[int, ...], dilation: tuple[int, ...],
+                   dtypes: tuple[torch.dtype, ...]) -> tuple[torch.Tensor, tuple[int, ...]]:
+    """The contiguous input and the kernels' geometry (B, C, in_h, in_w, kh, kw, sh, sw, ph,
+    pw, dh, dw, out_h, out_w) of a 1-D or 2-D convolution (1-D as height 1), checked."""
     spatial = x.dim() - 2
     if spatial not in (1, 2) or not (len(kernel_size) == len(stride) == len(padding)
                                      == len(dilation) == spatial):
@@ -182,10 +179,9 @@ def conv_patches(x: torch.Tensor, kernel_size: tuple[int, ...], stride: tuple[in
         )
     if x.device.type != "cpu":
         raise ValueError(f"x must be a CPU tensor for the CPU kernel, got {x.device}")
-    if x.dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
-        raise ValueError(
-            f"x must have dtype float16, bfloat16, float32 or float64, got {x.dtype}"
-        )
+    if x.dtype not in dtypes:
+        names = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
+        raise ValueError(f"x must have dtype {names}, got {x.dtype}")
     src = x.contiguous()
     b, c = int(src.shape[0]), int(src.shape[1])
     if spatial == 1:
@@ -202,9 +198,52 @@ def conv_patches(x: torch.Tensor, kernel_size: tuple[int, ...], stride: tuple[in
         raise ValueError(f"the padded input {tuple(x.shape[2:])} is smaller than the kernel")
     out_h = (in_h + 2 * ph - span_h) // sh + 1
     out_w = (in_w + 2 * pw - span_w) // sw + 1
+    return src, (b, c, in_h, in_w, kh, kw, sh, sw, ph, pw, dh, dw, out_h, out_w)
+
+
+def conv_patches(x: torch.Tensor, kernel_size: tuple[int, ...], stride: tuple[int, ...],
+                 padding: tuple[int, ...], dilation: tuple[int, ...], *,
+                 threads: int | None = None) -> torch.Tensor:
+    """Convolution patches (im2col) of a CPU input (B, C, *spatial), spatial 1-D or 2-D:
+    shape (B, L, C * prod(kernel_size)) with L the number of output positions, the last
+    dimension ordered like a convolution weight's (C, k_1, ..., k_s) and zeros where the
+    kernel overlaps the padding. Equal to ``F.unfold(x, ...).transpose(1, 2)`` (2-D)."""
+    import torch
+
+    src, geometry = _conv_geometry(
+        x, kernel_size, stride, padding, dilation,
+        (torch.float16, torch.bfloat16, torch.float32, torch.float64))
+    b, c, in_h, in_w, kh, kw, sh, sw, ph, pw, dh, dw, out_h, out_w = geometry
     out = torch.empty(b, out_h * out_w, c * kh * kw, dtype=src.dtype)
     _core.conv_patches(src.data_ptr(), src.element_size(), b, c, in_h, in_w, kh, kw, sh, sw,
                        ph, pw, dh, dw, out.data_ptr(), _threads(threads))
+    return out
+
+
+def conv_per_example_weight_grads(x: torch.Tensor, out_grads: torch.Tensor,
+                                  kernel_size: tuple[int, ...], stride: tuple[int, ...],
+                                  padding: tuple[int, ...], dilation: tuple[int, ...], *,
+                                  threads: int | None = None) -> torch.Tensor:
+    """Per-example weight gradients of a convolution (groups = 1) on the CPU, float32/float64:
+    ``out[b] = G_b P_b`` of shape (B, O, C * prod(kernel_size)), with G_b (O, L) the output
+    gradient ``out_grads[b]`` flattened over its L positions and P_b (L, C * prod(kernel_size))
+    the patches of ``x[b]`` (see :func:`conv_patches`). The C++ kernel builds one example's
+    patches at a time in a per-thread scratch buffer (cpp/src/conv_grads.cpp): no patches of
+    the batch, no batched matrix product of small matrices."""
+    import torch
+
+    src, geometry = _conv_geometry(x, kernel_size, stride, padding, dilation,
+                                   (torch.float32, torch.float64))
+    b, c, in_h, in_w, kh, kw, sh, sw, ph, pw, dh, dw, out_h, out_w = geometry
+    if out_grads.dim() < 2 or out_grads.shape[0] != b:
+        raise ValueError(f"out_grads must be (B, O, ...) with B = {b}, got {tuple(out_grads.shape)}")
+    out_channels = int(out_grads.shape[1])
+    grads = out_grads.contiguous()
+    _check("out_grads", grads, dtype=src.dtype, numel=b * out_channels * out_h * out_w)
+    out = torch.empty(b, out_channels, c * kh * kw, dtype=src.dtype)
+    _core.conv_per_example_weight_grads(
+        src.data_ptr(), grads.data_ptr(), dtype_code(src.dtype), b, c, in_h, in_w, kh, kw, sh,
+        sw, ph, pw, dh, dw, out_channels, out.data_ptr(), _threads(threads))
     return out
 
 
