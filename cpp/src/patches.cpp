@@ -47,39 +47,9 @@ void patches_of_example(const Word* image, const ConvGeometry& g, Word* dst) noe
   }
 }
 
-template <typename Word, int kKernelW>
-void patches_typed(const Word* in, const ConvGeometry& g, Word* out, int threads) {
-  const std::int64_t per_example = g.out_h * g.out_w * g.channels * g.kernel_h * g.kernel_w;
-  // A thread per 2^18 elements at least: copies are cheap, and a spawned thread competes with
-  // torch's OpenMP workers (still spinning after the previous torch op) for the cores.
-  const std::int64_t grain = std::max<std::int64_t>(1, (1 << 18) / std::max<std::int64_t>(per_example, 1));
-  parallel_ranges(g.batch, grain,
-                  threads, [&](std::int64_t lo, std::int64_t hi) {
-    for (std::int64_t b = lo; b < hi; ++b) {
-      patches_of_example<Word, kKernelW>(in + b * g.channels * g.in_h * g.in_w, g,
-                                         out + b * per_example);
-    }
-  });
-}
-
+// One example, the kernel width dispatched to a compile-time constant where it is common.
 template <typename Word>
-void patches_any_width(const Word* in, const ConvGeometry& g, Word* out, int threads) {
-  switch (g.kernel_w) {
-    case 1: patches_typed<Word, 1>(in, g, out, threads); break;
-    case 2: patches_typed<Word, 2>(in, g, out, threads); break;
-    case 3: patches_typed<Word, 3>(in, g, out, threads); break;
-    case 4: patches_typed<Word, 4>(in, g, out, threads); break;
-    case 5: patches_typed<Word, 5>(in, g, out, threads); break;
-    case 7: patches_typed<Word, 7>(in, g, out, threads); break;
-    case 8: patches_typed<Word, 8>(in, g, out, threads); break;
-    default: patches_typed<Word, 0>(in, g, out, threads); break;
-  }
-}
-
-}  // namespace
-
-template <typename Word>
-void example_patches(const Word* image, const ConvGeometry& g, Word* out) noexcept {
+void patches_any_width(const Word* image, const ConvGeometry& g, Word* out) noexcept {
   switch (g.kernel_w) {
     case 1: patches_of_example<Word, 1>(image, g, out); break;
     case 2: patches_of_example<Word, 2>(image, g, out); break;
@@ -91,6 +61,26 @@ void example_patches(const Word* image, const ConvGeometry& g, Word* out) noexce
     default: patches_of_example<Word, 0>(image, g, out); break;
   }
 }
+
+template <typename Word>
+void patches_typed(const Word* in, const ConvGeometry& g, Word* out, int threads) {
+  const std::int64_t per_example = g.out_h * g.out_w * g.channels * g.kernel_h * g.kernel_w;
+  // A second thread per 2^18 elements at least: copies are cheap.
+  const std::int64_t grain = std::max<std::int64_t>(1, (1 << 18) / std::max<std::int64_t>(per_example, 1));
+  parallel_ranges(g.batch, grain,
+                  threads, [&](std::int64_t lo, std::int64_t hi) {
+    for (std::int64_t b = lo; b < hi; ++b) {
+      patches_any_width(in + b * g.channels * g.in_h * g.in_w, g, out + b * per_example);
+    }
+  });
+}
+
+}  // namespace
+
+template <typename Word>
+void example_patches(const Word* image, const ConvGeometry& g, Word* out) noexcept {
+  patches_any_width(image, g, out);
+}
 template void example_patches<float>(const float*, const ConvGeometry&, float*) noexcept;
 template void example_patches<double>(const double*, const ConvGeometry&, double*) noexcept;
 
@@ -98,15 +88,15 @@ void conv_patches(const void* in, std::size_t element_size, const ConvGeometry& 
                   void* out, int threads) {
   switch (element_size) {
     case 2:
-      patches_any_width(static_cast<const std::uint16_t*>(in), geometry,
+      patches_typed(static_cast<const std::uint16_t*>(in), geometry,
                     static_cast<std::uint16_t*>(out), threads);
       break;
     case 4:
-      patches_any_width(static_cast<const std::uint32_t*>(in), geometry,
+      patches_typed(static_cast<const std::uint32_t*>(in), geometry,
                     static_cast<std::uint32_t*>(out), threads);
       break;
     default:
-      patches_any_width(static_cast<const std::uint64_t*>(in), geometry,
+      patches_typed(static_cast<const std::uint64_t*>(in), geometry,
                     static_cast<std::uint64_t*>(out), threads);
       break;
   }
