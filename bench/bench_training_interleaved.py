@@ -41,12 +41,11 @@ def main() -> None:
                             if "editable" not in type(f).__module__.lower()]
         sys.path.insert(0, str(args.import_from / "python"))
     warnings.filterwarnings("ignore")
+    import dpsharp
     import torch
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from bench_training import build_step, make
-
-    import dpsharp
 
     print(f"dpsharp from {Path(dpsharp.__file__).parent}")
     default_steps = {"mlp": 100, "cnn": 60, "transformer": 20}

@@ -236,7 +236,8 @@ def conv_per_example_weight_grads(x: torch.Tensor, out_grads: torch.Tensor,
                                    (torch.float32, torch.float64))
     b, c, in_h, in_w, kh, kw, sh, sw, ph, pw, dh, dw, out_h, out_w = geometry
     if out_grads.dim() < 2 or out_grads.shape[0] != b:
-        raise ValueError(f"out_grads must be (B, O, ...) with B = {b}, got {tuple(out_grads.shape)}")
+        raise ValueError(
+            f"out_grads must be (B, O, ...) with B = {b}, got {tuple(out_grads.shape)}")
     out_channels = int(out_grads.shape[1])
     grads = out_grads.contiguous()
     _check("out_grads", grads, dtype=src.dtype, numel=b * out_channels * out_h * out_w)

@@ -274,7 +274,7 @@ class ConvUsage(_WeightBiasUsage):
 
     def _fused_kernel(self) -> bool:
         """Whether the per-example weight gradients come from the fused C++ kernel (CPU)."""
-        return self.x.device.type == "cpu" and len(self._geometry[0]) in (1, 2)
+        return self.x.device.type == "cpu"
 
     def _materialise_weight(self) -> bool:
         """Materialise g_i(W) (O x d per example) or take the Gram path.
