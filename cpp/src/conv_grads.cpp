@@ -9,6 +9,8 @@
 #include "dpsharp/conv_grads.hpp"
 
 #include <algorithm>
+#include <atomic>
+#include <new>
 #include <vector>
 
 #include "dpsharp/parallel.hpp"
@@ -119,15 +121,25 @@ void per_example_weight_grads(const Element* in, const Element* out_grads,
   // Work per example ~ out_channels * positions * row multiply-adds: a second thread from
   // about 2^18 of them.
   const std::int64_t work = std::max<std::int64_t>(1, out_channels * positions * row);
+  // parallel_ranges' work must not throw (it may run on an OpenMP team): a failed scratch
+  // allocation is reported after the join instead.
+  std::atomic<bool> out_of_memory{false};
   parallel_ranges(g.batch, std::max<std::int64_t>(1, (1 << 18) / work), threads,
                   [&](std::int64_t lo, std::int64_t hi) {
-    std::vector<Element> patch_matrix(static_cast<std::size_t>(positions * row));
+    std::vector<Element> patch_matrix;
+    try {
+      patch_matrix.resize(static_cast<std::size_t>(positions * row));
+    } catch (const std::bad_alloc&) {
+      out_of_memory.store(true, std::memory_order_relaxed);
+      return;
+    }
     for (std::int64_t b = lo; b < hi; ++b) {
       patches::example_patches(in + b * image, g, patch_matrix.data());
       small_product_dispatch(out_grads + b * out_channels * positions, patch_matrix.data(),
                              out + b * out_channels * row, out_channels, positions, row);
     }
   });
+  if (out_of_memory.load()) throw std::bad_alloc();
 }
 
 template void per_example_weight_grads<float>(const float*, const float*,

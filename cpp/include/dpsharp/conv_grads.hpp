@@ -18,7 +18,8 @@ namespace dpsharp::conv_grads {
 // o < out_channels, r < channels * kernel_h * kernel_w, p < out_h * out_w. in is the
 // contiguous (batch, channels, in_h, in_w) input, out_grads the contiguous
 // (batch, out_channels, out_h, out_w) output gradient, out contiguous. Element is float or
-// double.
+// double. Throws std::bad_alloc if a thread's scratch (out_h * out_w * channels * kernel_h *
+// kernel_w elements) cannot be allocated.
 template <typename Element>
 void per_example_weight_grads(const Element* in, const Element* out_grads,
                               const patches::ConvGeometry& geometry, std::int64_t out_channels,
