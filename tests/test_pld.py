@@ -514,21 +514,35 @@ def test_random_compositions_keep_every_contract(
     ],
 )
 @pytest.mark.parametrize("pessimistic", [True, False])
+@pytest.mark.parametrize(("step", "threads"), [(2.0**-10, 1), (2.0**-10, 2), (2.0**-13, 3)])
 def test_batched_discretisation_is_bit_identical(
-    mechanism: int, rate: float, sigmas: object, pessimistic: bool
+    mechanism: int, rate: float, sigmas: object, pessimistic: bool, step: float, threads: int
 ) -> None:
-    """The batched discretiser shares the sigma-independent work across noise multipliers; it must
-    give exactly what the one-at-a-time discretiser gives."""
+    """The batched discretiser shares the sigma-independent work across noise multipliers and
+    splits the grid points over ``threads``; it must give exactly what the one-at-a-time,
+    one-thread discretiser gives (the grids here hold 2^14 to 2^18 points, so every thread takes
+    part)."""
     from dpsharp._native import core
 
     sigmas = [float(s) for s in sigmas]  # type: ignore[union-attr]
-    step, tail = 2.0**-10, 1e-15
-    batched = core.pld_discretize_many(mechanism, sigmas, rate, step, tail, tail, pessimistic)
+    if step < 2.0**-10:
+        sigmas = sigmas[::8]
+    tail = 1e-15
+    batched = core.pld_discretize_many(
+        mechanism, sigmas, rate, step, tail, tail, pessimistic, threads
+    )
     assert len(batched) == len(sigmas)
     for sigma, (offset, mass, infinity) in zip(sigmas, batched):
         single = core.pld_discretize(mechanism, sigma, rate, step, tail, tail, pessimistic)
         assert offset == single[0] and infinity == single[2]
         np.testing.assert_array_equal(mass, single[1])
+
+
+def test_batched_discretisation_rejects_no_threads() -> None:
+    from dpsharp._native import core
+
+    with pytest.raises(ValueError, match="threads"):
+        core.pld_discretize_many(2, [1.0], 0.01, 2.0**-10, 1e-15, 1e-15, True, 0)
 
 
 def _flat_composition(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -150,8 +150,9 @@ def test_spectral_queries_agree_with_the_dense_composition(
     # Same masses up to the inverse transform's round-off.
     assert np.max(np.abs(band.mass - dense.mass)) < 1e-18
     # The dense values carry the inverse transform's round-off (~1e-16 sqrt(n) relative to the
-    # mass summed), the band's their stated bound.
-    slack = band.spectral.error + 2.0 * dense.roundoff + 1e-16 * math.sqrt(dense.size)
+    # mass summed), the band's their stated bound: added once to its pessimistic delta and
+    # subtracted twice (as its round-off level) from its optimistic one (ComposedPLD._constants).
+    slack = 2.0 * band.spectral.error + 2.0 * dense.roundoff + 1e-16 * math.sqrt(dense.size)
     eps = dense.epsilon(1e-5, pessimistic=True)
     for epsilon in (0.5 * eps, eps, 1.2 * eps):
         for pessimistic in (True, False):

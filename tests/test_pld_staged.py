@@ -140,6 +140,14 @@ def staged_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
     return calls
 
 
+@pytest.fixture
+def staging_forced(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stage every composition the plan allows (the shipped prediction keeps one stage with
+    pruned leaf transforms for these settings, which is cheaper there)."""
+    monkeypatch.setattr(pld, "staging_pays", lambda *args, **kwargs: True)
+
+
+@pytest.mark.usefixtures("staging_forced")
 def test_accountant_stages_long_gaussian_compositions(staged_calls: list[tuple[int, int]]) -> None:
     sigma, steps = 200.0, 50_000
     accountant = PLDAccountant().compose(Gaussian(sigma), steps)
@@ -160,9 +168,12 @@ def test_staged_and_one_stage_accountants_agree(
     the count is not a multiple of the blocks) against one stage on the same grid: the upper
     bounds agree to 1e-5 and each bracket contains the other's tightest point."""
     event = PoissonSampled(Gaussian(4.0), 0.01)
+    shipped_prediction = pld.staging_pays
+    monkeypatch.setattr(pld, "staging_pays", lambda *args, **kwargs: True)
     staged = PLDAccountant().compose(event, steps)
     staged_bounds, staged_eps = staged.epsilon_bounds(1e-5), staged.epsilon(1e-5)
     assert staged_calls
+    monkeypatch.setattr(pld, "staging_pays", shipped_prediction)
     monkeypatch.setattr(pld, "_staging", lambda _steps: None)
     one = PLDAccountant().compose(event, steps)
     one_bounds, one_eps = one.epsilon_bounds(1e-5), one.epsilon(1e-5)
@@ -174,11 +185,17 @@ def test_staging_plan_and_prediction() -> None:
     assert pld._staging(pld._STAGED_FROM - 1) is None
     blocks, factor = pld._staging(10**7)  # type: ignore[misc]
     assert blocks == 256 and factor == 16  # sqrt(1e7) / 16 -> 256; sqrt(39062) / 8 -> 16
-    # A Gaussian's windows are set by its spread: staging pays. A few steps of a Poisson-sampled
-    # Gaussian with little noise have far tails: the block's window is nearly the whole one.
+    # A Gaussian's windows are set by its spread: staging pays against one stage with whole
+    # transforms, not against one stage whose leaf transform is pruned to the few frequencies
+    # its 10^6-th power keeps (the circle's 50k points against a 55-point PLD). A few steps of
+    # a Poisson-sampled Gaussian with little noise have far tails: the block's window is nearly
+    # the whole one.
     step, log_tail = 2.0**-10, math.log(pld._tail_for(1e-5, 1e-3))  # the tail of an epsilon(1e-5) query
     gaussian = gaussian_plds(300.0, step, True)
-    assert _pld_numerics.staging_pays([gaussian], [10**6], blocks=64, factor=16, log_tail=log_tail)
+    assert not _pld_numerics.staging_pays([gaussian], [10**6], blocks=64, factor=16, log_tail=log_tail)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_pld_numerics, "_pruned_reach", lambda *args: None)
+        assert _pld_numerics.staging_pays([gaussian], [10**6], blocks=64, factor=16, log_tail=log_tail)
     # (sigma = 0.638, q = 256/60000 on the accountant's own grid: bench/bench_pld_staging.py
     # measures one stage as fast as two there.)
     accountant = PLDAccountant().compose(PoissonSampled(Gaussian(0.638), 256 / 60000), 40_000)

@@ -1,10 +1,13 @@
+#include <pybind11/complex.h>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <cstring>
+#include <string>
 
 #include "bindings.hpp"
+#include "dpsharp/fft_halves.hpp"
 #include "dpsharp/pld.hpp"
 
 namespace py = pybind11;
@@ -48,6 +51,22 @@ py::tuple to_python(pld::DiscretePld&& result) {
   return py::make_tuple(result.offset, to_python_mass(result), result.infinity_mass);
 }
 
+
+using ComplexArray = py::array_t<std::complex<double>, py::array::c_style | py::array::forcecast>;
+
+// A one-dimensional complex array of `entries` entries, or a ValueError naming `name`.
+void require_entries(const ComplexArray& array, py::ssize_t entries, const char* name) {
+  if (array.ndim() != 1 || array.shape(0) != entries) {
+    throw py::value_error(std::string(name) + " must be one-dimensional with " +
+                          std::to_string(entries) + " entries");
+  }
+}
+
+void require_split_size(std::int64_t size, int threads) {
+  if (size < 4 || size % 4 != 0) throw py::value_error("size must be a positive multiple of 4");
+  if (threads < 1) throw py::value_error("threads must be >= 1");
+}
+
 }  // namespace
 
 void bind_pld(py::module_& m) {
@@ -74,24 +93,25 @@ void bind_pld(py::module_& m) {
   m.def(
       "pld_discretize_many",
       [](int mechanism, const std::vector<double>& parameters, double sampling_rate,
-         double grid_step, double top_tail, double bottom_tail, bool pessimistic) {
+         double grid_step, double top_tail, double bottom_tail, bool pessimistic, int threads) {
         for (const double parameter : parameters) make_params(mechanism, parameter, sampling_rate);
+        if (threads < 1) throw py::value_error("threads must be >= 1");
         std::vector<pld::DiscretePld> results;
         {
           py::gil_scoped_release release;
           results = pld::discretize_many(static_cast<pld::Mechanism>(mechanism), parameters,
                                          sampling_rate, grid_step, top_tail, bottom_tail,
-                                         pessimistic);
+                                         pessimistic, threads);
         }
         py::list out;
         for (auto& result : results) out.append(to_python(std::move(result)));
         return out;
       },
       py::arg("mechanism"), py::arg("parameters"), py::arg("sampling_rate"), py::arg("grid_step"),
-      py::arg("top_tail"), py::arg("bottom_tail"), py::arg("pessimistic"),
+      py::arg("top_tail"), py::arg("bottom_tail"), py::arg("pessimistic"), py::arg("threads") = 1,
       "pld_discretize(...) at each of `parameters` (one mechanism and sampling rate): a list of "
       "(offset, mass, infinity_mass), the same values, with the work that does not depend on the "
-      "parameter shared.");
+      "parameter shared; `threads` split the grid points (the values do not depend on it).");
   m.def(
       "pld_log_mgf",
       [](py::array_t<double, py::array::c_style | py::array::forcecast> mass, std::int64_t offset,
@@ -183,6 +203,39 @@ void bind_pld(py::module_& m) {
       },
       py::arg("mechanism"), py::arg("parameter"), py::arg("sampling_rate"), py::arg("loss"),
       "log delta(eps = loss) of the continuous dominating pair (-inf when delta is 0).");
+  m.def(
+      "fft_combine_halves",
+      [](const ComplexArray& even, const ComplexArray& odd, std::int64_t size, int threads) {
+        require_split_size(size, threads);
+        require_entries(even, size / 4 + 1, "even");
+        require_entries(odd, size / 4 + 1, "odd");
+        py::array_t<std::complex<double>> out(static_cast<py::ssize_t>(size / 2 + 1));
+        {
+          py::gil_scoped_release release;
+          fft::combine_halves(even.data(), odd.data(), size, out.mutable_data(), threads);
+        }
+        return out;
+      },
+      py::arg("even"), py::arg("odd"), py::arg("size"), py::arg("threads"),
+      "rfft(x, size) from even = rfft(x[0::2]) and odd = rfft(x[1::2]) (size a multiple of 4): "
+      "X[j] = E[j] + w^j O[j], X[size/2 - j] = conj(E[j] - w^j O[j]), w = exp(-2 pi i / size).");
+  m.def(
+      "fft_split_spectrum",
+      [](const ComplexArray& spectrum, std::int64_t size, int threads) {
+        require_split_size(size, threads);
+        require_entries(spectrum, size / 2 + 1, "spectrum");
+        py::array_t<std::complex<double>> even(static_cast<py::ssize_t>(size / 4 + 1));
+        py::array_t<std::complex<double>> odd(static_cast<py::ssize_t>(size / 4 + 1));
+        {
+          py::gil_scoped_release release;
+          fft::split_spectrum(spectrum.data(), size, even.mutable_data(), odd.mutable_data(),
+                              threads);
+        }
+        return py::make_tuple(even, odd);
+      },
+      py::arg("spectrum"), py::arg("size"), py::arg("threads"),
+      "(even, odd): the real spectra of length size / 2 whose inverse transforms are the even and "
+      "odd samples of irfft(spectrum, size) (the inverse of fft_combine_halves).");
 }
 
 }  // namespace dpsharp::bindings

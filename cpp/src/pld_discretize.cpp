@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
+#include <vector>
 
 #include "dpsharp/numerics.hpp"
+#include "dpsharp/parallel.hpp"
 #include "dpsharp/pld.hpp"
 
 namespace dpsharp::pld {
@@ -120,24 +122,31 @@ struct GaussianFamilyTable {
   std::vector<double> exp_loss;
 };
 
+// Grid points per thread at least in the threaded loops below (each point costs a few special
+// functions, some tens of nanoseconds).
+constexpr std::int64_t kPointsPerThread = std::int64_t{1} << 13;
+
 GaussianFamilyTable gaussian_family_table(bool remove, double q, double grid_step,
-                                          std::int64_t first, std::int64_t last) {
+                                          std::int64_t first, std::int64_t last, int threads) {
   GaussianFamilyTable table;
   table.first = first;
-  const auto size = static_cast<std::size_t>(last - first + 1);
-  table.log_ratio.resize(size);
-  table.exp_loss.resize(size);
+  const std::int64_t size = last - first + 1;
+  table.log_ratio.resize(static_cast<std::size_t>(size));
+  table.exp_loss.resize(static_cast<std::size_t>(size));
   const double support_floor = q < 1.0 ? std::log1p(-q) : kNegInf;
-  for (std::size_t i = 0; i < size; ++i) {
-    const double loss = static_cast<double>(first + static_cast<std::int64_t>(i)) * grid_step;
-    const double signed_loss = remove ? loss : -loss;
-    if (q < 1.0 && signed_loss <= support_floor) {
-      table.log_ratio[i] = kNegInf;
-    } else {
-      table.log_ratio[i] = q < 1.0 ? std::log((std::expm1(signed_loss) + q) / q) : signed_loss;
+  parallel_ranges(size, kPointsPerThread, threads, [&](std::int64_t lo, std::int64_t hi) {
+    for (std::int64_t i = lo; i < hi; ++i) {
+      const double loss = static_cast<double>(first + i) * grid_step;
+      const double signed_loss = remove ? loss : -loss;
+      const auto at = static_cast<std::size_t>(i);
+      if (q < 1.0 && signed_loss <= support_floor) {
+        table.log_ratio[at] = kNegInf;
+      } else {
+        table.log_ratio[at] = q < 1.0 ? std::log((std::expm1(signed_loss) + q) / q) : signed_loss;
+      }
+      table.exp_loss[at] = std::exp(loss);
     }
-    table.exp_loss[i] = std::exp(loss);
-  }
+  });
   return table;
 }
 
@@ -203,8 +212,12 @@ bool linear_tails_are_safe(const MechanismParams& params, double grid_step, Grid
 // space, with the sigma-independent values from `table` (which must cover the range). The same
 // cell masses as the log-space version up to double rounding (a relative 1e-12 on a cell mass,
 // also the accuracy of the log-space differences).
+// The cells (a, b] are independent, so `threads` split them: cell i's share at its lower point is
+// written to mass[i] and its share at its upper point to upper[i], and mass[i + 1] += upper[i]
+// afterwards, the same sums in the same order as one pass over the cells (0 + x is exact).
 DiscretePld discretize_pessimistic_linear(const MechanismParams& params, double grid_step,
-                                          GridRange range, const GaussianFamilyTable& table) {
+                                          GridRange range, const GaussianFamilyTable& table,
+                                          int threads) {
   const auto [remove, q, mu] = gaussian_family_pair(params);
   const std::int64_t n = range.highest - range.lowest + 1;
   const auto base = static_cast<std::size_t>(range.lowest - table.first);
@@ -213,33 +226,40 @@ DiscretePld discretize_pessimistic_linear(const MechanismParams& params, double 
   DiscretePld out;
   out.offset = range.lowest;
   out.mass.assign(static_cast<std::size_t>(n), 0.0);
+  std::vector<double> upper(static_cast<std::size_t>(n), 0.0);
+  double* lower = out.mass.data();
   const double spread_denominator = -std::expm1(-grid_step);
-  LinearTails a = gaussian_family_tails(remove, mu, q, log_ratio[0]);
-  out.mass[0] += a.cdf_p;  // mass at or below the bottom point moves up to it
-  for (std::int64_t i = 0; i + 1 < n; ++i) {
-    const LinearTails b = gaussian_family_tails(remove, mu, q, log_ratio[i + 1]);
-    const double p = cell_mass(a.survival_p, a.cdf_p, b.survival_p, b.cdf_p);
-    if (p > 0.0) {
-      const double q_mass = cell_mass(a.survival_q, a.cdf_q, b.survival_q, b.cdf_q);
-      // r = e^{a} Q(cell) / P(cell) in [e^{-h}, 1]; weight at b = p (1 - r) / (1 - e^{-h}).
-      const double r = q_mass / p * exp_loss[i];
-      const double upper_fraction = std::clamp((1.0 - r) / spread_denominator, 0.0, 1.0);
-      out.mass[i + 1] += p * upper_fraction;
-      out.mass[i] += p * (1.0 - upper_fraction);
+  parallel_ranges(n - 1, kPointsPerThread, threads, [&](std::int64_t lo, std::int64_t hi) {
+    LinearTails a = gaussian_family_tails(remove, mu, q, log_ratio[lo]);
+    for (std::int64_t i = lo; i < hi; ++i) {
+      const LinearTails b = gaussian_family_tails(remove, mu, q, log_ratio[i + 1]);
+      const double p = cell_mass(a.survival_p, a.cdf_p, b.survival_p, b.cdf_p);
+      if (p > 0.0) {
+        const double q_mass = cell_mass(a.survival_q, a.cdf_q, b.survival_q, b.cdf_q);
+        // r = e^{a} Q(cell) / P(cell) in [e^{-h}, 1]; weight at b = p (1 - r) / (1 - e^{-h}).
+        const double r = q_mass / p * exp_loss[i];
+        const double upper_fraction = std::clamp((1.0 - r) / spread_denominator, 0.0, 1.0);
+        upper[static_cast<std::size_t>(i)] = p * upper_fraction;
+        lower[i] = p * (1.0 - upper_fraction);
+      }
+      a = b;
     }
-    a = b;
-  }
+  });
+  // Mass at or below the bottom point moves up to it.
+  out.mass[0] = gaussian_family_tails(remove, mu, q, log_ratio[0]).cdf_p + out.mass[0];
+  for (std::int64_t i = 1; i < n; ++i) out.mass[i] = upper[i - 1] + out.mass[i];
   // Mass above the top point l_t: Q-mass e^{l_t} at l_t and the rest, delta(l_t), at +inf.
-  const double at_top = std::min(a.survival_q * exp_loss[n - 1], a.survival_p);
+  const LinearTails top = gaussian_family_tails(remove, mu, q, log_ratio[n - 1]);
+  const double at_top = std::min(top.survival_q * exp_loss[n - 1], top.survival_p);
   out.mass[n - 1] += at_top;
-  out.infinity_mass = std::max(a.survival_p - at_top, 0.0);
+  out.infinity_mass = std::max(top.survival_p - at_top, 0.0);
   return out;
 }
 
 GaussianFamilyTable table_for(const MechanismParams& params, double grid_step, std::int64_t first,
-                              std::int64_t last) {
+                              std::int64_t last, int threads) {
   const GaussianFamilyPair pair = gaussian_family_pair(params);
-  return gaussian_family_table(pair.remove, pair.q, grid_step, first, last);
+  return gaussian_family_table(pair.remove, pair.q, grid_step, first, last, threads);
 }
 
 }  // namespace
@@ -248,8 +268,8 @@ DiscretePld discretize_pessimistic(const MechanismParams& params, double grid_st
                                    GridRange range) {
   const std::int64_t n = checked_points(grid_step, range);
   if (linear_tails_are_safe(params, grid_step, range)) {
-    return discretize_pessimistic_linear(params, grid_step, range,
-                                         table_for(params, grid_step, range.lowest, range.highest));
+    return discretize_pessimistic_linear(
+        params, grid_step, range, table_for(params, grid_step, range.lowest, range.highest, 1), 1);
   }
   std::vector<LossTails> tails(static_cast<std::size_t>(n));
   for (std::int64_t i = 0; i < n; ++i) {
@@ -309,26 +329,29 @@ DiscretePld contract_cells(std::int64_t lowest, std::int64_t n, double grid_step
 // sigma-independent values from `half_table` (a table on the half-step grid h / 2 that covers
 // [2 lowest, 2 highest]): the same masses as the log-space tails up to double rounding.
 DiscretePld discretize_optimistic_linear(const MechanismParams& params, double grid_step,
-                                         GridRange range, const GaussianFamilyTable& half_table) {
+                                         GridRange range, const GaussianFamilyTable& half_table,
+                                         int threads) {
   const auto [remove, q, mu] = gaussian_family_pair(params);
   const std::int64_t n = range.highest - range.lowest + 1;
   const std::int64_t boundaries = 2 * (n - 1) + 1;
   const double* log_ratio = half_table.log_ratio.data() + (2 * range.lowest - half_table.first);
   std::vector<double> cell_log_p(static_cast<std::size_t>(boundaries));
   std::vector<double> cell_log_q(static_cast<std::size_t>(boundaries));
-  LinearTails a = gaussian_family_tails(remove, mu, q, log_ratio[0]);
-  for (std::int64_t c = 0; c < boundaries; ++c) {
-    const auto i = static_cast<std::size_t>(c);
-    if (c == boundaries - 1) {
-      cell_log_p[i] = std::log(a.survival_p);
-      cell_log_q[i] = std::log(a.survival_q);
-      break;
+  // The cells are independent (each from the tails at its two ends): `threads` split them.
+  parallel_ranges(boundaries - 1, kPointsPerThread, threads, [&](std::int64_t lo, std::int64_t hi) {
+    LinearTails a = gaussian_family_tails(remove, mu, q, log_ratio[lo]);
+    for (std::int64_t c = lo; c < hi; ++c) {
+      const auto i = static_cast<std::size_t>(c);
+      const LinearTails b = gaussian_family_tails(remove, mu, q, log_ratio[c + 1]);
+      cell_log_p[i] = std::log(cell_mass(a.survival_p, a.cdf_p, b.survival_p, b.cdf_p));
+      cell_log_q[i] = std::log(cell_mass(a.survival_q, a.cdf_q, b.survival_q, b.cdf_q));
+      a = b;
     }
-    const LinearTails b = gaussian_family_tails(remove, mu, q, log_ratio[c + 1]);
-    cell_log_p[i] = std::log(cell_mass(a.survival_p, a.cdf_p, b.survival_p, b.cdf_p));
-    cell_log_q[i] = std::log(cell_mass(a.survival_q, a.cdf_q, b.survival_q, b.cdf_q));
-    a = b;
-  }
+  });
+  // The last cell: everything above the top grid point.
+  const LinearTails top = gaussian_family_tails(remove, mu, q, log_ratio[boundaries - 1]);
+  cell_log_p[static_cast<std::size_t>(boundaries - 1)] = std::log(top.survival_p);
+  cell_log_q[static_cast<std::size_t>(boundaries - 1)] = std::log(top.survival_q);
   return contract_cells(range.lowest, n, grid_step, cell_log_p, cell_log_q);
 }
 
@@ -344,7 +367,7 @@ DiscretePld discretize_optimistic(const MechanismParams& params, double grid_ste
   if (linear_tails_are_safe(params, grid_step, range)) {
     return discretize_optimistic_linear(
         params, grid_step, range,
-        table_for(params, 0.5 * grid_step, 2 * range.lowest, 2 * range.highest));
+        table_for(params, 0.5 * grid_step, 2 * range.lowest, 2 * range.highest, 1), 1);
   }
   const std::int64_t boundaries = 2 * (n - 1) + 1;
   std::vector<LossTails> tails(static_cast<std::size_t>(boundaries));
@@ -371,8 +394,9 @@ DiscretePld discretize_optimistic(const MechanismParams& params, double grid_ste
 
 std::vector<DiscretePld> discretize_many(Mechanism mechanism, const std::vector<double>& parameters,
                                          double sampling_rate, double grid_step, double top_tail,
-                                         double bottom_tail, bool pessimistic) {
+                                         double bottom_tail, bool pessimistic, int threads) {
   check_step(grid_step);
+  if (threads < 1) throw std::invalid_argument("threads must be >= 1");
   std::vector<MechanismParams> params;
   std::vector<GridRange> ranges;
   params.reserve(parameters.size());
@@ -399,7 +423,7 @@ std::vector<DiscretePld> discretize_many(Mechanism mechanism, const std::vector<
     any_linear = true;
   }
   GaussianFamilyTable table;
-  if (any_linear) table = table_for(params.front(), grid_step / scale, first, last);
+  if (any_linear) table = table_for(params.front(), grid_step / scale, first, last, threads);
   std::vector<DiscretePld> out;
   out.reserve(parameters.size());
   for (std::size_t i = 0; i < parameters.size(); ++i) {
@@ -408,8 +432,10 @@ std::vector<DiscretePld> discretize_many(Mechanism mechanism, const std::vector<
                                 : discretize_optimistic(params[i], grid_step, ranges[i]));
     } else {
       out.push_back(pessimistic
-                        ? discretize_pessimistic_linear(params[i], grid_step, ranges[i], table)
-                        : discretize_optimistic_linear(params[i], grid_step, ranges[i], table));
+                        ? discretize_pessimistic_linear(params[i], grid_step, ranges[i], table,
+                                                        threads)
+                        : discretize_optimistic_linear(params[i], grid_step, ranges[i], table,
+                                                       threads));
     }
   }
   return out;

@@ -40,9 +40,23 @@ def pld_discretize_many(
     top_tail: float,
     bottom_tail: float,
     pessimistic: bool,
+    threads: int = 1,
 ) -> list[tuple[int, np.ndarray, float]]:
     """pld_discretize(...) at each of ``parameters`` (one mechanism and sampling rate): the same
-    values, with the work that does not depend on the parameter shared."""
+    values, with the work that does not depend on the parameter shared; ``threads`` split the
+    grid points (the values do not depend on it)."""
+
+def fft_combine_halves(
+    even: npt.ArrayLike, odd: npt.ArrayLike, size: int, threads: int
+) -> np.ndarray:
+    """rfft(x, size) from even = rfft(x[0::2]) and odd = rfft(x[1::2]) (size a multiple of 4):
+    X[j] = E[j] + w^j O[j], X[size/2 - j] = conj(E[j] - w^j O[j]), w = exp(-2 pi i / size)."""
+
+def fft_split_spectrum(
+    spectrum: npt.ArrayLike, size: int, threads: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(even, odd): the real spectra of length size / 2 whose inverse transforms are the even
+    and odd samples of irfft(spectrum, size) (the inverse of fft_combine_halves)."""
 
 def pld_log_mgf(
     mass: npt.ArrayLike, offset: int, grid_step: float, exponents: Sequence[float]

@@ -94,10 +94,11 @@ DiscretePld discretize_pessimistic(const MechanismParams& params, double grid_st
 // discretize_pessimistic or discretize_optimistic for one mechanism and sampling rate at each of
 // `parameters`, each on its own grid_range(top_tail, bottom_tail): the same results, with the
 // parameter-independent work of the Gaussian-family pairs (the loss-to-quantile map and e^{l} at
-// each grid point) done once.
+// each grid point) done once. `threads` (>= 1) split the grid points of those pairs' work
+// (parallel.hpp); the results do not depend on it.
 std::vector<DiscretePld> discretize_many(Mechanism mechanism, const std::vector<double>& parameters,
                                          double sampling_rate, double grid_step, double top_tail,
-                                         double bottom_tail, bool pessimistic);
+                                         double bottom_tail, bool pessimistic, int threads = 1);
 
 // The optimistic discretisation (cell post-processing plus mean-preserving merges).
 DiscretePld discretize_optimistic(const MechanismParams& params, double grid_step,

@@ -22,7 +22,10 @@ of steps on the fine grid, each block moved to a coarser grid by a mean-preservi
 (pessimistic) or contraction (optimistic), then the blocks (``_pld_numerics.compose_staged``).
 A long composition's spectrum is confined to a band of low frequencies; such a composition is
 kept as that band and its epsilon and delta queries are answered from closed-form sums over it,
-without the inverse transform of the circle (``_pld_band``).
+without the inverse transform of the circle (``_pld_band``). A narrow per-step PLD composed many
+times then needs its transform only below a frequency that a total-variation bound certifies,
+computed by a chirp transform of about the PLD's length (``_pld_numerics._pruned_reach``); with
+that, one stage is usually cheaper than two and the staging prediction says so.
 The FFT round-off that no negative mass reveals is covered by an allowance of 2^-52 per composed
 step in delta (``_ROUNDOFF_PER_STEP``), measured rather than proven.
 Hockey-stick curves:
@@ -59,6 +62,7 @@ from dpsharp.accountants._pld_numerics import (
     compose_staged,
     parallel_map,
     staging_pays,
+    threads_for_caller,
 )
 from dpsharp.accountants.base import Accountant, PrivacyGuarantee
 from dpsharp.accountants.registry import register
@@ -627,11 +631,11 @@ def _discretize(
             ))
         ]
 
-    def batch(keys: list[_Leaf]) -> list[DiscretePLD]:
+    def batch(keys: list[_Leaf], threads: int = 1) -> list[DiscretePLD]:
         first = keys[0]
         parts = _core.pld_discretize_many(
             first.mechanism, [k.parameter for k in keys], first.rate, grid_step, tail, tail,
-            pessimistic,
+            pessimistic, threads,
         )
         return [finish(*part) for part in parts]
 
@@ -646,6 +650,9 @@ def _discretize(
         for start in range(0, len(indices), _BATCH):
             chunk = indices[start : start + _BATCH]
             tasks.append((batch, [leaves[i] for i in chunk], chunk))
+    if len(tasks) == 1 and tasks[0][0] is batch:
+        # One batch (a few distinct events): the C++ core splits its grid points over the CPUs.
+        return batch(tasks[0][1], threads=threads_for_caller())
     out: list[DiscretePLD | None] = [None] * len(leaves)
     for (_, _, indices), plds in zip(
         tasks, parallel_map(lambda task: task[0](task[1]), tasks, threshold=2)

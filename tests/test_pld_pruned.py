@@ -1,0 +1,121 @@
+"""Pruned leaf transforms (``_pld_numerics._pruned_reach`` / ``_pruned_transform``): the leaf
+spectrum of a long composition computed only at the frequencies its power keeps, with a
+total-variation certificate for the rest. Checked against long-double direct sums (an
+independent evaluation of the DFT), against the whole transform's entries above the reach, and
+the accountant's answers against the unpruned route and the exact Gaussian curve."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import scipy.fft
+
+from dpsharp import Gaussian, PLDAccountant, PoissonSampled
+from dpsharp._native import core
+from dpsharp.accountants import _pld_numerics, pld
+from dpsharp.accountants._pld_numerics import DiscretePLD, _pruned_reach, _pruned_transform
+
+from _gaussian_reference import exact_epsilon_bisect
+
+
+def direct_dft(mass: np.ndarray, size: int, frequencies: list[int]) -> np.ndarray:
+    """sum_s m_s e^{-2 pi i s k / size} in long double, with s k reduced modulo size in integers."""
+    index = np.arange(mass.size, dtype=np.int64)
+    weights = mass.astype(np.longdouble)
+    out = []
+    for k in frequencies:
+        angle = (-2 * np.pi) * ((index * k) % size).astype(np.longdouble) / size
+        out.append(complex(np.sum(weights * np.cos(angle)), np.sum(weights * np.sin(angle))))
+    return np.array(out)
+
+
+@pytest.mark.parametrize(
+    ("length", "size", "reach"), [(1, 16, 5), (5, 64, 30), (1046, 131072, 441), (3000, 40960, 900)]
+)
+def test_pruned_transform_is_the_dft(length: int, size: int, reach: int) -> None:
+    mass = np.random.default_rng(length).random(length)
+    mass /= mass.sum()
+    pruned = _pruned_transform(mass, size, reach)
+    assert pruned.shape == (reach,)
+    frequencies = sorted({0, 1, reach // 3, reach // 2, reach - 1})
+    exact = direct_dft(mass, size, frequencies)
+    # A few ulp of the total mass (1): what the whole transform itself errs by.
+    assert np.max(np.abs(pruned[frequencies] - exact)) <= 2e-15
+    assert np.max(np.abs(pruned - scipy.fft.rfft(mass, size)[:reach])) <= 2e-15
+
+
+def abadi_leaf(steps: int, precision: float) -> tuple[DiscretePLD, int]:
+    """The remove-direction leaf PLD of Abadi et al.'s setting on the accountant's grid, and the
+    circle of its one-stage composition."""
+    accountant = PLDAccountant(precision=precision).compose(PoissonSampled(Gaussian(4.0), 0.01), steps)
+    step = accountant._grid_step()
+    tail = pld._tail_for(1e-5, precision)
+    bucket = 1 << (steps - 1).bit_length()
+    offset, mass, infinity = core.pld_discretize(2, 4.0, 0.01, step, tail / bucket, tail / bucket, True)
+    leaf = DiscretePLD(int(offset), mass, float(infinity), step)
+    size = _pld_numerics._Window.of([leaf], [steps], math.log(tail)).size
+    return leaf, size
+
+
+@pytest.mark.parametrize(("steps", "precision"), [(10_000, 1e-3), (40_000, 2.5e-4), (10**6, 1e-3)])
+def test_reach_certificate_holds_on_the_whole_transform(steps: int, precision: float) -> None:
+    """Every entry of the whole transform from the reach on has |F|^steps <= e^-800, and the
+    reach prunes most of the circle on these settings."""
+    leaf, size = abadi_leaf(steps, precision)
+    reach = _pruned_reach(leaf, size, steps)
+    assert reach is not None and reach < size // 16
+    whole = scipy.fft.rfft(leaf.folded(size))
+    with np.errstate(divide="ignore"):
+        log_modulus = np.log(np.abs(whole[reach:]))
+    assert np.all(steps * log_modulus <= -800.0)
+    # The certificate is a bound, not the exact edge: the whole transform keeps fewer.
+    kept = np.flatnonzero(steps * np.log(np.abs(whole) + 1e-300) > -800.0)
+    assert kept[-1] < reach
+
+
+def test_no_reach_where_pruning_cannot_pay_or_be_certified() -> None:
+    leaf, size = abadi_leaf(10_000, 1e-3)
+    assert _pruned_reach(leaf, size, 1) is None  # |F| <= e^-800 cannot be certified
+    assert _pruned_reach(leaf, leaf.mass.size, 10_000) is None  # masses would fold
+    flat = DiscretePLD(0, np.full(4096, 1.0 / 4096), 0.0, 2.0**-10)
+    assert _pruned_reach(flat, 1 << 14, 100) is None  # needs most frequencies
+
+
+@pytest.mark.parametrize(("steps", "precision"), [(40_000, 1e-3), (40_000, 2.5e-4)])
+def test_accountant_with_and_without_pruning(monkeypatch: pytest.MonkeyPatch, steps: int, precision: float) -> None:
+    event = PoissonSampled(Gaussian(4.0), 0.01)
+    calls: list[int] = []
+    real = _pld_numerics._pruned_transform
+
+    def spy(mass: np.ndarray, size: int, reach: int) -> np.ndarray:
+        calls.append(reach)
+        return real(mass, size, reach)
+
+    monkeypatch.setattr(_pld_numerics, "_pruned_transform", spy)
+    pruned = PLDAccountant(precision=precision).compose(event, steps)
+    pruned_eps, pruned_bounds = pruned.epsilon(1e-5), pruned.epsilon_bounds(1e-5)
+    epsilons = (0.5 * pruned_eps, pruned_eps, 1.5 * pruned_eps)
+    pruned_deltas = [pruned.delta(epsilon) for epsilon in epsilons]
+    assert calls, "this setting is composed with pruned leaf transforms"
+    monkeypatch.setattr(_pld_numerics, "_pruned_reach", lambda *args: None)
+    monkeypatch.setattr(pld, "staging_pays", lambda *args, **kwargs: False)
+    whole = PLDAccountant(precision=precision).compose(event, steps)
+    # The two differ by the round-off of a 4e4-th power of differently rounded spectra: in delta
+    # within the accountant's round-off allowance (2^-52 per step), in epsilon ~1e-8 relative.
+    allowance = 2.0**-52 * steps
+    for epsilon, pruned_delta in zip(epsilons, pruned_deltas):
+        assert abs(pruned_delta - whole.delta(epsilon)) <= allowance
+    assert pruned_eps == pytest.approx(whole.epsilon(1e-5), rel=1e-7)
+    whole_bounds = whole.epsilon_bounds(1e-5)
+    assert pruned_bounds == pytest.approx(whole_bounds, rel=1e-7)
+
+
+@pytest.mark.parametrize(("sigma", "steps"), [(30.0, 2000), (200.0, 50_000), (60.0, 10**6)])
+def test_pruned_gaussian_compositions_bracket_the_exact_curve(sigma: float, steps: int) -> None:
+    accountant = PLDAccountant().compose(Gaussian(sigma), steps)
+    lower, upper = accountant.epsilon_bounds(1e-6)
+    exact = exact_epsilon_bisect(1e-6, math.sqrt(steps) / sigma)
+    assert lower <= exact <= upper
+    assert accountant.epsilon(1e-6) >= exact
