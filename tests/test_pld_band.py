@@ -188,3 +188,20 @@ def test_spectral_bracket_holds_against_the_exact_gaussian_curve(
         for epsilon in (0.5, 2.0, 4.0):
             lower, upper = accountant.delta_bounds(epsilon)
             assert lower <= exact_delta(epsilon, mu) <= upper
+
+
+def test_spectral_epsilon_for_a_window_above_zero() -> None:
+    """A composition whose window starts above loss 0 (10^7 steps of q = 0.01, sigma = 1): the
+    epsilon query searches the band's closed forms from the window's first point on (no inverse
+    transform of its 1.5M-point circle); its crossing is where the band's curve is delta, and
+    the dense masses give the same delta there up to their round-off."""
+    event = PoissonSampled(Gaussian(1.0), 0.01)
+    band = composed(event, 10**7, spectral=True)
+    dense = composed(event, 10**7, spectral=False)
+    assert band.spectral is not None and band.start > 0
+    eps = band.epsilon(1e-5, pessimistic=True)
+    assert "mass" not in band.__dict__  # the masses were never formed
+    assert band.delta(eps, pessimistic=True) == pytest.approx(1e-5, rel=1e-9)
+    slack = 2.0 * band.spectral.error + 2.0 * dense.roundoff + 1e-16 * math.sqrt(dense.size)
+    assert abs(dense.delta(eps, pessimistic=True) - 1e-5) <= slack
+    assert eps <= dense.epsilon(1e-5, pessimistic=True)

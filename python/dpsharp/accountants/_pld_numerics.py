@@ -289,7 +289,7 @@ class ComposedPLD:
         # A_j = sum_{k > j} m_k and W_j = sum_{k > j} m_k e^{-(l_k - l_j)}, and A, W at j - 1:
         # over the masses in the C++ core, or by a search over the band's closed forms.
         i0 = max(0, -self.start - 1)
-        if self.spectral is not None and i0 > 0:
+        if self.spectral is not None:
             found = self.spectral.crossing(i0, constant, delta)
             if found is None:
                 return float("inf")
