@@ -69,7 +69,7 @@ void combine_halves(const Complex* even, const Complex* odd, std::int64_t size, 
   check_size(size);
   const std::int64_t m = size / 2;
   const Twiddles twiddle(size);
-  parallel_ranges(m / 2 + 1, kGrain, threads, [&](std::int64_t lo, std::int64_t hi) {
+  parallel_ranges<Threads::kOwnThreads>(m / 2 + 1, kGrain, threads, [&](std::int64_t lo, std::int64_t hi) {
     for (std::int64_t j = lo; j < hi; ++j) {
       const Complex rotated = times(twiddle(j), odd[j]);
       const Complex e = even[j];
@@ -85,7 +85,7 @@ void split_spectrum(const Complex* spectrum, std::int64_t size, Complex* even, C
   check_size(size);
   const std::int64_t m = size / 2;
   const Twiddles twiddle(size);
-  parallel_ranges(m / 2 + 1, kGrain, threads, [&](std::int64_t lo, std::int64_t hi) {
+  parallel_ranges<Threads::kOwnThreads>(m / 2 + 1, kGrain, threads, [&](std::int64_t lo, std::int64_t hi) {
     for (std::int64_t j = lo; j < hi; ++j) {
       Complex low = spectrum[j];
       Complex high = spectrum[m - j];

@@ -134,7 +134,7 @@ GaussianFamilyTable gaussian_family_table(bool remove, double q, double grid_ste
   table.log_ratio.resize(static_cast<std::size_t>(size));
   table.exp_loss.resize(static_cast<std::size_t>(size));
   const double support_floor = q < 1.0 ? std::log1p(-q) : kNegInf;
-  parallel_ranges(size, kPointsPerThread, threads, [&](std::int64_t lo, std::int64_t hi) {
+  parallel_ranges<Threads::kOwnThreads>(size, kPointsPerThread, threads, [&](std::int64_t lo, std::int64_t hi) {
     for (std::int64_t i = lo; i < hi; ++i) {
       const double loss = static_cast<double>(first + i) * grid_step;
       const double signed_loss = remove ? loss : -loss;
@@ -229,7 +229,7 @@ DiscretePld discretize_pessimistic_linear(const MechanismParams& params, double 
   std::vector<double> upper(static_cast<std::size_t>(n), 0.0);
   double* lower = out.mass.data();
   const double spread_denominator = -std::expm1(-grid_step);
-  parallel_ranges(n - 1, kPointsPerThread, threads, [&](std::int64_t lo, std::int64_t hi) {
+  parallel_ranges<Threads::kOwnThreads>(n - 1, kPointsPerThread, threads, [&](std::int64_t lo, std::int64_t hi) {
     LinearTails a = gaussian_family_tails(remove, mu, q, log_ratio[lo]);
     for (std::int64_t i = lo; i < hi; ++i) {
       const LinearTails b = gaussian_family_tails(remove, mu, q, log_ratio[i + 1]);
@@ -338,7 +338,7 @@ DiscretePld discretize_optimistic_linear(const MechanismParams& params, double g
   std::vector<double> cell_log_p(static_cast<std::size_t>(boundaries));
   std::vector<double> cell_log_q(static_cast<std::size_t>(boundaries));
   // The cells are independent (each from the tails at its two ends): `threads` split them.
-  parallel_ranges(boundaries - 1, kPointsPerThread, threads, [&](std::int64_t lo, std::int64_t hi) {
+  parallel_ranges<Threads::kOwnThreads>(boundaries - 1, kPointsPerThread, threads, [&](std::int64_t lo, std::int64_t hi) {
     LinearTails a = gaussian_family_tails(remove, mu, q, log_ratio[lo]);
     for (std::int64_t c = lo; c < hi; ++c) {
       const auto i = static_cast<std::size_t>(c);

@@ -55,7 +55,14 @@ inline OpenmpTeamLauncher loaded_openmp_team_launcher() noexcept {
 // may be shared) then does less of the work instead of holding up the join, and a team
 // smaller than asked for (an OpenMP runtime may give fewer threads, e.g. inside another
 // parallel region) still covers every index. `work` must not throw.
-template <typename Work>
+//
+// `Threads` picks the threads: kTorchTeam (the default) as described above, for the training
+// kernels that run between torch's own parallel operators; kOwnThreads always std::threads,
+// for the accountant's numerics, which have no reason to run on another library's thread team
+// (they may be called from any thread, next to anything torch is doing).
+enum class Threads { kTorchTeam, kOwnThreads };
+
+template <Threads kThreads = Threads::kTorchTeam, typename Work>
 void parallel_ranges(std::int64_t count, std::int64_t grain, int threads, Work&& work) {
   const std::int64_t useful = std::max<std::int64_t>(1, count / std::max<std::int64_t>(grain, 1));
   const int n_threads = static_cast<int>(std::min<std::int64_t>(std::max(threads, 1), useful));
@@ -72,7 +79,8 @@ void parallel_ranges(std::int64_t count, std::int64_t grain, int threads, Work&&
       work(lo, std::min(count, lo + block));
     }
   };
-  if (const OpenmpTeamLauncher launch = loaded_openmp_team_launcher()) {
+  if (const OpenmpTeamLauncher launch =
+          kThreads == Threads::kTorchTeam ? loaded_openmp_team_launcher() : nullptr) {
     launch([](void* claim) { (*static_cast<decltype(claim_blocks)*>(claim))(); }, &claim_blocks,
            static_cast<unsigned>(n_threads), 0u);
     return;
