@@ -311,9 +311,13 @@ class PerSampleClipper:
                 "a per-example gradient is not finite (NaN or inf); the batch was discarded "
                 "rather than clipped (check the loss and the learning rate)"
             )
+        flat_factors: torch.Tensor | None = None
         if self._clipping == "flat":
             norms = sq.sum(dim=1).sqrt()
-            factors_all = self._factors(norms, self._bounds[0]).unsqueeze(1).expand(-1, n_params)
+            # One tensor for every parameter (a usage reuses work between its weight and bias
+            # when it is handed the same factors).
+            flat_factors = self._factors(norms, self._bounds[0]).contiguous()
+            factors_all = flat_factors.unsqueeze(1).expand(-1, n_params)
             self._last_norms = norms
         else:
             norms = sq.sqrt()
@@ -324,7 +328,7 @@ class PerSampleClipper:
         for pid, us in by_param.items():
             k = self._index[pid]
             p = self._params[k]
-            factors = factors_all[:, k].contiguous()
+            factors = flat_factors if flat_factors is not None else factors_all[:, k].contiguous()
             acc = self._accumulators[k]
             if pid in tied:
                 out = acc if acc is not None else torch.zeros(p.shape, dtype=p.dtype, device=p.device)

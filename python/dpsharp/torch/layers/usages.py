@@ -162,6 +162,8 @@ class LinearUsage(_WeightBiasUsage):
         self._per_example_weight: torch.Tensor | None = None  # unscaled (B, p, d)
         self._bias_rows: torch.Tensor | None = None  # unscaled sum_t gy_t, (B, p)
         self._g_sq: torch.Tensor | None = None  # T = 1: ||gy_i||^2 (float64)
+        # (factors, gy scaled by them) from the weight's clipped sum, for the bias's.
+        self._scaled_g: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def params(self) -> list[torch.nn.Parameter]:
         return [p for p in (self.weight, self.bias) if p is not None]
@@ -224,17 +226,27 @@ class LinearUsage(_WeightBiasUsage):
         return kernels.per_example_dots(gram_a, gram_g) * s2
 
     def clipped_sum(self, p: torch.nn.Parameter, factors: torch.Tensor) -> torch.Tensor:
-        weights = factors * self.scale
+        import torch
+
         if p is self.bias:
+            scaled = self._scaled_g
+            if scaled is not None and scaled[0] is factors:
+                # The weight's clipped sum already scaled gy by these factors (in float32 or
+                # float64): sum_i c_i sum_t gy_it is its sum over examples and positions.
+                return scaled[1].sum(dim=(0, 1))
             rows = self._bias_per_example()
-            return weights.to(rows.dtype) @ rows
+            return (factors * self.scale).to(rows.dtype) @ rows
+        weights = factors * self.scale
         if self._per_example_weight is not None:
             return weighted_sum(self._per_example_weight, weights).reshape(p.shape)
         pdim, d = self.g.shape[2], self.a.shape[2]
         c = weights.to(self.g.dtype)[:, None, None]
         if d < pdim:  # scale whichever of the two stored tensors is smaller
             return (self.g.reshape(-1, pdim).t() @ (self.a * c).reshape(-1, d)).reshape(p.shape)
-        return ((self.g * c).reshape(-1, pdim).t() @ self.a.reshape(-1, d)).reshape(p.shape)
+        scaled_g = self.g * c
+        if self.bias is not None and scaled_g.dtype in (torch.float32, torch.float64):
+            self._scaled_g = (factors, scaled_g)
+        return (scaled_g.reshape(-1, pdim).t() @ self.a.reshape(-1, d)).reshape(p.shape)
 
 
 class ConvUsage(_WeightBiasUsage):
