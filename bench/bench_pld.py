@@ -52,10 +52,11 @@ def ours(q: float, sigma: float, steps: int, precision: float = 1e-3) -> float:
     return PLDAccountant(precision=precision).compose(PoissonSampled(Gaussian(sigma), q), steps).epsilon(DELTA)
 
 
-# Precisions tried for the tightness-parity columns: each quarter of the precision halves the
-# grid step (h ~ sqrt(precision), rounded down to a power of two), so this ladder visits every
-# grid from the default one down to 1/128 of its step.
-PARITY_LADDER = [1e-3 / 4**k for k in range(8)]
+# Precisions tried for the tightness-parity columns: each half of the precision divides the
+# grid step's formula by sqrt(2) (h ~ sqrt(precision), rounded down to a step 2^k or
+# 3 * 2^(k-1), two grids per factor 2), so this ladder visits every grid from the default one
+# down to 1/128 of its step.
+PARITY_LADDER = [1e-3 / 2**k for k in range(16)]
 
 
 def at_parity(q: float, sigma: float, steps: int, target: float) -> tuple[float, float] | None:

@@ -160,7 +160,7 @@ class PLDAccountant(Accountant):
     Both discretisations err by O(h^2) with about the same constant, so at the default precision
     ``epsilon`` is within 0.07% of dp-accounting's at 1e-5 on the settings of
     bench/bench_pld.py but can be up to 0.07% above its 1e-4 answer; to be at least as tight as
-    that on every one of those settings takes a precision between 2.5e-4 and 6e-8 depending on
+    that on every one of those settings takes a precision between 5e-4 and 1.2e-7 depending on
     the setting (bench/bench_pld.py, parity columns).
     """
 
@@ -226,7 +226,7 @@ class PLDAccountant(Accountant):
 
     # ------------------------------------------------------------------ grid
     def _grid_step(self, refinement: int = 0) -> float:
-        """h = 0.07 sqrt(precision / 1e-3) sqrt(V / T), rounded down to a power of two, where
+        """h = 0.07 sqrt(precision / 1e-3) sqrt(V / T), rounded down to a step 2^k or 3 * 2^(k-1), where
         V / T is the mean per-step variance of the privacy loss (q^2 (e^{mu^2} - 1) for a
         Poisson-sampled Gaussian, mu^2 for a Gaussian, 1/b^2 for Laplace). Both roundings err by
         O(h^2) per step, so the relative error of epsilon is O(T h^2 / V); the constant was
@@ -240,7 +240,11 @@ class PLDAccountant(Accountant):
         spread = math.sqrt(total / max(self._steps(), 1))
         step = 0.07 * math.sqrt(self._precision / 1e-3) * spread
         step = min(max(step, 2.0**-20), 2.0**-4) / (2.0**refinement)
-        return 2.0 ** math.floor(math.log2(step))
+        power = 2.0 ** math.floor(math.log2(step))
+        # Steps 2^k and 3 * 2^(k-1): every grid loss (offset + i) h is still exact in binary
+        # (an integer times a power of two), and the step is at most a third (not half) below
+        # the formula's.
+        return 0.75 * (2.0 * power) if step >= 1.5 * power else power
 
     def _composed(
         self,
