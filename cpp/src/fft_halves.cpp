@@ -62,42 +62,43 @@ void check_size(std::int64_t size) {
 // Entries per thread at least (the work per entry is a few nanoseconds).
 constexpr std::int64_t kGrain = std::int64_t{1} << 15;
 
+// step(j, m, w^j) for j = 0 .. size / 4 (m = size / 2), the entries split over `threads`:
+// each j reads and writes only entries j and m - j of its arrays.
+template <typename Step>
+void for_each_pair(std::int64_t size, int threads, Step&& step) {
+  check_size(size);
+  const std::int64_t m = size / 2;
+  const Twiddles twiddle(size);
+  parallel_ranges<Threads::kOwnThreads>(
+      m / 2 + 1, kGrain, threads, [&](std::int64_t lo, std::int64_t hi) {
+        for (std::int64_t j = lo; j < hi; ++j) step(j, m, twiddle(j));
+      });
+}
+
 }  // namespace
 
 void combine_halves(const Complex* even, const Complex* odd, std::int64_t size, Complex* out,
                     int threads) {
-  check_size(size);
-  const std::int64_t m = size / 2;
-  const Twiddles twiddle(size);
-  parallel_ranges<Threads::kOwnThreads>(m / 2 + 1, kGrain, threads, [&](std::int64_t lo, std::int64_t hi) {
-    for (std::int64_t j = lo; j < hi; ++j) {
-      const Complex rotated = times(twiddle(j), odd[j]);
-      const Complex e = even[j];
-      out[j] = e + rotated;
-      const Complex difference = e - rotated;
-      out[m - j] = {difference.real(), -difference.imag()};
-    }
+  for_each_pair(size, threads, [&](std::int64_t j, std::int64_t m, Complex w) {
+    const Complex rotated = times(w, odd[j]);
+    out[j] = even[j] + rotated;
+    const Complex difference = even[j] - rotated;
+    out[m - j] = {difference.real(), -difference.imag()};
   });
 }
 
 void split_spectrum(const Complex* spectrum, std::int64_t size, Complex* even, Complex* odd,
                     int threads) {
-  check_size(size);
-  const std::int64_t m = size / 2;
-  const Twiddles twiddle(size);
-  parallel_ranges<Threads::kOwnThreads>(m / 2 + 1, kGrain, threads, [&](std::int64_t lo, std::int64_t hi) {
-    for (std::int64_t j = lo; j < hi; ++j) {
-      Complex low = spectrum[j];
-      Complex high = spectrum[m - j];
-      if (j == 0) {  // irfft ignores the imaginary parts at 0 and m
-        low = {low.real(), 0.0};
-        high = {high.real(), 0.0};
-      }
-      const Complex high_conj{high.real(), -high.imag()};
-      const Complex w = twiddle(j);
-      even[j] = 0.5 * (low + high_conj);
-      odd[j] = 0.5 * times(low - high_conj, {w.real(), -w.imag()});
+  for_each_pair(size, threads, [&](std::int64_t j, std::int64_t m, Complex w) {
+    Complex low = spectrum[j];
+    Complex high = spectrum[m - j];
+    if (j == 0) {  // irfft ignores the imaginary parts at 0 and m
+      low = {low.real(), 0.0};
+      high = {high.real(), 0.0};
     }
+    const Complex high_conj{high.real(), -high.imag()};
+    even[j] = 0.5 * (low + high_conj);
+    odd[j] = 0.5 * times(low - high_conj, {w.real(), -w.imag()});
   });
 }
 
