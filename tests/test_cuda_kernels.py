@@ -1,7 +1,7 @@
 """CUDA kernels (cpp/cuda/clip_kernels.cu) against the CPU kernels and the pure-torch reference.
 
 Skipped without a CUDA device or without a CUDA build. Expected: the noise stream and the fused
-clip-accumulate-noise pass equal the CPU kernel bit for bit (same Philox counters, same IEEE
+clip-accumulate-noise pass equal the CPU kernel bit for bit (same ChaCha8 counters, same IEEE
 operations, -fmad=false, same summation order over examples); squared norms agree to float64
 summation-order error.
 """
@@ -62,14 +62,18 @@ def test_fused_pass_equals_cpu_bit_for_bit(dtype: torch.dtype, numel: int) -> No
     assert torch.equal(gpu.cpu(), ref)
 
 
-def test_noise_stream_equals_cpu_stream() -> None:
+@pytest.mark.parametrize(("precision", "dtype"),
+                         [("float32", torch.float32), ("float64", torch.float64)])
+def test_noise_stream_equals_cpu_stream(precision: str, dtype: torch.dtype) -> None:
     _need_cuda()
     from dpsharp._native import core
+    from dpsharp.torch import kernels
 
     n = 100_003
-    cpu = torch.from_numpy(core.philox_gaussian(7, 2, 5, 1, n))
-    gpu = torch.empty(n, dtype=torch.float64, device="cuda")
-    core.cuda_gaussian_noise(7, 2, 5, 1, n, gpu.data_ptr(),
+    key = kernels.key_words(2**200 + 7)
+    cpu = torch.from_numpy(core.gaussian_stream(key, 2, 5, 1, 0, n, precision))
+    gpu = torch.empty(n, dtype=dtype, device="cuda")
+    core.cuda_gaussian_noise(key, 2, 5, 1, n, precision, gpu.data_ptr(),
                              torch.cuda.current_stream().cuda_stream)
     torch.cuda.synchronize()
     assert torch.equal(gpu.cpu(), cpu)

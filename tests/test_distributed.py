@@ -3,7 +3,7 @@
 References: single-process DP-SGD on the same (union) batches with the same seeds (sigma = 0:
 identical weights up to float summation order); the Gaussian noise variance (sigma C / B)^2 of a
 single-process release (sigma > 0: the all-reduced noise has that variance, not W times it);
-the independence of the ranks' Philox streams (no value repeats, no correlation).
+the independence of the ranks' noise streams (no value repeats, no correlation).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from dpsharp.torch import kernels  # noqa: E402
 pytestmark = pytest.mark.torch
 
 LINUX = sys.platform.startswith("linux")
-NOISE_NUMEL = 2**19 + 6  # 1025 tiles of 512 elements: both threads get blocks
+NOISE_NUMEL = 2**19 + 6  # 820 tiles of 640 elements and a partial one: both threads get blocks
 
 
 @pytest.mark.skipif(not LINUX, reason="torch's OpenMP runtime is libgomp on Linux")
@@ -39,12 +39,14 @@ def test_without_torch_the_kernels_start_threads_and_give_the_same_noise(tmp_pat
         import dpsharp._core as core
         assert "torch" not in sys.modules
         assert core.parallel_backend() == "std::thread", core.parallel_backend()
-        np.save({str(out)!r}, core.philox_gaussian(7, 3, 11, 1, {NOISE_NUMEL}, threads=2))
+        key = [7, 0, 0, 0, 0, 0, 0, 0]
+        np.save({str(out)!r}, core.gaussian_stream(key, 3, 11, 1, 0, {NOISE_NUMEL}, threads=2))
     """)
     subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
     from_threads = np.load(out)
-    on_team = core.philox_gaussian(7, 3, 11, 1, NOISE_NUMEL, threads=2)
-    serial = core.philox_gaussian(7, 3, 11, 1, NOISE_NUMEL, threads=1)
+    key = kernels.key_words(7)
+    on_team = core.gaussian_stream(key, 3, 11, 1, 0, NOISE_NUMEL, threads=2)
+    serial = core.gaussian_stream(key, 3, 11, 1, 0, NOISE_NUMEL, threads=1)
     assert np.array_equal(from_threads, serial)
     assert np.array_equal(on_team, serial)
     reference = kernels.reference_gaussian(key=7, parameter=3, release=11, rank=1, numel=4096)
@@ -83,12 +85,13 @@ def test_reductions_are_bit_identical_at_one_and_two_threads():
 def test_kernels_called_from_several_python_threads_at_once():
     """Each calling thread gets its own team (the GIL is released inside the kernels); the
     results are those of a serial call."""
-    expected = core.philox_gaussian(1, 0, 0, 0, NOISE_NUMEL, threads=1)
+    key = kernels.key_words(1)
+    expected = core.gaussian_stream(key, 0, 0, 0, 0, NOISE_NUMEL, threads=1)
     results: dict[int, np.ndarray] = {}
 
     def work(index: int) -> None:
         for _ in range(3):
-            results[index] = core.philox_gaussian(1, 0, 0, 0, NOISE_NUMEL, threads=2)
+            results[index] = core.gaussian_stream(key, 0, 0, 0, 0, NOISE_NUMEL, threads=2)
 
     workers = [threading.Thread(target=work, args=(k,)) for k in range(4)]
     for w in workers:

@@ -1,8 +1,8 @@
 """Fused clip-and-noise kernels against their pure-torch references, and the statistics of
 the in-kernel Gaussian noise.
 
-Provenance: Philox4x32-10 known answers are the Random123 kat_vectors (Salmon et al., SC 2011);
-the noise is checked against N(0, (sigma C / B)^2) with a chi-square interval on the variance,
+Provenance: the ChaCha20 block of RFC 8439 (section 2.3.2); the float32 transform against the same
+pairs in float64 with libm; the noise is checked against N(0, (sigma C / B)^2) with a chi-square interval on the variance,
 a z-test on the mean and a Kolmogorov-Smirnov test (scipy.stats)."""
 
 from __future__ import annotations
@@ -22,27 +22,58 @@ from dpsharp.torch import NoiseGenerator, PerSampleClipper, kernels  # noqa: E40
 pytestmark = pytest.mark.torch
 
 
-@pytest.mark.parametrize(
-    ("counter", "key", "expected"),
-    [
-        ((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
-        ((0xFFFFFFFF,) * 4, (0xFFFFFFFF,) * 2, (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
-        ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0),
-         (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1)),
-    ],
+# RFC 8439 section 2.3.2: the ChaCha20 block function test vector (key 00 01 .. 1f, block
+# counter 1, nonce 00:00:00:09:00:00:00:4a:00:00:00:00), the state after the final addition.
+RFC8439_KEY = int.from_bytes(bytes(range(32)), "little")
+RFC8439_NONCE = (0x09000000, 0x4A000000, 0x00000000)
+RFC8439_BLOCK = (
+    0xE4E7F110, 0x15593BD1, 0x1FDD0F50, 0xC47120A3, 0xC7F4D1C7, 0x0368C033, 0x9AAA2204, 0x4E6CD4C3,
+    0x466482D2, 0x09AA9F07, 0x05D7C214, 0xA2028BD9, 0xD19C12B5, 0xB94E16DE, 0xE883D0CB, 0x4E3C50A2,
 )
-def test_philox_known_answers_kernel_and_reference(counter, key, expected):
-    assert tuple(core.philox4x32_10(*counter, *key)) == expected
-    ref = kernels.reference_philox4x32_10(tuple(torch.tensor([c]) for c in counter), *key)
-    assert tuple(int(r.item()) for r in ref) == expected
 
 
-@pytest.mark.parametrize("numel", [1, 7, 512, 1025, 70001])
-def test_gaussian_stream_equals_reference_bit_for_bit(numel):
-    key = 0x0123456789ABCDEF
-    got = torch.from_numpy(core.philox_gaussian(key, 3, 17, 2, numel, 2))
-    want = kernels.reference_gaussian(key=key, parameter=3, release=17, rank=2, numel=numel)
-    assert torch.equal(got, want)
+def test_chacha20_block_matches_rfc8439_in_kernel_and_reference():
+    words = kernels.key_words(RFC8439_KEY)
+    assert core.chacha_block(words, 1, *RFC8439_NONCE, 20) == RFC8439_BLOCK
+    ref = kernels.reference_chacha_block(RFC8439_KEY, torch.tensor([1]), *RFC8439_NONCE,
+                                         rounds=20)
+    assert tuple(int(w.item()) for w in ref) == RFC8439_BLOCK
+
+
+def test_chacha8_kernel_equals_reference_and_differs_from_chacha20():
+    key = 0x9E3779B97F4A7C15F39CC0605CEDC8341082276BF3A27251F86C6A11D0C18E95
+    blocks = torch.tensor([0, 1, 2**31, 2**32 - 1])
+    ref = kernels.reference_chacha_block(key, blocks, 7, 2**32 - 1, 3)
+    for i, b in enumerate(blocks.tolist()):
+        got = core.chacha_block(kernels.key_words(key), b, 7, 2**32 - 1, 3)
+        assert got == tuple(int(w[i].item()) for w in ref)
+        assert got != core.chacha_block(kernels.key_words(key), b, 7, 2**32 - 1, 3, 20)
+    with pytest.raises(ValueError, match="rounds"):
+        core.chacha_block(kernels.key_words(key), 0, 0, 0, 0, 12)
+
+
+def test_key_words_are_little_endian_and_checked():
+    assert kernels.key_words(0x0123456789ABCDEF) == [0x89ABCDEF, 0x01234567] + [0] * 6
+    assert kernels.key_words(2**256 - 1) == [0xFFFFFFFF] * 8
+    with pytest.raises(ValueError, match="key"):
+        kernels.key_words(2**256)
+    with pytest.raises(ValueError, match="key"):
+        kernels.key_words(-1)
+    with pytest.raises(TypeError, match="key"):
+        kernels.key_words(1.0)  # type: ignore[arg-type]
+
+
+KEY = 0xD1B54A32D192ED03_81DC4A77A89C21B0_0123456789ABCDEF_FEDCBA9876543210
+
+
+@pytest.mark.parametrize("precision", ["float32", "float64"])
+@pytest.mark.parametrize("numel", [1, 7, 128, 160, 161, 1025, 70001])
+def test_gaussian_stream_equals_reference_bit_for_bit(precision, numel):
+    got = core.gaussian_stream(kernels.key_words(KEY), 3, 17, 2, 0, numel, precision, 2)
+    want = kernels.reference_gaussian(key=KEY, parameter=3, release=17, rank=2, numel=numel,
+                                      precision=precision)
+    assert got.dtype == (np.float64 if precision == "float64" else np.float32)
+    assert np.array_equal(got, want.numpy())
 
 
 IMPLEMENTATIONS = core.normals_implementations()
@@ -51,46 +82,114 @@ IMPLEMENTATIONS = core.normals_implementations()
 def test_the_kernels_use_the_widest_implementation_and_portable_always_exists():
     assert IMPLEMENTATIONS[-1] == "portable"
     assert set(IMPLEMENTATIONS) <= {"avx512", "avx2", "portable"}
+    words = kernels.key_words(1)
     with pytest.raises(ValueError, match="implementation must be"):
-        core.philox_gaussian_with("sse9", 1, 0, 0, 0, 0, 2)
-    with pytest.raises(ValueError, match="even"):
-        core.philox_gaussian_with("portable", 1, 0, 0, 0, 1, 2)
+        core.gaussian_stream_with("sse9", words, 0, 0, 0, 0, 2)
+    with pytest.raises(ValueError, match="precision"):
+        core.gaussian_stream_with("portable", words, 0, 0, 0, 0, 2, "float16")
+    with pytest.raises(ValueError, match=">= 0"):
+        core.gaussian_stream(words, 0, 0, 0, -1, 2)
+    with pytest.raises(ValueError, match="block counter"):
+        core.gaussian_stream(words, 0, 0, 0, 128 * 2**28 - 1, 2)
 
 
 @pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+@pytest.mark.parametrize("precision", ["float32", "float64"])
 @pytest.mark.parametrize(("first", "count"),
-                         [(0, 2), (0, 14), (0, 16), (2, 30), (512, 1000), (0, 4098), (6, 258)])
-def test_every_generator_implementation_equals_the_reference(implementation, first, count):
-    """AVX-512, AVX2 and the portable vector code each replay the torch reference bit for bit,
-    including the counts that leave remainders for the narrower code paths (the AVX-512 loop
-    takes 8 pairs at a time, AVX2 4, the rest is scalar)."""
-    got = core.philox_gaussian_with(implementation, 0xDEADBEEF12345, 3, 17, 2, first, count)
-    reference = kernels.reference_gaussian(key=0xDEADBEEF12345, parameter=3, release=17, rank=2,
-                                           numel=first + count)
+                         [(0, 1), (0, 16), (0, 160), (3, 300), (160, 320), (127, 1000),
+                          (640, 4099)])
+def test_every_generator_implementation_equals_the_reference(implementation, precision, first,
+                                                              count):
+    """AVX-512 (16 lanes), AVX2 (8) and the portable code (1) each replay the torch reference bit
+    for bit, including ranges that start and end inside a chunk."""
+    got = core.gaussian_stream_with(implementation, kernels.key_words(KEY), 3, 17, 2, first,
+                                    count, precision)
+    reference = kernels.reference_gaussian(key=KEY, parameter=3, release=17, rank=2,
+                                           numel=first + count, precision=precision)
     assert np.array_equal(got, reference.numpy()[first:])
 
 
 @pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
-def test_generator_implementations_agree_where_the_pair_counter_wraps(implementation):
-    first = 2 * (2**32 - 20)  # pairs 2^32 - 20 .. 2^32 + 43 wrap to 0 .. 43 (counter word mod 2^32)
-    got = core.philox_gaussian_with(implementation, 5, 1, 2, 0, first, 128)
-    portable = core.philox_gaussian_with("portable", 5, 1, 2, 0, first, 128)
-    assert np.array_equal(got, portable)
-    head = kernels.reference_gaussian(key=5, parameter=1, release=2, rank=0, numel=88)
-    assert np.array_equal(got[40:], head.numpy())
+def test_generator_at_the_end_of_the_block_counter(implementation):
+    """The last elements a parameter can have (128 * 2^28: the float64 stream's block counter
+    reaches 2^32 - 1) equal the scalar code, which the reference pins down at the start."""
+    words = kernels.key_words(5)
+    for precision, chunk in (("float32", 160), ("float64", 128)):
+        first = 128 * 2**28 - 2 * chunk
+        got = core.gaussian_stream_with(implementation, words, 1, 2, 0, first, 2 * chunk,
+                                        precision)
+        portable = core.gaussian_stream_with("portable", words, 1, 2, 0, first, 2 * chunk,
+                                             precision)
+        assert np.array_equal(got, portable)
+        assert np.isfinite(got).all()
 
 
-def test_polynomial_log_and_sincos_are_accurate():
+def _exact_pairs(words: list[torch.Tensor], pairs: int, per_pair: int):
+    """(U, angle) of every pair of the blocks, computed exactly in float64 from the words."""
+    us, angles = [], []
+    for q in range(pairs):
+        x0, x1, x2 = words[per_pair * q: per_pair * q + 3]
+        n = ((x1 & 0xFFFFF) << 32) | (x0 | 1)
+        w = n.double() * 2.0**-53
+        us.append(torch.where((x1 >> 31) != 0, w, 1.0 - w))
+        angles.append((x2 >> 8).double() * 2.0**-24)
+    return torch.cat(us), torch.cat(angles)
+
+
+def test_float32_transform_is_accurate_to_a_few_float32_ulp():
+    """The float32 Box-Muller against the same pairs in float64 with libm (torch): the radius and
+    the normals agree to a few float32 ulp over 1.6 million pairs, including the tail
+    (U near 2^-53) and the centre (U near 1)."""
+    blocks = torch.arange(2**18, dtype=torch.int64)
+    words = kernels.reference_chacha_block(KEY, blocks, 0, 0, 0)
+    u, angle = _exact_pairs(words, 5, 3)
+    radius = torch.sqrt(-2.0 * torch.log(u))
+    want = torch.stack([radius * torch.cos(2 * math.pi * angle),
+                        radius * torch.sin(2 * math.pi * angle)], dim=1)
+    pairs = [kernels._reference_pair_f32(*words[3 * q: 3 * q + 3]) for q in range(5)]
+    got = torch.stack([torch.cat([c for c, _ in pairs]), torch.cat([s for _, s in pairs])],
+                      dim=1).double()
+    # error relative to the radius (z itself may be near 0 where cos theta is)
+    err = ((got - want).abs() / radius.unsqueeze(1)).max()
+    assert float(err) < 8 * 2.0**-24
+    # the ends of U: the words that give U = 2^-53 (tail) and U = 1 - 2^-53 (centre)
+    x0 = torch.tensor([0, 0], dtype=torch.int64)
+    x1 = torch.tensor([0x80000000, 0], dtype=torch.int64)
+    x2 = torch.tensor([0, 0], dtype=torch.int64)
+    z_cos, _ = kernels._reference_pair_f32(x0, x1, x2)
+    assert float(z_cos[0]) == pytest.approx(math.sqrt(-2 * math.log(2.0**-53)), rel=1e-6)
+    assert float(z_cos[1]) == pytest.approx(math.sqrt(-2 * math.log1p(-(2.0**-53))), rel=1e-6)
+
+
+def test_float64_transform_is_accurate():
     u = torch.rand(100000, dtype=torch.float64).clamp_min(1e-300)
     u = torch.cat([u, torch.tensor([1.0, 2.0**-53, 0.5, 0.70710678118654757])])
     log_ref = torch.log(u)
-    assert float(((kernels._reference_log_unit(u) - log_ref).abs()
-                  / log_ref.abs().clamp_min(1e-300)).max()) < 1e-15 or float(
-        (kernels._reference_log_unit(u) - log_ref).abs().max()) < 4e-16
+    err = (kernels._reference_log_unit(u) - log_ref).abs()
+    assert bool((err <= 1e-15 * log_ref.abs() + 4e-16).all())
     v = torch.rand(100000, dtype=torch.float64)
     s, c = kernels._reference_sincos_two_pi(v)
     assert float((s - torch.sin(2 * math.pi * v)).abs().max()) < 1e-14
     assert float((c - torch.cos(2 * math.pi * v)).abs().max()) < 1e-14
+
+
+@pytest.mark.parametrize("precision", ["float32", "float64"])
+def test_stream_moments_tails_and_distribution(precision):
+    """4 million normals of one stream: mean, variance (chi-square interval), fourth moment,
+    the mass beyond 3 and 4.5 sigma against the exact Gaussian values (binomial intervals), and
+    a Kolmogorov-Smirnov test."""
+    n = 4_000_000
+    z = core.gaussian_stream(kernels.key_words(KEY), 0, 0, 0, 0, n, precision, 2)
+    z = z.astype(np.float64)
+    assert abs(z.mean()) < 4.5 / math.sqrt(n)
+    lo, hi = stats.chi2.ppf([1e-4, 1 - 1e-4], df=n)
+    assert lo < float((z * z).sum()) < hi
+    assert abs(float((z**4).mean()) - 3.0) < 4.5 * math.sqrt(96.0 / n)  # Var(z^4) = 105 - 9
+    for t in (3.0, 4.5):
+        p = 2 * stats.norm.sf(t)
+        count = int((np.abs(z) > t).sum())
+        assert abs(count - n * p) < 4.5 * math.sqrt(n * p * (1 - p)) + 1
+    assert stats.kstest(z[:500_000], "norm").pvalue > 1e-4
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
@@ -207,7 +306,8 @@ def test_secure_mode_refuses_seed_and_draws_fresh_keys():
     gen = NoiseGenerator(secure=True)
     assert gen.secure and gen.state_dict()["seed"] is None
     keys = {gen.next_release().key for _ in range(50)}
-    assert len(keys) == 50  # fresh 64-bit CSPRNG key at every release
+    assert len(keys) == 50  # fresh 256-bit CSPRNG key at every release
+    assert max(keys) >= 2**128  # the whole key, not only its low 64 bits
     with pytest.raises(ValueError, match="secure"):
         NoiseGenerator(1).load_state_dict(gen.state_dict())
 
@@ -232,5 +332,5 @@ def test_empty_batch_release_writes_pure_noise_with_expected_batch_normaliser():
     want = torch.cat([
         kernels.reference_gaussian(key=21, parameter=k, release=0, rank=0, numel=p.numel())
         for k, p in enumerate(clipper.parameters)
-    ]) * (1.5 * 2.0) / 8.0
+    ]).double() * (1.5 * 2.0) / 8.0
     torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)

@@ -4,7 +4,9 @@
 // contiguity before calling, since nothing here can.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
+#include <array>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -14,8 +16,8 @@
 #include "dpsharp/clip.hpp"
 #include "dpsharp/conv_grads.hpp"
 #include "dpsharp/normals.hpp"
+#include "dpsharp/noise_stream.hpp"
 #include "dpsharp/patches.hpp"
-#include "dpsharp/philox.hpp"
 
 namespace py = pybind11;
 
@@ -30,10 +32,32 @@ clip::DType to_dtype(int code) {
   return static_cast<clip::DType>(code);
 }
 
-clip::NoiseStream to_stream(std::uint64_t key, std::uint32_t parameter, std::uint32_t release,
+using KeyWords = std::array<std::uint32_t, 8>;
+
+clip::NoiseStream to_stream(const KeyWords& key, std::uint32_t parameter, std::uint32_t release,
                             std::uint32_t rank) {
-  return clip::NoiseStream{static_cast<std::uint32_t>(key),
-                           static_cast<std::uint32_t>(key >> 32), parameter, release, rank};
+  clip::NoiseStream stream{};
+  for (int i = 0; i < 8; ++i) stream.key[i] = key[static_cast<std::size_t>(i)];
+  stream.parameter = parameter;
+  stream.release = release;
+  stream.rank = rank;
+  return stream;
+}
+
+void check_stream_length(std::int64_t end, const char* what) {
+  if (end > clip::kMaxNoiseElements) {
+    throw py::value_error(std::string(what) + " must be <= " +
+                          std::to_string(clip::kMaxNoiseElements) +
+                          " (the noise stream's 32-bit block counter), got " +
+                          std::to_string(end));
+  }
+}
+
+bool is_float64(const std::string& precision) {
+  if (precision != "float32" && precision != "float64") {
+    throw py::value_error("precision must be 'float32' or 'float64', got '" + precision + "'");
+  }
+  return precision == "float64";
 }
 
 constexpr std::pair<const char*, clip::NormalsIsa> kNormalsImplementations[] = {
@@ -171,12 +195,10 @@ void bind_clip(py::module_& m) {
       "clip_accumulate_noise",
       [](std::uintptr_t per_example, std::uintptr_t factors, std::int64_t batch,
          std::uintptr_t base, std::uintptr_t out, int dtype_code, std::int64_t numel,
-         double noise_std, std::uint64_t key, std::uint32_t parameter, std::uint32_t release,
+         double noise_std, const KeyWords& key, std::uint32_t parameter, std::uint32_t release,
          std::uint32_t rank, double scale, int threads) {
         if (batch < 0 || numel < 0) throw py::value_error("batch and numel must be >= 0");
-        if (numel > 2 * static_cast<std::int64_t>(UINT32_MAX)) {
-          throw py::value_error("numel must be < 2^33 (the noise counter holds 2^32 pairs)");
-        }
+        check_stream_length(numel, "numel");
         if (per_example != 0 && factors == 0) {
           throw py::value_error("factors must be given with per_example");
         }
@@ -192,24 +214,35 @@ void bind_clip(py::module_& m) {
       py::arg("out"), py::arg("dtype_code"), py::arg("numel"), py::arg("noise_std"),
       py::arg("key"), py::arg("parameter"), py::arg("release"), py::arg("rank"),
       py::arg("scale"), py::arg("threads"),
-      "out = scale * (base + sum_i factors[i] g[i] + noise_std * z) with z from Philox4x32-10; "
-      "addresses of 0 mean 'absent' for per_example and base.");
+      "out = scale * (base + sum_i factors[i] g[i] + noise_std * z) with z the noise stream "
+      "(ChaCha8 + Box-Muller) of key (8 words), parameter, release, rank; addresses of 0 mean "
+      "'absent' for per_example and base.");
   m.def(
-      "philox_gaussian",
-      [](std::uint64_t key, std::uint32_t parameter, std::uint32_t release, std::uint32_t rank,
-         std::int64_t numel, int threads) {
-        if (numel < 0) throw py::value_error("numel must be >= 0");
-        py::array_t<double> out(numel);
+      "gaussian_stream",
+      [](const KeyWords& key, std::uint32_t parameter, std::uint32_t release, std::uint32_t rank,
+         std::int64_t first, std::int64_t count, const std::string& precision,
+         int threads) -> py::array {
+        if (first < 0 || count < 0) throw py::value_error("first and count must be >= 0");
+        check_stream_length(first + count, "first + count");
+        const bool wide = is_float64(precision);
         const clip::NoiseStream stream = to_stream(key, parameter, release, rank);
-        double* data = out.mutable_data();
-        {
+        if (wide) {
+          py::array_t<double> out(count);
+          double* data = out.mutable_data();
           py::gil_scoped_release gil;
-          clip::gaussian_noise(stream, numel, data, threads);
+          clip::gaussian_noise(stream, first, count, nullptr, data, threads);
+          return std::move(out);
         }
-        return out;
+        py::array_t<float> out(count);
+        float* data = out.mutable_data();
+        py::gil_scoped_release gil;
+        clip::gaussian_noise(stream, first, count, data, nullptr, threads);
+        return std::move(out);
       },
-      py::arg("key"), py::arg("parameter"), py::arg("release"), py::arg("rank"), py::arg("numel"),
-      py::arg("threads") = 1, "The standard normals of one noise stream (float64).");
+      py::arg("key"), py::arg("parameter"), py::arg("release"), py::arg("rank"), py::arg("first"),
+      py::arg("count"), py::arg("precision") = "float32", py::arg("threads") = 1,
+      "Standard normals first .. first + count - 1 of one noise stream: its float32 sequence "
+      "(for float32 / bfloat16 parameters) or its float64 one.");
   m.def(
       "normals_implementations",
       []() {
@@ -222,35 +255,53 @@ void bind_clip(py::module_& m) {
       "The implementations of the bulk normal generator this CPU can run ('avx512', 'avx2', "
       "'portable'); the kernels use the first.");
   m.def(
-      "philox_gaussian_with",
-      [](const std::string& implementation, std::uint64_t key, std::uint32_t parameter,
-         std::uint32_t release, std::uint32_t rank, std::int64_t first, std::int64_t count) {
-        if (first < 0 || count < 0 || first % 2 != 0 || count % 2 != 0) {
-          throw py::value_error("first and count must be even and >= 0 (whole Box-Muller pairs)");
-        }
+      "gaussian_stream_with",
+      [](const std::string& implementation, const KeyWords& key, std::uint32_t parameter,
+         std::uint32_t release, std::uint32_t rank, std::int64_t first, std::int64_t count,
+         const std::string& precision) -> py::array {
+        if (first < 0 || count < 0) throw py::value_error("first and count must be >= 0");
+        check_stream_length(first + count, "first + count");
         const clip::NormalsIsa isa = to_normals_isa(implementation);
-        py::array_t<double> out(count);
+        const bool wide = is_float64(precision);
         const clip::NoiseStream stream = to_stream(key, parameter, release, rank);
-        double* data = out.mutable_data();
-        {
+        if (wide) {
+          py::array_t<double> out(count);
+          double* data = out.mutable_data();
           py::gil_scoped_release gil;
-          clip::fill_normals_with(isa, stream, first, count, data);
+          clip::normals_f64(isa, stream, first, count, data);
+          return std::move(out);
         }
-        return out;
+        py::array_t<float> out(count);
+        float* data = out.mutable_data();
+        py::gil_scoped_release gil;
+        clip::normals_f32(isa, stream, first, count, data);
+        return std::move(out);
       },
       py::arg("implementation"), py::arg("key"), py::arg("parameter"), py::arg("release"),
-      py::arg("rank"), py::arg("first"), py::arg("count"),
+      py::arg("rank"), py::arg("first"), py::arg("count"), py::arg("precision") = "float32",
       "Standard normals first .. first + count - 1 of one noise stream from one implementation "
       "of the generator (for tests: they must all give the same bits).");
   m.def(
-      "philox4x32_10",
-      [](std::uint32_t c0, std::uint32_t c1, std::uint32_t c2, std::uint32_t c3,
-         std::uint32_t k0, std::uint32_t k1) {
-        const philox::Block b = philox::philox4x32_10(philox::Block{{c0, c1, c2, c3}}, k0, k1);
-        return py::make_tuple(b.v[0], b.v[1], b.v[2], b.v[3]);
+      "chacha_block",
+      [](const KeyWords& key, std::uint32_t block, std::uint32_t parameter, std::uint32_t release,
+         std::uint32_t rank, int rounds) {
+        const noise::StreamKey stream = to_stream(key, parameter, release, rank);
+        std::uint32_t words[16];
+        if (rounds == 8) {
+          noise::chacha_block<8>(stream, block, words);
+        } else if (rounds == 20) {
+          noise::chacha_block<20>(stream, block, words);
+        } else {
+          throw py::value_error("rounds must be 8 or 20, got " + std::to_string(rounds));
+        }
+        py::tuple out(16);
+        for (int i = 0; i < 16; ++i) out[static_cast<std::size_t>(i)] = words[i];
+        return out;
       },
-      py::arg("c0"), py::arg("c1"), py::arg("c2"), py::arg("c3"), py::arg("k0"), py::arg("k1"),
-      "One Philox4x32-10 block (for known-answer tests).");
+      py::arg("key"), py::arg("block"), py::arg("parameter"), py::arg("release"), py::arg("rank"),
+      py::arg("rounds") = 8,
+      "One ChaCha block (16 words) of state [constants | key | block, parameter, release, rank] "
+      "(RFC 8439's block function for rounds = 20; for known-answer tests).");
 }
 
 }  // namespace dpsharp::bindings

@@ -6,8 +6,11 @@
 // torch.cuda.current_stream().cuda_stream; python/dpsharp/torch/kernels.py checks device,
 // shapes, dtypes and contiguity before calling.
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
+#include <array>
 #include <cstdint>
+#include <string>
 
 #include "bindings.hpp"
 #include "dpsharp/clip.hpp"
@@ -28,10 +31,14 @@ void bind_clip_cuda(py::module_& m) {
     }
     return static_cast<clip::DType>(code);
   };
-  auto stream_of = [](std::uint64_t key, std::uint32_t parameter, std::uint32_t release,
-                      std::uint32_t rank) {
-    return clip::NoiseStream{static_cast<std::uint32_t>(key),
-                             static_cast<std::uint32_t>(key >> 32), parameter, release, rank};
+  auto stream_of = [](const std::array<std::uint32_t, 8>& key, std::uint32_t parameter,
+                      std::uint32_t release, std::uint32_t rank) {
+    clip::NoiseStream s{};
+    for (std::size_t i = 0; i < 8; ++i) s.key[i] = key[i];
+    s.parameter = parameter;
+    s.release = release;
+    s.rank = rank;
+    return s;
   };
   m.def(
       "cuda_clip_per_example_sq_norms",
@@ -51,7 +58,8 @@ void bind_clip_cuda(py::module_& m) {
       "cuda_clip_accumulate_noise",
       [dtype_of, stream_of](std::uintptr_t per_example, std::uintptr_t factors, std::int64_t batch,
                             std::uintptr_t base, std::uintptr_t out, int dtype_code,
-                            std::int64_t numel, double noise_std, std::uint64_t key,
+                            std::int64_t numel, double noise_std,
+                            const std::array<std::uint32_t, 8>& key,
                             std::uint32_t parameter, std::uint32_t release, std::uint32_t rank,
                             double scale, std::uintptr_t stream) {
         if (batch < 0 || numel < 0) throw py::value_error("batch and numel must be >= 0");
@@ -67,20 +75,27 @@ void bind_clip_cuda(py::module_& m) {
       py::arg("out"), py::arg("dtype_code"), py::arg("numel"), py::arg("noise_std"),
       py::arg("key"), py::arg("parameter"), py::arg("release"), py::arg("rank"),
       py::arg("scale"), py::arg("stream"),
-      "CUDA: out = scale * (base + sum_i factors[i] g_i + noise_std z), z in-kernel Philox.");
+      "CUDA: out = scale * (base + sum_i factors[i] g_i + noise_std z), z the in-kernel noise "
+      "stream (same bits as the CPU kernel).");
   m.def(
       "cuda_gaussian_noise",
-      [stream_of](std::uint64_t key, std::uint32_t parameter, std::uint32_t release,
-                  std::uint32_t rank, std::int64_t numel, std::uintptr_t out,
-                  std::uintptr_t stream) {
+      [stream_of](const std::array<std::uint32_t, 8>& key, std::uint32_t parameter,
+                  std::uint32_t release, std::uint32_t rank, std::int64_t numel,
+                  const std::string& precision, std::uintptr_t out, std::uintptr_t stream) {
         if (numel < 0) throw py::value_error("numel must be >= 0");
+        if (precision != "float32" && precision != "float64") {
+          throw py::value_error("precision must be 'float32' or 'float64', got '" + precision +
+                                "'");
+        }
         const clip::NoiseStream s = stream_of(key, parameter, release, rank);
         py::gil_scoped_release release_gil;
-        clip::cuda::gaussian_noise(s, numel, reinterpret_cast<double*>(out),
-                                   reinterpret_cast<void*>(stream));
+        clip::cuda::gaussian_noise(s, numel, precision == "float64",
+                                   reinterpret_cast<void*>(out), reinterpret_cast<void*>(stream));
       },
       py::arg("key"), py::arg("parameter"), py::arg("release"), py::arg("rank"), py::arg("numel"),
-      py::arg("out"), py::arg("stream"), "CUDA: the raw standard normals of a stream (float64).");
+      py::arg("precision"), py::arg("out"), py::arg("stream"),
+      "CUDA: the raw standard normals of a stream's float32 (into a float buffer) or float64 "
+      "sequence.");
   m.def("cuda_device_count", []() { return clip::cuda::device_count(); },
         "Visible CUDA devices (0 without a device or driver).");
 #else

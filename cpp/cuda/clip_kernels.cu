@@ -1,5 +1,6 @@
 // CUDA kernels of clip_cuda.hpp: per-example squared norms and the fused
-// scale-accumulate-noise-write pass with in-kernel Philox noise (philox.hpp).
+// scale-accumulate-noise-write pass with in-kernel noise (noise_stream.hpp: ChaCha8 and
+// Box-Muller, the same functions the CPU runs).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -8,7 +9,7 @@
 #include <string>
 
 #include "dpsharp/clip_cuda.hpp"
-#include "dpsharp/philox.hpp"
+#include "dpsharp/noise_stream.hpp"
 
 namespace dpsharp::clip::cuda {
 namespace {
@@ -77,49 +78,76 @@ __global__ void sq_norms_kernel(const void* per_example, DType dtype, std::int64
   if (threadIdx.x == 0) out[blockIdx.x] = partial[0];
 }
 
-// One thread per Box-Muller pair: elements 2k and 2k + 1 share block (k, parameter, release,
-// rank), exactly as on the CPU.
+// One thread per block of the noise stream (noise_stream.hpp's layout): block b of chunk
+// c = b / 16, lane l = b mod 16, owns elements c * chunk + 16 m + l, m < normals per block
+// (10 for float32 / bfloat16 buffers, 8 for float64): the CPU's elements and normals exactly.
+// Consecutive threads touch consecutive elements for each m (coalesced in runs of 16).
+template <bool kFloat64>
+__device__ __forceinline__ void block_noise(const NoiseStream& stream, std::uint32_t block,
+                                            double (&z)[kFloat64 ? noise::kF64NormalsPerBlock
+                                                                 : noise::kF32NormalsPerBlock]) {
+  if constexpr (kFloat64) {
+    noise::block_normals_f64(stream, block, z);
+  } else {
+    float zf[noise::kF32NormalsPerBlock];
+    noise::block_normals_f32(stream, block, zf);
+    for (int m = 0; m < noise::kF32NormalsPerBlock; ++m) z[m] = static_cast<double>(zf[m]);
+  }
+}
+
+template <bool kFloat64>
 __global__ void clip_accumulate_noise_kernel(const void* per_example, const double* factors,
                                              std::int64_t batch, const void* base, void* out,
                                              DType dtype, std::int64_t numel, double noise_std,
                                              NoiseStream stream, double scale) {
-  const std::int64_t pairs = (numel + 1) / 2;
-  for (std::int64_t k = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-       k < pairs; k += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const std::int64_t j0 = 2 * k;
-    const bool two = j0 + 1 < numel;
-    double a0 = base ? load(base, j0, dtype) : 0.0;
-    double a1 = (base && two) ? load(base, j0 + 1, dtype) : 0.0;
-    if (per_example) {
-      for (std::int64_t i = 0; i < batch; ++i) {
-        const double c = factors[i];
-        const std::int64_t row = i * numel;
-        a0 = __dadd_rn(a0, __dmul_rn(c, load(per_example, row + j0, dtype)));
-        if (two) a1 = __dadd_rn(a1, __dmul_rn(c, load(per_example, row + j0 + 1, dtype)));
+  constexpr int kNormals = kFloat64 ? noise::kF64NormalsPerBlock : noise::kF32NormalsPerBlock;
+  constexpr std::int64_t kChunk = noise::kLanes * kNormals;
+  const std::int64_t blocks = (numel + kChunk - 1) / kChunk * noise::kLanes;
+  for (std::int64_t b = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       b < blocks; b += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t first = (b / noise::kLanes) * kChunk + b % noise::kLanes;
+    double z[kNormals];
+    if (noise_std != 0.0) block_noise<kFloat64>(stream, static_cast<std::uint32_t>(b), z);
+    for (int m = 0; m < kNormals; ++m) {
+      const std::int64_t j = first + noise::kLanes * m;
+      if (j >= numel) break;
+      double acc = base ? load(base, j, dtype) : 0.0;
+      if (per_example) {
+        for (std::int64_t i = 0; i < batch; ++i) {
+          acc = __dadd_rn(acc, __dmul_rn(factors[i], load(per_example, i * numel + j, dtype)));
+        }
       }
+      if (noise_std != 0.0) acc = __dadd_rn(acc, __dmul_rn(noise_std, z[m]));
+      store(out, j, __dmul_rn(acc, scale), dtype);
     }
-    if (noise_std != 0.0) {
-      double z0, z1;
-      philox::gaussian_pair(stream.key0, stream.key1, static_cast<std::uint32_t>(k),
-                            stream.parameter, stream.release, stream.rank, z0, z1);
-      a0 = __dadd_rn(a0, __dmul_rn(noise_std, z0));
-      a1 = __dadd_rn(a1, __dmul_rn(noise_std, z1));
-    }
-    store(out, j0, __dmul_rn(a0, scale), dtype);
-    if (two) store(out, j0 + 1, __dmul_rn(a1, scale), dtype);
   }
 }
 
-__global__ void gaussian_kernel(NoiseStream stream, std::int64_t numel, double* out) {
-  const std::int64_t pairs = (numel + 1) / 2;
-  for (std::int64_t k = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-       k < pairs; k += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    double z0, z1;
-    philox::gaussian_pair(stream.key0, stream.key1, static_cast<std::uint32_t>(k),
-                          stream.parameter, stream.release, stream.rank, z0, z1);
-    out[2 * k] = z0;
-    if (2 * k + 1 < numel) out[2 * k + 1] = z1;
+template <bool kFloat64>
+__global__ void gaussian_kernel(NoiseStream stream, std::int64_t numel, void* out) {
+  constexpr int kNormals = kFloat64 ? noise::kF64NormalsPerBlock : noise::kF32NormalsPerBlock;
+  constexpr std::int64_t kChunk = noise::kLanes * kNormals;
+  const std::int64_t blocks = (numel + kChunk - 1) / kChunk * noise::kLanes;
+  for (std::int64_t b = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       b < blocks; b += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t first = (b / noise::kLanes) * kChunk + b % noise::kLanes;
+    double z[kNormals];
+    block_noise<kFloat64>(stream, static_cast<std::uint32_t>(b), z);
+    for (int m = 0; m < kNormals; ++m) {
+      const std::int64_t j = first + noise::kLanes * m;
+      if (j >= numel) break;
+      if constexpr (kFloat64) {
+        static_cast<double*>(out)[j] = z[m];
+      } else {
+        static_cast<float*>(out)[j] = static_cast<float>(z[m]);  // exact: a float32 normal
+      }
+    }
   }
+}
+
+std::int64_t stream_blocks(std::int64_t numel, bool float64) {
+  const std::int64_t chunk = float64 ? noise::kF64ChunkElements : noise::kF32ChunkElements;
+  return (numel + chunk - 1) / chunk * noise::kLanes;
 }
 
 unsigned grid_for(std::int64_t work, int threads) {
@@ -145,22 +173,39 @@ void clip_accumulate_noise(const void* per_example, const double* factors, std::
                            double noise_std, const NoiseStream& stream, double scale,
                            void* cuda_stream) {
   if (numel <= 0) return;
-  if ((numel + 1) / 2 > 4294967296LL) {
-    throw std::invalid_argument("numel must be < 2^33 (the pair index is one 32-bit word)");
+  if (numel > kMaxNoiseElements) {
+    throw std::invalid_argument("numel must be <= 128 * 2^28 (the noise block counter)");
   }
   constexpr int kThreads = 256;
   auto s = static_cast<cudaStream_t>(cuda_stream);
-  clip_accumulate_noise_kernel<<<grid_for((numel + 1) / 2, kThreads), kThreads, 0, s>>>(
-      per_example, factors, batch, base, out, dtype, numel, noise_std, stream, scale);
+  if (dtype == DType::kFloat64) {
+    clip_accumulate_noise_kernel<true><<<grid_for(stream_blocks(numel, true), kThreads), kThreads,
+                                         0, s>>>(per_example, factors, batch, base, out, dtype,
+                                                 numel, noise_std, stream, scale);
+  } else {
+    clip_accumulate_noise_kernel<false><<<grid_for(stream_blocks(numel, false), kThreads),
+                                          kThreads, 0, s>>>(per_example, factors, batch, base,
+                                                            out, dtype, numel, noise_std, stream,
+                                                            scale);
+  }
   check(cudaGetLastError(), "clip_accumulate_noise launch");
 }
 
-void gaussian_noise(const NoiseStream& stream, std::int64_t numel, double* out,
+void gaussian_noise(const NoiseStream& stream, std::int64_t numel, bool float64, void* out,
                     void* cuda_stream) {
   if (numel <= 0) return;
+  if (numel > kMaxNoiseElements) {
+    throw std::invalid_argument("numel must be <= 128 * 2^28 (the noise block counter)");
+  }
   constexpr int kThreads = 256;
   auto s = static_cast<cudaStream_t>(cuda_stream);
-  gaussian_kernel<<<grid_for((numel + 1) / 2, kThreads), kThreads, 0, s>>>(stream, numel, out);
+  if (float64) {
+    gaussian_kernel<true><<<grid_for(stream_blocks(numel, true), kThreads), kThreads, 0, s>>>(
+        stream, numel, out);
+  } else {
+    gaussian_kernel<false><<<grid_for(stream_blocks(numel, false), kThreads), kThreads, 0, s>>>(
+        stream, numel, out);
+  }
   check(cudaGetLastError(), "gaussian_noise launch");
 }
 

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "dpsharp/normals.hpp"
 #include "dpsharp/parallel.hpp"
@@ -14,7 +15,10 @@
 namespace dpsharp::clip {
 namespace {
 
-constexpr std::int64_t kTile = 512;             // elements per tile (even: whole noise pairs)
+// Elements per tile: a multiple of both noise chunk sizes (160 float32, 128 float64 normals), so
+// that tiles start on chunk boundaries and no chunk is generated twice.
+constexpr std::int64_t kTile = 640;
+static_assert(kTile % noise::kF32ChunkElements == 0 && kTile % noise::kF64ChunkElements == 0);
 constexpr std::int64_t kMinPerThread = 1 << 15;  // below this a thread costs more than it saves
 // Reductions (squared norms, dots) cost well under a nanosecond per element, so a second
 // thread (started per call when no OpenMP team is there to borrow) only pays off on a much
@@ -68,60 +72,177 @@ struct Elem<BF16> {
   }
 };
 
+// Vector-width builds of the loops below: the same plain C++ compiled for AVX-512, AVX2 and the
+// baseline, picked once at run time. The loops are element-wise or per-lane sums in a fixed
+// order and -ffp-contract=off rules out FMA, so every build computes the same bits.
+enum class Width { kBaseline, kAvx2, kAvx512 };
+
+Width vector_width() noexcept {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  static const Width width = __builtin_cpu_supports("avx512f") ? Width::kAvx512
+                             : __builtin_cpu_supports("avx2")  ? Width::kAvx2
+                                                               : Width::kBaseline;
+  return width;
+#else
+  return Width::kBaseline;
+#endif
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define DPSHARP_WIDTH_DISPATCH(width, name, ...)                       \
+  switch (width) {                                                     \
+    case Width::kAvx512: name##_avx512(__VA_ARGS__); break;            \
+    case Width::kAvx2: name##_avx2(__VA_ARGS__); break;                \
+    default: name##_baseline(__VA_ARGS__); break;                      \
+  }
+#define DPSHARP_WIDTH_BUILDS(name, params, args)                                          \
+  __attribute__((target("avx512f"))) void name##_avx512 params { name##_body args; }    \
+  __attribute__((target("avx2"))) void name##_avx2 params { name##_body args; }         \
+  void name##_baseline params { name##_body args; }
+#else
+#define DPSHARP_WIDTH_DISPATCH(width, name, ...) name##_baseline(__VA_ARGS__);
+#define DPSHARP_WIDTH_BUILDS(name, params, args) void name##_baseline params { name##_body args; }
+#endif
+
+// One tile of clip_accumulate_noise: out[lo + j] for j < len, with the tile's normals already
+// in z (float32 normals for float32 / bfloat16 buffers, float64 for float64).
+struct TileArgs {
+  const void* per_example;
+  const double* factors;
+  std::int64_t batch;
+  const void* base;
+  void* out;
+  std::int64_t numel;
+  double noise_std;
+  double scale;
+};
+
+template <typename T, typename Z>
+__attribute__((always_inline)) inline void tile_body(const TileArgs& a, std::int64_t lo,
+                                                    std::int64_t len, const Z* z) noexcept {
+  double acc[kTile];
+  if (a.base) {
+    for (std::int64_t j = 0; j < len; ++j) acc[j] = Elem<T>::load(a.base, lo + j);
+  } else {
+    for (std::int64_t j = 0; j < len; ++j) acc[j] = 0.0;
+  }
+  if (a.per_example) {
+    for (std::int64_t i = 0; i < a.batch; ++i) {
+      const double c = a.factors[i];
+      const std::int64_t row = i * a.numel + lo;
+      for (std::int64_t j = 0; j < len; ++j) acc[j] += c * Elem<T>::load(a.per_example, row + j);
+    }
+  }
+  if (z) {
+    const double std_dev = a.noise_std;
+    for (std::int64_t j = 0; j < len; ++j) acc[j] += std_dev * static_cast<double>(z[j]);
+  }
+  const double scale = a.scale;
+  for (std::int64_t j = 0; j < len; ++j) Elem<T>::store(a.out, lo + j, acc[j] * scale);
+}
+
+#define DPSHARP_TILE_BUILDS(T, Z, suffix)                                                    \
+  inline void tile_##suffix##_body(const TileArgs& a, std::int64_t lo, std::int64_t len,     \
+                                   const Z* z) noexcept {                                    \
+    tile_body<T, Z>(a, lo, len, z);                                                          \
+  }                                                                                          \
+  DPSHARP_WIDTH_BUILDS(tile_##suffix,                                                        \
+                       (const TileArgs& a, std::int64_t lo, std::int64_t len, const Z* z),   \
+                       (a, lo, len, z))
+DPSHARP_TILE_BUILDS(float, float, f32)
+DPSHARP_TILE_BUILDS(double, double, f64)
+DPSHARP_TILE_BUILDS(BF16, float, bf16)
+#undef DPSHARP_TILE_BUILDS
+
+template <typename T, typename Z>
+void run_tile(Width width, const TileArgs& a, std::int64_t lo, std::int64_t len,
+              const Z* z) noexcept {
+  if constexpr (std::is_same_v<T, float>) {
+    DPSHARP_WIDTH_DISPATCH(width, tile_f32, a, lo, len, z)
+  } else if constexpr (std::is_same_v<T, double>) {
+    DPSHARP_WIDTH_DISPATCH(width, tile_f64, a, lo, len, z)
+  } else {
+    DPSHARP_WIDTH_DISPATCH(width, tile_bf16, a, lo, len, z)
+  }
+}
+
 template <typename T>
-void clip_accumulate_noise_typed(const void* per_example, const double* factors,
-                                 std::int64_t batch, const void* base, void* out,
-                                 std::int64_t numel, double noise_std, const NoiseStream& stream,
-                                 double scale, int threads) {
+void clip_accumulate_noise_typed(const TileArgs& args, const NoiseStream& stream, int threads) {
+  // float64 buffers take the float64 noise stream, the others the float32 one.
+  using Z = std::conditional_t<std::is_same_v<T, double>, double, float>;
+  const Width width = vector_width();
+  const NormalsIsa isa = best_normals_isa();
+  const std::int64_t numel = args.numel;
   const std::int64_t tiles = (numel + kTile - 1) / kTile;
-  const std::int64_t work_per_tile = kTile * (1 + (per_example ? batch : 0));
+  const std::int64_t work_per_tile = kTile * (1 + (args.per_example ? args.batch : 0));
   parallel_ranges(tiles, std::max<std::int64_t>(1, kMinPerThread / work_per_tile), threads,
                   [&](std::int64_t tile_lo, std::int64_t tile_hi) {
-    double acc[kTile];
-    double z[kTile];
+    alignas(64) Z z[kTile];
     for (std::int64_t tile = tile_lo; tile < tile_hi; ++tile) {
       const std::int64_t lo = tile * kTile;
       const std::int64_t len = std::min(kTile, numel - lo);
-      if (base) {
-        for (std::int64_t j = 0; j < len; ++j) acc[j] = Elem<T>::load(base, lo + j);
-      } else {
-        for (std::int64_t j = 0; j < len; ++j) acc[j] = 0.0;
-      }
-      if (per_example) {
-        for (std::int64_t i = 0; i < batch; ++i) {
-          const double c = factors[i];
-          const std::int64_t row = i * numel + lo;
-          for (std::int64_t j = 0; j < len; ++j) acc[j] += c * Elem<T>::load(per_example, row + j);
+      const Z* noise = nullptr;
+      if (args.noise_std != 0.0) {
+        if constexpr (std::is_same_v<Z, double>) {
+          normals_f64(isa, stream, lo, len, z);
+        } else {
+          normals_f32(isa, stream, lo, len, z);
         }
+        noise = z;
       }
-      if (noise_std != 0.0) {
-        fill_normals(stream, lo, (len + 1) & ~std::int64_t{1}, z);
-        for (std::int64_t j = 0; j < len; ++j) acc[j] += noise_std * z[j];
-      }
-      for (std::int64_t j = 0; j < len; ++j) Elem<T>::store(out, lo + j, acc[j] * scale);
+      run_tile<T, Z>(width, args, lo, len, noise);
     }
   });
 }
+
+// Per-example dot products: 8 float64 lanes per example summed in a fixed order (the loop
+// vectorises to one 512-bit or two 256-bit registers of doubles in the wider builds).
+template <typename T>
+__attribute__((always_inline)) inline void dots_rows(const void* a, const void* b,
+                                                     std::int64_t numel, double* out,
+                                                     std::int64_t lo, std::int64_t hi) noexcept {
+  for (std::int64_t i = lo; i < hi; ++i) {
+    double lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    const std::int64_t row = i * numel;
+    std::int64_t j = 0;
+    for (; j + 8 <= numel; j += 8) {
+      for (int l = 0; l < 8; ++l) {
+        lanes[l] += Elem<T>::load(a, row + j + l) * Elem<T>::load(b, row + j + l);
+      }
+    }
+    for (; j < numel; ++j) lanes[0] += Elem<T>::load(a, row + j) * Elem<T>::load(b, row + j);
+    out[i] = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) +
+             ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+  }
+}
+
+#define DPSHARP_DOTS_BUILDS(T, suffix)                                                     \
+  inline void dots_##suffix##_body(const void* a, const void* b, std::int64_t numel,      \
+                                   double* out, std::int64_t lo, std::int64_t hi) noexcept { \
+    dots_rows<T>(a, b, numel, out, lo, hi);                                                \
+  }                                                                                        \
+  DPSHARP_WIDTH_BUILDS(dots_##suffix,                                                      \
+                       (const void* a, const void* b, std::int64_t numel, double* out,     \
+                        std::int64_t lo, std::int64_t hi),                                 \
+                       (a, b, numel, out, lo, hi))
+DPSHARP_DOTS_BUILDS(float, f32)
+DPSHARP_DOTS_BUILDS(double, f64)
+DPSHARP_DOTS_BUILDS(BF16, bf16)
+#undef DPSHARP_DOTS_BUILDS
 
 template <typename T>
 void dots_typed(const void* a, const void* b, std::int64_t batch, std::int64_t numel, double* out,
                 int threads) {
   const std::int64_t grain =
       std::max<std::int64_t>(1, kMinReducePerThread / std::max<std::int64_t>(numel, 1));
-  parallel_ranges(batch, grain,
-                  threads, [&](std::int64_t lo, std::int64_t hi) {
-    for (std::int64_t i = lo; i < hi; ++i) {
-      double lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      const std::int64_t row = i * numel;
-      std::int64_t j = 0;
-      for (; j + 8 <= numel; j += 8) {
-        for (int l = 0; l < 8; ++l) {
-          lanes[l] += Elem<T>::load(a, row + j + l) * Elem<T>::load(b, row + j + l);
-        }
-      }
-      for (; j < numel; ++j) lanes[0] += Elem<T>::load(a, row + j) * Elem<T>::load(b, row + j);
-      out[i] = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) +
-               ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+  const Width width = vector_width();
+  parallel_ranges(batch, grain, threads, [&](std::int64_t lo, std::int64_t hi) {
+    if constexpr (std::is_same_v<T, float>) {
+      DPSHARP_WIDTH_DISPATCH(width, dots_f32, a, b, numel, out, lo, hi)
+    } else if constexpr (std::is_same_v<T, double>) {
+      DPSHARP_WIDTH_DISPATCH(width, dots_f64, a, b, numel, out, lo, hi)
+    } else {
+      DPSHARP_WIDTH_DISPATCH(width, dots_bf16, a, b, numel, out, lo, hi)
     }
   });
 }
@@ -147,31 +268,27 @@ void clip_accumulate_noise(const void* per_example, const double* factors, std::
                            const void* base, void* out, DType dtype, std::int64_t numel,
                            double noise_std, const NoiseStream& stream, double scale,
                            int threads) {
+  const TileArgs args{per_example, factors, batch, base, out, numel, noise_std, scale};
   switch (dtype) {
-    case DType::kFloat32:
-      clip_accumulate_noise_typed<float>(per_example, factors, batch, base, out, numel, noise_std,
-                                         stream, scale, threads);
-      break;
-    case DType::kFloat64:
-      clip_accumulate_noise_typed<double>(per_example, factors, batch, base, out, numel,
-                                          noise_std, stream, scale, threads);
-      break;
-    case DType::kBFloat16:
-      clip_accumulate_noise_typed<BF16>(per_example, factors, batch, base, out, numel, noise_std,
-                                        stream, scale, threads);
-      break;
+    case DType::kFloat32: clip_accumulate_noise_typed<float>(args, stream, threads); break;
+    case DType::kFloat64: clip_accumulate_noise_typed<double>(args, stream, threads); break;
+    case DType::kBFloat16: clip_accumulate_noise_typed<BF16>(args, stream, threads); break;
   }
 }
 
-void gaussian_noise(const NoiseStream& stream, std::int64_t numel, double* out, int threads) {
-  const std::int64_t tiles = (numel + kTile - 1) / kTile;
+void gaussian_noise(const NoiseStream& stream, std::int64_t first, std::int64_t count,
+                    float* out_f32, double* out_f64, int threads) {
+  const NormalsIsa isa = best_normals_isa();
+  // Ranges of whole tiles from `first` (aligned to chunks when first is): pure functions of
+  // their indices, so the split over threads does not change the bits.
+  const std::int64_t tiles = (count + kTile - 1) / kTile;
   parallel_ranges(tiles, kMinPerThread / kTile, threads, [&](std::int64_t lo, std::int64_t hi) {
-    double z[kTile];
-    for (std::int64_t tile = lo; tile < hi; ++tile) {
-      const std::int64_t first = tile * kTile;
-      const std::int64_t len = std::min(kTile, numel - first);
-      fill_normals(stream, first, (len + 1) & ~std::int64_t{1}, z);
-      std::memcpy(out + first, z, static_cast<std::size_t>(len) * sizeof(double));
+    const std::int64_t begin = lo * kTile;
+    const std::int64_t len = std::min(hi * kTile, count) - begin;
+    if (out_f32) {
+      normals_f32(isa, stream, first + begin, len, out_f32 + begin);
+    } else {
+      normals_f64(isa, stream, first + begin, len, out_f64 + begin);
     }
   });
 }

@@ -194,30 +194,47 @@ def clip_accumulate_noise(
     dtype_code: int,
     numel: int,
     noise_std: float,
-    key: int,
+    key: Sequence[int],
     parameter: int,
     release: int,
     rank: int,
     scale: float,
     threads: int,
 ) -> None:
-    """out = scale * (base + sum_i factors[i] g[i] + noise_std * z), z from Philox4x32-10."""
+    """out = scale * (base + sum_i factors[i] g[i] + noise_std * z), z the ChaCha8 noise stream
+    of key (8 words), parameter, release, rank."""
+
+def gaussian_stream(
+    key: Sequence[int],
+    parameter: int,
+    release: int,
+    rank: int,
+    first: int,
+    count: int,
+    precision: str = "float32",
+    threads: int = 1,
+) -> npt.NDArray[np.float32] | npt.NDArray[np.float64]:
+    """Standard normals first .. first + count - 1 of a stream's float32 or float64 sequence."""
 
 def normals_implementations() -> list[str]:
     """Implementations of the bulk normal generator this CPU runs, the kernels' choice first."""
 
-def philox_gaussian_with(
-    implementation: str, key: int, parameter: int, release: int, rank: int, first: int, count: int
-) -> npt.NDArray[np.float64]:
+def gaussian_stream_with(
+    implementation: str,
+    key: Sequence[int],
+    parameter: int,
+    release: int,
+    rank: int,
+    first: int,
+    count: int,
+    precision: str = "float32",
+) -> npt.NDArray[np.float32] | npt.NDArray[np.float64]:
     """Normals first .. first + count - 1 of one stream from one implementation (tests)."""
 
-def philox4x32_10(c0: int, c1: int, c2: int, c3: int, k0: int, k1: int) -> tuple[int, int, int, int]:
-    """One Philox4x32-10 block (for known-answer tests)."""
-
-def philox_gaussian(
-    key: int, parameter: int, release: int, rank: int, numel: int, threads: int = 1
-) -> npt.NDArray[np.float64]:
-    """The standard normals of one noise stream (float64)."""
+def chacha_block(
+    key: Sequence[int], block: int, parameter: int, release: int, rank: int, rounds: int = 8
+) -> tuple[int, ...]:
+    """One ChaCha block (16 words; RFC 8439's block function for rounds = 20)."""
 
 # --- CUDA kernels (cpp/bindings/bind_clip_cuda.cpp) ---------------------------------------------
 # cuda_device_count always exists (0 when built without CUDA); the cuda_clip_* and
@@ -239,16 +256,24 @@ def cuda_clip_accumulate_noise(
     dtype_code: int,
     numel: int,
     noise_std: float,
-    key: int,
+    key: Sequence[int],
     parameter: int,
     release: int,
     rank: int,
     scale: float,
     stream: int,
 ) -> None:
-    """CUDA: out = scale * (base + sum_i factors[i] g_i + noise_std z), z in-kernel Philox."""
+    """CUDA: out = scale * (base + sum_i factors[i] g_i + noise_std z), z the in-kernel noise
+    stream (same bits as the CPU kernel)."""
 
 def cuda_gaussian_noise(
-    key: int, parameter: int, release: int, rank: int, numel: int, out: int, stream: int
+    key: Sequence[int],
+    parameter: int,
+    release: int,
+    rank: int,
+    numel: int,
+    precision: str,
+    out: int,
+    stream: int,
 ) -> None:
-    """CUDA: the raw standard normals of a stream (float64)."""
+    """CUDA: the raw standard normals of a stream's float32 or float64 sequence."""

@@ -1,26 +1,26 @@
 // Fused per-example clipping kernels for DP-SGD (Abadi et al. 2016, Algorithm 1): per-example
 // squared norms, and one pass that scales per-example gradients by their clip factors, sums
-// them, adds Gaussian noise drawn in-kernel (philox.hpp), multiplies by 1/expected batch size
+// them, adds Gaussian noise drawn in-kernel (noise_stream.hpp), multiplies by 1/expected batch size
 // and writes the result. Plain C++ over raw pointers: the torch side passes data_ptr()s of
 // contiguous tensors; nothing here knows about Python or torch.
 #pragma once
 
 #include <cstdint>
 
+#include "dpsharp/noise_stream.hpp"
+
 namespace dpsharp::clip {
 
 // Element types of the gradient buffers (the clip factors and norms are always float64).
 enum class DType : int { kFloat32 = 0, kFloat64 = 1, kBFloat16 = 2 };
 
-// Where one parameter's noise comes from: a 64-bit key and the counter words that keep
-// (element, parameter, release, rank) distinct. See philox.hpp.
-struct NoiseStream {
-  std::uint32_t key0;
-  std::uint32_t key1;
-  std::uint32_t parameter;
-  std::uint32_t release;
-  std::uint32_t rank;
-};
+// Where one parameter's noise comes from: a 256-bit key and the counter words that keep
+// (element, parameter, release, rank) distinct. See noise_stream.hpp.
+using NoiseStream = noise::StreamKey;
+
+// The most elements one parameter's noise stream holds (its 32-bit block counter).
+constexpr std::int64_t kMaxNoiseElements =
+    static_cast<std::int64_t>(noise::kF64ChunkElements) << 28;
 
 // out[i] = sum_j per_example[i * numel + j]^2, accumulated in float64.
 void per_example_sq_norms(const void* per_example, DType dtype, std::int64_t batch,
@@ -32,15 +32,19 @@ void per_example_dots(const void* a, const void* b, DType dtype, std::int64_t ba
                       std::int64_t numel, double* out, int threads);
 
 // out[j] = scale * (base[j] + sum_i factors[i] * per_example[i * numel + j] + noise_std * z_j)
-// with z_j the j-th standard normal of `stream`. per_example may be null (batch ignored), base
-// may be null (taken as 0) and may alias out; noise_std = 0 draws no noise. Sums over i run in
-// order i = 0, 1, ... in float64, then one rounding to dtype.
+// with z_j the j-th standard normal of `stream` (its float64 stream for float64 buffers, its
+// float32 stream for float32 / bfloat16, converted exactly to float64). per_example may be null
+// (batch ignored), base may be null (taken as 0) and may alias out; noise_std = 0 draws no
+// noise. Sums over i run in order i = 0, 1, ... in float64, then one rounding to dtype.
+// numel <= kMaxNoiseElements.
 void clip_accumulate_noise(const void* per_example, const double* factors, std::int64_t batch,
                            const void* base, void* out, DType dtype, std::int64_t numel,
                            double noise_std, const NoiseStream& stream, double scale,
                            int threads);
 
-// The raw standard normals z_0..z_{numel-1} of a stream, in float64 (for tests).
-void gaussian_noise(const NoiseStream& stream, std::int64_t numel, double* out, int threads);
+// The raw standard normals z_first..z_{first+count-1} of a stream's float32 (out_f32) or
+// float64 (out_f64; exactly one of the two is non-null) sequence, on up to `threads` threads.
+void gaussian_noise(const NoiseStream& stream, std::int64_t first, std::int64_t count,
+                    float* out_f32, double* out_f64, int threads);
 
 }  // namespace dpsharp::clip

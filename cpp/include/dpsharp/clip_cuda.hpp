@@ -5,8 +5,8 @@
 // and nothing synchronises. Errors (launch failures) throw std::runtime_error.
 //
 // Same contracts, and for clip_accumulate_noise the same bits, as the CPU kernels: the noise is
-// philox.hpp evaluated in-kernel (the header is __host__ __device__ under nvcc, compiled with
-// -fmad=false so no multiply-add is contracted), the sum over examples runs in order
+// noise_stream.hpp evaluated in-kernel (the header is __host__ __device__ under nvcc, compiled
+// with -fmad=false so no multiply-add is contracted), the sum over examples runs in order
 // i = 0, 1, ... in float64, and the result is rounded once to the output dtype.
 #pragma once
 
@@ -29,8 +29,10 @@ void clip_accumulate_noise(const void* per_example, const double* factors, std::
                            double noise_std, const NoiseStream& stream, double scale,
                            void* cuda_stream);
 
-// The raw standard normals z_0..z_{numel-1} of a stream into a device float64 buffer (tests).
-void gaussian_noise(const NoiseStream& stream, std::int64_t numel, double* out, void* cuda_stream);
+// The raw standard normals z_0..z_{numel-1} of a stream's float64 sequence (float64 = true, into
+// a device double buffer) or float32 sequence (into a device float buffer), for tests.
+void gaussian_noise(const NoiseStream& stream, std::int64_t numel, bool float64, void* out,
+                    void* cuda_stream);
 
 // Number of visible CUDA devices (0 when none or no driver).
 int device_count();

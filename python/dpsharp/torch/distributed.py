@@ -13,7 +13,7 @@ What each rank does per logical step (one noisy release):
 2. **Clipping.** Each rank clips its own examples with its own
    :class:`~dpsharp.torch.PerSampleClipper` (built on ``ddp.module``).
 3. **Noise, shares.** Each rank adds an *independent share* N(0, (sigma C)^2 / W) drawn with its
-   own Philox stream: the generator's counter contains the rank (``NoiseGenerator(rank=r)``),
+   own noise stream: the generator's counter contains the rank (``NoiseGenerator(rank=r)``),
    so ranks sharing a seed never share a noise value, and secure generators take a fresh key
    per rank per release anyway. The shares' variances sum to (sigma C)^2: the noise of the
    all-reduced gradient is N(0, (sigma C)^2), the single-process value (not W times it).

@@ -8,12 +8,15 @@ the CUDA kernels (cpp/cuda/clip_kernels.cu, same noise stream and bits) on the c
 stream when ``_core`` was built with them, and raise RuntimeError when it was not (no silent
 copy to the CPU).
 
-Noise stream: element ``j`` of parameter ``p`` at release ``r`` on rank ``k`` with 64-bit key
-``K`` is output ``j mod 2`` of the Box-Muller pair built from the Philox4x32-10 block
-(counter = (j // 2, p, r, k), key = K) (Salmon et al., SC 2011). The reference functions below
-replay exactly the same IEEE operations in float64, so the kernel's noise equals the
-reference bit for bit; sums over examples run in the same order, so those agree bit for bit
-too; only the squared-norm kernel sums in a different order (agreement to ~1e-15 relative).
+Noise stream (cpp/include/dpsharp/noise_stream.hpp): the noise of parameter ``p`` at release
+``r`` on rank ``k`` with 256-bit key ``K`` comes from the ChaCha8 blocks (Bernstein 2008; RFC
+8439's state with block counter ``b`` and nonce ``(p, r, k)``) through a Box-Muller transform in
+float32 (for float32 / bfloat16 parameters: 10 normals per block, element ``j`` is normal
+``(j mod 160) // 16`` of block ``16 (j // 160) + j mod 16``) or in float64 (float64
+parameters: 8 normals per block, chunks of 128). The reference functions below replay exactly
+the same IEEE operations in torch, so the kernel's noise equals the reference bit for bit; sums
+over examples run in the same order, so those agree bit for bit too; only the squared-norm
+kernel sums in a different order (agreement to ~1e-15 relative).
 """
 
 from __future__ import annotations
@@ -36,11 +39,22 @@ __all__ = [
     "per_example_sq_norms",
     "reference_clip_accumulate_noise",
     "reference_gaussian",
+    "key_words",
+    "reference_chacha_block",
     "reference_per_example_sq_norms",
-    "reference_philox4x32_10",
 ]
 
 _MASK32 = 0xFFFFFFFF
+_KEY_BITS = 256
+
+
+def key_words(key: int) -> list[int]:
+    """The 8 little-endian 32-bit words of a noise key in [0, 2^256)."""
+    if isinstance(key, bool) or not isinstance(key, int):
+        raise TypeError(f"key must be an int, got {type(key).__name__}")
+    if not 0 <= key < 2**_KEY_BITS:
+        raise ValueError(f"key must be in [0, 2^256), got {key}")
+    return [(key >> (32 * i)) & _MASK32 for i in range(8)]
 
 
 def dtype_code(dtype: torch.dtype) -> int:
@@ -264,7 +278,8 @@ def clip_accumulate_noise(
 ) -> torch.Tensor:
     """``out = scale * (base + sum_i factors[i] * per_example[i] + noise_std * z)``, in place.
 
-    ``z`` is the Philox stream (key, parameter, release, rank) (see the module docstring);
+    ``z`` is the noise stream (key, parameter, release, rank) (see the module docstring): its
+    float64 sequence for float64 ``out``, its float32 sequence otherwise (exactly widened);
     ``base`` may be ``out`` itself (accumulate in place) or None (zero); ``per_example`` has
     shape (B, *out.shape) with float64 ``factors`` of shape (B,). Arithmetic in float64, one
     rounding to ``out.dtype`` at the end. Returns ``out``.
@@ -301,13 +316,13 @@ def clip_accumulate_noise(
         with torch.cuda.device(device):
             _core.cuda_clip_accumulate_noise(
                 pe_ptr, f_ptr, batch, b_ptr, out.data_ptr(), code, numel, float(noise_std),
-                int(key) & 0xFFFFFFFFFFFFFFFF, int(parameter) & _MASK32,
+                key_words(key), int(parameter) & _MASK32,
                 int(release) & _MASK32, int(rank) & _MASK32, float(scale), _stream_of(out),
             )
         return out
     _core.clip_accumulate_noise(
         pe_ptr, f_ptr, batch, b_ptr, out.data_ptr(), code, numel, float(noise_std),
-        int(key) & 0xFFFFFFFFFFFFFFFF, int(parameter) & _MASK32, int(release) & _MASK32,
+        key_words(key), int(parameter) & _MASK32, int(release) & _MASK32,
         int(rank) & _MASK32, float(scale), _threads(threads),
     )
     return out
@@ -317,24 +332,133 @@ def clip_accumulate_noise(
 # Pure-torch references (used by the tests; slow, exact).
 
 
-def reference_philox4x32_10(
-    counters: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], key0: int, key1: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Philox4x32-10 on int64 tensors holding uint32 words (Salmon et al. 2011, Random123)."""
+def _rotl(x: torch.Tensor, bits: int) -> torch.Tensor:
+    return ((x << bits) | (x >> (32 - bits))) & _MASK32
+
+
+def reference_chacha_block(key: int, block: torch.Tensor, parameter: int, release: int,
+                           rank: int, *, rounds: int = 8) -> list[torch.Tensor]:
+    """The 16 output words of the ChaCha block function (Bernstein 2008; RFC 8439 section 2.3
+    for ``rounds=20``) of state [constants | key | block, parameter, release, rank], for an int64
+    tensor of block counters (uint32 words held in int64)."""
     import torch
 
-    c0, c1, c2, c3 = (c.to(dtype=torch.int64) & _MASK32 for c in counters)
-    k0, k1 = key0 & _MASK32, key1 & _MASK32
-    for round_index in range(10):
-        if round_index > 0:
-            k0 = (k0 + 0x9E3779B9) & _MASK32
-            k1 = (k1 + 0xBB67AE85) & _MASK32
-        p0 = c0 * 0xD2511F53  # < 2^64: wraps in int64, the low/high words are still right
-        p1 = c2 * 0xCD9E8D57
-        hi0, lo0 = (p0 >> 32) & _MASK32, p0 & _MASK32
-        hi1, lo1 = (p1 >> 32) & _MASK32, p1 & _MASK32
-        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
-    return c0, c1, c2, c3
+    block = block.to(torch.int64) & _MASK32
+    const = [0x61707865, 0x3320646E, 0x79622D32, 0x6B206574]
+    scalars = const + key_words(key)
+    initial = [torch.full_like(block, v) for v in scalars] + [
+        block, *(torch.full_like(block, v & _MASK32) for v in (parameter, release, rank))]
+    x = list(initial)
+
+    def quarter(a: int, b: int, c: int, d: int) -> None:
+        x[a] = (x[a] + x[b]) & _MASK32
+        x[d] = _rotl(x[d] ^ x[a], 16)
+        x[c] = (x[c] + x[d]) & _MASK32
+        x[b] = _rotl(x[b] ^ x[c], 12)
+        x[a] = (x[a] + x[b]) & _MASK32
+        x[d] = _rotl(x[d] ^ x[a], 8)
+        x[c] = (x[c] + x[d]) & _MASK32
+        x[b] = _rotl(x[b] ^ x[c], 7)
+
+    for _ in range(rounds // 2):
+        quarter(0, 4, 8, 12)
+        quarter(1, 5, 9, 13)
+        quarter(2, 6, 10, 14)
+        quarter(3, 7, 11, 15)
+        quarter(0, 5, 10, 15)
+        quarter(1, 6, 11, 12)
+        quarter(2, 7, 8, 13)
+        quarter(3, 4, 9, 14)
+    return [(x[i] + initial[i]) & _MASK32 for i in range(16)]
+
+
+def _f32(hex_literal: str) -> float:
+    """A float32 constant of noise_stream.hpp, given as its exact hex value."""
+    return float.fromhex(hex_literal)
+
+
+def _bits_f32(t: torch.Tensor) -> torch.Tensor:
+    """float32 tensor -> its IEEE bits as int64 in [0, 2^32)."""
+    import torch
+
+    return t.view(torch.int32).to(torch.int64) & _MASK32
+
+
+def _from_bits_f32(bits: torch.Tensor) -> torch.Tensor:
+    """int64 tensor of uint32 bit patterns -> float32 tensor."""
+    import torch
+
+    signed = torch.where(bits >= 2**31, bits - 2**32, bits)
+    return signed.to(torch.int32).view(torch.float32)
+
+
+def _sqrt_exact(t: torch.Tensor) -> torch.Tensor:
+    """The correctly rounded IEEE square root (numpy's; torch's CPU sqrt is not always, in the
+    last bit)."""
+    import numpy as np
+    import torch
+
+    return torch.from_numpy(np.sqrt(t.numpy()))
+
+
+def _reference_pair_f32(x0: torch.Tensor, x1: torch.Tensor,
+                        x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """gaussian_pair_f32 of noise_stream.hpp on int64 tensors of words, in float32 tensors (every
+    operation a float32 IEEE operation, in the same order)."""
+    import torch
+
+    f32 = torch.float32
+
+    def small(v: torch.Tensor) -> torch.Tensor:  # exact: v < 2^24
+        return v.to(f32)
+
+    def word(v: torch.Tensor) -> torch.Tensor:  # the exact halves, one rounding
+        return small(v >> 16) * 65536.0 + small(v & 0xFFFF)
+
+    w = small(x1 & 0xFFFFF) * 2.0**-21 + word(x0 | 1) * 2.0**-53
+    tail = (x1 & 0x80000000) != 0
+    bits = _bits_f32(w)
+    e = small(bits >> 23) - 127.0
+    m = _from_bits_f32((bits & 0x7FFFFF) | 0x3F800000)
+    big = m > _f32("0x1.6a09e6p+0")
+    m = torch.where(big, m * 0.5, m)
+    e = torch.where(big, e + 1.0, e)
+    two_w = w + w
+    near_one = w <= _f32("0x1.2bec34p-2")
+    num = torch.where(tail, m - 1.0, torch.where(near_one, 0.0 - w, 1.0 - two_w))
+    den = torch.where(tail, m + 1.0, torch.where(near_one, 2.0 - w, 3.0 - two_w))
+    zero = torch.zeros((), dtype=f32)
+    e = torch.where(tail, e, torch.where(near_one, zero, zero - 1.0))
+    s = num / den
+    s2 = s * s
+    poly = torch.full_like(s, _f32("0x1.745d18p-4"))
+    for c in ("0x1.c71c72p-4", "0x1.24924ap-3", "0x1.99999ap-3", "0x1.555556p-2"):
+        poly = poly * s2 + _f32(c)
+    two_s = s + s
+    log_m = two_s + two_s * (s2 * poly)
+    log_u = e * _f32("0x1.62e4p-1") + (e * _f32("0x1.7f7d1cp-20") + log_m)
+    radius = _sqrt_exact(-2.0 * log_u)
+
+    four_u = small(x2 >> 8) * 2.0**-22
+    shifted = four_u + 12582912.0
+    quadrant = _bits_f32(shifted)
+    f = four_u - (shifted - 12582912.0)
+    x = f * _f32("0x1.921fb6p+0")
+    xx = x * x
+    sp = torch.full_like(x, _f32("0x1.71de3ap-19"))
+    for c in ("0x1.a01a02p-13", "0x1.111112p-7", "0x1.555556p-3"):
+        sp = _f32(c) - xx * sp
+    sin_x = x - x * (xx * sp)
+    cp = torch.full_like(x, _f32("0x1.27e4fcp-22"))
+    for c in ("0x1.a01a02p-16", "0x1.6c16c2p-10", "0x1.555556p-5", "0x1p-1"):
+        cp = _f32(c) - xx * cp
+    cos_x = 1.0 - xx * cp
+    swap = (quadrant & 1) != 0
+    sin_sign = (quadrant & 2) << 30
+    cos_sign = ((quadrant + 1) & 2) << 30
+    sin_v = _from_bits_f32(_bits_f32(torch.where(swap, cos_x, sin_x)) ^ sin_sign)
+    cos_v = _from_bits_f32(_bits_f32(torch.where(swap, sin_x, cos_x)) ^ cos_sign)
+    return radius * cos_v, radius * sin_v
 
 
 def _reference_log_unit(u: torch.Tensor) -> torch.Tensor:
@@ -351,8 +475,8 @@ def _reference_log_unit(u: torch.Tensor) -> torch.Tensor:
     poly = torch.full_like(s, 1.0 / 21.0)
     for k in (19, 17, 15, 13, 11, 9, 7, 5, 3):
         poly = poly * s2 + 1.0 / k
-    log_m = 2.0 * s + 2.0 * s * (s2 * poly)
-    return e * 0.6931471805599453 + log_m
+    two_s = 2.0 * s
+    return e * 0.6931471805599453 + (two_s + two_s * (s2 * poly))
 
 
 def _reference_sincos_two_pi(u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -375,34 +499,47 @@ def _reference_sincos_two_pi(u: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     swap = (quadrant & 1) == 1
     sign_sin = torch.where((quadrant == 2) | (quadrant == 3), -1.0, 1.0).to(torch.float64)
     sign_cos = torch.where((quadrant == 1) | (quadrant == 2), -1.0, 1.0).to(torch.float64)
-    s_raw = torch.where(swap, cos_x, sin_x)
-    c_raw = torch.where(swap, sin_x, cos_x)
-    return sign_sin * s_raw, sign_cos * c_raw
+    return sign_sin * torch.where(swap, cos_x, sin_x), sign_cos * torch.where(swap, sin_x, cos_x)
+
+
+def _reference_pair_f64(x0: torch.Tensor, x1: torch.Tensor, x2: torch.Tensor,
+                        x3: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """gaussian_pair_f64 of noise_stream.hpp on int64 tensors of words, in float64."""
+    import torch
+
+    n = ((x1 & 0xFFFFF) << 32) | (x0 | 1)
+    w = n.to(torch.float64) * 2.0**-53  # exact: n < 2^52
+    u = torch.where((x1 >> 31) != 0, w, 1.0 - w)
+    radius = _sqrt_exact(-2.0 * _reference_log_unit(u))
+    k = (x2 << 21) | (x3 >> 11)
+    sin_v, cos_v = _reference_sincos_two_pi(k.to(torch.float64) * 2.0**-53)
+    return radius * cos_v, radius * sin_v
 
 
 def reference_gaussian(
-    *, key: int, parameter: int, release: int, rank: int, numel: int
+    *, key: int, parameter: int, release: int, rank: int, numel: int,
+    precision: str = "float32",
 ) -> torch.Tensor:
-    """The first ``numel`` standard normals of a stream, computed in pure torch (float64)."""
+    """The first ``numel`` standard normals of a stream's float32 (a float32 tensor) or float64
+    sequence, computed in pure torch with the kernels' operations and layout."""
     import torch
 
-    pairs = (numel + 1) // 2
-    pair = torch.arange(pairs, dtype=torch.int64)
-    const = [torch.full_like(pair, v & _MASK32) for v in (parameter, release, rank)]
-    b0, b1, b2, b3 = reference_philox4x32_10((pair, *const), key & _MASK32, (key >> 32) & _MASK32)
-    two_m53 = 1.0 / 9007199254740992.0
-    k1 = (b0 << 21) | (b1 >> 11)
-    k2 = (b2 << 21) | (b3 >> 11)
-    u1 = (k1 + 1).to(torch.float64) * two_m53
-    u2 = k2.to(torch.float64) * two_m53
-    # numpy's sqrt is the correctly rounded IEEE one; torch's CPU float64 sqrt is not always
-    # (it differs in the last bit for some inputs), and the kernel uses the IEEE one.
-    import numpy as np
-
-    radius = torch.from_numpy(np.sqrt((-2.0 * _reference_log_unit(u1)).numpy()))
-    sin_v, cos_v = _reference_sincos_two_pi(u2)
-    z = torch.stack([radius * cos_v, radius * sin_v], dim=1).reshape(-1)
-    return z[:numel]
+    if precision not in ("float32", "float64"):
+        raise ValueError(f"precision must be 'float32' or 'float64', got {precision!r}")
+    wide = precision == "float64"
+    pairs, words_per_pair = (4, 4) if wide else (5, 3)
+    chunk = 16 * 2 * pairs
+    chunks = (numel + chunk - 1) // chunk
+    block = torch.arange(16 * chunks, dtype=torch.int64)
+    words = reference_chacha_block(key, block, parameter, release, rank)
+    normals = []
+    for q in range(pairs):
+        group = words[words_per_pair * q: words_per_pair * (q + 1)]
+        z_cos, z_sin = _reference_pair_f64(*group) if wide else _reference_pair_f32(*group)
+        normals += [z_cos, z_sin]
+    # normals[m][16 c + l] is element 16 m + l of chunk c
+    stacked = torch.stack(normals).reshape(2 * pairs, chunks, 16).permute(1, 0, 2)
+    return stacked.reshape(-1)[:numel].contiguous()
 
 
 def _round_to(value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -450,7 +587,8 @@ def reference_clip_accumulate_noise(
             acc = acc + factors[i].item() * rows[i]
     if noise_std != 0.0:
         z = reference_gaussian(
-            key=key, parameter=parameter, release=release, rank=rank, numel=like.numel()
+            key=key, parameter=parameter, release=release, rank=rank, numel=like.numel(),
+            precision="float64" if like.dtype == torch.float64 else "float32",
         )
-        acc = acc + noise_std * z
+        acc = acc + noise_std * z.to(torch.float64)
     return _round_to(acc * scale, like.dtype).reshape(like.shape)

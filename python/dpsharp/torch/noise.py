@@ -1,19 +1,27 @@
 """Counter-based Gaussian noise for DP-SGD releases.
 
 A :class:`NoiseGenerator` hands out one *release key* per noisy release (one optimizer step):
-a 64-bit key and a 32-bit release counter. The fused kernel (cpp/src/clip.cpp) turns
-(key, parameter index, release counter, rank, element index) into a standard normal with
-Philox4x32-10 and Box-Muller, so no parameter-sized noise tensor is ever allocated and no
-noise value is reused across steps, parameters or ranks (the counters differ).
+a key (up to 256 bits) and a 32-bit release counter. The fused kernel (cpp/src/clip.cpp) turns
+(key, parameter index, release counter, rank, element index) into a standard normal with the
+ChaCha8 block function (Bernstein 2008; the stream cipher's 256-bit key, its block counter and
+nonce as the counter words) and a Box-Muller transform in the parameter's precision (float32
+for float32 / bfloat16 parameters, float64 for float64; cpp/include/dpsharp/noise_stream.hpp),
+so no parameter-sized noise tensor is ever allocated and no noise value is reused across steps,
+parameters or ranks (the counters differ).
 
 Floating-point caveats (what is and is not mitigated)
 -----------------------------------------------------
-* Predictable seeds: in ``secure=True`` mode every release draws a fresh 64-bit key from the
+* Predictable seeds: in ``secure=True`` mode every release draws a fresh 256-bit key from the
   operating system's CSPRNG (:func:`secrets.randbits`, i.e. ``os.urandom``); no seed can be
-  passed and the state cannot be replayed. In the default mode the stream is reproducible
-  from the seed, which is what experiments want and what production must not use.
-* Tail truncation: the uniforms carry 53 random bits, so |z| <= sqrt(-2 ln 2^-53) = 8.57; the
+  passed and the state cannot be replayed. ChaCha is a stream cipher, so with a secret key the
+  noise cannot be predicted from any number of earlier outputs (a statistical generator such
+  as Philox or a Mersenne twister gives no such guarantee). In the default mode the stream is
+  reproducible from the seed, which is what experiments want and what production must not use.
+* Tail truncation: the radius uses a 53-bit uniform, so |z| <= sqrt(-2 ln 2^-53) = 8.57; the
   Gaussian mass cut off is about 1e-17 per coordinate, negligible next to any target delta.
+  Near zero the radius is resolved to sqrt(2 * 2^-53) (-ln U is formed from the distance of U
+  to 0 or to 1, whichever is smaller). float32 noise is accurate to a few float32 ulp, the
+  precision the gradient is rounded to anyway.
 * Not mitigated: the floating-point *support* attacks on Gaussian/Laplace samplers (Mironov,
   CCS 2012, for Laplace; Jin, McMurtry, Rubinstein, Ohrimenko, "Are we there yet? Timing and
   floating-point attacks on differential privacy systems", S&P 2022, for Gaussian samplers
@@ -36,13 +44,13 @@ from dpsharp._validation import require_count
 
 __all__ = ["NoiseGenerator", "ReleaseKey"]
 
-_MAX_RELEASES = 2**32  # the release counter is one 32-bit Philox counter word
+_MAX_RELEASES = 2**32  # the release counter is one 32-bit word of the ChaCha nonce
 _MAX_RANK = 2**32
 
 
 @dataclass(frozen=True)
 class ReleaseKey:
-    """The noise stream of one release: Philox key, release counter and rank."""
+    """The noise stream of one release: ChaCha key (< 2^256), release counter and rank."""
 
     key: int
     release: int
@@ -58,13 +66,13 @@ class NoiseGenerator:
         Integer in [0, 2^64) keying the stream; None draws one from the OS CSPRNG (and stores
         it, so ``state_dict()`` still allows an exact resume). Refused when ``secure=True``.
     secure:
-        Draw a fresh 64-bit key from the OS CSPRNG at every release; no seed, not replayable.
+        Draw a fresh 256-bit key from the OS CSPRNG at every release; no seed, not replayable.
     rank:
         Distributed rank in [0, 2^32): goes into the counter, so ranks sharing a seed never
         share noise.
 
-    Noise of element j, parameter p, release r: standard normal number j of the Philox4x32-10
-    stream with key K and counter (j // 2, p, r, rank) (see :mod:`dpsharp.torch.kernels`).
+    Noise of element j, parameter p, release r: standard normal number j of the ChaCha8 stream
+    with key K (the seed) and nonce (p, r, rank) (see :mod:`dpsharp.torch.kernels`).
     """
 
     def __init__(self, seed: int | None = None, *, secure: bool = False, rank: int = 0) -> None:
@@ -107,7 +115,7 @@ class NoiseGenerator:
     def next_release(self) -> ReleaseKey:
         """The key of the next release (advances the release counter)."""
         if self._secure:
-            key = secrets.randbits(64)
+            key = secrets.randbits(256)
             release = self._releases % _MAX_RELEASES  # the key is fresh, the counter is a label
         else:
             if self._releases >= _MAX_RELEASES:
