@@ -11,6 +11,7 @@
 #include <stdexcept>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "bindings.hpp"
 #include "dpsharp/clip.hpp"
@@ -217,6 +218,36 @@ void bind_clip(py::module_& m) {
       "out = scale * (base + sum_i factors[i] g[i] + noise_std * z) with z the noise stream "
       "(ChaCha8 + Box-Muller) of key (8 words), parameter, release, rank; addresses of 0 mean "
       "'absent' for per_example and base.");
+  m.def(
+      "clip_release_noise",
+      [](const std::vector<std::uintptr_t>& outs, const std::vector<std::uintptr_t>& bases,
+         const std::vector<std::int64_t>& numels, const std::vector<int>& dtype_codes,
+         const std::vector<std::uint32_t>& parameters, double noise_std, const KeyWords& key,
+         std::uint32_t release, std::uint32_t rank, double scale, int threads) {
+        const std::size_t count = outs.size();
+        if (bases.size() != count || numels.size() != count || dtype_codes.size() != count ||
+            parameters.size() != count) {
+          throw py::value_error("outs, bases, numels, dtype_codes and parameters must have the "
+                                "same length");
+        }
+        std::vector<clip::ReleaseBuffer> buffers(count);
+        for (std::size_t b = 0; b < count; ++b) {
+          if (numels[b] < 0) throw py::value_error("numels must be >= 0");
+          check_stream_length(numels[b], "numel");
+          buffers[b] = clip::ReleaseBuffer{as_ptr<const void>(bases[b]), as_ptr<void>(outs[b]),
+                                           numels[b], to_dtype(dtype_codes[b]), parameters[b]};
+        }
+        const clip::NoiseStream stream = to_stream(key, 0, release, rank);
+        py::gil_scoped_release gil;
+        clip::release_noise(buffers.data(), static_cast<std::int64_t>(count), noise_std, stream,
+                            scale, threads);
+      },
+      py::arg("outs"), py::arg("bases"), py::arg("numels"), py::arg("dtype_codes"),
+      py::arg("parameters"), py::arg("noise_std"), py::arg("key"), py::arg("release"),
+      py::arg("rank"), py::arg("scale"), py::arg("threads"),
+      "For every buffer b: outs[b] = scale * (bases[b] + noise_std * z) with z the noise stream "
+      "of parameter index parameters[b] (one call for a whole model's release; base address 0 "
+      "means 'absent').");
   m.def(
       "gaussian_stream",
       [](const KeyWords& key, std::uint32_t parameter, std::uint32_t release, std::uint32_t rank,

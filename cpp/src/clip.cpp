@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #include "dpsharp/normals.hpp"
 #include "dpsharp/parallel.hpp"
@@ -142,8 +143,8 @@ __attribute__((always_inline)) inline void tile_body(const TileArgs& a, std::int
 }
 
 #define DPSHARP_TILE_BUILDS(T, Z, suffix)                                                    \
-  inline void tile_##suffix##_body(const TileArgs& a, std::int64_t lo, std::int64_t len,     \
-                                   const Z* z) noexcept {                                    \
+  __attribute__((always_inline)) inline void tile_##suffix##_body(                           \
+      const TileArgs& a, std::int64_t lo, std::int64_t len, const Z* z) noexcept {           \
     tile_body<T, Z>(a, lo, len, z);                                                          \
   }                                                                                          \
   DPSHARP_WIDTH_BUILDS(tile_##suffix,                                                        \
@@ -166,31 +167,39 @@ void run_tile(Width width, const TileArgs& a, std::int64_t lo, std::int64_t len,
   }
 }
 
+// Tile `tile` of one buffer: its normals into z (when noise_std != 0), then the tile loops.
+// float64 buffers take the float64 noise stream, the others the float32 one.
+template <typename T>
+using NoiseOf = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+template <typename T>
+void process_tile(Width width, NormalsIsa isa, const TileArgs& args, const NoiseStream& stream,
+                  std::int64_t tile, NoiseOf<T>* z) noexcept {
+  const std::int64_t lo = tile * kTile;
+  const std::int64_t len = std::min(kTile, args.numel - lo);
+  const NoiseOf<T>* noise = nullptr;
+  if (args.noise_std != 0.0) {
+    if constexpr (std::is_same_v<T, double>) {
+      normals_f64(isa, stream, lo, len, z);
+    } else {
+      normals_f32(isa, stream, lo, len, z);
+    }
+    noise = z;
+  }
+  run_tile<T, NoiseOf<T>>(width, args, lo, len, noise);
+}
+
 template <typename T>
 void clip_accumulate_noise_typed(const TileArgs& args, const NoiseStream& stream, int threads) {
-  // float64 buffers take the float64 noise stream, the others the float32 one.
-  using Z = std::conditional_t<std::is_same_v<T, double>, double, float>;
   const Width width = vector_width();
   const NormalsIsa isa = best_normals_isa();
-  const std::int64_t numel = args.numel;
-  const std::int64_t tiles = (numel + kTile - 1) / kTile;
+  const std::int64_t tiles = (args.numel + kTile - 1) / kTile;
   const std::int64_t work_per_tile = kTile * (1 + (args.per_example ? args.batch : 0));
   parallel_ranges(tiles, std::max<std::int64_t>(1, kMinPerThread / work_per_tile), threads,
                   [&](std::int64_t tile_lo, std::int64_t tile_hi) {
-    alignas(64) Z z[kTile];
+    alignas(64) NoiseOf<T> z[kTile];
     for (std::int64_t tile = tile_lo; tile < tile_hi; ++tile) {
-      const std::int64_t lo = tile * kTile;
-      const std::int64_t len = std::min(kTile, numel - lo);
-      const Z* noise = nullptr;
-      if (args.noise_std != 0.0) {
-        if constexpr (std::is_same_v<Z, double>) {
-          normals_f64(isa, stream, lo, len, z);
-        } else {
-          normals_f32(isa, stream, lo, len, z);
-        }
-        noise = z;
-      }
-      run_tile<T, Z>(width, args, lo, len, noise);
+      process_tile<T>(width, isa, args, stream, tile, z);
     }
   });
 }
@@ -217,8 +226,9 @@ __attribute__((always_inline)) inline void dots_rows(const void* a, const void* 
 }
 
 #define DPSHARP_DOTS_BUILDS(T, suffix)                                                     \
-  inline void dots_##suffix##_body(const void* a, const void* b, std::int64_t numel,      \
-                                   double* out, std::int64_t lo, std::int64_t hi) noexcept { \
+  __attribute__((always_inline)) inline void dots_##suffix##_body(                         \
+      const void* a, const void* b, std::int64_t numel, double* out, std::int64_t lo,        \
+      std::int64_t hi) noexcept {                                                            \
     dots_rows<T>(a, b, numel, out, lo, hi);                                                \
   }                                                                                        \
   DPSHARP_WIDTH_BUILDS(dots_##suffix,                                                      \
@@ -274,6 +284,43 @@ void clip_accumulate_noise(const void* per_example, const double* factors, std::
     case DType::kFloat64: clip_accumulate_noise_typed<double>(args, stream, threads); break;
     case DType::kBFloat16: clip_accumulate_noise_typed<BF16>(args, stream, threads); break;
   }
+}
+
+void release_noise(const ReleaseBuffer* buffers, std::int64_t count, double noise_std,
+                   const NoiseStream& stream, double scale, int threads) {
+  // The tiles of all buffers form one index space (prefix sums of their tile counts), so that
+  // threads share the work evenly however the parameters are sized.
+  std::vector<std::int64_t> first_tile(static_cast<std::size_t>(count) + 1, 0);
+  for (std::int64_t b = 0; b < count; ++b) {
+    const std::int64_t tiles = (buffers[b].numel + kTile - 1) / kTile;
+    first_tile[static_cast<std::size_t>(b) + 1] = first_tile[static_cast<std::size_t>(b)] + tiles;
+  }
+  const Width width = vector_width();
+  const NormalsIsa isa = best_normals_isa();
+  parallel_ranges(first_tile.back(), std::max<std::int64_t>(1, kMinPerThread / kTile), threads,
+                  [&](std::int64_t lo, std::int64_t hi) {
+    alignas(64) double z[kTile];  // float32 noise uses the first half
+    auto b = static_cast<std::int64_t>(
+        std::upper_bound(first_tile.begin(), first_tile.end(), lo) - first_tile.begin() - 1);
+    for (std::int64_t tile = lo; tile < hi; ++tile) {
+      while (tile >= first_tile[static_cast<std::size_t>(b) + 1]) ++b;
+      const ReleaseBuffer& buffer = buffers[b];
+      const TileArgs args{nullptr, nullptr, 0, buffer.base, buffer.out, buffer.numel,
+                          noise_std, scale};
+      NoiseStream s = stream;
+      s.parameter = buffer.parameter;
+      const std::int64_t local = tile - first_tile[static_cast<std::size_t>(b)];
+      switch (buffer.dtype) {
+        case DType::kFloat32:
+          process_tile<float>(width, isa, args, s, local, reinterpret_cast<float*>(z));
+          break;
+        case DType::kFloat64: process_tile<double>(width, isa, args, s, local, z); break;
+        case DType::kBFloat16:
+          process_tile<BF16>(width, isa, args, s, local, reinterpret_cast<float*>(z));
+          break;
+      }
+    }
+  });
 }
 
 void gaussian_noise(const NoiseStream& stream, std::int64_t first, std::int64_t count,

@@ -204,6 +204,22 @@ def clip_accumulate_noise(
     """out = scale * (base + sum_i factors[i] g[i] + noise_std * z), z the ChaCha8 noise stream
     of key (8 words), parameter, release, rank."""
 
+def clip_release_noise(
+    outs: Sequence[int],
+    bases: Sequence[int],
+    numels: Sequence[int],
+    dtype_codes: Sequence[int],
+    parameters: Sequence[int],
+    noise_std: float,
+    key: Sequence[int],
+    release: int,
+    rank: int,
+    scale: float,
+    threads: int,
+) -> None:
+    """For every buffer b: outs[b] = scale * (bases[b] + noise_std * z), z the noise stream of
+    parameter index parameters[b]."""
+
 def gaussian_stream(
     key: Sequence[int],
     parameter: int,

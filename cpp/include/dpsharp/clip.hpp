@@ -42,6 +42,22 @@ void clip_accumulate_noise(const void* per_example, const double* factors, std::
                            double noise_std, const NoiseStream& stream, double scale,
                            int threads);
 
+// One parameter of a release: out = scale * (base + noise_std * z), z from the stream with
+// parameter index `parameter` (base may be null: taken as 0; base may alias out).
+struct ReleaseBuffer {
+  const void* base;
+  void* out;
+  std::int64_t numel;  // <= kMaxNoiseElements
+  DType dtype;
+  std::uint32_t parameter;
+};
+
+// clip_accumulate_noise without per-example terms for `count` buffers at once (the release of
+// every parameter of a model: one call, and the threads share the tiles of all buffers).
+// stream.parameter is ignored (each buffer names its own).
+void release_noise(const ReleaseBuffer* buffers, std::int64_t count, double noise_std,
+                   const NoiseStream& stream, double scale, int threads);
+
 // The raw standard normals z_first..z_{first+count-1} of a stream's float32 (out_f32) or
 // float64 (out_f64; exactly one of the two is non-null) sequence, on up to `threads` threads.
 void gaussian_noise(const NoiseStream& stream, std::int64_t first, std::int64_t count,

@@ -142,6 +142,9 @@ DPSHARP_HD DPSHARP_NOISE_INLINE void chacha_block(const StreamKey& s, U block, U
                          block,           U(s.parameter),  U(s.release),    U(s.rank)};
   U x[16];
   for (int i = 0; i < 16; ++i) x[i] = initial[i];
+#if defined(__GNUC__) && !defined(__CUDACC__) && !defined(__clang__)
+#pragma GCC unroll 10
+#endif
   for (int round = 0; round < kRounds; round += 2) {
     quarter_round(x[0], x[4], x[8], x[12]);
     quarter_round(x[1], x[5], x[9], x[13]);
@@ -162,17 +165,16 @@ constexpr float kTwoPowMinus21 = 0x1p-21f;
 constexpr float kTwoPowMinus53 = 0x1p-53f;
 constexpr float kTwoPowMinus24 = 0x1p-24f;
 constexpr float kSqrt2 = 0x1.6a09e6p+0f;           // float(sqrt 2)
-constexpr float kOneMinusSqrtHalf = 0x1.2bec34p-2f;  // float(1 - 1/sqrt 2)
+constexpr float kSqrtHalf = 0x1.6a09e6p-1f;        // float(sqrt 1/2)
 constexpr float kLn2Hi = 0x1.62e4p-1f;             // 17 bits: e * kLn2Hi is exact
 constexpr float kLn2Lo = 0x1.7f7d1cp-20f;          // float(ln 2 - kLn2Hi)
 constexpr float kHalfPi = 0x1.921fb6p+0f;          // float(pi / 2)
 constexpr float kRoundMagic = 12582912.0f;         // 1.5 * 2^23
-// 1/3, 1/5, ..., 1/11 (each the float32 quotient 1.0f / k)
+// 1/3, 1/5, 1/7, 1/9 (each the float32 quotient 1.0f / k)
 constexpr float kInv3 = 0x1.555556p-2f;
 constexpr float kInv5 = 0x1.99999ap-3f;
 constexpr float kInv7 = 0x1.24924ap-3f;
 constexpr float kInv9 = 0x1.c71c72p-4f;
-constexpr float kInv11 = 0x1.745d18p-4f;
 // 1/3!, 1/5!, 1/7!, 1/9! and 1/2!, 1/4!, ..., 1/10! (float32-rounded)
 constexpr float kInvFact3 = 0x1.555556p-3f;
 constexpr float kInvFact5 = 0x1.111112p-7f;
@@ -189,10 +191,12 @@ constexpr float kInvFact10 = 0x1.27e4fcp-22f;
 // one pair, in float32. U: lane of uint32 words; F: lane of floats (see the layout comment).
 //
 // -ln U: U = m 2^e with m in [sqrt(1/2), sqrt(2)), ln m = 2 atanh(s) with s = (m - 1)/(m + 1),
-// |s| <= 0.1716, series to s^11 (truncation < 2e-9 relative). For U = w (tail branch) m and e
-// come from w's bits; for U = 1 - w the numerator and denominator of s are formed from w
-// without rounding U: m = 1 - w (w <= 1 - 1/sqrt 2: m - 1 = -w, m + 1 = 2 - w, e = 0) or
-// m = 2 - 2w (m - 1 = 1 - 2w exact, m + 1 = 3 - 2w, e = -1).
+// |s| <= 0.1716, series to s^9 (the first omitted term, 2 s^11 / 11, is under 2e-9 of ln m).
+// m and e come from the bits of y = w (tail branch, t = 1) or y = fl(1 - w) (t = 0). Where
+// y > sqrt(1/2) (only for t = 0: w < 0.293) that gives m = y, e = 0, and s is formed from w
+// itself, s = -w / (2 - w), because fl(1 - w) has lost w's low bits (for w < 2^-24, all of
+// them); elsewhere fl(1 - w) is within 2^-25 of 1 - w and U >= 1/2, so -ln U keeps a relative
+// error of a few 2^-24.
 // sin / cos of 2 pi u, u = (x2 >> 8) 2^-24: quadrant n = round(4u) from the 1.5 * 2^23 trick
 // (its bits hold n), remainder f = 4u - n in [-1/2, 1/2] exact, x = f pi/2 in [-pi/4, pi/4],
 // Taylor series to x^9 (sin) and x^10 (cos) (truncation < 2e-9), then the rotation by n pi/2.
@@ -202,23 +206,20 @@ DPSHARP_HD DPSHARP_NOISE_INLINE void gaussian_pair_f32(U x0, U x1, U x2, F& z_co
   using namespace f32;
   const F w = small_to_float(x1 & U(0xFFFFFu)) * F(kTwoPowMinus21) +
               word_to_float(x0 | U(1u)) * F(kTwoPowMinus53);
-  const auto tail = nonzero(x1 & U(0x80000000u));
-  // frexp of w: w = m 2^e, m in [1, 2), then m in [sqrt(1/2), sqrt(2)).
-  const U bits = as_bits(w);
+  const F y = select(nonzero(x1 & U(0x80000000u)), w, F(1.0f) - w);
+  const auto near_one = y > F(kSqrtHalf);
+  // frexp of y: y = m 2^e, m in [1, 2), then m in [sqrt(1/2), sqrt(2)).
+  const U bits = as_bits(y);
   F e = small_to_float(bits >> 23) - F(127.0f);
   F m = as_float((bits & U(0x7FFFFFu)) | U(0x3F800000u));
   const auto big = m > F(kSqrt2);
   m = select(big, m * F(0.5f), m);
   e = select(big, e + F(1.0f), e);
-  const F two_w = w + w;
-  const auto near_one = w <= F(kOneMinusSqrtHalf);
-  const F num = select(tail, m - F(1.0f), select(near_one, F(0.0f) - w, F(1.0f) - two_w));
-  const F den = select(tail, m + F(1.0f), select(near_one, F(2.0f) - w, F(3.0f) - two_w));
-  e = select(tail, e, select(near_one, F(0.0f), F(-1.0f)));
+  const F num = select(near_one, F(0.0f) - w, m - F(1.0f));
+  const F den = select(near_one, F(2.0f) - w, m + F(1.0f));
   const F s = num / den;
   const F s2 = s * s;
-  F poly = F(kInv11);
-  poly = poly * s2 + F(kInv9);
+  F poly = F(kInv9);
   poly = poly * s2 + F(kInv7);
   poly = poly * s2 + F(kInv5);
   poly = poly * s2 + F(kInv3);

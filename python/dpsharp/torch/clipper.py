@@ -263,6 +263,8 @@ class PerSampleClipper:
         if not usages:
             return
         batch = usages[0].batch_size
+        repeated = False  # a linear layer called more than once in this forward
+        linear_keys: set[tuple[int, int]] = set()
         for u in usages:
             if u.batch_size != batch:
                 raise ValueError(
@@ -270,87 +272,130 @@ class PerSampleClipper:
                     f"({batch} and {u.batch_size}); the batch must be dimension 0 of every "
                     "layer input"
                 )
-        # Several calls of one linear/conv layer: one usage over the concatenated sequence.
-        merged: list[Any] = []
-        linear_groups: dict[tuple[int, int], list[Any]] = {}
-        for u in usages:
             if isinstance(u, LinearUsage):
                 key = (id(u.weight), id(u.bias))
-                linear_groups.setdefault(key, []).append(u)
-            else:
-                merged.append(u)
-        for group in linear_groups.values():
-            shapes = {(tuple(u.a.shape[2:]), tuple(u.g.shape[2:])) for u in group}
-            if len(group) > 1 and len(shapes) == 1:
-                merged.append(LinearUsage.merge(group))
-            else:
-                merged.extend(group)
+                repeated = repeated or key in linear_keys
+                linear_keys.add(key)
+        merged = self._merge_repeated_calls(usages) if repeated else usages
 
         by_param: dict[int, list[Any]] = {}
+        index = self._index
         for u in merged:
             for p in u.params():
-                if id(p) in self._index:
+                if id(p) in index:
                     by_param.setdefault(id(p), []).append(u)
 
-        n_params = len(self._params)
-        sq = torch.zeros(batch, n_params, dtype=torch.float64, device=self._params[0].device)
+        # Per-example squared norms of every parameter, the last recorded layer first: the
+        # layers whose stored tensors the backward pass touched last are read first, while still
+        # in cache (within a layer its own order: a weight before its bias, which may reuse the
+        # weight's work).
+        order: list[tuple[int, list[Any]]] = []
+        placed: set[int] = set()
+        for u in reversed(merged):
+            for p in u.params():
+                pid = id(p)
+                if pid in by_param and pid not in placed:
+                    placed.add(pid)
+                    order.append((pid, by_param[pid]))
+        columns: dict[int, torch.Tensor] = {}
         tied: dict[int, torch.Tensor] = {}
-        for pid, us in by_param.items():
-            k = self._index[pid]
-            p = self._params[k]
+        for pid, us in order:
+            p = self._params[index[pid]]
             if len(us) == 1:
-                sq[:, k] = us[0].sq_norm(p)
+                columns[pid] = us[0].sq_norm(p)
             else:  # tied weights: the example's gradient is the sum over uses
                 total = us[0].per_example(p)
                 for u in us[1:]:
                     total = total + u.per_example(p)
                 tied[pid] = total.contiguous()
-                sq[:, k] = kernels.per_example_sq_norms(tied[pid])
-        if not bool(torch.isfinite(sq).all()):
-            raise FloatingPointError(
-                "a per-example gradient is not finite (NaN or inf); the batch was discarded "
-                "rather than clipped (check the loss and the learning rate)"
-            )
+                columns[pid] = kernels.per_example_sq_norms(tied[pid])
         flat_factors: torch.Tensor | None = None
         if self._clipping == "flat":
-            norms = sq.sum(dim=1).sqrt()
+            # ||g_i||^2 summed over parameters (a NaN or inf in any of them stays in the sum)
+            total_sq = torch.stack(list(columns.values())).sum(dim=0) if columns else (
+                torch.zeros(batch, dtype=torch.float64, device=self._params[0].device))
+            self._require_finite(total_sq)
+            norms = total_sq.sqrt()
             # One tensor for every parameter (a usage reuses work between its weight and bias
             # when it is handed the same factors).
-            flat_factors = self._factors(norms, self._bounds[0]).contiguous()
-            factors_all = flat_factors.unsqueeze(1).expand(-1, n_params)
+            flat_factors = self._factors(norms, self._bounds[0])
             self._last_norms = norms
         else:
+            sq = torch.zeros(batch, len(self._params), dtype=torch.float64,
+                             device=self._params[0].device)
+            for pid, column in columns.items():
+                sq[:, index[pid]] = column
+            self._require_finite(sq)
             norms = sq.sqrt()
             bounds = torch.tensor(self._bounds, dtype=torch.float64, device=norms.device)
             factors_all = self._factors(norms, bounds)
             self._last_norms = norms
 
-        for pid, us in by_param.items():
-            k = self._index[pid]
+        accumulators = self._accumulators
+        for pid, us in order:
+            k = index[pid]
             p = self._params[k]
             factors = flat_factors if flat_factors is not None else factors_all[:, k].contiguous()
-            acc = self._accumulators[k]
+            acc = accumulators[k]
             if pid in tied:
                 out = acc if acc is not None else torch.zeros(p.shape, dtype=p.dtype, device=p.device)
                 kernels.clip_accumulate_noise(out, per_example=tied[pid], factors=factors,
                                               base=out)
-                self._accumulators[k] = out
+                accumulators[k] = out
                 continue
             contribution = us[0].clipped_sum(p, factors)
-            if acc is None:
-                self._accumulators[k] = contribution.to(p.dtype).contiguous()
-            else:
+            if acc is not None:
                 acc.add_(contribution)
+            elif contribution.dtype == p.dtype and contribution.is_contiguous():
+                accumulators[k] = contribution
+            else:
+                accumulators[k] = contribution.to(p.dtype).contiguous()
         self._examples += batch
         self._batches += 1
 
     @staticmethod
-    def _factors(norms: torch.Tensor, bound: Any) -> torch.Tensor:
-        """c = min(1, C / norm), with c = 1 for a zero gradient (computed in float64)."""
+    def _merge_repeated_calls(usages: list[Any]) -> list[Any]:
+        """Several calls of one linear layer: one usage over the concatenated sequence (its
+        per-example gradient is a sum over all positions of all calls), placed where the layer's
+        first call was recorded, so the list keeps the backward order."""
+        from dpsharp.torch.layers import LinearUsage
+
+        groups: dict[tuple[int, int], list[Any]] = {}
+        for u in usages:
+            if isinstance(u, LinearUsage):
+                groups.setdefault((id(u.weight), id(u.bias)), []).append(u)
+        merged: list[Any] = []
+        for u in usages:
+            if not isinstance(u, LinearUsage):
+                merged.append(u)
+                continue
+            group = groups.pop((id(u.weight), id(u.bias)), None)
+            if group is None:
+                continue  # merged with an earlier call of the same layer
+            shapes = {(tuple(g.a.shape[2:]), tuple(g.g.shape[2:])) for g in group}
+            if len(group) > 1 and len(shapes) == 1:
+                merged.append(LinearUsage.merge(group))
+            else:
+                merged.extend(group)
+        return merged
+
+    @staticmethod
+    def _require_finite(sq: torch.Tensor) -> None:
         import torch
 
-        safe = torch.where(norms > 0, norms, torch.ones_like(norms))
-        return torch.clamp(bound / safe, max=1.0)
+        # The entries are >= 0: a finite sum (one reduction, the common case) means every entry
+        # is finite; an infinite one may also be an overflow of finite entries.
+        if not math.isfinite(float(sq.sum())) and not bool(torch.isfinite(sq).all()):
+            raise FloatingPointError(
+                "a per-example gradient is not finite (NaN or inf); the batch was discarded "
+                "rather than clipped (check the loss and the learning rate)"
+            )
+
+    @staticmethod
+    def _factors(norms: torch.Tensor, bound: Any) -> torch.Tensor:
+        """c = min(1, C / norm), with c = 1 for a zero gradient (computed in float64; a zero norm
+        divides by the smallest positive double instead, and C / 2^-1074 = inf clamps to 1)."""
+        return (bound / norms.clamp_min(5e-324)).clamp_(max=1.0)
 
     # ------------------------------------------------------------------ release
     def release(self, *, noise_multiplier: float, expected_batch_size: float,
@@ -377,16 +422,13 @@ class PerSampleClipper:
             raise RuntimeError("release() called in the middle of a backward pass")
         std = sigma * self._overall_bound
         key = noise.next_release()
-        scale = 1.0 / b
-        for k, p in enumerate(self._params):
-            acc = self._accumulators[k]
-            out = acc if acc is not None else torch.empty(p.shape, dtype=p.dtype, device=p.device)
-            kernels.clip_accumulate_noise(
-                out, base=acc, noise_std=std, key=key.key, parameter=k, release=key.release,
-                rank=key.rank, scale=scale,
-            )
+        outs = [acc if acc is not None else torch.empty(p.shape, dtype=p.dtype, device=p.device)
+                for p, acc in zip(self._params, self._accumulators)]
+        kernels.release_noise(outs, self._accumulators, noise_std=std, key=key.key,
+                              release=key.release, rank=key.rank, scale=1.0 / b)
+        for p, out in zip(self._params, outs):
             p.grad = out
-            self._accumulators[k] = None
+        self._accumulators = [None] * len(self._params)
         self._examples = 0
         self._batches = 0
 

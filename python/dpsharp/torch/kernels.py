@@ -22,6 +22,7 @@ kernel sums in a different order (agreement to ~1e-15 relative).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from dpsharp._native import core as _core
@@ -42,6 +43,7 @@ __all__ = [
     "key_words",
     "reference_chacha_block",
     "reference_per_example_sq_norms",
+    "release_noise",
 ]
 
 _MASK32 = 0xFFFFFFFF
@@ -120,6 +122,15 @@ def per_example_sq_norms(per_example: torch.Tensor, *, threads: int | None = Non
     """
     import torch
 
+    if (per_example.dtype is torch.float32 and per_example.dim() == 2
+            and per_example.device.type == "cpu" and per_example.is_contiguous()):
+        # The common case (a float32 (B, n) matrix; called for every layer on every step) with
+        # no more checks than it needs.
+        rows, numel = per_example.shape
+        out = torch.empty(rows, dtype=torch.float64)
+        _core.clip_per_example_sq_norms(per_example.data_ptr(), 0, rows, numel, out.data_ptr(),
+                                        _threads(threads))
+        return out
     if per_example.dim() < 1:
         raise ValueError("per_example must have a leading batch dimension")
     batch = int(per_example.shape[0])
@@ -328,6 +339,53 @@ def clip_accumulate_noise(
     return out
 
 
+def release_noise(
+    outs: Sequence[torch.Tensor],
+    bases: Sequence[torch.Tensor | None],
+    *,
+    noise_std: float,
+    key: int,
+    release: int = 0,
+    rank: int = 0,
+    scale: float = 1.0,
+    threads: int | None = None,
+) -> None:
+    """``outs[k] = scale * (bases[k] + noise_std * z_k)`` in place for every k, with ``z_k`` the
+    noise stream of parameter index k (see :func:`clip_accumulate_noise`; ``bases[k]`` may be
+    ``outs[k]`` or None). One C++ call for all CPU buffers, whose tiles the threads share; CUDA
+    buffers go one by one to the CUDA kernel."""
+    import torch
+
+    if len(outs) != len(bases):
+        raise ValueError(f"outs and bases must have the same length, got {len(outs)} and "
+                         f"{len(bases)}")
+    if not (math.isfinite(noise_std) and noise_std >= 0.0):
+        raise ValueError(f"noise_std must be a finite number >= 0, got {noise_std!r}")
+    if not math.isfinite(scale):
+        raise ValueError(f"scale must be finite, got {scale!r}")
+    cpu: list[tuple[int, torch.Tensor, torch.Tensor | None]] = []
+    for k, (out, base) in enumerate(zip(outs, bases)):
+        if out.is_cuda:
+            clip_accumulate_noise(out, base=base, noise_std=noise_std, key=key, parameter=k,
+                                  release=release, rank=rank, scale=scale)
+            continue
+        _check(f"outs[{k}]", out, dtype=out.dtype, numel=out.numel())
+        if base is not None and base is not out:
+            _check(f"bases[{k}]", base, dtype=out.dtype, numel=out.numel())
+        cpu.append((k, out, base))
+    if not cpu:
+        return
+    _core.clip_release_noise(
+        [out.data_ptr() for _, out, _ in cpu],
+        [0 if base is None else base.data_ptr() for _, _, base in cpu],
+        [out.numel() for _, out, _ in cpu],
+        [dtype_code(out.dtype) for _, out, _ in cpu],
+        [k for k, _, _ in cpu],
+        float(noise_std), key_words(key), int(release) & _MASK32, int(rank) & _MASK32,
+        float(scale), _threads(threads),
+    )
+
+
 # ----------------------------------------------------------------------------------------------
 # Pure-torch references (used by the tests; slow, exact).
 
@@ -416,23 +474,20 @@ def _reference_pair_f32(x0: torch.Tensor, x1: torch.Tensor,
         return small(v >> 16) * 65536.0 + small(v & 0xFFFF)
 
     w = small(x1 & 0xFFFFF) * 2.0**-21 + word(x0 | 1) * 2.0**-53
-    tail = (x1 & 0x80000000) != 0
-    bits = _bits_f32(w)
+    y = torch.where((x1 & 0x80000000) != 0, w, 1.0 - w)
+    near_one = y > _f32("0x1.6a09e6p-1")
+    bits = _bits_f32(y)
     e = small(bits >> 23) - 127.0
     m = _from_bits_f32((bits & 0x7FFFFF) | 0x3F800000)
     big = m > _f32("0x1.6a09e6p+0")
     m = torch.where(big, m * 0.5, m)
     e = torch.where(big, e + 1.0, e)
-    two_w = w + w
-    near_one = w <= _f32("0x1.2bec34p-2")
-    num = torch.where(tail, m - 1.0, torch.where(near_one, 0.0 - w, 1.0 - two_w))
-    den = torch.where(tail, m + 1.0, torch.where(near_one, 2.0 - w, 3.0 - two_w))
-    zero = torch.zeros((), dtype=f32)
-    e = torch.where(tail, e, torch.where(near_one, zero, zero - 1.0))
+    num = torch.where(near_one, 0.0 - w, m - 1.0)
+    den = torch.where(near_one, 2.0 - w, m + 1.0)
     s = num / den
     s2 = s * s
-    poly = torch.full_like(s, _f32("0x1.745d18p-4"))
-    for c in ("0x1.c71c72p-4", "0x1.24924ap-3", "0x1.99999ap-3", "0x1.555556p-2"):
+    poly = torch.full_like(s, _f32("0x1.c71c72p-4"))
+    for c in ("0x1.24924ap-3", "0x1.99999ap-3", "0x1.555556p-2"):
         poly = poly * s2 + _f32(c)
     two_s = s + s
     log_m = two_s + two_s * (s2 * poly)

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dpsharp.torch import kernels
 from dpsharp.torch.layers.usages import (
     AffineUsage,
     ConvUsage,
@@ -51,7 +52,14 @@ class _LinearFn(torch.autograd.Function):
                 handle: LayerHandle) -> torch.Tensor:
         ctx.handle = handle
         ctx.save_for_backward(x, weight)
-        return F.linear(x, weight, bias)
+        out = F.linear(x, weight, bias)
+        # One position per example (2-D input): the weight's ghost norm needs only ||x_i||^2
+        # (LinearUsage), taken here while x is still in cache from the product above rather than
+        # re-read at the end of the backward pass.
+        ctx.input_sq = (kernels.per_example_sq_norms(x)
+                        if x.dim() == 2 and weight.requires_grad and x.device.type == "cpu"
+                        else None)
+        return out
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:
@@ -59,21 +67,30 @@ class _LinearFn(torch.autograd.Function):
         handle: LayerHandle = ctx.handle
         # Under autocast the forward ran in a lower precision than the saved weight (and
         # possibly than x): compute in grad_out's dtype, return x's dtype, and give the usage
-        # activations and output gradients of one common dtype.
+        # activations and output gradients of one common dtype. (The dtype tests skip no-op
+        # conversions: this runs for every layer on every step.)
+        dtype = grad_out.dtype
         grad_in = None
         if ctx.needs_input_grad[0]:
-            grad_in = (grad_out @ weight.to(grad_out.dtype)).to(x.dtype)
-        common = torch.promote_types(x.dtype, grad_out.dtype)
+            grad_in = grad_out @ (weight if weight.dtype == dtype else weight.to(dtype))
+            if x.dtype != dtype:
+                grad_in = grad_in.to(x.dtype)
+        if x.dtype != dtype:
+            common = torch.promote_types(x.dtype, dtype)
+            x, grad_out = x.to(common), grad_out.to(common)
         b = x.shape[0]
         # Explicit middle extent (not -1): a 0-row batch (empty Poisson sample) must reshape too.
-        positions = math.prod(x.shape[1:-1])
-        g = grad_out.reshape(b, positions, grad_out.shape[-1]).to(common)
+        positions = 1 if x.dim() == 2 else math.prod(x.shape[1:-1])
         m = handle.module
         # The usage keeps the loss's output gradient and the loss scale separately (no scaled
         # copy; see usages.py).
-        handle.record(LinearUsage(_trainable(m.weight), _trainable(m.bias),
-                                  x.reshape(b, positions, x.shape[-1]).to(common), g,
-                                  handle.scale_of(b)))
+        usage = LinearUsage(_trainable(m.weight), _trainable(m.bias),
+                            x.reshape(b, positions, x.shape[-1]),
+                            grad_out.reshape(b, positions, grad_out.shape[-1]),
+                            handle.scale_of(b), input_sq=ctx.input_sq)
+        if positions == 1 and grad_out.device.type == "cpu":
+            usage.out_grad_sq()  # while the output gradient is in cache
+        handle.record(usage)
         return grad_in, None, None, None
 
 
@@ -260,11 +277,13 @@ def patch_module(module: nn.Module, kind: str, handle: LayerHandle) -> None:
 
     if kind == "linear":
         def forward(x: torch.Tensor) -> torch.Tensor:
-            if not torch.is_grad_enabled() or not _any_trainable([module.weight, module.bias]):
+            weight, bias = module.weight, module.bias
+            if not (torch.is_grad_enabled()
+                    and (weight.requires_grad or (bias is not None and bias.requires_grad))):
                 return original(x)
             if x.dim() < 2:
                 raise ValueError("DP training needs batched inputs (a leading batch dimension)")
-            return _LinearFn.apply(x, module.weight, module.bias, handle)
+            return _LinearFn.apply(x, weight, bias, handle)
     elif kind == "conv":
         def forward(x: torch.Tensor) -> torch.Tensor:
             if not torch.is_grad_enabled() or not _any_trainable([module.weight, module.bias]):

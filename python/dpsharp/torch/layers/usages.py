@@ -152,7 +152,8 @@ class LinearUsage(_WeightBiasUsage):
     """
 
     def __init__(self, weight: torch.nn.Parameter | None, bias: torch.nn.Parameter | None,
-                 activations: torch.Tensor, out_grads: torch.Tensor, scale: float = 1.0) -> None:
+                 activations: torch.Tensor, out_grads: torch.Tensor, scale: float = 1.0, *,
+                 input_sq: torch.Tensor | None = None) -> None:
         self.weight = weight
         self.bias = bias
         self.a = activations
@@ -162,6 +163,8 @@ class LinearUsage(_WeightBiasUsage):
         self._per_example_weight: torch.Tensor | None = None  # unscaled (B, p, d)
         self._bias_rows: torch.Tensor | None = None  # unscaled sum_t gy_t, (B, p)
         self._g_sq: torch.Tensor | None = None  # T = 1: ||gy_i||^2 (float64)
+        # T = 1: ||a_i||^2 (float64), when the layer's forward already took it
+        self._a_sq = input_sq if activations.shape[1] == 1 else None
         # (factors, gy scaled by them) from the weight's clipped sum, for the bias's.
         self._scaled_g: tuple[torch.Tensor, torch.Tensor] | None = None
 
@@ -196,10 +199,16 @@ class LinearUsage(_WeightBiasUsage):
             self._bias_rows = g[:, 0] if g.shape[1] == 1 else g.sum(dim=1)
         return self._bias_rows
 
-    def _out_grad_sq(self) -> torch.Tensor:
+    def out_grad_sq(self) -> torch.Tensor:
+        """T = 1: ||gy_i||^2 in float64 (computed once)."""
         if self._g_sq is None:
             self._g_sq = kernels.per_example_sq_norms(self.g[:, 0])
         return self._g_sq
+
+    def _input_sq(self) -> torch.Tensor:
+        if self._a_sq is None:
+            self._a_sq = kernels.per_example_sq_norms(self.a[:, 0])
+        return self._a_sq
 
     def sq_norm(self, p: torch.nn.Parameter) -> torch.Tensor:
         import torch
@@ -210,10 +219,10 @@ class LinearUsage(_WeightBiasUsage):
         s2 = self.scale * self.scale
         if p is self.bias:
             if self.g.shape[1] == 1:
-                return self._out_grad_sq() * s2
+                return self.out_grad_sq() * s2
             return kernels.per_example_sq_norms(self._bias_per_example()) * s2
         if self.a.shape[1] == 1:  # ||a_i g_i^T||_F^2 = ||a_i||^2 ||g_i||^2
-            return kernels.per_example_sq_norms(self.a[:, 0]) * self._out_grad_sq() * s2
+            return self._input_sq() * self.out_grad_sq() * s2
         a_all, g_all = _wide(self.a), _wide(self.g)
         if self._materialise_weight():
             if a_all is not self.a or g_all is not self.g:
@@ -228,6 +237,18 @@ class LinearUsage(_WeightBiasUsage):
     def clipped_sum(self, p: torch.nn.Parameter, factors: torch.Tensor) -> torch.Tensor:
         import torch
 
+        if self.g.shape[1] == 1 and self.g.dtype in (torch.float32, torch.float64):
+            # One position per example (2-D inputs): the (B, p) and (B, d) matrices as they are,
+            # the fewest operations (this runs for every layer on every step).
+            weights = factors * self.scale
+            if weights.dtype != self.g.dtype:
+                weights = weights.to(self.g.dtype)
+            g, a = self.g[:, 0], self.a[:, 0]
+            if p is self.bias:
+                return weights @ g
+            if a.shape[1] < g.shape[1]:  # scale whichever of the two stored tensors is smaller
+                return torch.mm(g.t(), a * weights[:, None])
+            return torch.mm((g * weights[:, None]).t(), a)
         if p is self.bias:
             scaled = self._scaled_g
             if scaled is not None and scaled[0] is factors:
