@@ -20,6 +20,7 @@ from hypothesis import strategies as st  # noqa: E402
 from torch import nn  # noqa: E402
 
 from dpsharp.torch import kernels  # noqa: E402
+from dpsharp.torch.layers import usages  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -158,6 +159,32 @@ def test_linear_sequence_norms_bad_input():
         kernels.linear_sequence_sq_norms(a, g, bias=True, implementation="sse9")
 
 
+def test_linear_usage_uses_the_kernel_and_caches_weight_and_bias():
+    gen = torch.Generator().manual_seed(11)
+    layer = nn.Linear(12, 20)
+    a = torch.randn(5, 9, 12, generator=gen)
+    g = torch.randn(5, 9, 20, generator=gen)
+    usage = usages.LinearUsage(layer.weight, layer.bias, a, g, scale=3.0)
+    assert not usage._materialise_weight()
+    want_w, want_b = linear_reference(a, g)
+    assert_rel(usage.sq_norm(layer.weight), want_w * 9.0, 1e-5)
+    cached = usage._sequence_sq
+    assert cached is not None
+    assert_rel(usage.sq_norm(layer.bias), want_b * 9.0, 1e-5)
+    assert usage._sequence_sq is cached  # one kernel call for both
+
+
+@pytest.mark.parametrize(("seq", "d", "p", "materialise"), [
+    (64, 128, 384, False), (64, 128, 128, False), (64, 128, 512, False), (64, 512, 128, False),
+    (2, 4, 3, False), (40, 4, 3, True), (128, 128, 128, True), (64, 64, 64, True),
+    (1, 4096, 4096, False),
+])
+def test_linear_cost_rule_on_the_cpu(seq, d, p, materialise):
+    """T^2 (d + p) / 2 > 40 d p materialises (see LinearUsage._materialise_weight)."""
+    usage = usages.LinearUsage(None, None, torch.zeros(1, seq, d), torch.zeros(1, seq, p))
+    assert usage._materialise_weight() is materialise
+
+
 # --------------------------------------------------------------------------- embedding
 
 
@@ -283,3 +310,22 @@ def test_embedding_kernels_bad_input():
         kernels.embedding_clipped_sum(idx, gy, torch.ones(3, dtype=torch.float64), num_rows=3)
     with pytest.raises(ValueError, match="indices must have a leading batch"):
         kernels.embedding_sq_norms(idx[0, 0], gy[0, 0], num_rows=3)
+
+
+def test_embedding_usage_cpu_kernels_match_torch_path():
+    """The usage's CPU kernels and its torch path (unique / index_add, used on other devices)
+    give the same norms and clipped sums."""
+    gen = torch.Generator().manual_seed(2)
+    emb = nn.Embedding(9, 5, padding_idx=4)
+    idx = torch.randint(0, 9, (6, 11), generator=gen)
+    idx[:, :3] = 4
+    idx[0, 5:] = 7
+    gy = torch.randn(6, 11, 5, generator=gen)
+    factors = torch.rand(6, generator=gen, dtype=torch.float64)
+    fused = usages.EmbeddingUsage(emb.weight, idx, gy, 4, scale=2.0)
+    plain = usages.EmbeddingUsage(emb.weight, idx, gy, 4, scale=2.0)
+    plain._fused = lambda: False  # type: ignore[method-assign]
+    torch.testing.assert_close(fused.sq_norm(emb.weight), plain.sq_norm(emb.weight),
+                               rtol=1e-6, atol=0.0)
+    torch.testing.assert_close(fused.clipped_sum(emb.weight, factors),
+                               plain.clipped_sum(emb.weight, factors), rtol=1e-5, atol=1e-6)
