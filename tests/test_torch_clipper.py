@@ -200,6 +200,20 @@ def test_sequence_linear_frozen_weight_and_no_bias():
     check(model, x, y, mse, bound=0.05, clipping="per_layer")
 
 
+def test_sequence_linear_torch_gram_path(monkeypatch):
+    """The torch Gram path (batched Gram matmuls; CUDA tensors, or CPUs without a vectorised
+    build of the fused kernel) with its cost rule, on the CPU."""
+    from dpsharp.torch.layers import usages
+
+    monkeypatch.setattr(usages, "_vectorised_linear_norms", lambda: False)
+    model = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 6))
+    for layer in (model[0], model[2]):  # both on the Gram path: d p > T (d + p)
+        usage = usages.LinearUsage(layer.weight, layer.bias, torch.zeros(1, 3, layer.in_features),
+                                   torch.zeros(1, 3, layer.out_features))
+        assert not usage._fused_sequence_norms() and not usage._materialise_weight()
+    check(model, torch.randn(5, 3, 8), torch.randn(5, 3, 6), mse, bound=0.05)
+
+
 def test_embedding_multidim_strided_int32_indices():
     class Grid(nn.Module):
         def __init__(self):

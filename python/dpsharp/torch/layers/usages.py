@@ -33,6 +33,7 @@ scaled per example.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +54,14 @@ _CHUNK_ELEMENTS = 1 << 17
 # much as one element of materialised per-example gradient (written, squared, read back by the
 # clipped sum); measured, see LinearUsage._materialise_weight.
 _GRAM_PER_MATERIALISED = 40
+
+
+@functools.lru_cache(maxsize=None)
+def _vectorised_linear_norms() -> bool:
+    """Whether this CPU runs a vectorised build (AVX-512 or AVX2) of the fused sequence-linear
+    norm kernel. Its portable build (four plain lanes, no FMA) is slower than torch's batched
+    Gram matmuls, so without one the Gram norms stay on the torch path."""
+    return kernels.linear_norms_implementations()[0] != "portable"
 
 
 def _wide(t: torch.Tensor) -> torch.Tensor:
@@ -201,8 +210,9 @@ class LinearUsage(_WeightBiasUsage):
         p d elements per example. On the CPU (bench/bench_norm_kernels.py, "cost rule": norms
         plus clipped sums of weight and bias at 1 thread, (d, p) from (32, 512) to (512, 128),
         T from 4 to 512) the two break even at T^2 (d + p) / 2 = 25 to 50 times d p, so
-        materialise when T^2 (d + p) / 2 > 40 d p. Elsewhere the Gram norms are two batched
-        matmuls over all T^2 pairs, and the old rule d p <= T (d + p) stays.
+        materialise when T^2 (d + p) / 2 > 40 d p. Elsewhere (other devices, or a CPU without
+        AVX2) the Gram norms are two batched matmuls over all T^2 pairs, and the old rule
+        d p <= T (d + p) stays.
         """
         _, seq, d = self.a.shape
         p = self.g.shape[2]
@@ -213,8 +223,9 @@ class LinearUsage(_WeightBiasUsage):
         return seq * d * p <= seq * seq * (d + p)
 
     def _fused_sequence_norms(self) -> bool:
-        """Whether the Gram-path norms come from the fused CPU kernel."""
-        return self.a.device.type == "cpu"
+        """Whether the Gram-path norms come from the fused CPU kernel (a CPU tensor and a
+        vectorised build of the kernel for this CPU)."""
+        return self.a.device.type == "cpu" and _vectorised_linear_norms()
 
     def _sequence_norms(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Unscaled (weight, bias) squared norms for T > 1 from one call of the fused kernel
