@@ -188,6 +188,48 @@ def test_frozen_and_mixed_parameters():
     check(model, torch.randn(6, 5), torch.randn(6, 2), mse, bound=0.1)
 
 
+def test_sequence_linear_frozen_weight_and_no_bias():
+    """Sequences on the CPU Gram path: a layer with a frozen weight and a trainable bias (the
+    bias norm from sum_t gy_t, no kernel), one without a bias (the kernel's weight norm only)
+    and a plain one (weight and bias norms from one kernel call)."""
+    model = nn.Sequential(nn.Linear(5, 6), nn.Tanh(), nn.Linear(6, 4, bias=False), nn.Tanh(),
+                          nn.Linear(4, 3))
+    model[0].weight.requires_grad_(False)
+    x, y = torch.randn(5, 7, 5), torch.randn(5, 7, 3)
+    check(model, x, y, mse, bound=0.05)
+    check(model, x, y, mse, bound=0.05, clipping="per_layer")
+
+
+def test_sequence_linear_torch_gram_path(monkeypatch):
+    """The torch Gram path (batched Gram matmuls; CUDA tensors, or CPUs without a vectorised
+    build of the fused kernel) with its cost rule, on the CPU."""
+    from dpsharp.torch.layers import usages
+
+    monkeypatch.setattr(usages, "_vectorised_linear_norms", lambda: False)
+    model = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 6))
+    for layer in (model[0], model[2]):  # both on the Gram path: d p > T (d + p)
+        usage = usages.LinearUsage(layer.weight, layer.bias, torch.zeros(1, 3, layer.in_features),
+                                   torch.zeros(1, 3, layer.out_features))
+        assert not usage._fused_sequence_norms() and not usage._materialise_weight()
+    check(model, torch.randn(5, 3, 8), torch.randn(5, 3, 6), mse, bound=0.05)
+
+
+def test_embedding_multidim_strided_int32_indices():
+    class Grid(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(6, 4, padding_idx=2)
+            self.out = nn.Linear(4, 3)
+
+        def forward(self, idx):
+            return self.out(self.emb(idx).mean(dim=(1, 2)))
+
+    idx = torch.randint(0, 6, (3, 4, 5)).permute(2, 0, 1).to(torch.int32)  # (5, 3, 4), strided
+    idx[0, 0, :] = 2
+    idx[1] = 5
+    check(Grid(), idx, torch.randint(0, 3, (5,)), ce, bound=0.3)
+
+
 def test_fallback_module_uses_torch_func():
     class Scaled(nn.Module):  # not a supported type: per-example grads by vmap(vjp)
         def __init__(self):

@@ -7,6 +7,7 @@ namespace dpsharp::bindings {
 
 void bind_numerics(pybind11::module_& m);
 void bind_clip(pybind11::module_& m);
+void bind_norms(pybind11::module_& m);
 void bind_pld(pybind11::module_& m);
 void bind_rdp(pybind11::module_& m);
 void bind_clip_cuda(pybind11::module_& m);

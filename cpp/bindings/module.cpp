@@ -45,6 +45,7 @@ PYBIND11_MODULE(_core, m) {
       "(threads started per call).");
   dpsharp::bindings::bind_numerics(m);
   dpsharp::bindings::bind_clip(m);
+  dpsharp::bindings::bind_norms(m);
   dpsharp::bindings::bind_pld(m);
   dpsharp::bindings::bind_rdp(m);
   dpsharp::bindings::bind_clip_cuda(m);

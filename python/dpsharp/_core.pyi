@@ -127,6 +127,61 @@ def rdp_epsilon(orders: npt.ArrayLike, rdp: npt.ArrayLike, delta: float, kind: i
 def rdp_delta(orders: npt.ArrayLike, rdp: npt.ArrayLike, epsilon: float, kind: int) -> tuple[float, int]:
     """(delta, index of the optimal order); kind 0 = classic, 1 = tight."""
 
+# --- per-example norm kernels (cpp/bindings/bind_norms.cpp) ---------------------------------
+def linear_norms_implementations() -> list[str]:
+    """Implementations of the sequence-linear norm kernel this CPU runs ('avx512', 'avx2',
+    'portable'); 'auto' picks the first."""
+
+def linear_sequence_sq_norms(
+    a: int,
+    g: int,
+    dtype_code: int,
+    batch: int,
+    positions: int,
+    in_features: int,
+    out_features: int,
+    weight_sq: int,
+    bias_sq: int,
+    threads: int,
+    implementation: str = "auto",
+) -> None:
+    """weight_sq[i] = sum_{t,s} (a_it . a_is)(g_it . g_is) and, unless bias_sq is 0,
+    bias_sq[i] = sum_{t,s} g_it . g_is (float64), for contiguous float32/64 a (batch,
+    positions, in_features) and g (batch, positions, out_features)."""
+
+def embedding_sq_norms(
+    indices: int,
+    out_grads: int,
+    dtype_code: int,
+    batch: int,
+    positions: int,
+    features: int,
+    num_rows: int,
+    padding_idx: int,
+    out: int,
+    threads: int,
+) -> None:
+    """out[i] = ||sum_t onehot(indices[i, t]) out_grads[i, t]^T||^2 (float64); positions
+    looking up padding_idx (< 0: none) left out; ValueError for an index outside
+    [0, num_rows)."""
+
+def embedding_clipped_sum(
+    indices: int,
+    out_grads: int,
+    factors: int,
+    dtype_code: int,
+    batch: int,
+    positions: int,
+    features: int,
+    num_rows: int,
+    padding_idx: int,
+    out: int,
+    threads: int,
+) -> None:
+    """out (num_rows, features), every row written: row v = sum of factors[i] out_grads[i, t]
+    over the positions with indices[i, t] = v (float64, in order); ValueError for an index
+    outside [0, num_rows)."""
+
 # --- clip-and-noise kernels (cpp/bindings/bind_clip.cpp) -------------------------------------
 # Pointers are raw addresses (tensor.data_ptr()) of contiguous buffers; dtype codes are those of
 # dpsharp.torch.kernels.

@@ -36,6 +36,10 @@ __all__ = [
     "conv_per_example_weight_grads",
     "cuda_built",
     "dtype_code",
+    "embedding_clipped_sum",
+    "embedding_sq_norms",
+    "linear_norms_implementations",
+    "linear_sequence_sq_norms",
     "per_example_dots",
     "per_example_sq_norms",
     "reference_clip_accumulate_noise",
@@ -270,6 +274,159 @@ def conv_per_example_weight_grads(x: torch.Tensor, out_grads: torch.Tensor,
     _core.conv_per_example_weight_grads(
         src.data_ptr(), grads.data_ptr(), dtype_code(src.dtype), b, c, in_h, in_w, kh, kw, sh,
         sw, ph, pw, dh, dw, out_channels, out.data_ptr(), _threads(threads))
+    return out
+
+
+def linear_norms_implementations() -> list[str]:
+    """The implementations of :func:`linear_sequence_sq_norms` this CPU can run ('avx512',
+    'avx2', 'portable'), the one ``implementation="auto"`` picks first."""
+    return list(_core.linear_norms_implementations())
+
+
+def linear_sequence_sq_norms(a: torch.Tensor, g: torch.Tensor, *, bias: bool,
+                             threads: int | None = None, implementation: str = "auto",
+                             ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-example squared gradient norms of a linear layer y = x W^T + b on sequences.
+
+    With the activations ``a`` (B, T, d) and the output gradients ``g`` (B, T, p) of example i
+    as the rows a_it, g_it, its gradients are g_i(W) = sum_t g_it a_it^T and
+    g_i(b) = sum_t g_it, and::
+
+        weight_sq[i] = ||g_i(W)||_F^2 = sum_{t,s} (a_it . a_is)(g_it . g_is)
+        bias_sq[i]   = ||g_i(b)||^2   = sum_{t,s} g_it . g_is
+
+    (the Gram or "ghost" norm: Goodfellow 2015, "Efficient per-example gradient
+    computations"; Li et al., ICLR 2022, "Large language models can be strong differentially
+    private learners", section 4). The C++ kernel (cpp/src/linear_norms.cpp) visits the pairs
+    t <= s once, in register tiles: dot products in the input dtype with fused multiply-adds,
+    their products and sums in float64. No per-example gradient and no Gram matrix is
+    formed; cost ~ B T^2 (d + p) / 2 multiply-adds. Examples are split over ``threads``
+    (default ``torch.get_num_threads()``), so the result does not depend on the thread count.
+
+    ``a`` and ``g`` are CPU tensors of one dtype, float32 or float64, agreeing in B and T.
+    ``implementation`` is 'auto' or one of :func:`linear_norms_implementations` (they agree
+    to rounding, not bit for bit). Returns ``(weight_sq, bias_sq)``, float64 of shape (B,);
+    ``bias_sq`` is None unless ``bias``.
+    """
+    import torch
+
+    for name, t in (("a", a), ("g", g)):
+        if t.dim() != 3:
+            raise ValueError(f"{name} must be 3-D (batch, positions, features), got shape "
+                             f"{tuple(t.shape)}")
+        if t.device.type != "cpu":
+            raise ValueError(f"{name} must be a CPU tensor for the CPU kernel, got {t.device}")
+        if t.dtype not in (torch.float32, torch.float64):
+            raise ValueError(f"{name} must have dtype torch.float32 or torch.float64, got "
+                             f"{t.dtype}")
+    if a.dtype != g.dtype:
+        raise ValueError(f"a and g must have the same dtype, got {a.dtype} and {g.dtype}")
+    if a.shape[:2] != g.shape[:2]:
+        raise ValueError(f"a and g must agree in batch and positions, got shapes "
+                         f"{tuple(a.shape)} and {tuple(g.shape)}")
+    src_a, src_g = a.contiguous(), g.contiguous()
+    batch, positions, in_features = (int(v) for v in src_a.shape)
+    weight_sq = torch.empty(batch, dtype=torch.float64)
+    bias_sq = torch.empty(batch, dtype=torch.float64) if bias else None
+    _core.linear_sequence_sq_norms(
+        src_a.data_ptr(), src_g.data_ptr(), dtype_code(src_a.dtype), batch, positions,
+        in_features, int(src_g.shape[2]), weight_sq.data_ptr(),
+        bias_sq.data_ptr() if bias_sq is not None and batch else 0, _threads(threads),
+        implementation)
+    return weight_sq, bias_sq
+
+
+def _embedding_inputs(indices: torch.Tensor, out_grads: torch.Tensor, num_rows: int,
+                      padding_idx: int | None,
+                      ) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """indices (B, ...) -> contiguous int64 (B, T); out_grads (B, ..., d) -> contiguous
+    (B, T, d); padding_idx -> a row index or -1 (none), checked like nn.Embedding's."""
+    import torch
+
+    if isinstance(num_rows, bool) or not isinstance(num_rows, int) or num_rows < 0:
+        raise ValueError(f"num_rows must be an int >= 0, got {num_rows!r}")
+    if indices.dim() < 1:
+        raise ValueError("indices must have a leading batch dimension")
+    if indices.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"indices must have dtype torch.int64 or torch.int32, got "
+                         f"{indices.dtype}")
+    if out_grads.dim() != indices.dim() + 1 or out_grads.shape[:-1] != indices.shape:
+        raise ValueError(f"out_grads must have shape indices.shape + (features,) = "
+                         f"{tuple(indices.shape)} + (features,), got {tuple(out_grads.shape)}")
+    for name, t in (("indices", indices), ("out_grads", out_grads)):
+        if t.device.type != "cpu":
+            raise ValueError(f"{name} must be a CPU tensor for the CPU kernel, got {t.device}")
+    if out_grads.dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"out_grads must have dtype torch.float32 or torch.float64, got "
+                         f"{out_grads.dtype}")
+    pad = -1
+    if padding_idx is not None:
+        if not -num_rows <= padding_idx < num_rows:
+            raise ValueError(f"padding_idx must be None or in [-{num_rows}, {num_rows}), got "
+                             f"{padding_idx}")
+        pad = padding_idx % num_rows
+    batch = int(indices.shape[0])
+    positions = math.prod(indices.shape[1:])
+    idx = indices.reshape(batch, positions).to(torch.int64).contiguous()
+    grads = out_grads.reshape(batch, positions, out_grads.shape[-1]).contiguous()
+    return idx, grads, pad
+
+
+def embedding_sq_norms(indices: torch.Tensor, out_grads: torch.Tensor, *, num_rows: int,
+                       padding_idx: int | None = None,
+                       threads: int | None = None) -> torch.Tensor:
+    """Per-example squared gradient norms of an embedding y[i, ...] = W[indices[i, ...]].
+
+    Example i's gradient is g_i(W) = sum_t onehot(idx_it) gy_it^T (Goodfellow 2015): rows it
+    looked up several times add up, so::
+
+        ||g_i(W)||^2 = sum_v ||sum_{t: idx_it = v} gy_it||^2
+                     = sum_t ||gy_it||^2 + 2 sum_{t < s, idx_it = idx_is} gy_it . gy_is.
+
+    The C++ kernel (cpp/src/embedding_norms.cpp) groups each example's positions by row (a
+    sort of its indices) and sums in float64; positions that look up ``padding_idx`` count
+    for nothing (nn.Embedding gives the padding row no gradient). ``indices`` is (B, ...)
+    int64 or int32 (any strides), ``out_grads`` has shape ``indices.shape + (d,)``, float32
+    or float64, CPU. An index outside [0, num_rows) raises ValueError. Returns float64 (B,),
+    independent of ``threads`` (examples are split over them).
+    """
+    import torch
+
+    idx, grads, pad = _embedding_inputs(indices, out_grads, num_rows, padding_idx)
+    batch, positions, features = (int(v) for v in grads.shape)
+    out = torch.empty(batch, dtype=torch.float64)
+    _core.embedding_sq_norms(idx.data_ptr(), grads.data_ptr(), dtype_code(grads.dtype), batch,
+                             positions, features, num_rows, pad, out.data_ptr(),
+                             _threads(threads))
+    return out
+
+
+def embedding_clipped_sum(indices: torch.Tensor, out_grads: torch.Tensor,
+                          factors: torch.Tensor, *, num_rows: int,
+                          padding_idx: int | None = None,
+                          threads: int | None = None) -> torch.Tensor:
+    """The clipped sum sum_i factors[i] g_i(W) of an embedding's per-example gradients
+    (book-keeping, Bu et al., ICML 2023: no per-example gradient is formed)::
+
+        out[v] = sum_{(i, t): idx_it = v, v != padding_idx} factors[i] gy_it.
+
+    A fresh (num_rows, d) tensor of ``out_grads``' dtype: the C++ kernel groups the positions
+    by row (a counting sort), then writes every row once, summing its positions in (i, t)
+    order in float64 and rounding once (zeros where no position looks the row up). Rows are
+    split over ``threads``, so the result does not depend on the thread count. ``factors``
+    is float64 (B,); the other arguments are as for :func:`embedding_sq_norms`.
+    """
+    import torch
+
+    idx, grads, pad = _embedding_inputs(indices, out_grads, num_rows, padding_idx)
+    batch, positions, features = (int(v) for v in grads.shape)
+    _check("factors", factors, dtype=torch.float64, numel=batch)
+    if factors.dim() != 1:
+        raise ValueError(f"factors must be 1-D (B,), got shape {tuple(factors.shape)}")
+    out = torch.empty(num_rows, features, dtype=grads.dtype)
+    _core.embedding_clipped_sum(idx.data_ptr(), grads.data_ptr(), factors.data_ptr(),
+                                dtype_code(grads.dtype), batch, positions, features, num_rows,
+                                pad, out.data_ptr(), _threads(threads))
     return out
 
 

@@ -18,16 +18,22 @@ gradient is ever made.
 
 Per-example gradients follow from the chain rule per example: for y = x W^T + b on a sequence,
 g_i(W) = sum_t gy_{i,t} x_{i,t}^T, so ||g_i(W)||^2 = sum_{t,s} (x_{i,t}.x_{i,s})(gy_{i,t}.gy_{i,s})
-(the Gram / ghost norm of Goodfellow 2015 and Li et al. 2022), which costs B T^2 (d + p)
-against B T d p for materialising g_i(W); each layer picks the cheaper. Convolutions are the
-same contraction over their patches (im2col), which never exist for the whole batch at once:
-their per-example gradients come from a fused kernel that builds one example's patches at a
-time (CPU) or from patches per chunk of examples, and on the Gram path their clipped sum is one
-ordinary convolution weight gradient with the output gradient scaled per example.
+(the Gram / ghost norm of Goodfellow 2015 and Li et al. 2022) and
+||g_i(b)||^2 = sum_{t,s} gy_{i,t}.gy_{i,s}. On the CPU one fused kernel computes both from the
+pairs t <= s (B T^2 (d + p) / 2 multiply-adds, no Gram matrix); elsewhere two batched Gram
+matmuls do (B T^2 (d + p)). Materialising g_i(W) instead costs B T d p plus writing and reading
+B d p elements; each layer picks the cheaper (LinearUsage._materialise_weight). Embeddings on
+the CPU have fused kernels too (rows grouped per example for the norms, per row for the clipped
+sum). Convolutions are the same contraction over their patches (im2col), which never exist
+for the whole batch at once: their per-example gradients come from a fused kernel that builds
+one example's patches at a time (CPU) or from patches per chunk of examples, and on the Gram
+path their clipped sum is one ordinary convolution weight gradient with the output gradient
+scaled per example.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +49,19 @@ __all__ = ["AffineUsage", "ConvUsage", "EmbeddingUsage", "LinearUsage", "PerExam
 # float32, small enough to stay in cache between being written and read, and out of the
 # allocator's mmap path (a fresh multi-megabyte buffer costs its page faults on every step).
 _CHUNK_ELEMENTS = 1 << 17
+
+# Linear layers on sequences, CPU: how many multiply-adds of the fused Gram-norm kernel cost as
+# much as one element of materialised per-example gradient (written, squared, read back by the
+# clipped sum); measured, see LinearUsage._materialise_weight.
+_GRAM_PER_MATERIALISED = 40
+
+
+@functools.lru_cache(maxsize=None)
+def _vectorised_linear_norms() -> bool:
+    """Whether this CPU runs a vectorised build (AVX-512 or AVX2) of the fused sequence-linear
+    norm kernel. Its portable build (four plain lanes, no FMA) is slower than torch's batched
+    Gram matmuls, so without one the Gram norms stay on the torch path."""
+    return kernels.linear_norms_implementations()[0] != "portable"
 
 
 def _wide(t: torch.Tensor) -> torch.Tensor:
@@ -165,6 +184,9 @@ class LinearUsage(_WeightBiasUsage):
         self._g_sq: torch.Tensor | None = None  # T = 1: ||gy_i||^2 (float64)
         # T = 1: ||a_i||^2 (float64), when the layer's forward already took it
         self._a_sq = input_sq if activations.shape[1] == 1 else None
+        # T > 1 on the CPU Gram path: (weight, bias or None) unscaled squared norms from one
+        # call of the fused kernel.
+        self._sequence_sq: tuple[torch.Tensor, torch.Tensor | None] | None = None
         # (factors, gy scaled by them) from the weight's clipped sum, for the bias's.
         self._scaled_g: tuple[torch.Tensor, torch.Tensor] | None = None
 
@@ -182,9 +204,40 @@ class LinearUsage(_WeightBiasUsage):
                            torch.cat([u.g for u in usages], dim=1), first.scale)
 
     def _materialise_weight(self) -> bool:
+        """Materialise g_i(W) (p x d per example) or take the Gram path (T > 1 only).
+
+        Both paths make one product of T d p multiply-adds per example (the materialised
+        gradients by a batched matmul, or the clipped sum by one large matmul). On top of that
+        the Gram path computes the norms from the pairs t <= s, ~ T^2 (d + p) / 2 multiply-adds
+        (on the CPU in the fused kernel), and the materialised path writes, squares and re-reads
+        p d elements per example. On the CPU (bench/bench_norm_kernels.py, "cost rule": norms
+        plus clipped sums of weight and bias at 1 thread, (d, p) from (32, 512) to (512, 128),
+        T from 4 to 512) the two break even at T^2 (d + p) / 2 = 25 to 50 times d p, so
+        materialise when T^2 (d + p) / 2 > 40 d p. Elsewhere (other devices, or a CPU without
+        AVX2) the Gram norms are two batched matmuls over all T^2 pairs, and the old rule
+        d p <= T (d + p) stays.
+        """
         _, seq, d = self.a.shape
         p = self.g.shape[2]
-        return seq > 1 and seq * d * p <= seq * seq * (d + p)
+        if seq <= 1:
+            return False
+        if self._fused_sequence_norms():
+            return seq * seq * (d + p) > 2 * _GRAM_PER_MATERIALISED * d * p
+        return seq * d * p <= seq * seq * (d + p)
+
+    def _fused_sequence_norms(self) -> bool:
+        """Whether the Gram-path norms come from the fused CPU kernel (a CPU tensor and a
+        vectorised build of the kernel for this CPU)."""
+        return self.a.device.type == "cpu" and _vectorised_linear_norms()
+
+    def _sequence_norms(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Unscaled (weight, bias) squared norms for T > 1 from one call of the fused kernel
+        (:func:`dpsharp.torch.kernels.linear_sequence_sq_norms`); the bias's only when the
+        layer has a trainable bias."""
+        if self._sequence_sq is None:
+            self._sequence_sq = kernels.linear_sequence_sq_norms(
+                _wide(self.a), _wide(self.g), bias=self.bias is not None)
+        return self._sequence_sq
 
     def _weight_per_example(self) -> torch.Tensor:
         import torch
@@ -220,9 +273,18 @@ class LinearUsage(_WeightBiasUsage):
         if p is self.bias:
             if self.g.shape[1] == 1:
                 return self.out_grad_sq() * s2
+            if (self._sequence_sq is not None
+                    or (self.weight is not None and self._fused_sequence_norms()
+                        and not self._materialise_weight())):
+                # ||sum_t g_t||^2 = sum_{t,s} g_t . g_s: a by-product of the weight's kernel.
+                bias_sq = self._sequence_norms()[1]
+                assert bias_sq is not None
+                return bias_sq * s2
             return kernels.per_example_sq_norms(self._bias_per_example()) * s2
         if self.a.shape[1] == 1:  # ||a_i g_i^T||_F^2 = ||a_i||^2 ||g_i||^2
             return self._input_sq() * self.out_grad_sq() * s2
+        if not self._materialise_weight() and self._fused_sequence_norms():
+            return self._sequence_norms()[0] * s2
         a_all, g_all = _wide(self.a), _wide(self.g)
         if self._materialise_weight():
             if a_all is not self.a or g_all is not self.g:
@@ -396,29 +458,55 @@ class ConvUsage(_WeightBiasUsage):
 
 class EmbeddingUsage(Usage):
     """y[i, t] = W[idx[i, t]]: g_i(W) = sum_t onehot(idx_{i,t}) gy_{i,t}^T (rows with repeated
-    indices add up; the padding row gets no gradient)."""
+    indices add up; the padding row gets no gradient).
+
+    On the CPU both the norms and the clipped sum come from fused kernels
+    (:func:`dpsharp.torch.kernels.embedding_sq_norms`, :func:`~dpsharp.torch.kernels.
+    embedding_clipped_sum`) that group positions by row and leave the padding positions out
+    themselves; other devices use torch's unique / index_add on the output gradients with the
+    padding positions zeroed.
+    """
 
     def __init__(self, weight: torch.nn.Parameter, indices: torch.Tensor,
                  out_grads: torch.Tensor, padding_idx: int | None, scale: float = 1.0) -> None:
         self.weight = weight
         self.scale = float(scale)
         self.batch_size = int(indices.shape[0])
+        self.padding_idx = padding_idx
         self.idx = indices.reshape(self.batch_size, math.prod(indices.shape[1:]))
-        g = out_grads.reshape(self.batch_size, self.idx.shape[1], out_grads.shape[-1])
-        if padding_idx is not None:
-            g = g * (self.idx != padding_idx).unsqueeze(-1).to(g.dtype)
-        self.g = g
+        self._out_grads = out_grads.reshape(self.batch_size, self.idx.shape[1],
+                                            out_grads.shape[-1])
+        self._masked: torch.Tensor | None = None
+
+    @property
+    def g(self) -> torch.Tensor:
+        """The output gradients (B, T, d) with the padding positions zeroed (made on first
+        use: the CPU kernels do not need it)."""
+        if self._masked is None:
+            g = self._out_grads
+            if self.padding_idx is not None:
+                g = g * (self.idx != self.padding_idx).unsqueeze(-1).to(g.dtype)
+            self._masked = g
+        return self._masked
 
     def params(self) -> list[torch.nn.Parameter]:
         return [self.weight]
+
+    def _fused(self) -> bool:
+        return self._out_grads.device.type == "cpu"
 
     def sq_norm(self, p: torch.nn.Parameter) -> torch.Tensor:
         import torch
 
         num_rows = p.shape[0]
-        b, t, d = self.g.shape
         s2 = self.scale * self.scale
-        keys = (torch.arange(b, device=self.idx.device).unsqueeze(1) * num_rows + self.idx).reshape(-1)
+        if self._fused():
+            return kernels.embedding_sq_norms(self.idx, _wide(self._out_grads),
+                                              num_rows=num_rows,
+                                              padding_idx=self.padding_idx) * s2
+        b, t, d = self.g.shape
+        keys = (torch.arange(b, device=self.idx.device).unsqueeze(1) * num_rows
+                + self.idx).reshape(-1)
         unique_keys, inverse = torch.unique(keys, return_inverse=True)
         if unique_keys.numel() == keys.numel():
             # No row repeats within an example: the example's gradient rows are its output
@@ -442,6 +530,13 @@ class EmbeddingUsage(Usage):
     def clipped_sum(self, p: torch.nn.Parameter, factors: torch.Tensor) -> torch.Tensor:
         import torch
 
+        if self._fused():
+            # float64 weights; each row summed in float64 and rounded once.
+            weights = (factors.to(torch.float64) * self.scale).contiguous()
+            out = kernels.embedding_clipped_sum(self.idx, _wide(self._out_grads), weights,
+                                                num_rows=p.shape[0],
+                                                padding_idx=self.padding_idx)
+            return out.to(self._out_grads.dtype)
         d = self.g.shape[2]
         weights = (factors * self.scale).to(self.g.dtype)
         scaled = (self.g * weights[:, None, None]).reshape(-1, d)
