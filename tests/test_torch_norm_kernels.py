@@ -329,3 +329,65 @@ def test_embedding_usage_cpu_kernels_match_torch_path():
                                rtol=1e-6, atol=0.0)
     torch.testing.assert_close(fused.clipped_sum(emb.weight, factors),
                                plain.clipped_sum(emb.weight, factors), rtol=1e-5, atol=1e-6)
+
+
+# ---- layer-norm affine gradients ------------------------------------------------------------
+# Reference: autograd of y = layer_norm(x) * w + b for each example alone, in float64, i.e. the
+# per-example gradients of w and b themselves (not the kernel's formula).
+
+
+def _layer_norm_reference(x: torch.Tensor, gy: torch.Tensor,
+                          normalized_shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    w = torch.ones(normalized_shape, dtype=torch.float64, requires_grad=True)
+    b = torch.zeros(normalized_shape, dtype=torch.float64, requires_grad=True)
+    rows_w, rows_b = [], []
+    for i in range(x.shape[0]):
+        y = nn.functional.layer_norm(x[i:i + 1].double(), normalized_shape, w, b, eps=1e-5)
+        gw, gb = torch.autograd.grad(y, (w, b), gy[i:i + 1].double())
+        rows_w.append(gw)
+        rows_b.append(gb)
+    return torch.stack(rows_w), torch.stack(rows_b)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize(("shape", "normalized_dims"),
+                         [((5, 7, 13), 1), ((3, 4, 6, 5), 2), ((4, 9), 1), ((2, 1, 33), 1)])
+def test_layer_norm_affine_rows_equal_per_example_autograd(dtype, shape, normalized_dims):
+    torch.manual_seed(sum(shape))
+    x = (torch.randn(shape, dtype=torch.float64) * 3 + 1).to(dtype)
+    gy = torch.randn(shape, dtype=torch.float64).to(dtype)
+    normalized_shape = tuple(shape[len(shape) - normalized_dims:])
+    _, mean, rstd = torch.native_layer_norm(x, normalized_shape, None, None, 1e-5)
+    w_rows, b_rows = kernels.layer_norm_affine_rows(x, mean, rstd, gy, normalized_dims)
+    want_w, want_b = _layer_norm_reference(x, gy, normalized_shape)
+    assert w_rows.dtype == dtype and w_rows.shape == (shape[0], *normalized_shape)
+    torch.testing.assert_close(w_rows.double(), want_w, rtol=RTOL[dtype], atol=RTOL[dtype])
+    torch.testing.assert_close(b_rows.double(), want_b, rtol=RTOL[dtype], atol=RTOL[dtype])
+    only_w, none_b = kernels.layer_norm_affine_rows(x, mean, rstd, gy, normalized_dims,
+                                                    bias=False)
+    assert none_b is None and torch.equal(only_w, w_rows)
+
+
+def test_layer_norm_affine_rows_thread_count_and_strided_input():
+    torch.manual_seed(9)
+    x = torch.randn(16, 40, 96)
+    gy = torch.randn(16, 96, 40).transpose(1, 2)  # strided: made contiguous by the adapter
+    _, mean, rstd = torch.native_layer_norm(x, (96,), None, None, 1e-5)
+    one = kernels.layer_norm_affine_rows(x, mean, rstd, gy, 1, threads=1)
+    two = kernels.layer_norm_affine_rows(x, mean, rstd, gy, 1, threads=2)
+    assert all(torch.equal(a, b) for a, b in zip(one, two))
+    empty = kernels.layer_norm_affine_rows(x[:0], mean[:0], rstd[:0], gy[:0], 1)
+    assert empty[0].shape == (0, 96)
+
+
+def test_layer_norm_affine_rows_bad_input():
+    x = torch.randn(2, 3, 4)
+    _, mean, rstd = torch.native_layer_norm(x, (4,), None, None, 1e-5)
+    with pytest.raises(ValueError, match="one shape and dtype"):
+        kernels.layer_norm_affine_rows(x, mean, rstd, x.double(), 1)
+    with pytest.raises(ValueError, match="float32 or float64"):
+        kernels.layer_norm_affine_rows(x.half(), mean, rstd, x.half(), 1)
+    with pytest.raises(ValueError, match="normalized_dims"):
+        kernels.layer_norm_affine_rows(x, mean, rstd, x, 3)
+    with pytest.raises(ValueError, match="mean"):
+        kernels.layer_norm_affine_rows(x, mean[:1], rstd, x, 1)

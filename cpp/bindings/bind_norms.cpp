@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "bindings.hpp"
+#include "dpsharp/affine_grads.hpp"
 #include "dpsharp/embedding_norms.hpp"
 #include "dpsharp/linear_norms.hpp"
 
@@ -53,6 +54,34 @@ P* as_ptr(std::uintptr_t address) {
 }  // namespace
 
 void bind_norms(py::module_& m) {
+  m.def(
+      "layer_norm_affine_rows",
+      [](std::uintptr_t x, std::uintptr_t mean, std::uintptr_t rstd, std::uintptr_t g,
+         int dtype_code, std::int64_t batch, std::int64_t rows, std::int64_t features,
+         std::uintptr_t weight_rows, std::uintptr_t bias_rows, int threads) {
+        require_float_code(dtype_code);
+        if (batch < 0 || rows < 0 || features < 0) {
+          throw py::value_error("batch, rows and features must be >= 0");
+        }
+        py::gil_scoped_release release;
+        if (dtype_code == 0) {
+          affine_grads::layer_norm_rows(as_ptr<const float>(x), as_ptr<const float>(mean),
+                                        as_ptr<const float>(rstd), as_ptr<const float>(g), batch,
+                                        rows, features, as_ptr<float>(weight_rows),
+                                        as_ptr<float>(bias_rows), threads);
+        } else {
+          affine_grads::layer_norm_rows(as_ptr<const double>(x), as_ptr<const double>(mean),
+                                        as_ptr<const double>(rstd), as_ptr<const double>(g),
+                                        batch, rows, features, as_ptr<double>(weight_rows),
+                                        as_ptr<double>(bias_rows), threads);
+        }
+      },
+      py::arg("x"), py::arg("mean"), py::arg("rstd"), py::arg("g"), py::arg("dtype_code"),
+      py::arg("batch"), py::arg("rows"), py::arg("features"), py::arg("weight_rows"),
+      py::arg("bias_rows"), py::arg("threads"),
+      "Per-example layer-norm affine gradients: weight_rows[i, n] = sum_r g[i, r, n] "
+      "(x[i, r, n] - mean[i, r]) rstd[i, r] and bias_rows[i, n] = sum_r g[i, r, n] (float64 "
+      "sums; a 0 address skips that output).");
   m.def(
       "linear_norms_implementations",
       []() {

@@ -12,6 +12,7 @@
 
 #include "dpsharp/normals.hpp"
 #include "dpsharp/parallel.hpp"
+#include "dpsharp/vector_width.hpp"
 
 namespace dpsharp::clip {
 namespace {
@@ -72,38 +73,6 @@ struct Elem<BF16> {
     static_cast<std::uint16_t*>(p)[i] = float_to_bf16(static_cast<float>(v));
   }
 };
-
-// Vector-width builds of the loops below: the same plain C++ compiled for AVX-512, AVX2 and the
-// baseline, picked once at run time. The loops are element-wise or per-lane sums in a fixed
-// order and -ffp-contract=off rules out FMA, so every build computes the same bits.
-enum class Width { kBaseline, kAvx2, kAvx512 };
-
-Width vector_width() noexcept {
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-  static const Width width = __builtin_cpu_supports("avx512f") ? Width::kAvx512
-                             : __builtin_cpu_supports("avx2")  ? Width::kAvx2
-                                                               : Width::kBaseline;
-  return width;
-#else
-  return Width::kBaseline;
-#endif
-}
-
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define DPSHARP_WIDTH_DISPATCH(width, name, ...)                       \
-  switch (width) {                                                     \
-    case Width::kAvx512: name##_avx512(__VA_ARGS__); break;            \
-    case Width::kAvx2: name##_avx2(__VA_ARGS__); break;                \
-    default: name##_baseline(__VA_ARGS__); break;                      \
-  }
-#define DPSHARP_WIDTH_BUILDS(name, params, args)                                          \
-  __attribute__((target("avx512f"))) void name##_avx512 params { name##_body args; }    \
-  __attribute__((target("avx2"))) void name##_avx2 params { name##_body args; }         \
-  void name##_baseline params { name##_body args; }
-#else
-#define DPSHARP_WIDTH_DISPATCH(width, name, ...) name##_baseline(__VA_ARGS__);
-#define DPSHARP_WIDTH_BUILDS(name, params, args) void name##_baseline params { name##_body args; }
-#endif
 
 // One tile of clip_accumulate_noise: out[lo + j] for j < len, with the tile's normals already
 // in z (float32 normals for float32 / bfloat16 buffers, float64 for float64).

@@ -259,6 +259,21 @@ def clip_accumulate_noise(
     """out = scale * (base + sum_i factors[i] g[i] + noise_std * z), z the ChaCha8 noise stream
     of key (8 words), parameter, release, rank."""
 
+def layer_norm_affine_rows(
+    x: int,
+    mean: int,
+    rstd: int,
+    g: int,
+    dtype_code: int,
+    batch: int,
+    rows: int,
+    features: int,
+    weight_rows: int,
+    bias_rows: int,
+    threads: int,
+) -> None:
+    """Per-example layer-norm affine gradients (float64 sums; a 0 address skips an output)."""
+
 def clip_release_noise(
     outs: Sequence[int],
     bases: Sequence[int],

@@ -45,6 +45,7 @@ __all__ = [
     "reference_clip_accumulate_noise",
     "reference_gaussian",
     "key_words",
+    "layer_norm_affine_rows",
     "reference_chacha_block",
     "reference_per_example_sq_norms",
     "release_noise",
@@ -494,6 +495,51 @@ def clip_accumulate_noise(
         int(rank) & _MASK32, float(scale), _threads(threads),
     )
     return out
+
+
+def layer_norm_affine_rows(
+    x: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor, out_grads: torch.Tensor,
+    normalized_dims: int, *, weight: bool = True, bias: bool = True,
+    threads: int | None = None,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Per-example gradients of a layer norm's affine weight and bias (Ba et al. 2016),
+    ``g_i(w) = sum_r gy[i, r] * (x[i, r] - mean[i, r]) * rstd[i, r]`` and
+    ``g_i(b) = sum_r gy[i, r]``, summed over every dimension but the batch and the last
+    ``normalized_dims`` (float64 sums, one rounding), without forming the normalised input.
+
+    ``x`` and ``out_grads`` (B, ..., *normalized_shape) of one dtype (float32 / float64, CPU),
+    ``mean`` and ``rstd`` the per-row statistics of ``torch.native_layer_norm``. Returns
+    (weight rows, bias rows) of shape (B, *normalized_shape), None where not asked for.
+    """
+    import torch
+
+    if x.shape != out_grads.shape or x.dtype != out_grads.dtype:
+        raise ValueError(f"x and out_grads must have one shape and dtype, got {tuple(x.shape)} "
+                         f"{x.dtype} and {tuple(out_grads.shape)} {out_grads.dtype}")
+    if x.dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"x must have dtype float32 or float64, got {x.dtype}")
+    if not 1 <= normalized_dims < x.dim():
+        raise ValueError(f"normalized_dims must be in [1, {x.dim() - 1}], got {normalized_dims}")
+    batch = int(x.shape[0])
+    features = math.prod(x.shape[x.dim() - normalized_dims:])
+    rows = math.prod(x.shape[1:x.dim() - normalized_dims])
+    src_x, src_g = x.contiguous(), out_grads.contiguous()
+    src_mean = mean.to(x.dtype).contiguous()
+    src_rstd = rstd.to(x.dtype).contiguous()
+    for name, t in (("x", src_x), ("out_grads", src_g)):
+        _check(name, t, dtype=x.dtype, numel=batch * rows * features)
+    for name, t in (("mean", src_mean), ("rstd", src_rstd)):
+        _check(name, t, dtype=x.dtype, numel=batch * rows)
+    shape = (batch, *x.shape[x.dim() - normalized_dims:])
+    w_rows = torch.empty(shape, dtype=x.dtype) if weight else None
+    b_rows = torch.empty(shape, dtype=x.dtype) if bias else None
+    _core.layer_norm_affine_rows(
+        src_x.data_ptr(), src_mean.data_ptr(), src_rstd.data_ptr(), src_g.data_ptr(),
+        dtype_code(x.dtype), batch, rows, features,
+        0 if w_rows is None else w_rows.data_ptr(), 0 if b_rows is None else b_rows.data_ptr(),
+        _threads(threads),
+    )
+    return w_rows, b_rows
 
 
 def release_noise(

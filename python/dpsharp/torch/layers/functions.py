@@ -196,10 +196,19 @@ class _LayerNormFn(torch.autograd.Function):
             grad_in = torch.ops.aten.native_layer_norm_backward(
                 grad_out, x, ctx.normalized_shape, mean, rstd, weight, bias,
                 [True, False, False])[0]
-        xhat = (x - mean) * rstd
-        reduce_dims = tuple(range(1, x.dim() - len(ctx.normalized_shape)))
-        handle.record(AffineUsage(_trainable(m.weight), _trainable(m.bias), xhat, grad_out,
-                                  reduce_dims, handle.scale_of(grad_out.shape[0])))
+        w, b = _trainable(m.weight), _trainable(m.bias)
+        scale = handle.scale_of(grad_out.shape[0])
+        if (x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64)
+                and grad_out.dtype == x.dtype):
+            # One pass over x and the output gradient (no normalised copy; kernels.py).
+            w_rows, b_rows = kernels.layer_norm_affine_rows(
+                x, mean, rstd, grad_out, len(ctx.normalized_shape), weight=w is not None,
+                bias=b is not None)
+            handle.record(AffineUsage.from_rows(w, b, w_rows, b_rows, scale))
+        else:
+            xhat = (x - mean) * rstd
+            reduce_dims = tuple(range(1, x.dim() - len(ctx.normalized_shape)))
+            handle.record(AffineUsage(w, b, xhat, grad_out, reduce_dims, scale))
         return grad_in, None, None, None, None, None
 
 

@@ -568,6 +568,24 @@ class AffineUsage(Usage):
                 src = src.sum(dim=reduce_dims)
             self._rows[id(p)] = src.reshape((self.batch_size, *p.shape)).contiguous()
 
+    @classmethod
+    def from_rows(cls, weight: torch.nn.Parameter | None, bias: torch.nn.Parameter | None,
+                  weight_rows: torch.Tensor | None, bias_rows: torch.Tensor | None,
+                  scale: float = 1.0) -> AffineUsage:
+        """A usage from per-example gradient rows (B, *p.shape) computed elsewhere (unscaled;
+        given for the parameters that are not None)."""
+        usage = cls.__new__(cls)
+        usage.weight = weight
+        usage.bias = bias
+        usage.scale = float(scale)
+        usage._rows = {}
+        for p, rows in ((weight, weight_rows), (bias, bias_rows)):
+            if p is not None:
+                assert rows is not None
+                usage._rows[id(p)] = rows
+                usage.batch_size = int(rows.shape[0])
+        return usage
+
     def params(self) -> list[torch.nn.Parameter]:
         return [p for p in (self.weight, self.bias) if p is not None]
 
