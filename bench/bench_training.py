@@ -141,8 +141,10 @@ def build_step(mode: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor):
 
         def step() -> None:
             opt.zero_grad(set_to_none=True)
+            # The release happens at the end of the backward pass (noise drawn into each
+            # gradient buffer right before its clipped sum is added; see arm_release).
+            clipper.arm_release(noise_multiplier=SIGMA, expected_batch_size=batch, noise=noise)
             F.cross_entropy(model(x), y).backward()
-            clipper.release(noise_multiplier=SIGMA, expected_batch_size=batch, noise=noise)
             opt.step()
         return step
     if mode == "opacus-hooks":

@@ -19,7 +19,7 @@ from hypothesis import strategies as st  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 
-from dpsharp.torch import NoiseGenerator, PerSampleClipper  # noqa: E402
+from dpsharp.torch import NoiseGenerator, PerSampleClipper, kernels  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -407,3 +407,117 @@ def test_layernorm_flat_and_multi_dim_normalized_shape(shape, normalized):
         model[1].weight.uniform_(0.5, 1.5)
         model[1].bias.uniform_(-0.5, 0.5)
     check(model, torch.randn(shape), torch.randn(shape[0], 3), mse, bound=0.3)
+
+
+# ---- arm_release: the release done at the end of the backward pass --------------------------
+class _Unused(nn.Module):
+    """An MLP with a layer the forward never calls (its parameters get pure noise)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(5, 7)
+        self.b = nn.Linear(7, 3)
+        self.unused = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
+def _armed_and_plain(make_model, x, y, loss_fn, *, clipping="flat", sigma=1.3, batch=6.0,
+                     dtype=torch.float64):
+
+
+    grads = []
+    for armed in (False, True):
+        torch.manual_seed(99)
+        model = make_model().to(dtype)
+        n_params = len([p for p in model.parameters() if p.requires_grad])
+        bound = 0.7 if clipping == "flat" else [0.7] * n_params
+        clipper = PerSampleClipper(model, max_grad_norm=bound, clipping=clipping)
+        gen = NoiseGenerator(31)
+        if armed:
+            clipper.arm_release(noise_multiplier=sigma, expected_batch_size=batch, noise=gen)
+        loss_fn(model(x), y).backward()
+        if not armed:
+            clipper.release(noise_multiplier=sigma, expected_batch_size=batch, noise=gen)
+        grads.append([p.grad.clone() for p in clipper.parameters])
+    return grads
+
+
+@pytest.mark.parametrize("clipping", ["flat", "per_layer"])
+@pytest.mark.parametrize("model_kind", ["mlp", "seq", "tied", "conv", "unused"])
+def test_armed_release_equals_release_after_backward(model_kind, clipping):
+    """Same noise (same key and streams) and the same clipped sums as release(), up to the
+    rounding of a different summation order (float64 here)."""
+    ce = nn.functional.cross_entropy
+    if model_kind == "mlp":
+        make, x, y = (lambda: nn.Sequential(nn.Linear(5, 7), nn.ReLU(), nn.Linear(7, 3)),
+                      torch.randn(6, 5, dtype=torch.float64), torch.randint(0, 3, (6,)))
+    elif model_kind == "seq":
+        make, x, y = SeqHead, torch.randint(0, 13, (6, 9)), torch.randint(0, 3, (6,))
+    elif model_kind == "tied":
+        make, x, y = (lambda: SeqHead(tie=True), torch.randint(0, 13, (6, 4)),
+                      torch.randint(0, 13, (6,)))
+    elif model_kind == "conv":
+        make, x, y = (lambda: nn.Sequential(nn.Conv2d(2, 3, 3), nn.Flatten(),
+                                            nn.Linear(3 * 4 * 4, 3)),
+                      torch.randn(6, 2, 6, 6, dtype=torch.float64), torch.randint(0, 3, (6,)))
+    else:
+        make, x, y = _Unused, torch.randn(6, 5, dtype=torch.float64), torch.randint(0, 3, (6,))
+    plain, armed = _armed_and_plain(make, x, y, ce, clipping=clipping)
+    for a, b in zip(plain, armed):
+        torch.testing.assert_close(b, a, rtol=1e-12, atol=1e-14)
+
+
+def test_armed_release_float32_matches_within_rounding():
+    make = lambda: nn.Sequential(nn.Linear(20, 30), nn.ReLU(), nn.Linear(30, 4))  # noqa: E731
+    x, y = torch.randn(16, 20), torch.randint(0, 4, (16,))
+    plain, armed = _armed_and_plain(make, x, y, nn.functional.cross_entropy,
+                                    dtype=torch.float32, batch=16.0)
+    for a, b in zip(plain, armed):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+
+
+def test_armed_release_without_backward_is_the_armed_pure_noise_release():
+
+
+    model = nn.Linear(4, 3).double()
+    clipper = PerSampleClipper(model, max_grad_norm=1.0)
+    gen = NoiseGenerator(5)
+    clipper.arm_release(noise_multiplier=2.0, expected_batch_size=8.0, noise=gen)
+    assert gen.releases == 1  # the key is drawn when arming
+    with pytest.raises(ValueError, match="armed release"):
+        clipper.release(noise_multiplier=1.0, expected_batch_size=8.0, noise=gen)
+    clipper.release(noise_multiplier=2.0, expected_batch_size=8.0, noise=gen)
+    assert gen.releases == 1  # the armed key went out, no new one was drawn
+    want = kernels.reference_gaussian(key=5, parameter=0, release=0, rank=0, numel=12,
+                                      precision="float64") * 2.0 / 8.0
+    torch.testing.assert_close(model.weight.grad.reshape(-1), want, rtol=1e-12, atol=0.0)
+
+
+def test_arm_release_misuse_is_refused():
+
+
+    model = nn.Linear(4, 3)
+    clipper = PerSampleClipper(model, max_grad_norm=1.0)
+    gen = NoiseGenerator(5)
+    x, y = torch.randn(3, 4), torch.randint(0, 3, (3,))
+    clipper.arm_release(noise_multiplier=1.0, expected_batch_size=3.0, noise=gen)
+    with pytest.raises(RuntimeError, match="already armed"):
+        clipper.arm_release(noise_multiplier=1.0, expected_batch_size=3.0, noise=gen)
+    nn.functional.cross_entropy(model(x), y).backward()
+    assert model.weight.grad is not None and clipper.accumulated_batches == 0
+    with pytest.raises(RuntimeError, match="already went out"):
+        clipper.release(noise_multiplier=1.0, expected_batch_size=3.0, noise=gen)
+    nn.functional.cross_entropy(model(x), y).backward()  # not armed: accumulates
+    with pytest.raises(RuntimeError, match="already accumulated"):
+        clipper.arm_release(noise_multiplier=1.0, expected_batch_size=3.0, noise=gen)
+    clipper.release(noise_multiplier=1.0, expected_batch_size=3.0, noise=gen)
+    clipper.arm_release(noise_multiplier=1.0, expected_batch_size=3.0, noise=gen)
+    clipper.reset()  # disarms
+    nn.functional.cross_entropy(model(x), y).backward()
+    assert clipper.accumulated_batches == 1
+    with pytest.raises(ValueError, match="noise_multiplier"):
+        clipper.arm_release(noise_multiplier=-1.0, expected_batch_size=3.0, noise=gen)
+    with pytest.raises(TypeError, match="NoiseGenerator"):
+        clipper.arm_release(noise_multiplier=1.0, expected_batch_size=3.0, noise=5)

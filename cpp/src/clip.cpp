@@ -173,24 +173,32 @@ void clip_accumulate_noise_typed(const TileArgs& args, const NoiseStream& stream
   });
 }
 
-// Per-example dot products: 8 float64 lanes per example summed in a fixed order (the loop
-// vectorises to one 512-bit or two 256-bit registers of doubles in the wider builds).
+// Per-example dot products: 32 float64 lanes per example (four independent 8-lane sums, so the
+// additions are not one serial chain), summed in a fixed order (the loop vectorises to four
+// 512-bit or eight 256-bit registers of doubles in the wider builds).
+constexpr int kDotLanes = 32;
+
 template <typename T>
 __attribute__((always_inline)) inline void dots_rows(const void* a, const void* b,
                                                      std::int64_t numel, double* out,
                                                      std::int64_t lo, std::int64_t hi) noexcept {
   for (std::int64_t i = lo; i < hi; ++i) {
-    double lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    double lanes[kDotLanes] = {};
     const std::int64_t row = i * numel;
     std::int64_t j = 0;
-    for (; j + 8 <= numel; j += 8) {
-      for (int l = 0; l < 8; ++l) {
+    for (; j + kDotLanes <= numel; j += kDotLanes) {
+      for (int l = 0; l < kDotLanes; ++l) {
         lanes[l] += Elem<T>::load(a, row + j + l) * Elem<T>::load(b, row + j + l);
       }
     }
-    for (; j < numel; ++j) lanes[0] += Elem<T>::load(a, row + j) * Elem<T>::load(b, row + j);
-    out[i] = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) +
-             ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+    for (int l = 0; j < numel; ++j, ++l) {
+      lanes[l] += Elem<T>::load(a, row + j) * Elem<T>::load(b, row + j);
+    }
+    // pairwise, in a fixed order
+    for (int width = kDotLanes / 2; width > 0; width /= 2) {
+      for (int l = 0; l < width; ++l) lanes[l] += lanes[l + width];
+    }
+    out[i] = lanes[0];
   }
 }
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from dpsharp._validation import require_positive_finite, require_real
@@ -40,7 +41,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from dpsharp.torch.noise import NoiseGenerator
+    from dpsharp.torch.noise import NoiseGenerator, ReleaseKey
 
 __all__ = ["PerSampleClipper"]
 
@@ -98,6 +99,16 @@ def _refuse_cross_example(module: nn.Module, name: str) -> None:
             f"{label}: recurrent layers are not supported by the per-example clipper yet "
             "(cuDNN-style fused weights); use a transformer or a custom cell built from nn.Linear"
         )
+
+
+@dataclass(frozen=True)
+class _ArmedRelease:
+    """What arm_release() fixed for the next backward pass."""
+
+    noise_multiplier: float
+    expected_batch_size: float
+    noise: NoiseGenerator
+    key: ReleaseKey
 
 
 class PerSampleClipper:
@@ -198,6 +209,9 @@ class PerSampleClipper:
         self._examples = 0
         self._batches = 0
         self._last_norms: torch.Tensor | None = None
+        self._finish_order: list[int] = []  # parameter indices in the last backward's order
+        self._armed: _ArmedRelease | None = None  # arm_release() waiting for a backward pass
+        self._released_in_backward = False  # the last backward pass did the armed release
         self._removed = False
 
     # ------------------------------------------------------------------ public state
@@ -332,6 +346,13 @@ class PerSampleClipper:
             self._last_norms = norms
 
         accumulators = self._accumulators
+        self._finish_order = [index[pid] for pid, _ in order]
+        armed, self._armed = self._armed, None
+        if armed is not None:
+            self._release_with_clipped_sums(armed, order, tied, flat_factors,
+                                            None if flat_factors is not None else factors_all)
+            return
+        self._released_in_backward = False
         for pid, us in order:
             k = index[pid]
             p = self._params[k]
@@ -343,10 +364,11 @@ class PerSampleClipper:
                                               base=out)
                 accumulators[k] = out
                 continue
+            if acc is not None:  # a later backward pass of the same release: add in place
+                us[0].add_clipped_sum(p, factors, acc)
+                continue
             contribution = us[0].clipped_sum(p, factors)
-            if acc is not None:
-                acc.add_(contribution)
-            elif contribution.dtype == p.dtype and contribution.is_contiguous():
+            if contribution.dtype == p.dtype and contribution.is_contiguous():
                 accumulators[k] = contribution
             else:
                 accumulators[k] = contribution.to(p.dtype).contiguous()
@@ -398,16 +420,8 @@ class PerSampleClipper:
         return (bound / norms.clamp_min(5e-324)).clamp_(max=1.0)
 
     # ------------------------------------------------------------------ release
-    def release(self, *, noise_multiplier: float, expected_batch_size: float,
-                noise: NoiseGenerator) -> None:
-        """Write ``p.grad = (clipped sum + N(0, (noise_multiplier * C)^2)) / expected_batch_size``
-        for every trainable parameter, then reset the accumulators.
-
-        The noise of parameter index k is stream k of one fresh release of ``noise``. With
-        nothing accumulated (an empty Poisson batch) the gradient is pure noise / B.
-        """
-        import torch
-
+    def _release_arguments(self, noise_multiplier: float, expected_batch_size: float,
+                           noise: NoiseGenerator) -> tuple[float, float]:
         from dpsharp.torch.noise import NoiseGenerator
 
         if self._removed:
@@ -418,25 +432,143 @@ class PerSampleClipper:
         b = require_positive_finite("expected_batch_size", expected_batch_size)
         if not isinstance(noise, NoiseGenerator):
             raise TypeError(f"noise must be a NoiseGenerator, got {type(noise).__name__}")
+        return sigma, b
+
+    def release(self, *, noise_multiplier: float, expected_batch_size: float,
+                noise: NoiseGenerator) -> None:
+        """Write ``p.grad = (clipped sum + N(0, (noise_multiplier * C)^2)) / expected_batch_size``
+        for every trainable parameter, then reset the accumulators.
+
+        The noise of parameter index k is stream k of one fresh release of ``noise``. With
+        nothing accumulated (an empty Poisson batch) the gradient is pure noise / B. After
+        :meth:`arm_release` the arguments must be the armed ones, and the armed release's
+        noise is used (this is how an armed release with no backward pass goes out).
+        """
+        import torch
+
+        sigma, b = self._release_arguments(noise_multiplier, expected_batch_size, noise)
         if self._pending:
             raise RuntimeError("release() called in the middle of a backward pass")
+        if self._released_in_backward and self._batches == 0:
+            raise RuntimeError(
+                "this release already went out at the end of the backward pass (arm_release); "
+                "step the optimizer, and arm or accumulate the next release first"
+            )
+        armed = self._armed
+        if armed is not None:
+            if (sigma, b) != (armed.noise_multiplier, armed.expected_batch_size) or (
+                    noise is not armed.noise):
+                raise ValueError(
+                    "release() arguments differ from the armed release's (noise_multiplier "
+                    f"{armed.noise_multiplier}, expected_batch_size "
+                    f"{armed.expected_batch_size} and its NoiseGenerator); call reset() to "
+                    "disarm"
+                )
+            key = armed.key
+            self._armed = None
+        else:
+            key = noise.next_release()
         std = sigma * self._overall_bound
-        key = noise.next_release()
-        outs = [acc if acc is not None else torch.empty(p.shape, dtype=p.dtype, device=p.device)
-                for p, acc in zip(self._params, self._accumulators)]
-        kernels.release_noise(outs, self._accumulators, noise_std=std, key=key.key,
-                              release=key.release, rank=key.rank, scale=1.0 / b)
-        for p, out in zip(self._params, outs):
-            p.grad = out
+        # The accumulators the last backward pass wrote last come first, while still in cache.
+        order = list(reversed(self._finish_order))
+        written = set(order)
+        order += [k for k in range(len(self._params)) if k not in written]
+        params, accumulators = self._params, self._accumulators
+        outs = [accumulators[k] if accumulators[k] is not None
+                else torch.empty(params[k].shape, dtype=params[k].dtype, device=params[k].device)
+                for k in order]
+        kernels.release_noise(outs, [accumulators[k] for k in order], noise_std=std,
+                              key=key.key, release=key.release, rank=key.rank, scale=1.0 / b,
+                              parameters=order)
+        for k, out in zip(order, outs):
+            params[k].grad = out
         self._accumulators = [None] * len(self._params)
         self._examples = 0
         self._batches = 0
 
-    def reset(self) -> None:
-        """Drop the accumulated clipped sums without releasing anything."""
+    def arm_release(self, *, noise_multiplier: float, expected_batch_size: float,
+                    noise: NoiseGenerator) -> None:
+        """Make the next backward pass the release: at its end every trainable parameter gets
+        ``p.grad = (clipped sum + N(0, (noise_multiplier * C)^2)) / expected_batch_size``, as
+        :meth:`release` would write it, with no separate :meth:`release` call.
+
+        The release's key is drawn from ``noise`` now. Each parameter's noise is drawn into its
+        gradient buffer right before its clipped sum is added there (one matrix product for a
+        linear layer), so the gradients are written once, while in cache, instead of being
+        summed, stored and read back by a later release pass. For a loop that releases after
+        every backward pass (one backward per step): ``zero_grad``, ``arm_release``, forward,
+        backward, ``optimizer.step()``.
+
+        Must be called before the first backward pass of a release (nothing accumulated). The
+        armed release covers exactly the next backward pass; if none comes (an empty Poisson
+        batch), :meth:`release` with the same arguments sends the armed release out as pure
+        noise. :meth:`reset` disarms (the drawn key is then never used).
+        """
+        self._release_arguments(noise_multiplier, expected_batch_size, noise)
+        if self._pending:
+            raise RuntimeError("arm_release() called in the middle of a backward pass")
+        if self._armed is not None:
+            raise RuntimeError("a release is already armed; run the backward pass (or reset())")
+        if self._batches:
+            raise RuntimeError(
+                "clipped gradients of this release are already accumulated; arm before the "
+                "release's first backward pass, or call release()"
+            )
+        self._armed = _ArmedRelease(float(noise_multiplier), float(expected_batch_size), noise,
+                                    noise.next_release())
+        self._released_in_backward = False
+
+    def _release_with_clipped_sums(self, armed: _ArmedRelease, order: list[tuple[int, Any]],
+                                   tied: dict[int, torch.Tensor],
+                                   flat_factors: torch.Tensor | None,
+                                   factors_all: torch.Tensor | None) -> None:
+        """The armed release at the end of a backward pass: per parameter, its scaled noise
+        into a fresh gradient buffer, then its scaled clipped sum added in place."""
+        import torch
+
+        std = armed.noise_multiplier * self._overall_bound
+        scale = 1.0 / armed.expected_batch_size
+        key = armed.key
+        params, index = self._params, self._index
+        words = kernels.key_words(key.key)
+        written: set[int] = set()
+        for pid, us in order:
+            k = index[pid]
+            p = params[k]
+            # The noise right before the clipped sum that reads it (the buffer still in cache).
+            out = kernels.fresh_noise(p.shape, p.dtype, p.device, noise_std=std,
+                                      key_word_list=words, parameter=k, release=key.release,
+                                      rank=key.rank, scale=scale)
+            factors = flat_factors if flat_factors is not None else factors_all[:, k].contiguous()
+            if pid in tied:
+                kernels.clip_accumulate_noise(out, per_example=tied[pid],
+                                              factors=factors * scale, base=out)
+            else:
+                us[0].add_clipped_sum(p, factors, out, alpha=scale)
+            p.grad = out
+            written.add(k)
+        rest = [k for k in range(len(params)) if k not in written]
+        if rest:  # parameters this backward pass did not reach: pure noise
+            outs = [torch.empty(params[k].shape, dtype=params[k].dtype, device=params[k].device)
+                    for k in rest]
+            kernels.release_noise(outs, [None] * len(rest), noise_std=std, key=key.key,
+                                  release=key.release, rank=key.rank, scale=scale,
+                                  parameters=rest)
+            for k, out in zip(rest, outs):
+                params[k].grad = out
         self._accumulators = [None] * len(self._params)
         self._examples = 0
         self._batches = 0
+        self._released_in_backward = True
+
+    def reset(self) -> None:
+        """Drop the accumulated clipped sums (and an armed release) without releasing
+        anything."""
+        self._accumulators = [None] * len(self._params)
+        self._examples = 0
+        self._batches = 0
+        self._armed = None
+        self._released_in_backward = False
 
     def remove(self) -> None:
         """Restore the module's original forwards and drop all state."""

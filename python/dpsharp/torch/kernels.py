@@ -542,6 +542,27 @@ def layer_norm_affine_rows(
     return w_rows, b_rows
 
 
+def fresh_noise(shape: torch.Size | tuple[int, ...], dtype: torch.dtype, device: torch.device,
+                *, noise_std: float, key_word_list: list[int], parameter: int, release: int,
+                rank: int, scale: float, threads: int | None = None) -> torch.Tensor:
+    """A new tensor ``scale * noise_std * z`` (z: the noise stream of ``parameter``, see
+    :func:`clip_accumulate_noise`), with the arguments already checked by the caller (the
+    clipper's per-parameter hot path: no per-call validation beyond what the C++ side needs;
+    ``key_word_list`` is :func:`key_words` of the key)."""
+    import torch
+
+    out = torch.empty(shape, dtype=dtype, device=device)
+    if out.is_cuda:
+        key = sum(w << (32 * i) for i, w in enumerate(key_word_list))
+        return clip_accumulate_noise(out, noise_std=noise_std, key=key, parameter=parameter,
+                                     release=release, rank=rank, scale=scale)
+    _core.clip_accumulate_noise(0, 0, 0, 0, out.data_ptr(), dtype_code(dtype), out.numel(),
+                                float(noise_std), key_word_list, parameter & _MASK32,
+                                release & _MASK32, rank & _MASK32, float(scale),
+                                _threads(threads))
+    return out
+
+
 def release_noise(
     outs: Sequence[torch.Tensor],
     bases: Sequence[torch.Tensor | None],
@@ -551,30 +572,35 @@ def release_noise(
     release: int = 0,
     rank: int = 0,
     scale: float = 1.0,
+    parameters: Sequence[int] | None = None,
     threads: int | None = None,
 ) -> None:
     """``outs[k] = scale * (bases[k] + noise_std * z_k)`` in place for every k, with ``z_k`` the
-    noise stream of parameter index k (see :func:`clip_accumulate_noise`; ``bases[k]`` may be
-    ``outs[k]`` or None). One C++ call for all CPU buffers, whose tiles the threads share; CUDA
-    buffers go one by one to the CUDA kernel."""
+    noise stream of parameter index ``parameters[k]`` (default k; see
+    :func:`clip_accumulate_noise`; ``bases[k]`` may be ``outs[k]`` or None). One C++ call for
+    all CPU buffers, processed in the order given (whose tiles the threads share); CUDA buffers
+    go one by one to the CUDA kernel."""
     import torch
 
     if len(outs) != len(bases):
         raise ValueError(f"outs and bases must have the same length, got {len(outs)} and "
                          f"{len(bases)}")
+    indices = list(range(len(outs))) if parameters is None else [int(k) for k in parameters]
+    if len(indices) != len(outs) or len(set(indices)) != len(indices):
+        raise ValueError("parameters must give one distinct stream index per buffer")
     if not (math.isfinite(noise_std) and noise_std >= 0.0):
         raise ValueError(f"noise_std must be a finite number >= 0, got {noise_std!r}")
     if not math.isfinite(scale):
         raise ValueError(f"scale must be finite, got {scale!r}")
     cpu: list[tuple[int, torch.Tensor, torch.Tensor | None]] = []
-    for k, (out, base) in enumerate(zip(outs, bases)):
+    for position, (k, out, base) in enumerate(zip(indices, outs, bases)):
         if out.is_cuda:
             clip_accumulate_noise(out, base=base, noise_std=noise_std, key=key, parameter=k,
                                   release=release, rank=rank, scale=scale)
             continue
-        _check(f"outs[{k}]", out, dtype=out.dtype, numel=out.numel())
+        _check(f"outs[{position}]", out, dtype=out.dtype, numel=out.numel())
         if base is not None and base is not out:
-            _check(f"bases[{k}]", base, dtype=out.dtype, numel=out.numel())
+            _check(f"bases[{position}]", base, dtype=out.dtype, numel=out.numel())
         cpu.append((k, out, base))
     if not cpu:
         return

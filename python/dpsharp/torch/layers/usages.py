@@ -143,6 +143,12 @@ class Usage:
     def clipped_sum(self, p: torch.nn.Parameter, factors: torch.Tensor) -> torch.Tensor:
         return weighted_sum(self.per_example(p), factors)
 
+    def add_clipped_sum(self, p: torch.nn.Parameter, factors: torch.Tensor, out: torch.Tensor,
+                        alpha: float = 1.0) -> None:
+        """``out += alpha * clipped_sum(p, factors)`` in place (``out`` shaped like ``p``)."""
+        contribution = self.clipped_sum(p, factors)
+        out.add_(contribution.reshape(out.shape).to(out.dtype), alpha=alpha)
+
 
 class _WeightBiasUsage(Usage):
     """A layer with a weight and an optional bias whose per-example gradients are ``scale``
@@ -187,8 +193,6 @@ class LinearUsage(_WeightBiasUsage):
         # T > 1 on the CPU Gram path: (weight, bias or None) unscaled squared norms from one
         # call of the fused kernel.
         self._sequence_sq: tuple[torch.Tensor, torch.Tensor | None] | None = None
-        # (factors, gy scaled by them) from the weight's clipped sum, for the bias's.
-        self._scaled_g: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def params(self) -> list[torch.nn.Parameter]:
         return [p for p in (self.weight, self.bias) if p is not None]
@@ -296,27 +300,55 @@ class LinearUsage(_WeightBiasUsage):
         gram_g = torch.bmm(g_all, g_all.transpose(1, 2))
         return kernels.per_example_dots(gram_a, gram_g) * s2
 
+    def _clipped_product(self, p: torch.nn.Parameter,
+                         factors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """For the weight: (m1, m2) with sum_i c_i g_i(W) = m1 @ m2, the clipped sum as one
+        matrix product of the stored tensors, one of them scaled per example; None where the
+        clipped sum is formed otherwise (materialised per-example gradients)."""
+        if self._per_example_weight is not None:
+            return None
+        weights = factors * self.scale
+        if self.g.shape[1] == 1:
+            # One position per example (2-D inputs): the (B, p) and (B, d) matrices as they are,
+            # the fewest operations (this runs for every layer on every step).
+            g, a = self.g[:, 0], self.a[:, 0]
+        else:
+            g, a = self.g.reshape(-1, self.g.shape[2]), self.a.reshape(-1, self.a.shape[2])
+            weights = weights.repeat_interleave(self.g.shape[1])
+        if weights.dtype != g.dtype:
+            weights = weights.to(g.dtype)
+        if a.shape[1] < g.shape[1]:  # scale whichever of the two stored tensors is smaller
+            return g.t(), a * weights[:, None]
+        return (g * weights[:, None]).t(), a
+
+    def _bias_product(self, factors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(M, v) with sum_i c_i g_i(b) = M @ v: the per-example bias gradients (summed over
+        positions) against the scaled factors."""
+        weights = factors * self.scale
+        if self.g.shape[1] == 1:
+            rows = self.g[:, 0]
+        elif self._bias_rows is not None:  # sum_t g_t already formed (for the norms)
+            rows = self._bias_rows
+        else:  # every position's output gradient against its example's factor: one pass
+            rows = self.g.reshape(-1, self.g.shape[2])
+            weights = weights.repeat_interleave(self.g.shape[1])
+        if weights.dtype != rows.dtype:
+            weights = weights.to(rows.dtype)
+        return rows.t(), weights
+
     def clipped_sum(self, p: torch.nn.Parameter, factors: torch.Tensor) -> torch.Tensor:
         import torch
 
-        if self.g.shape[1] == 1 and self.g.dtype in (torch.float32, torch.float64):
-            # One position per example (2-D inputs): the (B, p) and (B, d) matrices as they are,
-            # the fewest operations (this runs for every layer on every step).
-            weights = factors * self.scale
-            if weights.dtype != self.g.dtype:
-                weights = weights.to(self.g.dtype)
-            g, a = self.g[:, 0], self.a[:, 0]
+        if self.g.dtype in (torch.float32, torch.float64):
             if p is self.bias:
-                return weights @ g
-            if a.shape[1] < g.shape[1]:  # scale whichever of the two stored tensors is smaller
-                return torch.mm(g.t(), a * weights[:, None])
-            return torch.mm((g * weights[:, None]).t(), a)
+                m, v = self._bias_product(factors)
+                return torch.mv(m, v)
+            product = self._clipped_product(p, factors)
+            if product is not None:
+                return torch.mm(*product).reshape(p.shape)
+            return weighted_sum(self._per_example_weight, factors * self.scale).reshape(p.shape)
+        # float16 / bfloat16 stored tensors: the products in float32
         if p is self.bias:
-            scaled = self._scaled_g
-            if scaled is not None and scaled[0] is factors:
-                # The weight's clipped sum already scaled gy by these factors (in float32 or
-                # float64): sum_i c_i sum_t gy_it is its sum over examples and positions.
-                return scaled[1].sum(dim=(0, 1))
             rows = self._bias_per_example()
             return (factors * self.scale).to(rows.dtype) @ rows
         weights = factors * self.scale
@@ -324,12 +356,24 @@ class LinearUsage(_WeightBiasUsage):
             return weighted_sum(self._per_example_weight, weights).reshape(p.shape)
         pdim, d = self.g.shape[2], self.a.shape[2]
         c = weights.to(self.g.dtype)[:, None, None]
-        if d < pdim:  # scale whichever of the two stored tensors is smaller
+        if d < pdim:
             return (self.g.reshape(-1, pdim).t() @ (self.a * c).reshape(-1, d)).reshape(p.shape)
-        scaled_g = self.g * c
-        if self.bias is not None and scaled_g.dtype in (torch.float32, torch.float64):
-            self._scaled_g = (factors, scaled_g)
-        return (scaled_g.reshape(-1, pdim).t() @ self.a.reshape(-1, d)).reshape(p.shape)
+        return ((self.g * c).reshape(-1, pdim).t() @ self.a.reshape(-1, d)).reshape(p.shape)
+
+    def add_clipped_sum(self, p: torch.nn.Parameter, factors: torch.Tensor, out: torch.Tensor,
+                        alpha: float = 1.0) -> None:
+        """``out += alpha * clipped_sum(p, factors)``: the weight's matrix product (and the
+        bias's matrix-vector product) accumulate into ``out`` directly, no intermediate."""
+        if self.g.dtype == out.dtype and out.is_contiguous():
+            if p is self.bias:
+                m, v = self._bias_product(factors)
+                out.addmv_(m, v, alpha=alpha)
+                return
+            product = self._clipped_product(p, factors)
+            if product is not None and out.dim() == 2:
+                out.addmm_(*product, alpha=alpha)
+                return
+        super().add_clipped_sum(p, factors, out, alpha)
 
 
 class ConvUsage(_WeightBiasUsage):
