@@ -208,6 +208,20 @@ def check_embedding(idx, gy, factors, num_rows, padding_idx, dtype, threads=None
     assert_rel(summed.double(), want, RTOL[dtype])
     if padding_idx is not None:
         assert not summed[padding_idx].any()
+    # accumulating into an existing buffer: its rows plus the clipped sum, the rows nobody
+    # looked up (and the padding row) untouched
+    start = torch.randn(num_rows, gy.shape[-1], dtype=torch.float64).to(dtype)
+    added = kernels.embedding_clipped_sum(idx, gy, factors, num_rows=num_rows,
+                                          padding_idx=padding_idx, out=start.clone(),
+                                          threads=threads)
+    magnitude = float(start.double().abs().max() + want.abs().max()) if want.numel() else 1.0
+    torch.testing.assert_close(added.double(), start.double() + want, rtol=RTOL[dtype],
+                               atol=RTOL[dtype] * magnitude)  # sums may cancel
+    looked_up = torch.zeros(num_rows, dtype=torch.bool)
+    looked_up[idx.reshape(-1).remainder(max(num_rows, 1))] = True
+    if padding_idx is not None:
+        looked_up[padding_idx] = False
+    assert torch.equal(added[~looked_up], start[~looked_up])
     return norms, summed
 
 

@@ -153,7 +153,8 @@ void bind_norms(py::module_& m) {
       "embedding_clipped_sum",
       [](std::uintptr_t indices, std::uintptr_t out_grads, std::uintptr_t factors,
          int dtype_code, std::int64_t batch, std::int64_t positions, std::int64_t features,
-         std::int64_t num_rows, std::int64_t padding_idx, std::uintptr_t out, int threads) {
+         std::int64_t num_rows, std::int64_t padding_idx, std::uintptr_t out, bool accumulate,
+         int threads) {
         if (batch < 0 || positions < 0 || features < 0 || num_rows < 0) {
           throw py::value_error("batch, positions, features and num_rows must be >= 0");
         }
@@ -164,21 +165,21 @@ void bind_norms(py::module_& m) {
                                        as_ptr<const float>(out_grads),
                                        as_ptr<const double>(factors), batch, positions,
                                        features, num_rows, padding_idx, as_ptr<float>(out),
-                                       threads);
+                                       accumulate, threads);
         } else {
           embedding_norms::clipped_sum(as_ptr<const std::int64_t>(indices),
                                        as_ptr<const double>(out_grads),
                                        as_ptr<const double>(factors), batch, positions,
                                        features, num_rows, padding_idx, as_ptr<double>(out),
-                                       threads);
+                                       accumulate, threads);
         }
       },
       py::arg("indices"), py::arg("out_grads"), py::arg("factors"), py::arg("dtype_code"),
       py::arg("batch"), py::arg("positions"), py::arg("features"), py::arg("num_rows"),
-      py::arg("padding_idx"), py::arg("out"), py::arg("threads"),
-      "out (num_rows, features), every row written: row v = sum of factors[i] * "
-      "out_grads[i, t] over the positions with indices[i, t] = v (float64, in order); "
-      "ValueError for an index outside [0, num_rows).");
+      py::arg("padding_idx"), py::arg("out"), py::arg("accumulate"), py::arg("threads"),
+      "out (num_rows, features): row v = sum of factors[i] * out_grads[i, t] over the "
+      "positions with indices[i, t] = v (float64, in order), written into every row, or added "
+      "to the rows looked up with accumulate; ValueError for an index outside [0, num_rows).");
 }
 
 }  // namespace dpsharp::bindings

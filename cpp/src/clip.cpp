@@ -23,9 +23,10 @@ constexpr std::int64_t kTile = 640;
 static_assert(kTile % noise::kF32ChunkElements == 0 && kTile % noise::kF64ChunkElements == 0);
 constexpr std::int64_t kMinPerThread = 1 << 15;  // below this a thread costs more than it saves
 // Reductions (squared norms, dots) cost well under a nanosecond per element, so a second
-// thread (started per call when no OpenMP team is there to borrow) only pays off on a much
-// larger share of the work.
-constexpr std::int64_t kMinReducePerThread = 1 << 18;
+// thread only pays off on a larger share of the work (64k elements: ~10 us, against a few us
+// to hand a block to torch's already-spinning OpenMP team; the MLP's layer inputs, 130-200k
+// elements, are then split over 2 threads).
+constexpr std::int64_t kMinReducePerThread = 1 << 16;
 
 inline float bf16_to_float(std::uint16_t v) noexcept {
   const std::uint32_t bits = static_cast<std::uint32_t>(v) << 16;

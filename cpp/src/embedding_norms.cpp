@@ -90,25 +90,36 @@ template <typename Element>
 __attribute__((always_inline)) inline void rows_range(
     const Element* out_grads, const double* factors, std::int64_t positions,
     std::int64_t features, const std::int64_t* row_start, const std::int64_t* by_row,
-    std::int64_t lo, std::int64_t hi, Element* out, double* row_sum) noexcept {
+    std::int64_t lo, std::int64_t hi, Element* out, double* row_sum, bool accumulate) noexcept {
   for (std::int64_t v = lo; v < hi; ++v) {
     Element* dst = out + v * features;
     const std::int64_t begin = row_start[v];
     const std::int64_t end = row_start[v + 1];
     if (begin == end) {
-      std::fill(dst, dst + features, Element{0});
+      if (!accumulate) std::fill(dst, dst + features, Element{0});
       continue;
     }
     if (end - begin == 1) {
       const std::int64_t q = by_row[begin];
       const double c = factors[q / positions];
       const Element* src = out_grads + q * features;
-      for (std::int64_t j = 0; j < features; ++j) {
-        dst[j] = static_cast<Element>(c * static_cast<double>(src[j]));
+      if (accumulate) {
+        for (std::int64_t j = 0; j < features; ++j) {
+          dst[j] = static_cast<Element>(static_cast<double>(dst[j]) +
+                                        c * static_cast<double>(src[j]));
+        }
+      } else {
+        for (std::int64_t j = 0; j < features; ++j) {
+          dst[j] = static_cast<Element>(c * static_cast<double>(src[j]));
+        }
       }
       continue;
     }
-    for (std::int64_t j = 0; j < features; ++j) row_sum[j] = 0.0;
+    if (accumulate) {
+      for (std::int64_t j = 0; j < features; ++j) row_sum[j] = static_cast<double>(dst[j]);
+    } else {
+      for (std::int64_t j = 0; j < features; ++j) row_sum[j] = 0.0;
+    }
     for (std::int64_t k = begin; k < end; ++k) {
       const std::int64_t q = by_row[k];
       const double c = factors[q / positions];
@@ -140,15 +151,17 @@ template <typename Element>
 __attribute__((target("avx512f"))) void rows_range_avx512(
     const Element* out_grads, const double* factors, std::int64_t positions,
     std::int64_t features, const std::int64_t* row_start, const std::int64_t* by_row,
-    std::int64_t lo, std::int64_t hi, Element* out, double* row_sum) noexcept {
-  rows_range(out_grads, factors, positions, features, row_start, by_row, lo, hi, out, row_sum);
+    std::int64_t lo, std::int64_t hi, Element* out, double* row_sum, bool accumulate) noexcept {
+  rows_range(out_grads, factors, positions, features, row_start, by_row, lo, hi, out, row_sum,
+             accumulate);
 }
 template <typename Element>
 __attribute__((target("avx2"))) void rows_range_avx2(
     const Element* out_grads, const double* factors, std::int64_t positions,
     std::int64_t features, const std::int64_t* row_start, const std::int64_t* by_row,
-    std::int64_t lo, std::int64_t hi, Element* out, double* row_sum) noexcept {
-  rows_range(out_grads, factors, positions, features, row_start, by_row, lo, hi, out, row_sum);
+    std::int64_t lo, std::int64_t hi, Element* out, double* row_sum, bool accumulate) noexcept {
+  rows_range(out_grads, factors, positions, features, row_start, by_row, lo, hi, out, row_sum,
+             accumulate);
 }
 #endif
 
@@ -188,19 +201,20 @@ template <typename Element>
 void rows_dispatch(const Element* out_grads, const double* factors, std::int64_t positions,
                    std::int64_t features, const std::int64_t* row_start,
                    const std::int64_t* by_row, std::int64_t lo, std::int64_t hi, Element* out,
-                   double* row_sum) noexcept {
+                   double* row_sum, bool accumulate) noexcept {
 #if defined(__x86_64__) && defined(__GNUC__)
   const int level = isa_level();
   if (level == 2) {
     return rows_range_avx512(out_grads, factors, positions, features, row_start, by_row, lo,
-                             hi, out, row_sum);
+                             hi, out, row_sum, accumulate);
   }
   if (level == 1) {
     return rows_range_avx2(out_grads, factors, positions, features, row_start, by_row, lo, hi,
-                           out, row_sum);
+                           out, row_sum, accumulate);
   }
 #endif
-  rows_range(out_grads, factors, positions, features, row_start, by_row, lo, hi, out, row_sum);
+  rows_range(out_grads, factors, positions, features, row_start, by_row, lo, hi, out, row_sum,
+             accumulate);
 }
 
 }  // namespace
@@ -246,7 +260,8 @@ void per_example_sq_norms(const std::int64_t* indices, const Element* out_grads,
 template <typename Element>
 void clipped_sum(const std::int64_t* indices, const Element* out_grads, const double* factors,
                  std::int64_t batch, std::int64_t positions, std::int64_t features,
-                 std::int64_t num_rows, std::int64_t padding_idx, Element* out, int threads) {
+                 std::int64_t num_rows, std::int64_t padding_idx, Element* out, bool accumulate,
+                 int threads) {
   const std::int64_t count = batch * positions;
   check_indices(indices, count, num_rows);
   // The positions grouped by row, each group in (i, t) order (a counting sort):
@@ -275,7 +290,7 @@ void clipped_sum(const std::int64_t* indices, const Element* out_grads, const do
       return;
     }
     rows_dispatch(out_grads, factors, positions, features, row_start.data(), by_row.data(), lo,
-                  hi, out, row_sum.data());
+                  hi, out, row_sum.data(), accumulate);
   });
   if (out_of_memory.load()) throw std::bad_alloc();
 }
@@ -288,9 +303,9 @@ template void per_example_sq_norms<double>(const std::int64_t*, const double*, s
                                            std::int64_t, double*, int);
 template void clipped_sum<float>(const std::int64_t*, const float*, const double*, std::int64_t,
                                  std::int64_t, std::int64_t, std::int64_t, std::int64_t, float*,
-                                 int);
+                                 bool, int);
 template void clipped_sum<double>(const std::int64_t*, const double*, const double*,
                                   std::int64_t, std::int64_t, std::int64_t, std::int64_t,
-                                  std::int64_t, double*, int);
+                                  std::int64_t, double*, bool, int);
 
 }  // namespace dpsharp::embedding_norms

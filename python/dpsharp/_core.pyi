@@ -159,6 +159,7 @@ def embedding_sq_norms(
     num_rows: int,
     padding_idx: int,
     out: int,
+    accumulate: bool,
     threads: int,
 ) -> None:
     """out[i] = ||sum_t onehot(indices[i, t]) out_grads[i, t]^T||^2 (float64); positions

@@ -35,10 +35,13 @@ void per_example_sq_norms(const std::int64_t* indices, const Element* out_grads,
 
 // out (num_rows, features), contiguous, every row written: row v = sum over the positions
 // (i, t) with indices[i, t] = v of factors[i] * out_grads[i, t], in float64 in (i, t) order,
-// rounded once to Element; rows nobody looked up (and the padding row) are zero.
+// rounded once to Element; rows nobody looked up (and the padding row) are zero. With
+// `accumulate`, the sum starts from out's row instead (out[v] += ..., one rounding) and rows
+// nobody looked up are left as they are.
 template <typename Element>
 void clipped_sum(const std::int64_t* indices, const Element* out_grads, const double* factors,
                  std::int64_t batch, std::int64_t positions, std::int64_t features,
-                 std::int64_t num_rows, std::int64_t padding_idx, Element* out, int threads);
+                 std::int64_t num_rows, std::int64_t padding_idx, Element* out, bool accumulate,
+                 int threads);
 
 }  // namespace dpsharp::embedding_norms

@@ -404,7 +404,7 @@ def embedding_sq_norms(indices: torch.Tensor, out_grads: torch.Tensor, *, num_ro
 
 def embedding_clipped_sum(indices: torch.Tensor, out_grads: torch.Tensor,
                           factors: torch.Tensor, *, num_rows: int,
-                          padding_idx: int | None = None,
+                          padding_idx: int | None = None, out: torch.Tensor | None = None,
                           threads: int | None = None) -> torch.Tensor:
     """The clipped sum sum_i factors[i] g_i(W) of an embedding's per-example gradients
     (book-keeping, Bu et al., ICML 2023: no per-example gradient is formed)::
@@ -415,7 +415,9 @@ def embedding_clipped_sum(indices: torch.Tensor, out_grads: torch.Tensor,
     by row (a counting sort), then writes every row once, summing its positions in (i, t)
     order in float64 and rounding once (zeros where no position looks the row up). Rows are
     split over ``threads``, so the result does not depend on the thread count. ``factors``
-    is float64 (B,); the other arguments are as for :func:`embedding_sq_norms`.
+    is float64 (B,); the other arguments are as for :func:`embedding_sq_norms`. With ``out``
+    (contiguous (num_rows, d) of ``out_grads``' dtype) the sum is added to it in place (each
+    looked-up row summed in float64 from its old value and rounded once) and ``out`` returned.
     """
     import torch
 
@@ -424,10 +426,14 @@ def embedding_clipped_sum(indices: torch.Tensor, out_grads: torch.Tensor,
     _check("factors", factors, dtype=torch.float64, numel=batch)
     if factors.dim() != 1:
         raise ValueError(f"factors must be 1-D (B,), got shape {tuple(factors.shape)}")
-    out = torch.empty(num_rows, features, dtype=grads.dtype)
+    accumulate = out is not None
+    if out is None:
+        out = torch.empty(num_rows, features, dtype=grads.dtype)
+    else:
+        _check("out", out, dtype=grads.dtype, numel=num_rows * features)
     _core.embedding_clipped_sum(idx.data_ptr(), grads.data_ptr(), factors.data_ptr(),
                                 dtype_code(grads.dtype), batch, positions, features, num_rows,
-                                pad, out.data_ptr(), _threads(threads))
+                                pad, out.data_ptr(), accumulate, _threads(threads))
     return out
 
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 from typing import TYPE_CHECKING, Any
 
 from dpsharp.torch import kernels
@@ -83,6 +84,31 @@ def _per_row(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 def _chunk(batch: int, per_example_elements: int) -> int:
     return max(1, min(batch, _CHUNK_ELEMENTS // max(per_example_elements, 1)))
+
+
+_SCRATCH = threading.local()
+_SCRATCH_MIN_ELEMENTS = 1 << 15
+
+
+def _scaled_rows(rows: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """``rows * weights[:, None]`` for a 2-D ``rows`` (N, k), written into this thread's scratch
+    buffer (kept between calls, grown as needed) rather than a fresh tensor: a clipped sum's
+    scaled operand is megabytes on every layer of every step, and a fresh allocation of that
+    size costs its page faults each time (the allocator returns such blocks to the system).
+    The result is only valid until the next call on this thread: use it before (the clipped
+    sum's matrix product does)."""
+    import torch
+
+    numel = rows.numel()
+    if numel < _SCRATCH_MIN_ELEMENTS:  # below the allocator's mmap threshold anyway
+        return rows * weights[:, None]
+    buffer = getattr(_SCRATCH, "buffer", None)
+    if (buffer is None or buffer.numel() < numel or buffer.dtype != rows.dtype
+            or buffer.device != rows.device):
+        buffer = torch.empty(max(numel, 1), dtype=rows.dtype, device=rows.device)
+        _SCRATCH.buffer = buffer
+    out = buffer[:numel].view(rows.shape)
+    return torch.mul(rows, weights[:, None], out=out)
 
 
 def weighted_sum(rows: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -193,6 +219,8 @@ class LinearUsage(_WeightBiasUsage):
         # T > 1 on the CPU Gram path: (weight, bias or None) unscaled squared norms from one
         # call of the fused kernel.
         self._sequence_sq: tuple[torch.Tensor, torch.Tensor | None] | None = None
+        self._matrices: tuple[torch.Tensor, torch.Tensor] | None = None  # see _rows2d
+        self._weights: tuple[torch.Tensor, torch.Tensor] | None = None  # see _row_weights
 
     def params(self) -> list[torch.nn.Parameter]:
         return [p for p in (self.weight, self.bias) if p is not None]
@@ -307,34 +335,43 @@ class LinearUsage(_WeightBiasUsage):
         clipped sum is formed otherwise (materialised per-example gradients)."""
         if self._per_example_weight is not None:
             return None
-        weights = factors * self.scale
-        if self.g.shape[1] == 1:
-            # One position per example (2-D inputs): the (B, p) and (B, d) matrices as they are,
-            # the fewest operations (this runs for every layer on every step).
-            g, a = self.g[:, 0], self.a[:, 0]
-        else:
-            g, a = self.g.reshape(-1, self.g.shape[2]), self.a.reshape(-1, self.a.shape[2])
-            weights = weights.repeat_interleave(self.g.shape[1])
-        if weights.dtype != g.dtype:
-            weights = weights.to(g.dtype)
+        g, a = self._rows2d()
+        weights = self._row_weights(factors)
         if a.shape[1] < g.shape[1]:  # scale whichever of the two stored tensors is smaller
-            return g.t(), a * weights[:, None]
-        return (g * weights[:, None]).t(), a
+            return g.t(), _scaled_rows(a, weights)
+        return _scaled_rows(g, weights).t(), a
+
+    def _rows2d(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(G, A): the output gradients (B T, p) and activations (B T, d) as matrices (views)."""
+        if self._matrices is None:
+            self._matrices = (self.g.reshape(-1, self.g.shape[2]),
+                              self.a.reshape(-1, self.a.shape[2]))
+        return self._matrices
+
+    def _row_weights(self, factors: torch.Tensor) -> torch.Tensor:
+        """scale * factors[i] for every row of :meth:`_rows2d` (each example's factor repeated
+        over its positions), in the stored tensors' dtype; computed once per factors tensor (a
+        weight and its bias share it)."""
+        cached = self._weights
+        if cached is not None and cached[0] is factors:
+            return cached[1]
+        weights = factors * self.scale
+        if self.g.shape[1] != 1:
+            weights = weights.repeat_interleave(self.g.shape[1])
+        if weights.dtype != self.g.dtype:
+            weights = weights.to(self.g.dtype)
+        self._weights = (factors, weights)
+        return weights
 
     def _bias_product(self, factors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(M, v) with sum_i c_i g_i(b) = M @ v: the per-example bias gradients (summed over
         positions) against the scaled factors."""
-        weights = factors * self.scale
-        if self.g.shape[1] == 1:
-            rows = self.g[:, 0]
-        elif self._bias_rows is not None:  # sum_t g_t already formed (for the norms)
-            rows = self._bias_rows
-        else:  # every position's output gradient against its example's factor: one pass
-            rows = self.g.reshape(-1, self.g.shape[2])
-            weights = weights.repeat_interleave(self.g.shape[1])
-        if weights.dtype != rows.dtype:
-            weights = weights.to(rows.dtype)
-        return rows.t(), weights
+        if self.g.shape[1] != 1 and self._bias_rows is not None:
+            # sum_t g_t already formed (for the norms): B rows instead of B T
+            weights = factors * self.scale
+            return self._bias_rows.t(), weights.to(self._bias_rows.dtype)
+        # every position's output gradient against its example's factor: one pass
+        return self._rows2d()[0].t(), self._row_weights(factors)
 
     def clipped_sum(self, p: torch.nn.Parameter, factors: torch.Tensor) -> torch.Tensor:
         import torch
@@ -586,6 +623,21 @@ class EmbeddingUsage(Usage):
         scaled = (self.g * weights[:, None, None]).reshape(-1, d)
         out = torch.zeros(p.shape, dtype=self.g.dtype, device=self.g.device)
         return out.index_add_(0, self.idx.reshape(-1), scaled)
+
+    def add_clipped_sum(self, p: torch.nn.Parameter, factors: torch.Tensor, out: torch.Tensor,
+                        alpha: float = 1.0) -> None:
+        """The rows looked up get their clipped sums added in place (no (num_rows, d)
+        intermediate: an embedding's gradient is mostly rows nobody looked up)."""
+        import torch
+
+        if (self._fused() and out.dtype == _wide(self._out_grads).dtype
+                and out.is_contiguous()):
+            weights = (factors.to(torch.float64) * (self.scale * alpha)).contiguous()
+            kernels.embedding_clipped_sum(self.idx, _wide(self._out_grads), weights,
+                                          num_rows=p.shape[0], padding_idx=self.padding_idx,
+                                          out=out)
+            return
+        super().add_clipped_sum(p, factors, out, alpha)
 
 
 class AffineUsage(Usage):
