@@ -10,9 +10,11 @@ Models (synthetic data; the step time does not depend on the values):
                FFN 512) built from nn.Linear / nn.LayerNorm, seq 64, batch 64, mean-pooled
                classifier
 
-Modes: nonprivate (plain SGD step), dpsharp (clip every example, add noise, SGD step),
-opacus-hooks (GradSampleModule + DPOptimizer) and opacus-ghost (fast gradient / ghost
-clipping); "opacus best" is the faster of the two on each model.
+Modes: nonprivate (plain SGD step), dpsharp (clip every example, add noise, SGD step; the
+release armed before the forward pass, PerSampleClipper.arm_release), dpsharp-release (the same
+with a release() call after the backward pass), opacus-hooks (GradSampleModule + DPOptimizer)
+and opacus-ghost (fast gradient / ghost clipping); "opacus best" is the faster of the two on each
+model. `--retain-freed-memory` runs every mode under dpsharp.torch.retain_freed_memory().
 
 Timing: each mode runs `--steps` steps per round, rounds interleave the modes (the machine is
 shared), the reported time is the median over rounds of the mean step time.
@@ -132,12 +134,19 @@ def build_step(mode: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor):
             F.cross_entropy(model(x), y).backward()
             opt.step()
         return step
-    if mode == "dpsharp":
+    if mode in ("dpsharp", "dpsharp-release"):
         from dpsharp.torch import NoiseGenerator, PerSampleClipper
 
         clipper = PerSampleClipper(model, max_grad_norm=C)
         noise = NoiseGenerator(0)
         opt = torch.optim.SGD(clipper.parameters, lr=LR)
+        if mode == "dpsharp-release":
+            def release_step() -> None:  # clipped sums accumulated, released by release()
+                opt.zero_grad(set_to_none=True)
+                F.cross_entropy(model(x), y).backward()
+                clipper.release(noise_multiplier=SIGMA, expected_batch_size=batch, noise=noise)
+                opt.step()
+            return release_step
 
         def step() -> None:
             opt.zero_grad(set_to_none=True)
@@ -180,7 +189,7 @@ def build_step(mode: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor):
     raise ValueError(mode)
 
 
-MODES = ["nonprivate", "dpsharp", "opacus-hooks", "opacus-ghost"]
+MODES = ["nonprivate", "dpsharp", "dpsharp-release", "opacus-hooks", "opacus-ghost"]
 
 
 def time_modes(model_name: str, threads: int, steps: int, rounds: int) -> dict[str, float]:
@@ -211,7 +220,11 @@ def status_kib(field: str) -> int:
     raise RuntimeError(f"no {field}")
 
 
-def memory_child(model_name: str, mode: str, steps: int) -> None:
+def memory_child(model_name: str, mode: str, steps: int, retain: bool) -> None:
+    if retain:
+        from dpsharp.torch import retain_freed_memory
+
+        retain_freed_memory()
     torch.set_num_threads(1)
     model, x, y = make(model_name)
     step = build_step(mode, model, x, y)
@@ -221,11 +234,12 @@ def memory_child(model_name: str, mode: str, steps: int) -> None:
     print(json.dumps({"delta_kib": status_kib("VmHWM") - base}))
 
 
-def memory_modes(model_name: str, steps: int) -> dict[str, float]:
+def memory_modes(model_name: str, steps: int, retain: bool) -> dict[str, float]:
     out = {}
     for mode in MODES:
         res = subprocess.run(
-            [sys.executable, __file__, "--memory-child", model_name, mode, "--steps", str(steps)],
+            [sys.executable, __file__, "--memory-child", model_name, mode, "--steps", str(steps)]
+            + (["--retain-freed-memory"] if retain else []),
             capture_output=True, text=True, check=True)
         out[mode] = json.loads(res.stdout.strip().splitlines()[-1])["delta_kib"] / 1024.0
     return out
@@ -242,32 +256,44 @@ def main() -> None:
     ap.add_argument("--no-memory", action="store_true")
     ap.add_argument("--memory-only", action="store_true")
     ap.add_argument("--out")
+    ap.add_argument("--retain-freed-memory", action="store_true",
+                    help="call dpsharp.torch.retain_freed_memory() first, in every mode's "
+                         "process (glibc keeps freed memory instead of returning it)")
     args = ap.parse_args()
     if args.memory_child:
-        memory_child(*args.memory_child, args.steps)
+        memory_child(*args.memory_child, args.steps, args.retain_freed_memory)
         return
+    retained = False
+    if args.retain_freed_memory:
+        from dpsharp.torch import retain_freed_memory
+
+        retained = retain_freed_memory()
     lines = [
-        "| model | threads | non-private ms | dpsharp ms | opacus-hooks ms | opacus-ghost ms "
-        "| DP / non-private | opacus best / dpsharp |",
-        "|---|---|---|---|---|---|---|---|",
+        "| model | threads | non-private ms | dpsharp ms | dpsharp release() ms | "
+        "opacus-hooks ms | opacus-ghost ms | DP / non-private | DP release() / non-private "
+        "| opacus best / dpsharp |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    mem_lines = ["| model | non-private MiB | dpsharp MiB | opacus-hooks MiB | opacus-ghost MiB "
-                 "| dpsharp / non-private |", "|---|---|---|---|---|---|"]
+    mem_lines = ["| model | non-private MiB | dpsharp MiB | dpsharp release() MiB | "
+                 "opacus-hooks MiB | opacus-ghost MiB | dpsharp / non-private |",
+                 "|---|---|---|---|---|---|---|"]
     for model_name in args.models:
         for threads in [] if args.memory_only else args.threads:
             t = time_modes(model_name, threads, args.steps, args.rounds)
             best = min(t["opacus-hooks"], t["opacus-ghost"])
             row = (f"| {model_name} | {threads} | {t['nonprivate']*1e3:.1f} | "
-                   f"{t['dpsharp']*1e3:.1f} | {t['opacus-hooks']*1e3:.1f} | "
-                   f"{t['opacus-ghost']*1e3:.1f} | {t['dpsharp']/t['nonprivate']:.2f}x | "
+                   f"{t['dpsharp']*1e3:.1f} | {t['dpsharp-release']*1e3:.1f} | "
+                   f"{t['opacus-hooks']*1e3:.1f} | {t['opacus-ghost']*1e3:.1f} | "
+                   f"{t['dpsharp']/t['nonprivate']:.2f}x | "
+                   f"{t['dpsharp-release']/t['nonprivate']:.2f}x | "
                    f"{best/t['dpsharp']:.2f}x |")
             print(row, flush=True)
             lines.append(row)
         if not args.no_memory:
-            m = memory_modes(model_name, max(2, args.steps))
+            m = memory_modes(model_name, max(2, args.steps), args.retain_freed_memory)
             row = (f"| {model_name} | {m['nonprivate']:.1f} | {m['dpsharp']:.1f} | "
-                   f"{m['opacus-hooks']:.1f} | {m['opacus-ghost']:.1f} | "
-                   f"{m['dpsharp']/max(m['nonprivate'], 1e-9):.2f}x |")
+                   f"{m['dpsharp-release']:.1f} | {m['opacus-hooks']:.1f} | "
+                   f"{m['opacus-ghost']:.1f} | {m['dpsharp']/max(m['nonprivate'], 1e-9):.2f}x |")
             print(row, flush=True)
             mem_lines.append(row)
     import opacus
@@ -278,7 +304,13 @@ def main() -> None:
         f"torch {torch.__version__}, opacus {opacus.__version__}; shared 2-core CPU (other "
         "jobs running: only ratios within one run mean anything). Step = zero_grad + forward + "
         "backward (+ clip/noise) + SGD step; median over rounds of the mean of `--steps` "
-        "steps; sigma = 1, C = 1.\n\n"
+        "steps; sigma = 1, C = 1. dpsharp: PerSampleClipper with arm_release (the release at "
+        "the end of the backward pass); dpsharp release(): the same clipper released by a "
+        "release() call after the backward pass."
+        + (" Allocator: dpsharp.torch.retain_freed_memory() in every mode's process "
+           f"(applied: {retained})." if args.retain_freed_memory else
+           " Allocator: glibc defaults.")
+        + "\n\n"
     )
     text = header + "\n".join(lines) + "\n\nPeak memory added by training steps (RSS delta, 1 thread):\n\n"
     text += "\n".join(mem_lines) + "\n"

@@ -34,6 +34,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=0,
                     help="steps per mode (default: 100 for mlp, 60 for cnn, 20 for transformer)")
     ap.add_argument("--import-from", type=Path)
+    ap.add_argument("--retain-freed-memory", action="store_true",
+                    help="call dpsharp.torch.retain_freed_memory() first (glibc keeps freed "
+                         "memory instead of returning it to the system; applies to both modes)")
     args = ap.parse_args()
     if args.import_from is not None:
         # Drop the import hooks of an editable install so that DIR/python wins.
@@ -48,6 +51,10 @@ def main() -> None:
     from bench_training import build_step, make
 
     print(f"dpsharp from {Path(dpsharp.__file__).parent}")
+    if args.retain_freed_memory:
+        from dpsharp.torch import retain_freed_memory
+
+        print(f"retain_freed_memory(): {retain_freed_memory()}")
     default_steps = {"mlp": 100, "cnn": 60, "transformer": 20}
     print("| model | threads | steps | non-private ms (min / p25 / median) | dpsharp ms (min / p25 "
           "/ median) | DP / non-private (min / p25 / median) |")

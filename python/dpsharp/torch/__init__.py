@@ -17,6 +17,7 @@ _LAZY: dict[str, str] = {
     # training core (issue 6): per-example clipping and noise
     "PerSampleClipper": "dpsharp.torch.clipper",
     "NoiseGenerator": "dpsharp.torch.noise",
+    "retain_freed_memory": "dpsharp.torch.allocator",
     # training API (issue 7): optimizers, loaders, engine
     "DPOptimizer": "dpsharp.torch.optimizer",
     "NoisySGD": "dpsharp.torch.optimizer",

@@ -313,18 +313,27 @@ class PerSampleClipper:
                     order.append((pid, by_param[pid]))
         columns: dict[int, torch.Tensor] = {}
         tied: dict[int, torch.Tensor] = {}
-        for pid, us in order:
-            p = self._params[index[pid]]
-            if len(us) == 1:
-                columns[pid] = us[0].sq_norm(p)
-            else:  # tied weights: the example's gradient is the sum over uses
-                total = us[0].per_example(p)
-                for u in us[1:]:
-                    total = total + u.per_example(p)
-                tied[pid] = total.contiguous()
-                columns[pid] = kernels.per_example_sq_norms(tied[pid])
+        flat = self._clipping == "flat"
+        if flat and len(by_param) == sum(len(u.params()) for u in merged):
+            # Flat clipping, no parameter used by two usages: each usage's parameters together
+            # (one column per layer; a 2-D linear layer's weight and bias from one product).
+            for u in reversed(merged):
+                ps = [p for p in u.params() if id(p) in index]
+                if ps:
+                    columns[id(ps[0])] = u.flat_sq_norm(ps)
+        else:
+            for pid, us in order:
+                p = self._params[index[pid]]
+                if len(us) == 1:
+                    columns[pid] = us[0].sq_norm(p)
+                else:  # tied weights: the example's gradient is the sum over uses
+                    total = us[0].per_example(p)
+                    for u in us[1:]:
+                        total = total + u.per_example(p)
+                    tied[pid] = total.contiguous()
+                    columns[pid] = kernels.per_example_sq_norms(tied[pid])
         flat_factors: torch.Tensor | None = None
-        if self._clipping == "flat":
+        if flat:
             # ||g_i||^2 summed over parameters (a NaN or inf in any of them stays in the sum)
             total_sq = torch.stack(list(columns.values())).sum(dim=0) if columns else (
                 torch.zeros(batch, dtype=torch.float64, device=self._params[0].device))

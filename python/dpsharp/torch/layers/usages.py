@@ -111,6 +111,31 @@ def _scaled_rows(rows: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     return torch.mul(rows, weights[:, None], out=out)
 
 
+_MEMO = threading.local()
+
+
+def _scaled_factors(factors: torch.Tensor, scale: float, dtype: torch.dtype,
+                    repeat: int) -> torch.Tensor:
+    """``factors * scale`` in ``dtype``, each entry repeated ``repeat`` times, computed once per
+    (factors tensor, scale, dtype, repeat) on this thread: under flat clipping every layer of a
+    backward pass uses the same factors, usually the same scale and dtype, so one clip step
+    forms them once instead of once per layer (the memo keeps the latest factors tensor)."""
+    memo = getattr(_MEMO, "entry", None)
+    if memo is None or memo[0] is not factors:
+        memo = (factors, {})
+        _MEMO.entry = memo
+    key = (scale, dtype, repeat)
+    weights = memo[1].get(key)
+    if weights is None:
+        weights = factors * scale
+        if repeat != 1:
+            weights = weights.repeat_interleave(repeat)
+        if weights.dtype != dtype:
+            weights = weights.to(dtype)
+        memo[1][key] = weights
+    return weights
+
+
 def weighted_sum(rows: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """sum_i weights[i] * rows[i] for rows (B, ...) and float64 weights (B,): the fused kernel
     (float64 sums, in order) for the dtypes it reads, a torch reduction otherwise (float16)."""
@@ -162,6 +187,14 @@ class Usage:
 
     def sq_norm(self, p: torch.nn.Parameter) -> torch.Tensor:
         return kernels.per_example_sq_norms(self.per_example(p).contiguous())
+
+    def flat_sq_norm(self, params: list[torch.nn.Parameter]) -> torch.Tensor:
+        """sum_p ||g_i(p)||^2 over ``params`` (some of this usage's parameters), (B,) float64:
+        what flat clipping needs of the usage."""
+        total = self.sq_norm(params[0])
+        for p in params[1:]:
+            total = total + self.sq_norm(p)
+        return total
 
     def per_example(self, p: torch.nn.Parameter) -> torch.Tensor:
         raise NotImplementedError
@@ -220,7 +253,6 @@ class LinearUsage(_WeightBiasUsage):
         # call of the fused kernel.
         self._sequence_sq: tuple[torch.Tensor, torch.Tensor | None] | None = None
         self._matrices: tuple[torch.Tensor, torch.Tensor] | None = None  # see _rows2d
-        self._weights: tuple[torch.Tensor, torch.Tensor] | None = None  # see _row_weights
 
     def params(self) -> list[torch.nn.Parameter]:
         return [p for p in (self.weight, self.bias) if p is not None]
@@ -328,6 +360,15 @@ class LinearUsage(_WeightBiasUsage):
         gram_g = torch.bmm(g_all, g_all.transpose(1, 2))
         return kernels.per_example_dots(gram_a, gram_g) * s2
 
+    def flat_sq_norm(self, params: list[torch.nn.Parameter]) -> torch.Tensor:
+        import torch
+
+        if len(params) == 2 and self.g.shape[1] == 1:
+            # ||g_i(W)||^2 + ||g_i(b)||^2 = ||g_i||^2 (||a_i||^2 + 1)
+            g_sq = self.out_grad_sq()
+            return torch.addcmul(g_sq, g_sq, self._input_sq()).mul_(self.scale * self.scale)
+        return super().flat_sq_norm(params)
+
     def _clipped_product(self, p: torch.nn.Parameter,
                          factors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         """For the weight: (m1, m2) with sum_i c_i g_i(W) = m1 @ m2, the clipped sum as one
@@ -350,18 +391,8 @@ class LinearUsage(_WeightBiasUsage):
 
     def _row_weights(self, factors: torch.Tensor) -> torch.Tensor:
         """scale * factors[i] for every row of :meth:`_rows2d` (each example's factor repeated
-        over its positions), in the stored tensors' dtype; computed once per factors tensor (a
-        weight and its bias share it)."""
-        cached = self._weights
-        if cached is not None and cached[0] is factors:
-            return cached[1]
-        weights = factors * self.scale
-        if self.g.shape[1] != 1:
-            weights = weights.repeat_interleave(self.g.shape[1])
-        if weights.dtype != self.g.dtype:
-            weights = weights.to(self.g.dtype)
-        self._weights = (factors, weights)
-        return weights
+        over its positions), in the stored tensors' dtype (see :func:`_scaled_factors`)."""
+        return _scaled_factors(factors, self.scale, self.g.dtype, int(self.g.shape[1]))
 
     def _bias_product(self, factors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(M, v) with sum_i c_i g_i(b) = M @ v: the per-example bias gradients (summed over
