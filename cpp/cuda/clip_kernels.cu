@@ -95,17 +95,32 @@ __device__ __forceinline__ void block_noise(const NoiseStream& stream, std::uint
   }
 }
 
+// The stream blocks of a buffer of numel elements, and the first element of block b (its
+// others follow every kLanes elements).
+template <bool kFloat64>
+struct StreamLayout {
+  static constexpr int kNormals =
+      kFloat64 ? noise::kF64NormalsPerBlock : noise::kF32NormalsPerBlock;
+  static constexpr std::int64_t kChunk = noise::kLanes * kNormals;
+  __device__ static std::int64_t blocks(std::int64_t numel) {
+    return (numel + kChunk - 1) / kChunk * noise::kLanes;
+  }
+  __device__ static std::int64_t first_element(std::int64_t b) {
+    return (b / noise::kLanes) * kChunk + b % noise::kLanes;
+  }
+};
+
 template <bool kFloat64>
 __global__ void clip_accumulate_noise_kernel(const void* per_example, const double* factors,
                                              std::int64_t batch, const void* base, void* out,
                                              DType dtype, std::int64_t numel, double noise_std,
                                              NoiseStream stream, double scale) {
-  constexpr int kNormals = kFloat64 ? noise::kF64NormalsPerBlock : noise::kF32NormalsPerBlock;
-  constexpr std::int64_t kChunk = noise::kLanes * kNormals;
-  const std::int64_t blocks = (numel + kChunk - 1) / kChunk * noise::kLanes;
+  using Layout = StreamLayout<kFloat64>;
+  constexpr int kNormals = Layout::kNormals;
+  const std::int64_t blocks = Layout::blocks(numel);
   for (std::int64_t b = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
        b < blocks; b += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const std::int64_t first = (b / noise::kLanes) * kChunk + b % noise::kLanes;
+    const std::int64_t first = Layout::first_element(b);
     double z[kNormals];
     if (noise_std != 0.0) block_noise<kFloat64>(stream, static_cast<std::uint32_t>(b), z);
     for (int m = 0; m < kNormals; ++m) {
@@ -125,12 +140,12 @@ __global__ void clip_accumulate_noise_kernel(const void* per_example, const doub
 
 template <bool kFloat64>
 __global__ void gaussian_kernel(NoiseStream stream, std::int64_t numel, void* out) {
-  constexpr int kNormals = kFloat64 ? noise::kF64NormalsPerBlock : noise::kF32NormalsPerBlock;
-  constexpr std::int64_t kChunk = noise::kLanes * kNormals;
-  const std::int64_t blocks = (numel + kChunk - 1) / kChunk * noise::kLanes;
+  using Layout = StreamLayout<kFloat64>;
+  constexpr int kNormals = Layout::kNormals;
+  const std::int64_t blocks = Layout::blocks(numel);
   for (std::int64_t b = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
        b < blocks; b += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const std::int64_t first = (b / noise::kLanes) * kChunk + b % noise::kLanes;
+    const std::int64_t first = Layout::first_element(b);
     double z[kNormals];
     block_noise<kFloat64>(stream, static_cast<std::uint32_t>(b), z);
     for (int m = 0; m < kNormals; ++m) {
