@@ -11,8 +11,8 @@
 // targets do not enable it and the build passes -ffp-contract=off), so every implementation
 // evaluates the same operations on the same values and produces the same bits.
 //
-// The float64 stream shares the vectorised ChaCha blocks; its Box-Muller transform runs per
-// lane in scalar float64 (float64 parameters are rare; the float32 transform is the hot path).
+// The float64 stream shares the vectorised ChaCha blocks and runs noise_stream.hpp's float64
+// transform on 8 (AVX-512) or 4 (AVX2) double lanes; the portable build runs it per lane.
 #include "dpsharp/normals.hpp"
 
 #include <algorithm>
@@ -155,9 +155,88 @@ __attribute__((target("avx2"), flatten)) void f32_chunks_avx2(const StreamKey& s
                                                      std::int64_t chunks, float* out) noexcept {
   f32_chunks<U8, F8, 8>(s, chunk, chunks, out, U8(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
 }
-__attribute__((target("avx2"), flatten)) void f64_chunks_avx2(const StreamKey& s, std::int64_t chunk,
-                                                     std::int64_t chunks, double* out) noexcept {
-  f64_chunks<U8, 8>(s, chunk, chunks, out, U8(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+// 4 float64 lanes for the float64 transform: 64-bit words, doubles, all-ones masks. AVX2 has no
+// 64-bit integer to double conversion: small_to_double adds the exact conversions of the high
+// and low 32-bit halves, each by the 2^52 trick (exact, hence the scalar static_cast's value).
+struct U64x4 {
+  __m256i v;
+  U64x4() = default;
+  DPSHARP_AVX2 U64x4(__m256i x) : v(x) {}  // NOLINT(google-explicit-constructor)
+  DPSHARP_AVX2 U64x4(std::uint64_t c)      // NOLINT(google-explicit-constructor)
+      : v(_mm256_set1_epi64x(static_cast<long long>(c))) {}
+};
+struct D4 {
+  __m256d v;
+  D4() = default;
+  DPSHARP_AVX2 D4(__m256d x) : v(x) {}                    // NOLINT(google-explicit-constructor)
+  DPSHARP_AVX2 D4(double c) : v(_mm256_set1_pd(c)) {}  // NOLINT(google-explicit-constructor)
+};
+struct MaskD4 {
+  __m256d v;  // all ones where true
+};
+DPSHARP_AVX2 U64x4 operator|(U64x4 a, U64x4 b) { return _mm256_or_si256(a.v, b.v); }
+DPSHARP_AVX2 U64x4 operator&(U64x4 a, U64x4 b) { return _mm256_and_si256(a.v, b.v); }
+DPSHARP_AVX2 U64x4 operator<<(U64x4 a, int n) { return _mm256_slli_epi64(a.v, n); }
+DPSHARP_AVX2 U64x4 operator>>(U64x4 a, int n) { return _mm256_srli_epi64(a.v, n); }
+DPSHARP_AVX2 D4 operator+(D4 a, D4 b) { return _mm256_add_pd(a.v, b.v); }
+DPSHARP_AVX2 D4 operator-(D4 a, D4 b) { return _mm256_sub_pd(a.v, b.v); }
+DPSHARP_AVX2 D4 operator*(D4 a, D4 b) { return _mm256_mul_pd(a.v, b.v); }
+DPSHARP_AVX2 D4 operator/(D4 a, D4 b) { return _mm256_div_pd(a.v, b.v); }
+DPSHARP_AVX2 MaskD4 operator>(D4 a, D4 b) { return MaskD4{_mm256_cmp_pd(a.v, b.v, _CMP_GT_OQ)}; }
+DPSHARP_AVX2 MaskD4 operator>=(D4 a, D4 b) {
+  return MaskD4{_mm256_cmp_pd(a.v, b.v, _CMP_GE_OQ)};
+}
+DPSHARP_AVX2 MaskD4 operator==(D4 a, D4 b) {
+  return MaskD4{_mm256_cmp_pd(a.v, b.v, _CMP_EQ_OQ)};
+}
+DPSHARP_AVX2 MaskD4 operator|(MaskD4 a, MaskD4 b) { return MaskD4{_mm256_or_pd(a.v, b.v)}; }
+DPSHARP_AVX2 D4 as_double(U64x4 x) { return _mm256_castsi256_pd(x.v); }
+DPSHARP_AVX2 U64x4 as_bits(D4 x) { return _mm256_castpd_si256(x.v); }
+DPSHARP_AVX2 D4 below_2_52_to_double(U64x4 x) {
+  const __m256i magic = _mm256_set1_epi64x(0x4330000000000000LL);
+  return _mm256_sub_pd(_mm256_castsi256_pd(_mm256_or_si256(x.v, magic)),
+                       _mm256_set1_pd(4503599627370496.0));
+}
+DPSHARP_AVX2 D4 small_to_double(U64x4 x) {  // exact below 2^53
+  return below_2_52_to_double(x >> 32) * D4(4294967296.0) +
+         below_2_52_to_double(x & U64x4(0xFFFFFFFFull));
+}
+DPSHARP_AVX2 MaskD4 nonzero(U64x4 x) {
+  const __m256i zero = _mm256_cmpeq_epi64(x.v, _mm256_setzero_si256());
+  return MaskD4{_mm256_castsi256_pd(_mm256_xor_si256(zero, _mm256_set1_epi64x(-1)))};
+}
+DPSHARP_AVX2 D4 select(MaskD4 m, D4 a, D4 b) { return _mm256_blendv_pd(b.v, a.v, m.v); }
+DPSHARP_AVX2 D4 lane_sqrt(D4 x) { return _mm256_sqrt_pd(x.v); }
+// Lanes 0..3 (quarter 0) or 4..7 (quarter 1) of 8 32-bit words, zero-extended to 64 bits.
+DPSHARP_AVX2 U64x4 widen_half(U8 x, int half) {
+  return _mm256_cvtepu32_epi64(half == 0 ? _mm256_castsi256_si128(x.v)
+                                         : _mm256_extracti128_si256(x.v, 1));
+}
+
+__attribute__((target("avx2"), flatten)) void f64_chunks_avx2(const StreamKey& s,
+                                                              std::int64_t chunk,
+                                                              std::int64_t chunks,
+                                                              double* out) noexcept {
+  const U8 lane_index(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  for (std::int64_t c = 0; c < chunks; ++c) {
+    double* dst = out + c * noise::kF64ChunkElements;
+    for (int part = 0; part < kLanes / 8; ++part) {
+      const auto block0 = static_cast<std::uint32_t>((chunk + c) * kLanes + part * 8);
+      U8 words[16];
+      noise::chacha_block<noise::kChaChaRounds>(s, U8(block0) + lane_index, words);
+      for (int q = 0; q < noise::kF64PairsPerBlock; ++q) {
+        for (int half = 0; half < 2; ++half) {
+          D4 z_cos, z_sin;
+          noise::gaussian_pair_f64(
+              widen_half(words[4 * q], half), widen_half(words[4 * q + 1], half),
+              widen_half(words[4 * q + 2], half), widen_half(words[4 * q + 3], half), z_cos,
+              z_sin);
+          _mm256_storeu_pd(dst + kLanes * (2 * q) + part * 8 + 4 * half, z_cos.v);
+          _mm256_storeu_pd(dst + kLanes * (2 * q + 1) + part * 8 + 4 * half, z_sin.v);
+        }
+      }
+    }
+  }
 }
 #undef DPSHARP_AVX2
 

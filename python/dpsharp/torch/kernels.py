@@ -1,7 +1,11 @@
-"""Torch adapters for the fused clip-and-noise kernels of ``dpsharp._core``, and a pure-torch
-reference for every kernel.
+"""Torch adapters for the C++ kernels of ``dpsharp._core`` used by per-example clipping, and a
+pure-torch reference for the noise and clip-and-noise kernels.
 
-The kernels (cpp/src/clip.cpp) take raw addresses, shapes and a dtype code; this module checks
+The kernels: fused clip / accumulate / noise passes and per-example squared norms
+(cpp/src/clip.cpp, normals.cpp), Gram norms of linear layers on sequences (linear_norms.cpp),
+embedding norms and clipped sums (embedding_norms.cpp), layer-norm affine gradients
+(affine_grads.cpp), convolution patches and per-example weight gradients (patches.cpp,
+conv_grads.cpp). They take raw addresses, shapes and a dtype code; this module checks
 that every tensor is a contiguous CPU tensor of a supported dtype and the right size before
 handing ``tensor.data_ptr()`` over, since the C++ side cannot check anything. CUDA tensors go to
 the CUDA kernels (cpp/cuda/clip_kernels.cu, same noise stream and bits) on the caller's current
