@@ -129,7 +129,7 @@ def _exact_pairs(words: list[torch.Tensor], pairs: int, per_pair: int):
     us, angles = [], []
     for q in range(pairs):
         x0, x1, x2 = words[per_pair * q: per_pair * q + 3]
-        n = ((x1 & 0xFFFFF) << 32) | (x0 | 1)
+        n = ((x1 & 0x1FFFFF) << 31) | (x0 >> 1) | 1
         w = n.double() * 2.0**-53
         us.append(torch.where((x1 >> 31) != 0, w, 1.0 - w))
         angles.append((x2 >> 8).double() * 2.0**-24)

@@ -88,21 +88,44 @@ struct TileArgs {
   double scale;
 };
 
+// out = scale * (base + noise_std * z) in one pass (no per-example rows: the release pass).
+template <typename T, typename Z, bool kBase, bool kNoise>
+__attribute__((always_inline)) inline void release_tile(const TileArgs& a, std::int64_t lo,
+                                                       std::int64_t len, const Z* z) noexcept {
+  const double std_dev = a.noise_std;
+  const double scale = a.scale;
+  for (std::int64_t j = 0; j < len; ++j) {
+    double v = kBase ? Elem<T>::load(a.base, lo + j) : 0.0;
+    if constexpr (kNoise) v += std_dev * static_cast<double>(z[j]);
+    Elem<T>::store(a.out, lo + j, v * scale);
+  }
+}
+
 template <typename T, typename Z>
 __attribute__((always_inline)) inline void tile_body(const TileArgs& a, std::int64_t lo,
                                                     std::int64_t len, const Z* z) noexcept {
+  if (!a.per_example) {
+    if (a.base && z) {
+      release_tile<T, Z, true, true>(a, lo, len, z);
+    } else if (z) {
+      release_tile<T, Z, false, true>(a, lo, len, z);
+    } else if (a.base) {
+      release_tile<T, Z, true, false>(a, lo, len, z);
+    } else {
+      release_tile<T, Z, false, false>(a, lo, len, z);
+    }
+    return;
+  }
   double acc[kTile];
   if (a.base) {
     for (std::int64_t j = 0; j < len; ++j) acc[j] = Elem<T>::load(a.base, lo + j);
   } else {
     for (std::int64_t j = 0; j < len; ++j) acc[j] = 0.0;
   }
-  if (a.per_example) {
-    for (std::int64_t i = 0; i < a.batch; ++i) {
-      const double c = a.factors[i];
-      const std::int64_t row = i * a.numel + lo;
-      for (std::int64_t j = 0; j < len; ++j) acc[j] += c * Elem<T>::load(a.per_example, row + j);
-    }
+  for (std::int64_t i = 0; i < a.batch; ++i) {
+    const double c = a.factors[i];
+    const std::int64_t row = i * a.numel + lo;
+    for (std::int64_t j = 0; j < len; ++j) acc[j] += c * Elem<T>::load(a.per_example, row + j);
   }
   if (z) {
     const double std_dev = a.noise_std;

@@ -49,6 +49,7 @@ DPSHARP_NOISE_INLINE void f32_chunks(const StreamKey& s, std::int64_t chunk, std
       const auto block0 = static_cast<std::uint32_t>((chunk + c) * kLanes + part * kWidth);
       U words[16];
       noise::chacha_block<noise::kChaChaRounds>(s, U(block0) + lane_index, words);
+#pragma GCC unroll 5
       for (int q = 0; q < noise::kF32PairsPerBlock; ++q) {
         F z_cos, z_sin;
         noise::gaussian_pair_f32(words[3 * q], words[3 * q + 1], words[3 * q + 2], z_cos, z_sin);
@@ -132,19 +133,29 @@ DPSHARP_AVX2 M8 operator>(F8 a, F8 b) { return M8{_mm256_cmp_ps(a.v, b.v, _CMP_G
 DPSHARP_AVX2 M8 operator<=(F8 a, F8 b) { return M8{_mm256_cmp_ps(a.v, b.v, _CMP_LE_OQ)}; }
 template <int kBits>
 DPSHARP_AVX2 U8 rotl(U8 x) {
-  return _mm256_or_si256(_mm256_slli_epi32(x.v, kBits), _mm256_srli_epi32(x.v, 32 - kBits));
+  if constexpr (kBits == 16) {  // whole-byte rotations: one byte shuffle instead of three ops
+    return _mm256_shuffle_epi8(x.v, _mm256_setr_epi8(2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14,
+                                                     15, 12, 13, 2, 3, 0, 1, 6, 7, 4, 5, 10,
+                                                     11, 8, 9, 14, 15, 12, 13));
+  } else if constexpr (kBits == 8) {
+    return _mm256_shuffle_epi8(x.v, _mm256_setr_epi8(3, 0, 1, 2, 7, 4, 5, 6, 11, 8, 9, 10, 15,
+                                                     12, 13, 14, 3, 0, 1, 2, 7, 4, 5, 6, 11, 8,
+                                                     9, 10, 15, 12, 13, 14));
+  } else {
+    return _mm256_or_si256(_mm256_slli_epi32(x.v, kBits), _mm256_srli_epi32(x.v, 32 - kBits));
+  }
 }
 DPSHARP_AVX2 F8 as_float(U8 x) { return _mm256_castsi256_ps(x.v); }
 DPSHARP_AVX2 U8 as_bits(F8 x) { return _mm256_castps_si256(x.v); }
 DPSHARP_AVX2 F8 small_to_float(U8 x) { return _mm256_cvtepi32_ps(x.v); }
-DPSHARP_AVX2 F8 word_to_float(U8 x) {  // no unsigned conversion in AVX2: the exact halves
-  return small_to_float(x >> 16) * F8(65536.0f) + small_to_float(x & U8(0xFFFFu));
-}
 DPSHARP_AVX2 M8 nonzero(U8 x) {
   const __m256i zero = _mm256_cmpeq_epi32(x.v, _mm256_setzero_si256());
   return M8{_mm256_castsi256_ps(_mm256_xor_si256(zero, _mm256_set1_epi32(-1)))};
 }
 DPSHARP_AVX2 F8 select(M8 m, F8 a, F8 b) { return _mm256_blendv_ps(b.v, a.v, m.v); }
+DPSHARP_AVX2 F8 select_top_bit(U8 m, F8 a, F8 b) {
+  return _mm256_blendv_ps(b.v, a.v, _mm256_castsi256_ps(m.v));
+}
 DPSHARP_AVX2 F8 lane_sqrt(F8 x) { return _mm256_sqrt_ps(x.v); }
 DPSHARP_AVX2 void store(float* p, F8 v) { _mm256_storeu_ps(p, v.v); }
 DPSHARP_AVX2 void store_words(std::uint32_t* p, U8 v) {
@@ -290,11 +301,11 @@ DPSHARP_AVX512 U16 rotl(U16 x) {
 DPSHARP_AVX512 F16 as_float(U16 x) { return _mm512_castsi512_ps(x.v); }
 DPSHARP_AVX512 U16 as_bits(F16 x) { return _mm512_castps_si512(x.v); }
 DPSHARP_AVX512 F16 small_to_float(U16 x) { return _mm512_cvtepi32_ps(x.v); }
-// The correctly rounded conversion (round to nearest even, the default MXCSR mode): the same
-// value as the scalar definition's exact halves added with one rounding.
-DPSHARP_AVX512 F16 word_to_float(U16 x) { return _mm512_cvtepu32_ps(x.v); }
 DPSHARP_AVX512 M16 nonzero(U16 x) { return M16{_mm512_test_epi32_mask(x.v, x.v)}; }
 DPSHARP_AVX512 F16 select(M16 m, F16 a, F16 b) { return _mm512_mask_blend_ps(m.k, b.v, a.v); }
+DPSHARP_AVX512 F16 select_top_bit(U16 m, F16 a, F16 b) {
+  return _mm512_mask_blend_ps(_mm512_movepi32_mask(m.v), b.v, a.v);
+}
 DPSHARP_AVX512 F16 lane_sqrt(F16 x) { return _mm512_sqrt_ps(x.v); }
 DPSHARP_AVX512 void store(float* p, F16 v) { _mm512_storeu_ps(p, v.v); }
 DPSHARP_AVX512 void store_words(std::uint32_t* p, U16 v) { _mm512_storeu_si512(p, v.v); }

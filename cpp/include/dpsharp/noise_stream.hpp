@@ -33,15 +33,16 @@
 // reused across steps, parameters or ranks. The block counter is 32 bits: at most
 // 160 * 2^28 (float32) / 128 * 2^28 (float64) elements per parameter.
 //
-// Uniforms. Per pair, w = n 2^-53 with n = ((x1 & 0xFFFFF) << 32) | x0 | 1 an odd 52-bit
+// Uniforms. Per pair, w = n 2^-53 with n = ((x1 & 0x1FFFFF) << 31) | (x0 >> 1) | 1 an odd 52-bit
 // integer (so w is the midpoint of a cell of width 2^-52 in (0, 1/2)), and the top bit t of x1
 // picks U = w (t = 1) or U = 1 - w (t = 0): U is uniform over the cell midpoints of (0, 1),
 // symmetric, never 0 or 1. E = -ln U is computed from w itself in both cases (-ln w or
 // -log1p(-w)), so both ends keep full relative precision: the tail reaches
 // |z| <= sqrt(2 ln 2^53) = 8.57 (Gaussian mass beyond: 1e-17 per coordinate) and the radius
 // near 0 is resolved to sqrt(2 * 2^-53). The angle is 24 bits (float32) or 53 bits (float64).
-// In float32, w is formed as fl(fl(x1 & 0xFFFFF) 2^-21 + fl(x0 | 1) 2^-53): n 2^-53 to within
-// two roundings.
+// In float32, w is formed as fl(fl(x1 & 0x1FFFFF) 2^-22 + fl((x0 >> 1) | 1) 2^-53): n 2^-53 to
+// within two roundings (both conversions from non-negative 32-bit signed integers, the
+// correctly rounded conversion every instruction set has).
 #pragma once
 
 #include <cmath>
@@ -96,19 +97,18 @@ DPSHARP_HD DPSHARP_NOISE_INLINE std::uint32_t as_bits(float f) noexcept {
   std::memcpy(&bits, &f, sizeof bits);
   return bits;
 }
-// Exact for values below 2^24.
+// Values below 2^31: exact below 2^24, above that rounded to nearest even.
 DPSHARP_HD DPSHARP_NOISE_INLINE float small_to_float(std::uint32_t v) noexcept {
   return static_cast<float>(static_cast<std::int32_t>(v));
-}
-// Any 32-bit value, rounded to nearest even: the exact high and low 16-bit halves added with
-// one rounding (so every implementation rounds identically, with or without an unsigned
-// conversion instruction).
-DPSHARP_HD DPSHARP_NOISE_INLINE float word_to_float(std::uint32_t v) noexcept {
-  return small_to_float(v >> 16) * 65536.0f + small_to_float(v & 0xFFFFu);
 }
 DPSHARP_HD DPSHARP_NOISE_INLINE bool nonzero(std::uint32_t v) noexcept { return v != 0u; }
 DPSHARP_HD DPSHARP_NOISE_INLINE float select(bool m, float a, float b) noexcept {
   return m ? a : b;
+}
+// a where the top bit of `m` is set, else b (one blend instruction on x86, which selects by the
+// top bit of each lane).
+DPSHARP_HD DPSHARP_NOISE_INLINE float select_top_bit(std::uint32_t m, float a, float b) noexcept {
+  return (m >> 31) != 0u ? a : b;
 }
 DPSHARP_HD DPSHARP_NOISE_INLINE float lane_sqrt(float x) noexcept {
 #if defined(__CUDA_ARCH__)
@@ -161,11 +161,13 @@ DPSHARP_HD DPSHARP_NOISE_INLINE void chacha_block(const StreamKey& s, U block, U
 // ---- float32 Box-Muller -------------------------------------------------------------------
 // Constants as exact float32 values (hex literals: no decimal-to-float rounding to disagree on).
 namespace f32 {
-constexpr float kTwoPowMinus21 = 0x1p-21f;
+constexpr float kTwoPowMinus22 = 0x1p-22f;
 constexpr float kTwoPowMinus53 = 0x1p-53f;
 constexpr float kTwoPowMinus24 = 0x1p-24f;
-constexpr float kSqrt2 = 0x1.6a09e6p+0f;           // float(sqrt 2)
 constexpr float kSqrtHalf = 0x1.6a09e6p-1f;        // float(sqrt 1/2)
+// The bits of the float just above float(sqrt 1/2): mantissas in [this, 2 * this) are
+// [sqrt(1/2), float(sqrt 2)] (float(sqrt 2) = 0x1.6a09e6p+0 included).
+constexpr std::uint32_t kMantissaFloorBits = 0x3F3504F4u;
 constexpr float kLn2Hi = 0x1.62e4p-1f;             // 17 bits: e * kLn2Hi is exact
 constexpr float kLn2Lo = 0x1.7f7d1cp-20f;          // float(ln 2 - kLn2Hi)
 constexpr float kHalfPi = 0x1.921fb6p+0f;          // float(pi / 2)
@@ -204,17 +206,16 @@ template <typename U, typename F>
 DPSHARP_HD DPSHARP_NOISE_INLINE void gaussian_pair_f32(U x0, U x1, U x2, F& z_cos, F& z_sin)
     noexcept {
   using namespace f32;
-  const F w = small_to_float(x1 & U(0xFFFFFu)) * F(kTwoPowMinus21) +
-              word_to_float(x0 | U(1u)) * F(kTwoPowMinus53);
-  const F y = select(nonzero(x1 & U(0x80000000u)), w, F(1.0f) - w);
+  const F w = small_to_float(x1 & U(0x1FFFFFu)) * F(kTwoPowMinus22) +
+              small_to_float((x0 >> 1) | U(1u)) * F(kTwoPowMinus53);
+  const F y = select_top_bit(x1, w, F(1.0f) - w);
   const auto near_one = y > F(kSqrtHalf);
-  // frexp of y: y = m 2^e, m in [1, 2), then m in [sqrt(1/2), sqrt(2)).
-  const U bits = as_bits(y);
-  F e = small_to_float(bits >> 23) - F(127.0f);
-  F m = as_float((bits & U(0x7FFFFFu)) | U(0x3F800000u));
-  const auto big = m > F(kSqrt2);
-  m = select(big, m * F(0.5f), m);
-  e = select(big, e + F(1.0f), e);
+  // y = m 2^e with m in [sqrt(1/2), sqrt(2)): m's bits are those of y's mantissa placed above
+  // kMantissaFloor (the float just above sqrt(1/2), so that m <= float(sqrt 2)), e the exponent
+  // that makes up the difference (y < 1, so the sum below never wraps).
+  const U shifted_bits = as_bits(y) + U(0x3F800000u - kMantissaFloorBits);
+  const F e = small_to_float(shifted_bits >> 23) - F(127.0f);
+  const F m = as_float((shifted_bits & U(0x7FFFFFu)) + U(kMantissaFloorBits));
   const F num = select(near_one, F(0.0f) - w, m - F(1.0f));
   const F den = select(near_one, F(2.0f) - w, m + F(1.0f));
   const F s = num / den;
@@ -245,11 +246,11 @@ DPSHARP_HD DPSHARP_NOISE_INLINE void gaussian_pair_f32(U x0, U x1, U x2, F& z_co
   cp = F(kInvFact4) - xx * cp;
   cp = F(kInvFact2) - xx * cp;
   const F cos_x = F(1.0f) - xx * cp;
-  const auto swap = nonzero(quadrant & U(1u));
+  const U swap = quadrant << 31;                          // odd quadrants: top bit set
   const U sin_sign = (quadrant & U(2u)) << 30;            // quadrants 2, 3
   const U cos_sign = ((quadrant + U(1u)) & U(2u)) << 30;  // quadrants 1, 2
-  const F sin_v = as_float(as_bits(select(swap, cos_x, sin_x)) ^ sin_sign);
-  const F cos_v = as_float(as_bits(select(swap, sin_x, cos_x)) ^ cos_sign);
+  const F sin_v = as_float(as_bits(select_top_bit(swap, cos_x, sin_x)) ^ sin_sign);
+  const F cos_v = as_float(as_bits(select_top_bit(swap, sin_x, cos_x)) ^ cos_sign);
   z_cos = radius * cos_v;
   z_sin = radius * sin_v;
 }
@@ -351,7 +352,7 @@ DPSHARP_HD DPSHARP_NOISE_INLINE void sincos_two_pi(D u, D& sin_out, D& cos_out) 
 template <typename U64, typename D>
 DPSHARP_HD DPSHARP_NOISE_INLINE void gaussian_pair_f64(U64 x0, U64 x1, U64 x2, U64 x3, D& z_cos,
                                                        D& z_sin) noexcept {
-  const U64 n = ((x1 & U64(0xFFFFFu)) << 32) | (x0 | U64(1u));
+  const U64 n = ((x1 & U64(0x1FFFFFu)) << 31) | (x0 >> 1) | U64(1u);
   const D w = small_to_double(n) * D(0x1p-53);
   const D u = select(nonzero(x1 >> 31), w, D(1.0) - w);
   const D radius = lane_sqrt(D(-2.0) * log_unit(u));

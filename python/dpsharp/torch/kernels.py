@@ -706,13 +706,10 @@ def _reference_pair_f32(x0: torch.Tensor, x1: torch.Tensor,
 
     f32 = torch.float32
 
-    def small(v: torch.Tensor) -> torch.Tensor:  # exact: v < 2^24
+    def small(v: torch.Tensor) -> torch.Tensor:  # v < 2^31: exact below 2^24, else rounded
         return v.to(f32)
 
-    def word(v: torch.Tensor) -> torch.Tensor:  # the exact halves, one rounding
-        return small(v >> 16) * 65536.0 + small(v & 0xFFFF)
-
-    w = small(x1 & 0xFFFFF) * 2.0**-21 + word(x0 | 1) * 2.0**-53
+    w = small(x1 & 0x1FFFFF) * 2.0**-22 + small((x0 >> 1) | 1) * 2.0**-53
     y = torch.where((x1 & 0x80000000) != 0, w, 1.0 - w)
     near_one = y > _f32("0x1.6a09e6p-1")
     bits = _bits_f32(y)
@@ -801,7 +798,7 @@ def _reference_pair_f64(x0: torch.Tensor, x1: torch.Tensor, x2: torch.Tensor,
     """gaussian_pair_f64 of noise_stream.hpp on int64 tensors of words, in float64."""
     import torch
 
-    n = ((x1 & 0xFFFFF) << 32) | (x0 | 1)
+    n = ((x1 & 0x1FFFFF) << 31) | (x0 >> 1) | 1
     w = n.to(torch.float64) * 2.0**-53  # exact: n < 2^52
     u = torch.where((x1 >> 31) != 0, w, 1.0 - w)
     radius = _sqrt_exact(-2.0 * _reference_log_unit(u))
