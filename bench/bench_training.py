@@ -10,10 +10,9 @@ Models (synthetic data; the step time does not depend on the values):
                FFN 512) built from nn.Linear / nn.LayerNorm, seq 64, batch 64, mean-pooled
                classifier
 
-Modes: nonprivate (plain SGD step), dpsharp (clip every example, add noise, SGD step; the
-release armed before the forward pass, PerSampleClipper.arm_release), dpsharp-release (the same
-with a release() call after the backward pass), opacus-hooks (GradSampleModule + DPOptimizer)
-and opacus-ghost (fast gradient / ghost clipping); "opacus best" is the faster of the two on each
+Modes: nonprivate (plain SGD step), dpsharp (clip every example, add noise, SGD step:
+PerSampleClipper, release() after the backward pass; arm_release gives the same gradients by the
+same kernels), opacus-hooks (GradSampleModule + DPOptimizer) and opacus-ghost (fast gradient / ghost clipping); "opacus best" is the faster of the two on each
 model. `--retain-freed-memory` runs every mode under dpsharp.torch.retain_freed_memory().
 
 Timing: each mode runs `--steps` steps per round, rounds interleave the modes (the machine is
@@ -134,28 +133,19 @@ def build_step(mode: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor):
             F.cross_entropy(model(x), y).backward()
             opt.step()
         return step
-    if mode in ("dpsharp", "dpsharp-release"):
+    if mode == "dpsharp":
         from dpsharp.torch import NoiseGenerator, PerSampleClipper
 
         clipper = PerSampleClipper(model, max_grad_norm=C)
         noise = NoiseGenerator(0)
         opt = torch.optim.SGD(clipper.parameters, lr=LR)
-        if mode == "dpsharp-release":
-            def release_step() -> None:  # clipped sums accumulated, released by release()
-                opt.zero_grad(set_to_none=True)
-                F.cross_entropy(model(x), y).backward()
-                clipper.release(noise_multiplier=SIGMA, expected_batch_size=batch, noise=noise)
-                opt.step()
-            return release_step
 
-        def step() -> None:
+        def dp_step() -> None:  # clipped sums accumulated in the backward, released by release()
             opt.zero_grad(set_to_none=True)
-            # The release happens at the end of the backward pass (noise drawn into each
-            # gradient buffer right before its clipped sum is added; see arm_release).
-            clipper.arm_release(noise_multiplier=SIGMA, expected_batch_size=batch, noise=noise)
             F.cross_entropy(model(x), y).backward()
+            clipper.release(noise_multiplier=SIGMA, expected_batch_size=batch, noise=noise)
             opt.step()
-        return step
+        return dp_step
     if mode == "opacus-hooks":
         from opacus import GradSampleModule
         from opacus.optimizers import DPOptimizer
@@ -189,7 +179,7 @@ def build_step(mode: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor):
     raise ValueError(mode)
 
 
-MODES = ["nonprivate", "dpsharp", "dpsharp-release", "opacus-hooks", "opacus-ghost"]
+MODES = ["nonprivate", "dpsharp", "opacus-hooks", "opacus-ghost"]
 
 
 def time_modes(model_name: str, threads: int, steps: int, rounds: int) -> dict[str, float]:
@@ -269,30 +259,28 @@ def main() -> None:
 
         retained = retain_freed_memory()
     lines = [
-        "| model | threads | non-private ms | dpsharp ms | dpsharp release() ms | "
-        "opacus-hooks ms | opacus-ghost ms | DP / non-private | DP release() / non-private "
-        "| opacus best / dpsharp |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| model | threads | non-private ms | dpsharp ms | opacus-hooks ms | opacus-ghost ms | "
+        "DP / non-private | opacus best / dpsharp |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    mem_lines = ["| model | non-private MiB | dpsharp MiB | dpsharp release() MiB | "
-                 "opacus-hooks MiB | opacus-ghost MiB | dpsharp / non-private |",
-                 "|---|---|---|---|---|---|---|"]
+    mem_lines = ["| model | non-private MiB | dpsharp MiB | opacus-hooks MiB | opacus-ghost MiB | "
+                 "dpsharp / non-private |",
+                 "|---|---|---|---|---|---|"]
     for model_name in args.models:
         for threads in [] if args.memory_only else args.threads:
             t = time_modes(model_name, threads, args.steps, args.rounds)
             best = min(t["opacus-hooks"], t["opacus-ghost"])
             row = (f"| {model_name} | {threads} | {t['nonprivate']*1e3:.1f} | "
-                   f"{t['dpsharp']*1e3:.1f} | {t['dpsharp-release']*1e3:.1f} | "
+                   f"{t['dpsharp']*1e3:.1f} | "
                    f"{t['opacus-hooks']*1e3:.1f} | {t['opacus-ghost']*1e3:.1f} | "
                    f"{t['dpsharp']/t['nonprivate']:.2f}x | "
-                   f"{t['dpsharp-release']/t['nonprivate']:.2f}x | "
                    f"{best/t['dpsharp']:.2f}x |")
             print(row, flush=True)
             lines.append(row)
         if not args.no_memory:
             m = memory_modes(model_name, max(2, args.steps), args.retain_freed_memory)
             row = (f"| {model_name} | {m['nonprivate']:.1f} | {m['dpsharp']:.1f} | "
-                   f"{m['dpsharp-release']:.1f} | {m['opacus-hooks']:.1f} | "
+                   f"{m['opacus-hooks']:.1f} | "
                    f"{m['opacus-ghost']:.1f} | {m['dpsharp']/max(m['nonprivate'], 1e-9):.2f}x |")
             print(row, flush=True)
             mem_lines.append(row)
@@ -304,9 +292,8 @@ def main() -> None:
         f"torch {torch.__version__}, opacus {opacus.__version__}; shared 2-core CPU (other "
         "jobs running: only ratios within one run mean anything). Step = zero_grad + forward + "
         "backward (+ clip/noise) + SGD step; median over rounds of the mean of `--steps` "
-        "steps; sigma = 1, C = 1. dpsharp: PerSampleClipper with arm_release (the release at "
-        "the end of the backward pass); dpsharp release(): the same clipper released by a "
-        "release() call after the backward pass."
+        "steps; sigma = 1, C = 1. dpsharp: PerSampleClipper, release() after the backward "
+        "pass."
         + (" Allocator: dpsharp.torch.retain_freed_memory() in every mode's process "
            f"(applied: {retained})." if args.retain_freed_memory else
            " Allocator: glibc defaults.")

@@ -34,9 +34,6 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=0,
                     help="steps per mode (default: 100 for mlp, 60 for cnn, 20 for transformer)")
     ap.add_argument("--import-from", type=Path)
-    ap.add_argument("--dp-mode", default="dpsharp", choices=["dpsharp", "dpsharp-release"],
-                    help="bench_training.py's DP step: the armed release (default) or release() "
-                         "after the backward pass (the one an older checkout has)")
     ap.add_argument("--retain-freed-memory", action="store_true",
                     help="call dpsharp.torch.retain_freed_memory() first (glibc keeps freed "
                          "memory instead of returning it to the system; applies to both modes)")
@@ -53,7 +50,7 @@ def main() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from bench_training import build_step, make
 
-    print(f"dpsharp from {Path(dpsharp.__file__).parent}, DP step: {args.dp_mode}")
+    print(f"dpsharp from {Path(dpsharp.__file__).parent}")
     if args.retain_freed_memory:
         from dpsharp.torch import retain_freed_memory
 
@@ -68,8 +65,7 @@ def main() -> None:
             runners = {}
             for mode in ("nonprivate", "dpsharp"):
                 model, x, y = make(model_name)
-                runners[mode] = build_step(args.dp_mode if mode == "dpsharp" else mode,
-                                           model, x, y)
+                runners[mode] = build_step(mode, model, x, y)
                 for _ in range(3):
                     runners[mode]()  # warm-up
             times: dict[str, list[float]] = {mode: [] for mode in runners}

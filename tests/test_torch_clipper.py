@@ -447,8 +447,8 @@ def _armed_and_plain(make_model, x, y, loss_fn, *, clipping="flat", sigma=1.3, b
 @pytest.mark.parametrize("clipping", ["flat", "per_layer"])
 @pytest.mark.parametrize("model_kind", ["mlp", "seq", "tied", "conv", "unused"])
 def test_armed_release_equals_release_after_backward(model_kind, clipping):
-    """Same noise (same key and streams) and the same clipped sums as release(), up to the
-    rounding of a different summation order (float64 here)."""
+    """Same noise (same key and streams), same clipped sums, same fused release kernel as
+    release(): the same bits."""
     ce = nn.functional.cross_entropy
     if model_kind == "mlp":
         make, x, y = (lambda: nn.Sequential(nn.Linear(5, 7), nn.ReLU(), nn.Linear(7, 3)),
@@ -466,16 +466,16 @@ def test_armed_release_equals_release_after_backward(model_kind, clipping):
         make, x, y = _Unused, torch.randn(6, 5, dtype=torch.float64), torch.randint(0, 3, (6,))
     plain, armed = _armed_and_plain(make, x, y, ce, clipping=clipping)
     for a, b in zip(plain, armed):
-        torch.testing.assert_close(b, a, rtol=1e-12, atol=1e-14)
+        assert torch.equal(b, a)
 
 
-def test_armed_release_float32_matches_within_rounding():
+def test_armed_release_float32_is_bitwise_the_release():
     make = lambda: nn.Sequential(nn.Linear(20, 30), nn.ReLU(), nn.Linear(30, 4))  # noqa: E731
     x, y = torch.randn(16, 20), torch.randint(0, 4, (16,))
     plain, armed = _armed_and_plain(make, x, y, nn.functional.cross_entropy,
                                     dtype=torch.float32, batch=16.0)
     for a, b in zip(plain, armed):
-        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+        assert torch.equal(b, a)
 
 
 def test_armed_release_without_backward_is_the_armed_pure_noise_release():

@@ -202,7 +202,15 @@ void clip_accumulate_noise_typed(const TileArgs& args, const NoiseStream& stream
 // 512-bit or eight 256-bit registers of doubles in the wider builds).
 constexpr int kDotLanes = 32;
 
-template <typename T>
+// kSquares: b == a (squared norms), each element loaded and widened once.
+template <typename T, bool kSquares>
+__attribute__((always_inline)) inline double lane_product(const void* a, const void* b,
+                                                          std::int64_t k) noexcept {
+  const double x = Elem<T>::load(a, k);
+  return kSquares ? x * x : x * Elem<T>::load(b, k);
+}
+
+template <typename T, bool kSquares>
 __attribute__((always_inline)) inline void dots_rows(const void* a, const void* b,
                                                      std::int64_t numel, double* out,
                                                      std::int64_t lo, std::int64_t hi) noexcept {
@@ -211,13 +219,9 @@ __attribute__((always_inline)) inline void dots_rows(const void* a, const void* 
     const std::int64_t row = i * numel;
     std::int64_t j = 0;
     for (; j + kDotLanes <= numel; j += kDotLanes) {
-      for (int l = 0; l < kDotLanes; ++l) {
-        lanes[l] += Elem<T>::load(a, row + j + l) * Elem<T>::load(b, row + j + l);
-      }
+      for (int l = 0; l < kDotLanes; ++l) lanes[l] += lane_product<T, kSquares>(a, b, row + j + l);
     }
-    for (int l = 0; j < numel; ++j, ++l) {
-      lanes[l] += Elem<T>::load(a, row + j) * Elem<T>::load(b, row + j);
-    }
+    for (int l = 0; j < numel; ++j, ++l) lanes[l] += lane_product<T, kSquares>(a, b, row + j);
     // pairwise, in a fixed order
     for (int width = kDotLanes / 2; width > 0; width /= 2) {
       for (int l = 0; l < width; ++l) lanes[l] += lanes[l + width];
@@ -230,7 +234,11 @@ __attribute__((always_inline)) inline void dots_rows(const void* a, const void* 
   __attribute__((always_inline)) inline void dots_##suffix##_body(                         \
       const void* a, const void* b, std::int64_t numel, double* out, std::int64_t lo,        \
       std::int64_t hi) noexcept {                                                            \
-    dots_rows<T>(a, b, numel, out, lo, hi);                                                \
+    if (a == b) {                                                                          \
+      dots_rows<T, true>(a, b, numel, out, lo, hi);                                        \
+    } else {                                                                               \
+      dots_rows<T, false>(a, b, numel, out, lo, hi);                                       \
+    }                                                                                      \
   }                                                                                        \
   DPSHARP_WIDTH_BUILDS(dots_##suffix,                                                      \
                        (const void* a, const void* b, std::int64_t numel, double* out,     \

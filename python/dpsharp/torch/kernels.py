@@ -552,27 +552,6 @@ def layer_norm_affine_rows(
     return w_rows, b_rows
 
 
-def fresh_noise(shape: torch.Size | tuple[int, ...], dtype: torch.dtype, device: torch.device,
-                *, noise_std: float, key_word_list: list[int], parameter: int, release: int,
-                rank: int, scale: float, threads: int | None = None) -> torch.Tensor:
-    """A new tensor ``scale * noise_std * z`` (z: the noise stream of ``parameter``, see
-    :func:`clip_accumulate_noise`), with the arguments already checked by the caller (the
-    clipper's per-parameter hot path: no per-call validation beyond what the C++ side needs;
-    ``key_word_list`` is :func:`key_words` of the key)."""
-    import torch
-
-    out = torch.empty(shape, dtype=dtype, device=device)
-    if out.is_cuda:
-        key = sum(w << (32 * i) for i, w in enumerate(key_word_list))
-        return clip_accumulate_noise(out, noise_std=noise_std, key=key, parameter=parameter,
-                                     release=release, rank=rank, scale=scale)
-    _core.clip_accumulate_noise(0, 0, 0, 0, out.data_ptr(), dtype_code(dtype), out.numel(),
-                                float(noise_std), key_word_list, parameter & _MASK32,
-                                release & _MASK32, rank & _MASK32, float(scale),
-                                _threads(threads))
-    return out
-
-
 def release_noise(
     outs: Sequence[torch.Tensor],
     bases: Sequence[torch.Tensor | None],
