@@ -36,6 +36,12 @@ constexpr int kLanes = noise::kLanes;
 // Stores of one lane (the vector types' overloads are found by argument-dependent lookup).
 DPSHARP_NOISE_INLINE void store(float* p, float v) noexcept { *p = v; }
 DPSHARP_NOISE_INLINE void store_words(std::uint32_t* p, std::uint32_t v) noexcept { *p = v; }
+template <typename U>
+DPSHARP_NOISE_INLINE U load_words(const std::uint32_t* p);
+template <>
+DPSHARP_NOISE_INLINE std::uint32_t load_words<std::uint32_t>(const std::uint32_t* p) {
+  return *p;
+}
 
 // Whole chunks [chunk, chunk + chunks) of the float32 stream into out (160 floats per chunk),
 // kWidth lanes at a time. Lane::index() holds 0, 1, ..., kWidth - 1; store(p, v) writes kWidth
@@ -49,10 +55,13 @@ DPSHARP_NOISE_INLINE void f32_chunks(const StreamKey& s, std::int64_t chunk, std
       const auto block0 = static_cast<std::uint32_t>((chunk + c) * kLanes + part * kWidth);
       U words[16];
       noise::chacha_block<noise::kChaChaRounds>(s, U(block0) + lane_index, words);
+      alignas(64) std::uint32_t spilled[15][kWidth];
+      for (int i = 0; i < 15; ++i) store_words(spilled[i], words[i]);
 #pragma GCC unroll 5
       for (int q = 0; q < noise::kF32PairsPerBlock; ++q) {
         F z_cos, z_sin;
-        noise::gaussian_pair_f32(words[3 * q], words[3 * q + 1], words[3 * q + 2], z_cos, z_sin);
+        noise::gaussian_pair_f32(load_words<U>(spilled[3 * q]), load_words<U>(spilled[3 * q + 1]),
+                                 load_words<U>(spilled[3 * q + 2]), z_cos, z_sin);
         store(dst + kLanes * (2 * q) + part * kWidth, z_cos);
         store(dst + kLanes * (2 * q + 1) + part * kWidth, z_sin);
       }
@@ -160,6 +169,10 @@ DPSHARP_AVX2 F8 lane_sqrt(F8 x) { return _mm256_sqrt_ps(x.v); }
 DPSHARP_AVX2 void store(float* p, F8 v) { _mm256_storeu_ps(p, v.v); }
 DPSHARP_AVX2 void store_words(std::uint32_t* p, U8 v) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v.v);
+}
+template <>
+DPSHARP_AVX2 U8 load_words<U8>(const std::uint32_t* p) {
+  return _mm256_load_si256(reinterpret_cast<const __m256i*>(p));
 }
 
 __attribute__((target("avx2"), flatten)) void f32_chunks_avx2(const StreamKey& s, std::int64_t chunk,
@@ -309,6 +322,8 @@ DPSHARP_AVX512 F16 select_top_bit(U16 m, F16 a, F16 b) {
 DPSHARP_AVX512 F16 lane_sqrt(F16 x) { return _mm512_sqrt_ps(x.v); }
 DPSHARP_AVX512 void store(float* p, F16 v) { _mm512_storeu_ps(p, v.v); }
 DPSHARP_AVX512 void store_words(std::uint32_t* p, U16 v) { _mm512_storeu_si512(p, v.v); }
+template <>
+DPSHARP_AVX512 U16 load_words<U16>(const std::uint32_t* p) { return _mm512_load_si512(p); }
 
 // 8 float64 lanes for the float64 transform: 64-bit words, doubles, 8-bit masks.
 struct U64x8 {
