@@ -509,10 +509,7 @@ class PerSampleClipper:
         clipped sums are formed and released by the same fused kernel as :meth:`release`, so the
         gradients are bit-for-bit those of ``release()`` after the backward pass. A convenience
         for a loop that releases after every backward pass (one backward per step):
-        ``zero_grad``, ``arm_release``, forward, backward, ``optimizer.step()``. (An earlier
-        version drew each parameter's noise into its buffer before adding the clipped sum by
-        an accumulating matrix product; measured on the bench models it was never faster than
-        the single release pass, and it rounded differently.)
+        ``zero_grad``, ``arm_release``, forward, backward, ``optimizer.step()``.
 
         Must be called before the first backward pass of a release (nothing accumulated). The
         armed release covers exactly the next backward pass; if none comes (an empty Poisson

@@ -202,11 +202,11 @@ class Usage:
     def clipped_sum(self, p: torch.nn.Parameter, factors: torch.Tensor) -> torch.Tensor:
         return weighted_sum(self.per_example(p), factors)
 
-    def add_clipped_sum(self, p: torch.nn.Parameter, factors: torch.Tensor, out: torch.Tensor,
-                        alpha: float = 1.0) -> None:
-        """``out += alpha * clipped_sum(p, factors)`` in place (``out`` shaped like ``p``)."""
+    def add_clipped_sum(self, p: torch.nn.Parameter, factors: torch.Tensor,
+                        out: torch.Tensor) -> None:
+        """``out += clipped_sum(p, factors)`` in place (``out`` shaped like ``p``)."""
         contribution = self.clipped_sum(p, factors)
-        out.add_(contribution.reshape(out.shape).to(out.dtype), alpha=alpha)
+        out.add_(contribution.reshape(out.shape).to(out.dtype))
 
 
 class _WeightBiasUsage(Usage):
@@ -428,20 +428,20 @@ class LinearUsage(_WeightBiasUsage):
             return (self.g.reshape(-1, pdim).t() @ (self.a * c).reshape(-1, d)).reshape(p.shape)
         return ((self.g * c).reshape(-1, pdim).t() @ self.a.reshape(-1, d)).reshape(p.shape)
 
-    def add_clipped_sum(self, p: torch.nn.Parameter, factors: torch.Tensor, out: torch.Tensor,
-                        alpha: float = 1.0) -> None:
-        """``out += alpha * clipped_sum(p, factors)``: the weight's matrix product (and the
+    def add_clipped_sum(self, p: torch.nn.Parameter, factors: torch.Tensor,
+                        out: torch.Tensor) -> None:
+        """``out += clipped_sum(p, factors)``: the weight's matrix product (and the
         bias's matrix-vector product) accumulate into ``out`` directly, no intermediate."""
         if self.g.dtype == out.dtype and out.is_contiguous():
             if p is self.bias:
                 m, v = self._bias_product(factors)
-                out.addmv_(m, v, alpha=alpha)
+                out.addmv_(m, v)
                 return
             product = self._clipped_product(p, factors)
             if product is not None and out.dim() == 2:
-                out.addmm_(*product, alpha=alpha)
+                out.addmm_(*product)
                 return
-        super().add_clipped_sum(p, factors, out, alpha)
+        super().add_clipped_sum(p, factors, out)
 
 
 class ConvUsage(_WeightBiasUsage):
@@ -655,20 +655,20 @@ class EmbeddingUsage(Usage):
         out = torch.zeros(p.shape, dtype=self.g.dtype, device=self.g.device)
         return out.index_add_(0, self.idx.reshape(-1), scaled)
 
-    def add_clipped_sum(self, p: torch.nn.Parameter, factors: torch.Tensor, out: torch.Tensor,
-                        alpha: float = 1.0) -> None:
+    def add_clipped_sum(self, p: torch.nn.Parameter, factors: torch.Tensor,
+                        out: torch.Tensor) -> None:
         """The rows looked up get their clipped sums added in place (no (num_rows, d)
         intermediate: an embedding's gradient is mostly rows nobody looked up)."""
         import torch
 
         if (self._fused() and out.dtype == _wide(self._out_grads).dtype
                 and out.is_contiguous()):
-            weights = (factors.to(torch.float64) * (self.scale * alpha)).contiguous()
+            weights = (factors.to(torch.float64) * self.scale).contiguous()
             kernels.embedding_clipped_sum(self.idx, _wide(self._out_grads), weights,
                                           num_rows=p.shape[0], padding_idx=self.padding_idx,
                                           out=out)
             return
-        super().add_clipped_sum(p, factors, out, alpha)
+        super().add_clipped_sum(p, factors, out)
 
 
 class AffineUsage(Usage):
