@@ -12,8 +12,9 @@ Models (synthetic data; the step time does not depend on the values):
 
 Modes: nonprivate (plain SGD step), dpsharp (clip every example, add noise, SGD step:
 PerSampleClipper, release() after the backward pass; arm_release gives the same gradients by the
-same kernels), opacus-hooks (GradSampleModule + DPOptimizer) and opacus-ghost (fast gradient / ghost clipping); "opacus best" is the faster of the two on each
-model. `--retain-freed-memory` runs every mode under dpsharp.torch.retain_freed_memory().
+same kernels), opacus-hooks (GradSampleModule + DPOptimizer) and opacus-ghost (fast gradient /
+ghost clipping); "opacus best" is the faster of the two on each model. `--retain-freed-memory`
+runs every mode under dpsharp.torch.retain_freed_memory().
 
 Timing: each mode runs `--steps` steps per round, rounds interleave the modes (the machine is
 shared), the reported time is the median over rounds of the mean step time.

@@ -216,6 +216,28 @@ def test_clip_accumulate_noise_equals_reference(dtype):
         out3, noise_std=2.0, key=5, parameter=1, release=2))
 
 
+@pytest.mark.parametrize("noise_std", [0.7, 0.0])
+def test_release_noise_equals_reference_for_every_buffer(noise_std):
+    """The multi-buffer release pass (the clipper's release: scale * (base + std * z_k)) against
+    the pure-torch reference per buffer, bit for bit: bases aliasing the output, separate bases,
+    no base; float32 / float64 / bfloat16 buffers in one call; sizes off the tile boundary."""
+    torch.manual_seed(3)
+    shapes_dtypes = [((37, 29), torch.float32), ((1000,), torch.float64), ((5, 7), torch.bfloat16),
+                     ((641,), torch.float32), ((3,), torch.float32)]
+    bases = [torch.randn(shape, dtype=torch.float64).to(dtype) for shape, dtype in shapes_dtypes]
+    outs = [bases[0].clone(), torch.empty(1000, dtype=torch.float64),
+            torch.empty(5, 7, dtype=torch.bfloat16), torch.empty(641), bases[4].clone()]
+    given = [outs[0], bases[1], None, None, outs[4]]  # aliased, separate, none, none, aliased
+    parameters = [4, 0, 9, 2, 7]
+    wants = [kernels.reference_clip_accumulate_noise(
+        out, base=None if g is None else bases[i], noise_std=noise_std, key=123, parameter=k,
+        release=5, rank=2, scale=0.25) for i, (out, g, k) in enumerate(zip(outs, given, parameters))]
+    kernels.release_noise(outs, given, noise_std=noise_std, key=123, release=5, rank=2,
+                          scale=0.25, parameters=parameters, threads=2)
+    for out, want in zip(outs, wants):
+        assert torch.equal(out, want)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 def test_sq_norm_kernel_matches_reference(dtype):
     torch.manual_seed(1)

@@ -211,8 +211,8 @@ DPSHARP_HD DPSHARP_NOISE_INLINE void gaussian_pair_f32(U x0, U x1, U x2, F& z_co
   const F y = select_top_bit(x1, w, F(1.0f) - w);
   const auto near_one = y > F(kSqrtHalf);
   // y = m 2^e with m in [sqrt(1/2), sqrt(2)): m's bits are those of y's mantissa placed above
-  // kMantissaFloor (the float just above sqrt(1/2), so that m <= float(sqrt 2)), e the exponent
-  // that makes up the difference (y < 1, so the sum below never wraps).
+  // kMantissaFloorBits (the float just above sqrt(1/2), so that m <= float(sqrt 2)), e the
+  // exponent that makes up the difference (y < 1, so the sum below never wraps).
   const U shifted_bits = as_bits(y) + U(0x3F800000u - kMantissaFloorBits);
   const F e = small_to_float(shifted_bits >> 23) - F(127.0f);
   const F m = as_float((shifted_bits & U(0x7FFFFFu)) + U(kMantissaFloorBits));
