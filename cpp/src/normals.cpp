@@ -139,7 +139,6 @@ DPSHARP_AVX2 F8 operator-(F8 a, F8 b) { return _mm256_sub_ps(a.v, b.v); }
 DPSHARP_AVX2 F8 operator*(F8 a, F8 b) { return _mm256_mul_ps(a.v, b.v); }
 DPSHARP_AVX2 F8 operator/(F8 a, F8 b) { return _mm256_div_ps(a.v, b.v); }
 DPSHARP_AVX2 M8 operator>(F8 a, F8 b) { return M8{_mm256_cmp_ps(a.v, b.v, _CMP_GT_OQ)}; }
-DPSHARP_AVX2 M8 operator<=(F8 a, F8 b) { return M8{_mm256_cmp_ps(a.v, b.v, _CMP_LE_OQ)}; }
 template <int kBits>
 DPSHARP_AVX2 U8 rotl(U8 x) {
   if constexpr (kBits == 16) {  // whole-byte rotations: one byte shuffle instead of three ops
@@ -157,10 +156,6 @@ DPSHARP_AVX2 U8 rotl(U8 x) {
 DPSHARP_AVX2 F8 as_float(U8 x) { return _mm256_castsi256_ps(x.v); }
 DPSHARP_AVX2 U8 as_bits(F8 x) { return _mm256_castps_si256(x.v); }
 DPSHARP_AVX2 F8 small_to_float(U8 x) { return _mm256_cvtepi32_ps(x.v); }
-DPSHARP_AVX2 M8 nonzero(U8 x) {
-  const __m256i zero = _mm256_cmpeq_epi32(x.v, _mm256_setzero_si256());
-  return M8{_mm256_castsi256_ps(_mm256_xor_si256(zero, _mm256_set1_epi32(-1)))};
-}
 DPSHARP_AVX2 F8 select(M8 m, F8 a, F8 b) { return _mm256_blendv_ps(b.v, a.v, m.v); }
 DPSHARP_AVX2 F8 select_top_bit(U8 m, F8 a, F8 b) {
   return _mm256_blendv_ps(b.v, a.v, _mm256_castsi256_ps(m.v));
@@ -304,9 +299,6 @@ DPSHARP_AVX512 F16 operator/(F16 a, F16 b) { return _mm512_div_ps(a.v, b.v); }
 DPSHARP_AVX512 M16 operator>(F16 a, F16 b) {
   return M16{_mm512_cmp_ps_mask(a.v, b.v, _CMP_GT_OQ)};
 }
-DPSHARP_AVX512 M16 operator<=(F16 a, F16 b) {
-  return M16{_mm512_cmp_ps_mask(a.v, b.v, _CMP_LE_OQ)};
-}
 template <int kBits>
 DPSHARP_AVX512 U16 rotl(U16 x) {
   return _mm512_rol_epi32(x.v, kBits);
@@ -314,7 +306,6 @@ DPSHARP_AVX512 U16 rotl(U16 x) {
 DPSHARP_AVX512 F16 as_float(U16 x) { return _mm512_castsi512_ps(x.v); }
 DPSHARP_AVX512 U16 as_bits(F16 x) { return _mm512_castps_si512(x.v); }
 DPSHARP_AVX512 F16 small_to_float(U16 x) { return _mm512_cvtepi32_ps(x.v); }
-DPSHARP_AVX512 M16 nonzero(U16 x) { return M16{_mm512_test_epi32_mask(x.v, x.v)}; }
 DPSHARP_AVX512 F16 select(M16 m, F16 a, F16 b) { return _mm512_mask_blend_ps(m.k, b.v, a.v); }
 DPSHARP_AVX512 F16 select_top_bit(U16 m, F16 a, F16 b) {
   return _mm512_mask_blend_ps(_mm512_movepi32_mask(m.v), b.v, a.v);

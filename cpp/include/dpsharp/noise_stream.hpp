@@ -101,7 +101,6 @@ DPSHARP_HD DPSHARP_NOISE_INLINE std::uint32_t as_bits(float f) noexcept {
 DPSHARP_HD DPSHARP_NOISE_INLINE float small_to_float(std::uint32_t v) noexcept {
   return static_cast<float>(static_cast<std::int32_t>(v));
 }
-DPSHARP_HD DPSHARP_NOISE_INLINE bool nonzero(std::uint32_t v) noexcept { return v != 0u; }
 DPSHARP_HD DPSHARP_NOISE_INLINE float select(bool m, float a, float b) noexcept {
   return m ? a : b;
 }
