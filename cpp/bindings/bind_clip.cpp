@@ -7,14 +7,17 @@
 #include <pybind11/stl.h>
 
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "bindings.hpp"
 #include "dpsharp/clip.hpp"
+#include "dpsharp/clip_factors.hpp"
 #include "dpsharp/conv_grads.hpp"
 #include "dpsharp/normals.hpp"
 #include "dpsharp/noise_stream.hpp"
@@ -123,6 +126,28 @@ void bind_clip(py::module_& m) {
       py::arg("per_example"), py::arg("dtype_code"), py::arg("batch"), py::arg("numel"),
       py::arg("out"), py::arg("threads"),
       "out[i] = sum_j g[i, j]^2 in float64 over a contiguous (batch, numel) buffer.");
+  m.def(
+      "clip_flat_factors",
+      [](const std::vector<std::tuple<std::uintptr_t, std::uintptr_t, double, double>>& terms,
+         std::int64_t batch, double bound, std::uintptr_t norms, std::uintptr_t factors) {
+        if (batch < 0) throw py::value_error("batch must be >= 0");
+        if (!(bound > 0.0) || !std::isfinite(bound)) {
+          throw py::value_error("bound must be positive and finite");
+        }
+        std::vector<clip::SqNormTerm> converted;
+        converted.reserve(terms.size());
+        for (const auto& [x, y, y_offset, coef] : terms) {
+          if (x == 0 && batch > 0) throw py::value_error("every term needs an x buffer");
+          converted.push_back({as_ptr<const double>(x), as_ptr<const double>(y), y_offset, coef});
+        }
+        return clip::flat_clip_factors(converted.data(), static_cast<std::int64_t>(converted.size()),
+                                       batch, bound, as_ptr<double>(norms),
+                                       as_ptr<double>(factors));
+      },
+      py::arg("terms"), py::arg("batch"), py::arg("bound"), py::arg("norms"), py::arg("factors"),
+      "Flat clipping's norms and factors from squared-norm terms (x, y or 0, y_offset, coef) of "
+      "float64 (batch,) buffers: norms = sqrt(sum coef x (y + y_offset)), factors = "
+      "min(1, bound / norms). False if a squared norm is not finite.");
   m.def(
       "clip_per_example_dots",
       [](std::uintptr_t a, std::uintptr_t b, int dtype_code, std::int64_t batch,

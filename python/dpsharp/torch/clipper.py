@@ -314,13 +314,14 @@ class PerSampleClipper:
         columns: dict[int, torch.Tensor] = {}
         tied: dict[int, torch.Tensor] = {}
         flat = self._clipping == "flat"
+        flat_terms: list[kernels.SqNormTerm] = []
         if flat and len(by_param) == sum(len(u.params()) for u in merged):
             # Flat clipping, no parameter used by two usages: each usage's parameters together
-            # (one column per layer; a 2-D linear layer's weight and bias from one product).
+            # (one term per layer; a 2-D linear layer's weight and bias from two norm vectors).
             for u in reversed(merged):
                 ps = [p for p in u.params() if id(p) in index]
                 if ps:
-                    columns[id(ps[0])] = u.flat_sq_norm(ps)
+                    flat_terms.append(u.flat_sq_norm_term(ps))
         else:
             for pid, us in order:
                 p = self._params[index[pid]]
@@ -334,14 +335,18 @@ class PerSampleClipper:
                     columns[pid] = kernels.per_example_sq_norms(tied[pid])
         flat_factors: torch.Tensor | None = None
         if flat:
-            # ||g_i||^2 summed over parameters (a NaN or inf in any of them stays in the sum)
-            total_sq = torch.stack(list(columns.values())).sum(dim=0) if columns else (
-                torch.zeros(batch, dtype=torch.float64, device=self._params[0].device))
-            self._require_finite(total_sq)
-            norms = total_sq.sqrt()
-            # One tensor for every parameter (a usage reuses work between its weight and bias
-            # when it is handed the same factors).
-            flat_factors = self._factors(norms, self._bounds[0])
+            # ||g_i||^2 summed over parameters (a NaN or inf in any of them stays in the sum),
+            # its square root and the factors, in one pass.
+            flat_terms += [(column, None, 0.0, 1.0) for column in columns.values()]
+            if not flat_terms:
+                flat_terms = [(torch.zeros(batch, dtype=torch.float64,
+                                           device=self._params[0].device), None, 0.0, 1.0)]
+            clipped = kernels.flat_clip_factors(flat_terms, self._bounds[0], batch)
+            if clipped is None:
+                self._raise_not_finite()
+            # One factors tensor for every parameter (a usage reuses work between its weight
+            # and bias when it is handed the same factors).
+            norms, flat_factors = clipped
             self._last_norms = norms
         else:
             sq = torch.zeros(batch, len(self._params), dtype=torch.float64,
@@ -410,16 +415,20 @@ class PerSampleClipper:
         return merged
 
     @staticmethod
-    def _require_finite(sq: torch.Tensor) -> None:
+    def _raise_not_finite() -> None:
+        raise FloatingPointError(
+            "a per-example gradient is not finite (NaN or inf); the batch was discarded "
+            "rather than clipped (check the loss and the learning rate)"
+        )
+
+    @classmethod
+    def _require_finite(cls, sq: torch.Tensor) -> None:
         import torch
 
         # The entries are >= 0: a finite sum (one reduction, the common case) means every entry
         # is finite; an infinite one may also be an overflow of finite entries.
         if not math.isfinite(float(sq.sum())) and not bool(torch.isfinite(sq).all()):
-            raise FloatingPointError(
-                "a per-example gradient is not finite (NaN or inf); the batch was discarded "
-                "rather than clipped (check the loss and the learning rate)"
-            )
+            cls._raise_not_finite()
 
     @staticmethod
     def _factors(norms: torch.Tensor, bound: Any) -> torch.Tensor:

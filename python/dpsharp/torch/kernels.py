@@ -42,11 +42,13 @@ __all__ = [
     "dtype_code",
     "embedding_clipped_sum",
     "embedding_sq_norms",
+    "flat_clip_factors",
     "linear_norms_implementations",
     "linear_sequence_sq_norms",
     "per_example_dots",
     "per_example_sq_norms",
     "reference_clip_accumulate_noise",
+    "reference_flat_clip_factors",
     "reference_gaussian",
     "key_words",
     "layer_norm_affine_rows",
@@ -196,6 +198,70 @@ def per_example_dots(a: torch.Tensor, b: torch.Tensor, *,
     _core.clip_per_example_dots(src_a.data_ptr(), src_b.data_ptr(), dtype_code(src_a.dtype),
                                 batch, numel, out.data_ptr(), _threads(threads))
     return out
+
+
+SqNormTerm = tuple["torch.Tensor", "torch.Tensor | None", float, float]
+"""One layer's part of ||g_i||^2 under flat clipping: ``(x, y, y_offset, coef)`` stands for
+``coef * x * (y + y_offset)`` (``coef * x`` when y is None), x and y float64 of shape (B,)."""
+
+
+def _fused_factor_terms(terms: Sequence[SqNormTerm], batch: int) -> bool:
+    """Whether the C++ kernel takes these terms: contiguous float64 CPU vectors of length B."""
+    import torch
+
+    for x, y, _, _ in terms:
+        for t in (x, y):
+            if t is not None and (t.dtype is not torch.float64 or t.device.type != "cpu"
+                                  or t.dim() != 1 or t.shape[0] != batch
+                                  or not t.is_contiguous()):
+                return False
+    return True
+
+
+def flat_clip_factors(terms: Sequence[SqNormTerm], bound: float, batch: int,
+                      ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Flat clipping's per-example norms and clip factors (Abadi et al. 2016, Algorithm 1):
+    ``norms = sqrt(sum_k coef_k x_k (y_k + y_offset_k))`` over the terms in order and
+    ``factors = min(1, bound / norms)`` (1 for a zero norm), both float64 of shape (B,); None
+    if a squared norm is NaN or infinite.
+
+    One C++ pass (cpp/src/clip_factors.cpp) for float64 CPU vectors, instead of a dozen tiny
+    tensor operations; anything else (CUDA) takes :func:`reference_flat_clip_factors`, which
+    performs the same IEEE operations in the same order (the same bits, except that torch's CPU
+    square root is not correctly rounded on every element: norms may differ in the last bit).
+    """
+    import torch
+
+    if not (bound > 0.0 and math.isfinite(bound)):
+        raise ValueError(f"bound must be positive and finite, got {bound!r}")
+    if not terms or not _fused_factor_terms(terms, batch):
+        return reference_flat_clip_factors(terms, bound, batch)
+    norms = torch.empty(batch, dtype=torch.float64)
+    factors = torch.empty(batch, dtype=torch.float64)
+    packed = [(x.data_ptr(), 0 if y is None else y.data_ptr(), float(offset), float(coef))
+              for x, y, offset, coef in terms]
+    if not _core.clip_flat_factors(packed, batch, float(bound), norms.data_ptr(),
+                                   factors.data_ptr()):
+        return None
+    return norms, factors
+
+
+def reference_flat_clip_factors(terms: Sequence[SqNormTerm], bound: float, batch: int,
+                                ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Pure-torch :func:`flat_clip_factors` (the same operations in the same order)."""
+    import torch
+
+    device = terms[0][0].device if terms else torch.device("cpu")
+    total = torch.zeros(batch, dtype=torch.float64, device=device)
+    for x, y, offset, coef in terms:
+        total = total + (coef * (x * (y + offset)) if y is not None else coef * x)
+    # The entries are >= 0: a finite sum means every entry is finite.
+    if not math.isfinite(float(total.sum())) and not bool(torch.isfinite(total).all()):
+        return None
+    norms = total.sqrt()
+    # a tensor divided by a tensor: one correctly rounded division (``bound / norms`` with a
+    # Python float computes reciprocal(norms) * bound, two roundings)
+    return norms, torch.clamp(torch.full_like(norms, bound) / norms, max=1.0)
 
 
 def _conv_geometry(x: torch.Tensor, kernel_size: tuple[int, ...], stride: tuple[int, ...],

@@ -127,11 +127,18 @@ def _scaled_factors(factors: torch.Tensor, scale: float, dtype: torch.dtype,
     key = (scale, dtype, repeat)
     weights = memo[1].get(key)
     if weights is None:
-        weights = factors * scale
-        if repeat != 1:
-            weights = weights.repeat_interleave(repeat)
-        if weights.dtype != dtype:
-            weights = weights.to(dtype)
+        import torch
+
+        if repeat == 1 and dtype != factors.dtype:
+            # one operation: the float64 product rounded once into the stored tensors' dtype
+            weights = torch.mul(factors, scale,
+                                out=torch.empty(factors.shape, dtype=dtype, device=factors.device))
+        else:
+            weights = factors * scale
+            if repeat != 1:
+                weights = weights.repeat_interleave(repeat)
+            if weights.dtype != dtype:
+                weights = weights.to(dtype)
         memo[1][key] = weights
     return weights
 
@@ -188,13 +195,15 @@ class Usage:
     def sq_norm(self, p: torch.nn.Parameter) -> torch.Tensor:
         return kernels.per_example_sq_norms(self.per_example(p).contiguous())
 
-    def flat_sq_norm(self, params: list[torch.nn.Parameter]) -> torch.Tensor:
-        """sum_p ||g_i(p)||^2 over ``params`` (some of this usage's parameters), (B,) float64:
-        what flat clipping needs of the usage."""
+    def flat_sq_norm_term(self, params: list[torch.nn.Parameter]) -> kernels.SqNormTerm:
+        """sum_p ||g_i(p)||^2 over ``params`` (some of this usage's parameters) as a term
+        ``(x, y, y_offset, coef)`` of :func:`dpsharp.torch.kernels.flat_clip_factors`
+        (``coef * x * (y + y_offset)``, x and y float64 (B,)): what flat clipping needs of the
+        usage. Here the plain sum (y None, coef 1)."""
         total = self.sq_norm(params[0])
         for p in params[1:]:
             total = total + self.sq_norm(p)
-        return total
+        return total, None, 0.0, 1.0
 
     def per_example(self, p: torch.nn.Parameter) -> torch.Tensor:
         raise NotImplementedError
@@ -360,14 +369,17 @@ class LinearUsage(_WeightBiasUsage):
         gram_g = torch.bmm(g_all, g_all.transpose(1, 2))
         return kernels.per_example_dots(gram_a, gram_g) * s2
 
-    def flat_sq_norm(self, params: list[torch.nn.Parameter]) -> torch.Tensor:
-        import torch
-
-        if len(params) == 2 and self.g.shape[1] == 1:
-            # ||g_i(W)||^2 + ||g_i(b)||^2 = ||g_i||^2 (||a_i||^2 + 1)
-            g_sq = self.out_grad_sq()
-            return torch.addcmul(g_sq, g_sq, self._input_sq()).mul_(self.scale * self.scale)
-        return super().flat_sq_norm(params)
+    def flat_sq_norm_term(self, params: list[torch.nn.Parameter]) -> kernels.SqNormTerm:
+        if self.g.shape[1] == 1:
+            # One position per example: ||g_i(W)||^2 = ||gy_i||^2 ||a_i||^2 and
+            # ||g_i(b)||^2 = ||gy_i||^2, so the term needs only the two vectors of norms.
+            s2 = self.scale * self.scale
+            if len(params) == 2:
+                return self.out_grad_sq(), self._input_sq(), 1.0, s2
+            if params[0] is self.weight:
+                return self.out_grad_sq(), self._input_sq(), 0.0, s2
+            return self.out_grad_sq(), None, 0.0, s2
+        return super().flat_sq_norm_term(params)
 
     def _clipped_product(self, p: torch.nn.Parameter,
                          factors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
