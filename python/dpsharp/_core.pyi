@@ -191,6 +191,14 @@ def clip_per_example_sq_norms(
 ) -> None:
     """out[i] = sum_j g[i, j]^2 in float64 over a contiguous (batch, numel) buffer."""
 
+def clip_flat_factors(
+    terms: list[tuple[int, int, float, float]], batch: int, bound: float, norms: int,
+    factors: int
+) -> bool:
+    """Flat clipping's norms and factors from squared-norm terms (x, y or 0, y_offset, coef) of
+    float64 (batch,) buffers: norms = sqrt(sum coef x (y + y_offset)), factors =
+    min(1, bound / norms). False if a squared norm is not finite."""
+
 def clip_per_example_dots(
     a: int, b: int, dtype_code: int, batch: int, numel: int, out: int, threads: int
 ) -> None:
