@@ -16,8 +16,11 @@ same kernels), opacus-hooks (GradSampleModule + DPOptimizer) and opacus-ghost (f
 ghost clipping); "opacus best" is the faster of the two on each model. `--retain-freed-memory`
 runs every mode under dpsharp.torch.retain_freed_memory().
 
-Timing: each mode runs `--steps` steps per round, rounds interleave the modes (the machine is
-shared), the reported time is the median over rounds of the mean step time.
+Timing: every mode runs in its own process (bench/_step_server.py; a user runs one mode per
+process, and modes sharing one malloc heap move each other's page faults). Rounds interleave
+the modes (the machine is shared): in each round every mode takes a turn of 1 + `--steps` steps,
+the first step of the turn (which follows the other processes' turns) is dropped, and the
+reported time is the median over rounds of the mean of the other `--steps` step times.
 Memory: each (model, mode) runs in a fresh subprocess at 1 thread; peak memory is the peak
 resident set size (VmHWM) minus the RSS after building the model, optimiser and batch,
 i.e. what the training steps add (an RSS delta, not tracemalloc, which cannot see torch's
@@ -33,7 +36,6 @@ import json
 import statistics
 import subprocess
 import sys
-import time
 import warnings
 
 import torch
@@ -183,21 +185,25 @@ def build_step(mode: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor):
 MODES = ["nonprivate", "dpsharp", "opacus-hooks", "opacus-ghost"]
 
 
-def time_modes(model_name: str, threads: int, steps: int, rounds: int) -> dict[str, float]:
-    torch.set_num_threads(threads)
-    runners = {}
-    for mode in MODES:
-        model, x, y = make(model_name)
-        runners[mode] = build_step(mode, model, x, y)
-        for _ in range(2):
-            runners[mode]()  # warm-up
+def time_modes(model_name: str, threads: int, steps: int, rounds: int,
+               retain: bool = False) -> dict[str, float]:
+    """Median over rounds of each mode's mean step time (seconds). Every mode runs in its own
+    process (bench/_step_server.py: modes sharing one heap move each other's page faults); a
+    round gives each mode a turn of 1 + ``steps`` steps, and the first step of a turn (which
+    follows the other processes' turns) is left out of the mean."""
+    from _step_server import StepServer
+
+    servers = [StepServer(model_name, mode, threads, retain_freed_memory=retain)
+               for mode in MODES]
     samples: dict[str, list[float]] = {m: [] for m in MODES}
-    for _ in range(rounds):
-        for mode in MODES:
-            t0 = time.perf_counter()
-            for _ in range(steps):
-                runners[mode]()
-            samples[mode].append((time.perf_counter() - t0) / steps)
+    try:
+        for _ in range(rounds):
+            for server in servers:
+                times = server.run(1 + steps)[1:]
+                samples[server.mode].append(sum(times) / len(times))
+    finally:
+        for server in servers:
+            server.close()
     return {m: statistics.median(v) for m, v in samples.items()}
 
 
@@ -269,7 +275,8 @@ def main() -> None:
                  "|---|---|---|---|---|---|"]
     for model_name in args.models:
         for threads in [] if args.memory_only else args.threads:
-            t = time_modes(model_name, threads, args.steps, args.rounds)
+            t = time_modes(model_name, threads, args.steps, args.rounds,
+                           args.retain_freed_memory)
             best = min(t["opacus-hooks"], t["opacus-ghost"])
             row = (f"| {model_name} | {threads} | {t['nonprivate']*1e3:.1f} | "
                    f"{t['dpsharp']*1e3:.1f} | "
@@ -292,8 +299,9 @@ def main() -> None:
         f"Command: `python {' '.join(sys.argv)}`\n\n"
         f"torch {torch.__version__}, opacus {opacus.__version__}; shared 2-core CPU (other "
         "jobs running: only ratios within one run mean anything). Step = zero_grad + forward + "
-        "backward (+ clip/noise) + SGD step; median over rounds of the mean of `--steps` "
-        "steps; sigma = 1, C = 1. dpsharp: PerSampleClipper, release() after the backward "
+        "backward (+ clip/noise) + SGD step; one process per mode, modes in turns of 1 + "
+        "`--steps` steps, the first step of each turn dropped; median over rounds of the mean "
+        "of the other `--steps` steps; sigma = 1, C = 1. dpsharp: PerSampleClipper, release() after the backward "
         "pass."
         + (" Allocator: dpsharp.torch.retain_freed_memory() in every mode's process "
            f"(applied: {retained})." if args.retain_freed_memory else

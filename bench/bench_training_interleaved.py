@@ -1,11 +1,13 @@
-"""DP / non-private step-time ratio from single steps interleaved in one process.
+"""DP / non-private step-time ratio from short turns of steps, the two modes alternating.
 
-bench_training.py times rounds of a few steps per mode and compares medians; on a shared
-machine the rounds of one mode can land in a noisy second that the other mode's rounds miss.
-Here the two modes alternate step by step (nonprivate, dpsharp, nonprivate, ...), so both see
-the same background load, and the ratio is reported at the minimum, the 25th percentile and the
+bench_training.py compares medians over rounds of all four modes; this script times only the
+plain and the DP step, in many short turns (nonprivate, dpsharp, nonprivate, ...), so both see
+the same background load, and reports the ratio at the minimum, the 25th percentile and the
 median of each mode's step times (the lower quantiles are the least disturbed by other jobs).
-The steps are bench_training.py's (same models, data, sigma = 1, C = 1, SGD).
+Each mode runs in its own process (bench/_step_server.py: two modes in one process share a
+malloc heap and move each other's page faults); a turn is ``--turn`` steps, of which the first
+(it follows the other process's turn) is dropped. The steps are bench_training.py's (same
+models, data, sigma = 1, C = 1, SGD).
 
 Run:  python bench/bench_training_interleaved.py --models mlp cnn transformer --threads 1 2
 
@@ -17,8 +19,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
-import warnings
 from pathlib import Path
 
 
@@ -32,53 +32,45 @@ def main() -> None:
     ap.add_argument("--models", nargs="+", default=["mlp", "cnn", "transformer"])
     ap.add_argument("--threads", nargs="+", type=int, default=[1, 2])
     ap.add_argument("--steps", type=int, default=0,
-                    help="steps per mode (default: 100 for mlp, 60 for cnn, 20 for transformer)")
+                    help="kept steps per mode (default: 100 for mlp, 60 for cnn, 20 for "
+                         "transformer)")
+    ap.add_argument("--turn", type=int, default=3,
+                    help="steps per turn, the first of which is dropped (default 3)")
     ap.add_argument("--import-from", type=Path)
     ap.add_argument("--retain-freed-memory", action="store_true",
                     help="call dpsharp.torch.retain_freed_memory() first (glibc keeps freed "
                          "memory instead of returning it to the system; applies to both modes)")
     args = ap.parse_args()
-    if args.import_from is not None:
-        # Drop the import hooks of an editable install so that DIR/python wins.
-        sys.meta_path[:] = [f for f in sys.meta_path
-                            if "editable" not in type(f).__module__.lower()]
-        sys.path.insert(0, str(args.import_from / "python"))
-    warnings.filterwarnings("ignore")
-    import dpsharp
-    import torch
-
+    if args.turn < 2:
+        raise SystemExit("--turn must be >= 2 (the first step of every turn is dropped)")
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from bench_training import build_step, make
+    from _step_server import StepServer
 
-    print(f"dpsharp from {Path(dpsharp.__file__).parent}")
-    if args.retain_freed_memory:
-        from dpsharp.torch import retain_freed_memory
-
-        print(f"retain_freed_memory(): {retain_freed_memory()}")
+    source = args.import_from / "python" if args.import_from else "the installed dpsharp"
+    print(f"dpsharp from {source}")
     default_steps = {"mlp": 100, "cnn": 60, "transformer": 20}
     print("| model | threads | steps | non-private ms (min / p25 / median) | dpsharp ms (min / p25 "
           "/ median) | DP / non-private (min / p25 / median) |")
     print("|---|---|---|---|---|---|")
     for model_name in args.models:
         for threads in args.threads:
-            torch.set_num_threads(threads)
-            runners = {}
-            for mode in ("nonprivate", "dpsharp"):
-                model, x, y = make(model_name)
-                runners[mode] = build_step(mode, model, x, y)
-                for _ in range(3):
-                    runners[mode]()  # warm-up
-            times: dict[str, list[float]] = {mode: [] for mode in runners}
+            servers = [StepServer(model_name, mode, threads, import_from=args.import_from,
+                                  retain_freed_memory=args.retain_freed_memory, warmup=3)
+                       for mode in ("nonprivate", "dpsharp")]
+            times: dict[str, list[float]] = {server.mode: [] for server in servers}
             steps = args.steps or default_steps.get(model_name, 50)
-            for _ in range(steps):
-                for mode, step in runners.items():
-                    t0 = time.perf_counter()
-                    step()
-                    times[mode].append((time.perf_counter() - t0) * 1e3)
+            kept = args.turn - 1
+            try:
+                for _ in range(-(-steps // kept)):
+                    for server in servers:
+                        times[server.mode] += [t * 1e3 for t in server.run(args.turn)[1:]]
+            finally:
+                for server in servers:
+                    server.close()
             qs = (0.0, 0.25, 0.5)
             plain = [quantile(times["nonprivate"], q) for q in qs]
             dp = [quantile(times["dpsharp"], q) for q in qs]
-            print(f"| {model_name} | {threads} | {steps} | "
+            print(f"| {model_name} | {threads} | {len(times['dpsharp'])} | "
                   + " / ".join(f"{v:.2f}" for v in plain) + " | "
                   + " / ".join(f"{v:.2f}" for v in dp) + " | "
                   + " / ".join(f"{d / p:.3f}" for d, p in zip(dp, plain)) + " |", flush=True)
