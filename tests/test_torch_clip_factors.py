@@ -3,8 +3,8 @@
 
 References: mpmath at 50 digits for the norms and factors (the exact values of
 ||g_i|| = sqrt(sum_k coef_k x_k (y_k + off_k)) and min(1, C / ||g_i||) for the given doubles),
-the pure-torch reference (same operations, to the last bit), and the clipper's end-to-end norms against per-example
-autograd on a model whose layers give every kind of term.
+the pure-torch reference (same operations, to the last bit), and the clipper's end-to-end
+norms against per-example autograd on a model whose layers give every kind of term.
 """
 
 from __future__ import annotations

@@ -140,9 +140,9 @@ void bind_clip(py::module_& m) {
           if (x == 0 && batch > 0) throw py::value_error("every term needs an x buffer");
           converted.push_back({as_ptr<const double>(x), as_ptr<const double>(y), y_offset, coef});
         }
-        return clip::flat_clip_factors(converted.data(), static_cast<std::int64_t>(converted.size()),
-                                       batch, bound, as_ptr<double>(norms),
-                                       as_ptr<double>(factors));
+        const auto count = static_cast<std::int64_t>(converted.size());
+        return clip::flat_clip_factors(converted.data(), count, batch, bound,
+                                       as_ptr<double>(norms), as_ptr<double>(factors));
       },
       py::arg("terms"), py::arg("batch"), py::arg("bound"), py::arg("norms"), py::arg("factors"),
       "Flat clipping's norms and factors from squared-norm terms (x, y or 0, y_offset, coef) of "
