@@ -129,16 +129,11 @@ def _scaled_factors(factors: torch.Tensor, scale: float, dtype: torch.dtype,
     if weights is None:
         import torch
 
-        if repeat == 1 and dtype != factors.dtype:
-            # one operation: the float64 product rounded once into the stored tensors' dtype
-            weights = torch.mul(factors, scale,
-                                out=torch.empty(factors.shape, dtype=dtype, device=factors.device))
-        else:
-            weights = factors * scale
-            if repeat != 1:
-                weights = weights.repeat_interleave(repeat)
-            if weights.dtype != dtype:
-                weights = weights.to(dtype)
+        # the float64 product rounded once into the stored tensors' dtype, in one operation
+        weights = torch.mul(factors, scale,
+                            out=torch.empty(factors.shape, dtype=dtype, device=factors.device))
+        if repeat != 1:
+            weights = weights.repeat_interleave(repeat)
         memo[1][key] = weights
     return weights
 
