@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The GPU checks of dpsharp in one go, on a machine with one CUDA device and a CUDA build of
+# torch (run from the repository root): build the extension with its CUDA kernels, run the
+# CUDA tests, then the GPU benchmark in float32 and under bf16 autocast. Everything is written
+# to the folder given as the first argument (default ./gpu-results).
+set -uo pipefail
+mkdir -p "${1:-gpu-results}"
+out="$(cd "${1:-gpu-results}" && pwd)"
+export PYTHONUNBUFFERED=1 CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-16}"
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; python3 -c \
+  "import torch; print('torch', torch.__version__, torch.version.cuda)"; } 2>&1 | tee "$out/device.txt"
+
+start=$SECONDS
+python3 -m pip install --no-build-isolation --no-deps -q \
+  -Ccmake.define.DPSHARP_CUDA=ON -Ccmake.define.CMAKE_CUDA_ARCHITECTURES=90 . \
+  >"$out/build.log" 2>&1 || { echo "build failed"; tail -40 "$out/build.log"; exit 1; }
+echo "build: $((SECONDS - start)) s"
+python3 -c "import dpsharp._core as c; print(c.build_info())" | tee -a "$out/device.txt"
+
+# The installed package, not the source tree: run pytest from outside python/.
+timeout 240 python3 -m pytest tests/test_cuda_kernels.py -q -p no:cacheprovider -rs \
+  2>&1 | tee "$out/cuda_tests.txt"
+
+cd bench
+timeout 300 python3 bench_gpu.py --out "$out/gpu_fp32.md" 2>&1 | tail -5
+timeout 240 python3 bench_gpu.py --amp bf16 --out "$out/gpu_bf16.md" 2>&1 | tail -5
