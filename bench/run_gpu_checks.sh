@@ -24,3 +24,8 @@ timeout 240 python3 -m pytest tests/test_cuda_kernels.py -q -p no:cacheprovider 
 cd bench
 timeout 300 python3 bench_gpu.py --out "$out/gpu_fp32.md" 2>&1 | tail -5
 timeout 240 python3 bench_gpu.py --amp bf16 --out "$out/gpu_bf16.md" 2>&1 | tail -5
+
+# Where the noise pass spends its time (production kernel against its parts).
+cd ..
+nvcc -std=c++17 -O3 -arch=sm_90 -fmad=false -Icpp/include bench/noise_kernel_variants.cu \
+  -o /tmp/noise_variants && /tmp/noise_variants 2>&1 | tee "$out/noise_variants.txt"

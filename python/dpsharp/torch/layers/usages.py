@@ -50,6 +50,11 @@ __all__ = ["AffineUsage", "ConvUsage", "EmbeddingUsage", "LinearUsage", "PerExam
 # float32, small enough to stay in cache between being written and read, and out of the
 # allocator's mmap path (a fresh multi-megabyte buffer costs its page faults on every step).
 _CHUNK_ELEMENTS = 1 << 17
+# The same on a GPU, where the cache argument does not hold and each chunk costs a few kernel
+# launches: 16 Mi elements (64 MiB of float32) per chunk. At the CPU's size a ResNet-18 layer
+# of 32x32 positions (patches of 576 elements per position) went one example per chunk, 256
+# chunks per layer: 549 examples/s against 20,051 non-private on an H200 (bench/bench_gpu.py).
+_DEVICE_CHUNK_ELEMENTS = 1 << 24
 
 # Linear layers on sequences, CPU: how many multiply-adds of the fused Gram-norm kernel cost as
 # much as one element of materialised per-example gradient (written, squared, read back by the
@@ -82,8 +87,9 @@ def _per_row(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return values.reshape((values.shape[0],) + (1,) * (like.dim() - 1))
 
 
-def _chunk(batch: int, per_example_elements: int) -> int:
-    return max(1, min(batch, _CHUNK_ELEMENTS // max(per_example_elements, 1)))
+def _chunk(batch: int, per_example_elements: int, *, on_cpu: bool = True) -> int:
+    budget = _CHUNK_ELEMENTS if on_cpu else _DEVICE_CHUNK_ELEMENTS
+    return max(1, min(batch, budget // max(per_example_elements, 1)))
 
 
 _SCRATCH = threading.local()
@@ -506,7 +512,8 @@ class ConvUsage(_WeightBiasUsage):
         return out_channels * self._row <= allowance * positions * (self._row + out_channels)
 
     def _step(self, per_example_elements: int) -> int:
-        return _chunk(self.batch_size, per_example_elements)
+        return _chunk(self.batch_size, per_example_elements,
+                      on_cpu=self.x.device.type == "cpu")
 
     def _weight_per_example(self) -> torch.Tensor:
         import torch
