@@ -192,3 +192,108 @@ def test_rdp_adapter_matches_opacus_rdp_accountant() -> None:
     # same orders; dpsharp's default conversion may be tighter than Opacus' classic one
     assert eps_mine <= eps_theirs * (1 + 1e-6)
     assert eps_mine >= 0.8 * eps_theirs
+
+
+def exact_gaussian_epsilon(delta: float, mu: float) -> float:
+    """Exact epsilon(delta) of the Gaussian mechanism with mean shift mu (noise std 1), Balle and
+    Wang 2018, Theorem 8: delta(eps) = Phi(mu/2 - eps/mu) - e^eps Phi(-mu/2 - eps/mu); bisection
+    at 40 digits, returned as the float just below the root (a lower bound)."""
+    mpmath = pytest.importorskip("mpmath")
+    with mpmath.workdps(40):
+        shift = mpmath.mpf(mu)
+
+        def excess(eps: object) -> object:
+            return (mpmath.ncdf(shift / 2 - eps / shift)
+                    - mpmath.exp(eps) * mpmath.ncdf(-shift / 2 - eps / shift) - delta)
+
+        low, high = mpmath.mpf(0), mpmath.mpf(64)
+        for _ in range(150):
+            middle = (low + high) / 2
+            low, high = (middle, high) if excess(middle) > 0 else (low, middle)
+        rounded = float(low)
+        return rounded if rounded <= low else math.nextafter(rounded, 0.0)
+
+
+@pytest.mark.parametrize("cls", ADAPTERS[:2])
+@pytest.mark.parametrize(
+    ("history", "mu"),
+    [([(1.0, 1.0, 4)], 2.0), ([(1.0, 1.0, 2), (2.0, 1.0, 4)], math.sqrt(3.0))],
+)
+def test_noise_multiplier_is_relative_to_max_grad_norm(
+    cls: type[compat.OpacusAccountant], history: list[tuple[float, float, int]], mu: float
+) -> None:
+    """Opacus' noise_multiplier is noise std / max_grad_norm under add/remove one, where the
+    clipped sum moves by max_grad_norm: with sample_rate 1 the steps are the Gaussian mechanism
+    with mu^2 = sum_t 1 / sigma_t^2, and the adapters are never below its exact epsilon."""
+    acc = built(cls)()
+    acc.history = list(history)
+    eps = acc.get_epsilon(1e-5)
+    exact = exact_gaussian_epsilon(1e-5, mu)
+    assert eps >= exact
+    if cls is compat.PLDAccountant:
+        assert eps <= exact * (1 + 1e-3)
+
+
+@pytest.mark.peers
+@pytest.mark.filterwarnings("ignore:divide by zero encountered in log:RuntimeWarning")
+def test_pld_adapter_brackets_opacus_prv_accountant() -> None:
+    """Opacus' own tight accountant (PRV, eps_error 0.01) on the same history: its upper bound
+    is within 2 eps_error of the optimal epsilon, ours is a certified upper bound."""
+    opacus_accountants = pytest.importorskip("opacus.accountants")
+    cls = built(compat.PLDAccountant)
+    history = [(1.1, 0.01, 2000)]
+    theirs = opacus_accountants.PRVAccountant()
+    theirs.history = list(history)
+    mine = cls()
+    mine.history = list(history)
+    eps_theirs = theirs.get_epsilon(1e-5, eps_error=0.01)
+    eps_mine = mine.get_epsilon(1e-5)
+    assert eps_theirs - 2 * 0.01 <= eps_mine <= eps_theirs
+
+
+@pytest.mark.parametrize(
+    ("change", "error", "name"),
+    [
+        ({"target_epsilon": 0.0}, ValueError, r"target_epsilon must be in \(0, inf\)"),
+        ({"target_epsilon": -1.0}, ValueError, r"target_epsilon must be in \(0, inf\)"),
+        ({"target_epsilon": math.nan}, ValueError, "target_epsilon"),
+        ({"target_epsilon": "1"}, TypeError, "target_epsilon"),
+        ({"target_epsilon": True}, TypeError, "target_epsilon"),
+        ({"target_delta": 0.0}, ValueError, r"target_delta must be in \(0, 1\)"),
+        ({"target_delta": "1e-5"}, TypeError, "target_delta"),
+        ({"accountant": ["pld"]}, TypeError, "accountant must be an accountant name"),
+        ({"steps": None, "epochs": 1e-9}, ValueError, r"epochs must be in \[sample_rate"),
+        ({"sample_rate": 0.0}, ValueError, "sample_rate"),
+        ({"epsilon_tolerance": 0.0}, ValueError, "epsilon_tolerance"),
+    ],
+)
+def test_get_noise_multiplier_refuses_bad_input_naming_it(
+    change: dict[str, object], error: type[Exception], name: str
+) -> None:
+    built(compat.PLDAccountant)
+    arguments: dict[str, object] = {"target_epsilon": 1.0, "target_delta": 1e-5,
+                                    "sample_rate": 0.01, "steps": 100}
+    arguments.update(change)
+    arguments = {key: value for key, value in arguments.items() if value is not None}
+    with pytest.raises(error, match=name):
+        compat.get_noise_multiplier(**arguments)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("cls", ADAPTERS)
+def test_adapters_are_add_remove_only(cls: type[compat.OpacusAccountant]) -> None:
+    built(cls)
+    for relation in ("replace_one", dpsharp.Neighbouring.REPLACE_ONE):
+        with pytest.raises(ValueError, match="neighbouring must be 'add_remove'"):
+            cls(neighbouring=relation)
+    assert cls(neighbouring="add_remove").history == []
+
+
+@pytest.mark.parametrize(
+    "history",
+    ["abc", 3, [(1.0, 0.1)], [(1.0, 0.1, 2, 4)], ["1.0,0.1,2"]],
+)
+def test_load_state_dict_refuses_a_malformed_history(history: object) -> None:
+    acc = built(compat.PLDAccountant)()
+    with pytest.raises(ValueError, match="history"):
+        acc.load_state_dict({"history": history, "mechanism": "dpsharp_pld"})
+    assert acc.history == []

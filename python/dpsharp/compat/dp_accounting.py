@@ -12,29 +12,70 @@ swapped::
     accountant.compose(event)
     epsilon = accountant.get_epsilon(target_delta=1e-5)
 
-Event correspondence (:func:`from_dp_event` / :func:`to_dp_event`):
+Sensitivity convention
+----------------------
+dp-accounting defines its noise parameters relative to the *norm bound* C of one record's
+value, not to the sensitivity: ``GaussianDpEvent(s)`` releases sum_i v_i + N(0, s^2 C^2 I) for
+values with ||v_i||_2 <= C, ``LaplaceDpEvent(b)`` adds Laplace noise of scale b C for
+||v_i||_1 <= C (dp_event.py, dp-accounting 0.6.0). The sensitivity of that sum is C under
+ADD_OR_REMOVE_ONE and 2 C under REPLACE_ONE (the replaced value -v becomes +v), and
+dp-accounting's PLD accountant reads the events that way: under REPLACE_ONE it analyses
+``GaussianDpEvent(s)`` as the pair N(-1, s^2), N(+1, s^2), a mean shift of 2, i.e. the Gaussian
+mechanism with mu = 2 / s (Balle and Wang 2018, Theorem 8: delta(eps) = Phi(mu/2 - eps/mu) -
+e^eps Phi(-mu/2 - eps/mu)); ``PLDAccountant(REPLACE_ONE)`` gives epsilon 9.997 for
+``GaussianDpEvent(1.0)`` at delta 1e-5.
 
-====================================  =============================================
-dp-accounting                         dpsharp
-====================================  =============================================
-GaussianDpEvent(z)                    Gaussian(z)
-LaplaceDpEvent(b)                     Laplace(b)
-PoissonSampledDpEvent(q, e)           PoissonSampled(e, q)
-SampledWithoutReplacementDpEvent      SampledWithoutReplacement(e, sample_size,
-(n, m, e)                             dataset_size=n)
-SelfComposedDpEvent(e, k)             Repeated(e, k)
-ComposedDpEvent([e1, ...])            Composed((e1, ...))
-NoOpDpEvent()                         Composed(()) (releases nothing)
-====================================  =============================================
+dpsharp states every noise parameter relative to the sensitivity *under the relation of the
+analysis* (:mod:`dpsharp.events`). The conversion therefore depends on the relation:
 
-The noise parameters carry over unchanged: dp-accounting's accountants (like dpsharp's) read
-``noise_multiplier`` as noise standard deviation / sensitivity under the accountant's
-neighbouring relation (its RDP accountant applies the same formula to a Gaussian whichever the
-relation). Events with no dpsharp counterpart (NonPrivate, Unsupported, RandomizedResponse,
-tree aggregation, ...) raise :class:`UnsupportedEventError` naming the event, except that the
-accountants accept ``NonPrivateDpEvent`` inside compositions and then report epsilon = inf and
-delta = 1, as dp-accounting's do; dpsharp's
-``Shuffled`` has no dp-accounting counterpart and :func:`to_dp_event` refuses it.
+====================================  ===============================  ===========================
+dp-accounting                         under ADD_OR_REMOVE_ONE          under REPLACE_ONE
+====================================  ===============================  ===========================
+GaussianDpEvent(s)                    Gaussian(s)                      Gaussian(s / 2)
+LaplaceDpEvent(b)                     Laplace(b)                       refused (see below)
+PoissonSampledDpEvent(q, e)           PoissonSampled(e', q)            refused (see below)
+SampledWithoutReplacementDpEvent      SampledWithoutReplacement(       the same
+(n, m, e)                             e'', m, dataset_size=n)
+SelfComposedDpEvent(e, k)             Repeated(e', k)                  Repeated(e', k)
+ComposedDpEvent([e1, ...])            Composed((e1', ...))             Composed((e1', ...))
+NoOpDpEvent()                         Composed(()) (releases nothing)  the same
+====================================  ===============================  ===========================
+
+e' is ``e`` converted under the same relation; e'' is ``e`` converted under REPLACE_ONE
+whatever the accountant's relation, because sampling without replacement is analysed under
+replace-one only (Wang, Balle, Kasiviswanathan 2019; dpsharp's accountants and dp-accounting's
+accept it only under that relation), so ``SampledWithoutReplacementDpEvent(n,
+m, GaussianDpEvent(s))`` becomes ``SampledWithoutReplacement(Gaussian(s / 2), m, n)``: with m = n
+it is the plain Gaussian event and gets the same number. Both adapter accountants (PLD and
+RDP) use this one reading, so the same ledger describes the same mechanism in both.
+
+Where dp-accounting does not follow its own definition, the adapters take the conservative
+side and are never less conservative than dp-accounting:
+
+* dp-accounting 0.6.0's ``RdpAccountant`` gives ``GaussianDpEvent(s)`` the RDP alpha / (2 s^2)
+  under every relation, and uses the same base RDP inside ``SampledWithoutReplacementDpEvent``:
+  under REPLACE_ONE that is a mean shift of 1, half the sensitivity of the event's definition
+  and of dp-accounting's own PLD accountant (its RDP gives 4.73 for ``GaussianDpEvent(1.0)`` at
+  delta 1e-5, below the exact 9.997 of the mechanism it defines). :class:`RDPAccountant` here
+  reads shift 2 (10.73), so under REPLACE_ONE it reports more than dp-accounting's RDP.
+* ``LaplaceDpEvent`` under REPLACE_ONE is refused: dp-accounting's PLD accountant refuses it and
+  its RDP accountant reads L1 sensitivity 1 where the definition gives 2, so the event has no
+  single meaning there. State the mechanism as ``dpsharp.Laplace(scale)`` (scale = Laplace
+  scale / L1 sensitivity under replace-one) in ``dpsharp.accountant(..., neighbouring=
+  "replace_one")``.
+* ``PoissonSampledDpEvent`` under REPLACE_ONE is refused: dpsharp analyses Poisson sampling
+  under add/remove only (dp-accounting's PLD has a replace-one analysis of a Poisson-sampled
+  Gaussian; dpsharp has none to translate it to).
+* ``NeighboringRelation.REPLACE_SPECIAL`` (a record replaced by a special, e.g. zero, record)
+  is refused by the adapter accountants.
+
+Events with no dpsharp counterpart (Unsupported, RandomizedResponse, tree aggregation, ...)
+raise :class:`UnsupportedEventError` naming the event. ``NonPrivateDpEvent``, a zero noise
+multiplier and a zero sampling probability are read as dp-accounting's accountants read them:
+the accountants then report epsilon = inf and delta = 1 (no noise), or nothing released
+(sampling probability 0). dpsharp events passed to the adapter accountants keep dpsharp's own
+convention; dpsharp's ``Shuffled`` has no dp-accounting counterpart and :func:`to_dp_event`
+refuses it.
 
 dp-accounting is imported lazily, only to build or recognise its objects.
 """
@@ -45,6 +86,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from dpsharp._validation import is_real_number, require_delta, require_positive_finite
 from dpsharp.accountants import Accountant, accountant
 from dpsharp.events import (
     Composed,
@@ -65,6 +107,26 @@ __all__ = [
     "from_dp_event",
     "to_dp_event",
 ]
+
+#: dp-accounting's sum of values of norm <= C moves by SHIFT[relation] * C between neighbours;
+#: dpsharp's noise multiplier is relative to that sensitivity. Powers of two: the division and
+#: the multiplication by them are exact in floating point, so conversions round-trip.
+_SHIFT: dict[Neighbouring, float] = {Neighbouring.ADD_REMOVE: 1.0, Neighbouring.REPLACE_ONE: 2.0}
+
+_LAPLACE_REPLACE_ONE = (
+    "LaplaceDpEvent has no unambiguous meaning under REPLACE_ONE: its definition (values of L1 "
+    "norm <= C, noise scale noise_multiplier * C) gives an L1 sensitivity of 2C when a value is "
+    "replaced, dp-accounting's PLDAccountant refuses it under REPLACE_ONE and its RdpAccountant "
+    "reads a sensitivity of C. Account it under ADD_OR_REMOVE_ONE (sensitivity C), or, for a "
+    "replace-one guarantee, state it as a dpsharp event, dpsharp.Laplace(scale) with scale = "
+    "Laplace scale / L1 sensitivity under replace-one, in dpsharp.accountant(..., "
+    "neighbouring='replace_one')"
+)
+_POISSON_REPLACE_ONE = (
+    "PoissonSampledDpEvent is not analysed under REPLACE_ONE by dpsharp: Poisson sampling is "
+    "accounted under add/remove one (account the run with NeighboringRelation.ADD_OR_REMOVE_ONE), "
+    "and dpsharp has no replace-one analysis of Poisson sampling to translate dp-accounting's to"
+)
 
 
 class UnsupportedEventError(ValueError):
@@ -103,65 +165,118 @@ def _error_class() -> type[Exception]:
     return _ERROR_CLASS
 
 
-def from_dp_event(event: Any) -> Event:
-    """The dpsharp event equivalent to dp-accounting's ``event`` (see the module table).
+def _noise(event: Any, name: str, value: Any) -> float:
+    """A dp-accounting noise parameter, validated (dpsharp's message, naming the event)."""
+    return require_positive_finite(f"{type(event).__name__}.{name}", value)
 
-    Raises :class:`UnsupportedEventError` naming the first sub-event without a counterpart.
+
+def from_dp_event(event: Any, neighboring_relation: Any = None) -> Event:
+    """The dpsharp event equivalent to dp-accounting's ``event`` under ``neighboring_relation``
+    (dp-accounting's ``NeighboringRelation``; default ADD_OR_REMOVE_ONE), in dp-accounting's
+    sensitivity convention (module docstring): ``GaussianDpEvent(s)`` becomes ``Gaussian(s)``
+    under ADD_OR_REMOVE_ONE and ``Gaussian(s / 2)`` under REPLACE_ONE (mean shift 2C of a sum of
+    values of norm <= C, noise s C).
+
+    Raises :class:`UnsupportedEventError` naming the first sub-event without a counterpart, or
+    without an unambiguous meaning under the relation (``LaplaceDpEvent`` and
+    ``PoissonSampledDpEvent`` under REPLACE_ONE), and ``ValueError`` / ``TypeError`` for an
+    invalid parameter (a noise multiplier must be a positive finite real number).
     """
-    dp = _dp()
+    return _from(event, _relation(neighboring_relation), _dp())
+
+
+def _from(event: Any, relation: Neighbouring, dp: Any) -> Event:
+    shift = _SHIFT[relation]
     if isinstance(event, dp.GaussianDpEvent):
-        return Gaussian(event.noise_multiplier)
+        return Gaussian(_noise(event, "noise_multiplier", event.noise_multiplier) / shift)
     if isinstance(event, dp.LaplaceDpEvent):
-        return Laplace(event.noise_multiplier)
+        scale = _noise(event, "noise_multiplier", event.noise_multiplier)
+        if relation is Neighbouring.REPLACE_ONE:
+            raise _error_class()(f"{event!r}: {_LAPLACE_REPLACE_ONE}")
+        return Laplace(scale / shift)
     if isinstance(event, dp.PoissonSampledDpEvent):
-        return PoissonSampled(from_dp_event(event.event), event.sampling_probability)
+        if relation is Neighbouring.REPLACE_ONE:
+            raise _error_class()(f"{event!r}: {_POISSON_REPLACE_ONE}")
+        return PoissonSampled(_from(event.event, relation, dp), event.sampling_probability)
     if isinstance(event, dp.SampledWithoutReplacementDpEvent):
-        return SampledWithoutReplacement(
-            from_dp_event(event.event), event.sample_size, event.source_dataset_size
-        )
+        # analysed under replace-one whatever the enclosing relation: the inner noise is read
+        # relative to the replace-one sensitivity 2C
+        inner = _from(event.event, Neighbouring.REPLACE_ONE, dp)
+        return SampledWithoutReplacement(inner, event.sample_size, event.source_dataset_size)
     if isinstance(event, dp.SelfComposedDpEvent):
-        return Repeated(from_dp_event(event.event), event.count)
+        return Repeated(_from(event.event, relation, dp), event.count)
     if isinstance(event, dp.ComposedDpEvent):
-        return Composed(tuple(from_dp_event(inner) for inner in event.events))
+        return Composed(tuple(_from(inner, relation, dp) for inner in event.events))
     if isinstance(event, dp.NoOpDpEvent):
         return Composed(())
     if isinstance(event, dp.DpEvent):
         raise _error_class()(f"{event!r} has no dpsharp counterpart")
-    raise TypeError(f"event must be a dp_accounting DpEvent, got {event!r} ({type(event).__name__})")
+    raise TypeError(
+        f"event must be a dp_accounting DpEvent, got {event!r} ({type(event).__name__})"
+    )
 
 
-def to_dp_event(event: Event) -> Any:
-    """dp-accounting's event equivalent to the dpsharp ``event`` (inverse of
-    :func:`from_dp_event`; ``Composed(())`` becomes ``NoOpDpEvent()``)."""
-    dp = _dp()
+def to_dp_event(event: Event, neighboring_relation: Any = None) -> Any:
+    """dp-accounting's event equivalent to the dpsharp ``event`` under ``neighboring_relation``
+    (inverse of :func:`from_dp_event`: ``Gaussian(z)`` becomes ``GaussianDpEvent(z)`` under
+    ADD_OR_REMOVE_ONE and ``GaussianDpEvent(2 z)`` under REPLACE_ONE; ``Composed(())`` becomes
+    ``NoOpDpEvent()``). Raises :class:`UnsupportedEventError` for an event with no dp-accounting
+    counterpart under the relation (``Shuffled``; ``Laplace`` and ``PoissonSampled`` under
+    REPLACE_ONE)."""
+    return _to(event, _relation(neighboring_relation), _dp())
+
+
+def _to(event: Event, relation: Neighbouring, dp: Any) -> Any:
+    shift = _SHIFT[relation]
     if isinstance(event, Gaussian):
-        return dp.GaussianDpEvent(event.noise_multiplier)
+        return dp.GaussianDpEvent(event.noise_multiplier * shift)
     if isinstance(event, Laplace):
-        return dp.LaplaceDpEvent(event.scale)
+        if relation is Neighbouring.REPLACE_ONE:
+            raise _error_class()(f"{event!r} has no dp-accounting counterpart under REPLACE_ONE: "
+                                 f"{_LAPLACE_REPLACE_ONE}")
+        return dp.LaplaceDpEvent(event.scale * shift)
     if isinstance(event, PoissonSampled):
-        return dp.PoissonSampledDpEvent(event.sampling_probability, to_dp_event(event.event))
+        if relation is Neighbouring.REPLACE_ONE:
+            raise _error_class()(f"{event!r} has no dp-accounting counterpart under REPLACE_ONE: "
+                                 f"{_POISSON_REPLACE_ONE}")
+        return dp.PoissonSampledDpEvent(event.sampling_probability, _to(event.event, relation, dp))
     if isinstance(event, SampledWithoutReplacement):
         return dp.SampledWithoutReplacementDpEvent(
-            event.dataset_size, event.sample_size, to_dp_event(event.event)
+            event.dataset_size, event.sample_size, _to(event.event, Neighbouring.REPLACE_ONE, dp)
         )
     if isinstance(event, Repeated):
-        return dp.SelfComposedDpEvent(to_dp_event(event.event), event.count)
+        return dp.SelfComposedDpEvent(_to(event.event, relation, dp), event.count)
     if isinstance(event, Composed):
         if not event.events:
             return dp.NoOpDpEvent()
-        return dp.ComposedDpEvent([to_dp_event(inner) for inner in event.events])
+        return dp.ComposedDpEvent([_to(inner, relation, dp) for inner in event.events])
     if isinstance(event, Event):
         raise _error_class()(f"{event!r} has no dp-accounting counterpart")
     raise TypeError(f"event must be a dpsharp event, got {event!r} ({type(event).__name__})")
 
 
+def _is_zero(value: Any) -> bool:
+    return is_real_number(value) and value == 0
+
+
 def _strip_non_private(event: Any) -> tuple[Any, bool]:
-    """Remove ``NonPrivateDpEvent`` parts reachable through composition (dp-accounting's
-    accountants accept them and then report epsilon = inf, delta = 1); returns the rest and
-    whether any was found."""
+    """Remove the parts that dp-accounting's accountants read as releasing the data without
+    noise (``NonPrivateDpEvent``, a Gaussian or Laplace event with noise multiplier 0, a sampled
+    event around one of these with sampling probability > 0; the accountants then report
+    epsilon = inf, delta = 1) or as releasing nothing (a Poisson sampling probability of 0),
+    reachable through composition; returns the rest and whether a non-private part was found."""
     dp = _dp()
     if isinstance(event, dp.NonPrivateDpEvent):
         return dp.NoOpDpEvent(), True
+    if isinstance(event, (dp.GaussianDpEvent, dp.LaplaceDpEvent)) and _is_zero(
+        event.noise_multiplier
+    ):
+        return dp.NoOpDpEvent(), True
+    if isinstance(event, dp.PoissonSampledDpEvent) and _is_zero(event.sampling_probability):
+        return dp.NoOpDpEvent(), False
+    if isinstance(event, (dp.PoissonSampledDpEvent, dp.SampledWithoutReplacementDpEvent)):
+        _, found = _strip_non_private(event.event)
+        return (dp.NoOpDpEvent(), True) if found else (event, False)
     if isinstance(event, dp.SelfComposedDpEvent):
         inner, found = _strip_non_private(event.event)
         return dp.SelfComposedDpEvent(inner, event.count), found and event.count > 0
@@ -171,42 +286,60 @@ def _strip_non_private(event: Any) -> tuple[Any, bool]:
     return event, False
 
 
+_RELATIONS = {
+    "ADD_OR_REMOVE_ONE": Neighbouring.ADD_REMOVE,
+    "REPLACE_ONE": Neighbouring.REPLACE_ONE,
+    "add_remove": Neighbouring.ADD_REMOVE,
+    "replace_one": Neighbouring.REPLACE_ONE,
+}
+
+
 def _relation(neighboring_relation: Any) -> Neighbouring:
-    """dp-accounting's NeighboringRelation (or its name, or a dpsharp Neighbouring) -> ours."""
+    """dp-accounting's NeighboringRelation (or its name, or a dpsharp Neighbouring, or None for
+    ADD_OR_REMOVE_ONE) -> ours; only add/remove-one and replace-one are mapped."""
+    if neighboring_relation is None:
+        return Neighbouring.ADD_REMOVE
     if isinstance(neighboring_relation, Neighbouring):
-        return neighboring_relation
-    name = getattr(neighboring_relation, "name", neighboring_relation)
-    mapping = {
-        "ADD_OR_REMOVE_ONE": Neighbouring.ADD_REMOVE,
-        "REPLACE_ONE": Neighbouring.REPLACE_ONE,
-        "add_remove": Neighbouring.ADD_REMOVE,
-        "replace_one": Neighbouring.REPLACE_ONE,
-    }
-    if name not in mapping:
+        name: Any = neighboring_relation.value
+    else:
+        name = getattr(neighboring_relation, "name", neighboring_relation)
+    if isinstance(name, str) and name in _RELATIONS:
+        return _RELATIONS[name]
+    if name in ("REPLACE_SPECIAL", "zero_out"):
         raise ValueError(
-            "neighboring_relation must be NeighboringRelation.ADD_OR_REMOVE_ONE or REPLACE_ONE, "
-            f"got {neighboring_relation!r}"
+            "neighboring_relation REPLACE_SPECIAL (a record replaced by a special, e.g. zero, "
+            "record) is not mapped by the dp-accounting adapter: dp-accounting reads its events "
+            "under it with the add/remove sensitivity, which dpsharp does not assume for every "
+            "event; use NeighboringRelation.ADD_OR_REMOVE_ONE or REPLACE_ONE, or dpsharp's own "
+            f"accountants and events, got {neighboring_relation!r}"
         )
-    return mapping[name]
+    raise ValueError(
+        "neighboring_relation must be NeighboringRelation.ADD_OR_REMOVE_ONE or REPLACE_ONE, "
+        f"got {neighboring_relation!r}"
+    )
 
 
 class PrivacyAccountant:
     """dp-accounting's ``PrivacyAccountant`` interface over a dpsharp accountant.
 
-    ``compose(event, count=1)`` takes dp-accounting ``DpEvent`` objects (or dpsharp events),
-    validates the whole event first and returns ``self``; ``supports(event)``;
-    ``get_epsilon(target_delta)``; ``get_delta(target_epsilon)``; ``ledger`` (the composed
-    events as one dp-accounting ``ComposedDpEvent``, as dp-accounting's ``DpEventBuilder``
-    builds it); ``neighboring_relation`` (dp-accounting's enum). The dpsharp accountant is
+    ``compose(event, count=1)`` takes dp-accounting ``DpEvent`` objects, converted in
+    dp-accounting's sensitivity convention under this accountant's relation (module docstring),
+    or dpsharp events (dpsharp's convention); it validates the whole event first and returns
+    ``self``. ``supports(event)``; ``get_epsilon(target_delta)``; ``get_delta(target_epsilon)``;
+    ``ledger`` (the composed events as one dp-accounting ``ComposedDpEvent``, as
+    dp-accounting's ``DpEventBuilder`` builds it); ``neighboring_relation`` (dp-accounting's
+    enum: ADD_OR_REMOVE_ONE, the default, or REPLACE_ONE). The dpsharp accountant is
     :attr:`dpsharp_accountant`.
     """
 
     family: str = ""
 
     def __init__(self, neighboring_relation: Any = None, **options: Any) -> None:
-        relation = Neighbouring.ADD_REMOVE if neighboring_relation is None else _relation(neighboring_relation)
+        relation = _relation(neighboring_relation)
         self._relation = relation
-        self._accountant: Accountant = accountant(self.family, neighbouring=relation.value, **options)
+        self._accountant: Accountant = accountant(
+            self.family, neighbouring=relation.value, **options
+        )
         self._builder: Any = None
         self._non_private = False
 
@@ -214,21 +347,23 @@ class PrivacyAccountant:
     def neighboring_relation(self) -> Any:
         """dp-accounting's NeighboringRelation member for this accountant's relation."""
         enum = _dp().NeighboringRelation
-        return enum.ADD_OR_REMOVE_ONE if self._relation is Neighbouring.ADD_REMOVE else enum.REPLACE_ONE
+        if self._relation is Neighbouring.ADD_REMOVE:
+            return enum.ADD_OR_REMOVE_ONE
+        return enum.REPLACE_ONE
 
     @property
     def dpsharp_accountant(self) -> Accountant:
         return self._accountant
 
     def _convert(self, event: Any) -> tuple[Event | None, str | None, bool]:
-        """(dpsharp event, why unsupported or None, whether it contains a NonPrivateDpEvent)."""
+        """(dpsharp event, why unsupported or None, whether it releases data without noise)."""
         if isinstance(event, Event):
             converted: Event = event
             non_private = False
         else:
             event, non_private = _strip_non_private(event)
             try:
-                converted = from_dp_event(event)
+                converted = from_dp_event(event, self._relation)
             except UnsupportedEventError as exc:
                 return None, str(exc), non_private
         return converted, self._accountant.unsupported_reason(converted), non_private
@@ -236,22 +371,31 @@ class PrivacyAccountant:
     def supports(self, event: Any) -> bool:
         """Whether :meth:`compose` would accept ``event``."""
         converted, reason, _ = self._convert(event)
-        return converted is not None and reason is None
+        if converted is None or reason is not None:
+            return False
+        if isinstance(event, Event):  # the ledger must be able to hold it
+            try:
+                to_dp_event(event, self._relation)
+            except UnsupportedEventError:
+                return False
+        return True
 
     def compose(self, event: Any, count: int = 1) -> PrivacyAccountant:
         """Compose ``count`` runs of ``event``; returns ``self``. Raises
         :class:`UnsupportedEventError` (also a ``dp_accounting.UnsupportedEventError``) naming
-        the unsupported sub-event, leaving the state unchanged."""
+        the unsupported sub-event and why, leaving the state unchanged."""
         dp = _dp()
         if not isinstance(event, (dp.DpEvent, Event)):
             raise TypeError(f"`event` must be `DpEvent`. Found {type(event)}.")
         converted, reason, non_private = self._convert(event)
         if converted is None or reason is not None:
             raise _error_class()(f"Unsupported event: {event}. Error: [{reason}]")
-        if self._builder is None:
-            self._builder = dp.DpEventBuilder()
-        # dp-accounting's own ledger: validates count (an int >= 1) as dp-accounting does
-        self._builder.compose(event if isinstance(event, dp.DpEvent) else to_dp_event(event), count)
+        # dp-accounting's ledger in dp-accounting's convention; raises before any change for a
+        # dpsharp event without a counterpart, and validates count as dp-accounting does
+        recorded = event if isinstance(event, dp.DpEvent) else to_dp_event(event, self._relation)
+        builder = dp.DpEventBuilder() if self._builder is None else self._builder
+        builder.compose(recorded, count)
+        self._builder = builder
         self._accountant.compose(converted, count)
         self._non_private = self._non_private or (non_private and count > 0)
         return self
@@ -264,14 +408,14 @@ class PrivacyAccountant:
         return self._builder.build()
 
     def get_epsilon(self, target_delta: float) -> float:
-        """epsilon(target_delta) of the composition (dpsharp's ``epsilon``); inf once a
-        ``NonPrivateDpEvent`` was composed (as in dp-accounting)."""
+        """epsilon(target_delta) of the composition (dpsharp's ``epsilon``); inf once an event
+        without noise was composed (as in dp-accounting)."""
         epsilon = float(self._accountant.epsilon(target_delta))
         return math.inf if self._non_private else epsilon
 
     def get_delta(self, target_epsilon: float) -> float:
-        """delta(target_epsilon) of the composition (dpsharp's ``delta``); 1 once a
-        ``NonPrivateDpEvent`` was composed (as in dp-accounting)."""
+        """delta(target_epsilon) of the composition (dpsharp's ``delta``); 1 once an event
+        without noise was composed (as in dp-accounting)."""
         delta = float(self._accountant.delta(target_epsilon))
         return 1.0 if self._non_private else delta
 
@@ -279,8 +423,9 @@ class PrivacyAccountant:
 class PLDAccountant(PrivacyAccountant):
     """dp-accounting's ``pld.PLDAccountant`` interface on dpsharp's tight PLD accountant:
     ``get_epsilon`` / ``get_delta`` are certified upper bounds. dp-accounting's
-    ``value_discretization_interval`` is accepted and ignored (dpsharp chooses its grid from
-    ``precision``, passed through ``**options``)."""
+    ``value_discretization_interval`` is validated (None or a positive finite number) and
+    otherwise ignored: dpsharp chooses its grid from ``precision``, passed through
+    ``**options``."""
 
     family = "pld"
 
@@ -290,10 +435,16 @@ class PLDAccountant(PrivacyAccountant):
         value_discretization_interval: float | None = None,
         **options: Any,
     ) -> None:
+        if value_discretization_interval is not None:
+            require_positive_finite("value_discretization_interval", value_discretization_interval)
         super().__init__(neighboring_relation, **options)
 
     def get_epsilon_bounds(self, target_delta: float) -> tuple[float, float]:
-        """Certified (lower, upper) epsilon."""
+        """Certified (lower, upper) epsilon; (inf, inf) once an event without noise was
+        composed."""
+        target_delta = require_delta(target_delta, "target_delta")
+        if self._non_private:
+            return (math.inf, math.inf)
         if self._accountant.is_empty:
             return (0.0, 0.0)
         lower, upper = self._accountant.epsilon_bounds(target_delta)  # type: ignore[attr-defined]
@@ -303,18 +454,26 @@ class PLDAccountant(PrivacyAccountant):
 class RDPAccountant(PrivacyAccountant):
     """dp-accounting's ``rdp.RdpAccountant`` interface on dpsharp's RDP accountant
     (``RDPAccountant(orders=None, neighboring_relation=...)``);
-    ``get_epsilon_and_optimal_order`` as there."""
+    ``get_epsilon_and_optimal_order`` as there. Under REPLACE_ONE it reads dp-accounting's
+    Gaussian events with the replace-one sensitivity of their definition (module docstring),
+    which dp-accounting's own RDP accountant does not."""
 
     family = "rdp"
 
-    def __init__(self, orders: Sequence[float] | None = None, neighboring_relation: Any = None, **options: Any) -> None:
+    def __init__(
+        self, orders: Sequence[float] | None = None, neighboring_relation: Any = None,
+        **options: Any,
+    ) -> None:
         if orders is not None:
-            options["orders"] = list(orders)
+            options["orders"] = orders if isinstance(orders, str) else list(orders)
         super().__init__(neighboring_relation, **options)
 
     def get_epsilon_and_optimal_order(self, target_delta: float) -> tuple[float, float]:
-        """(epsilon, the RDP order that attains it)."""
+        """(epsilon, the RDP order that attains it); (inf, nan) once an event without noise
+        was composed."""
         guarantee = self._accountant.guarantee(target_delta)
+        if self._non_private:
+            return (math.inf, math.nan)
         order = next(
             (guarantee.details[key] for key in ("order", "optimal_order", "best_order", "alpha")
              if key in guarantee.details),

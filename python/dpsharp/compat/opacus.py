@@ -28,6 +28,14 @@ sample_rate=sample_rate * optimizer.accumulated_iterations)`` after every optimi
   dpsharp accountant (:attr:`dpsharp_accountant`). A ``noise_multiplier`` of 0 (no noise) makes
   ``get_epsilon`` return ``inf``.
 
+Sensitivity convention: Opacus' ``noise_multiplier`` is the noise standard deviation divided by
+``max_grad_norm`` C, the bound on each per-sample gradient's norm, and its accountants (RDP,
+PRV, GDP) analyse Poisson sampling under add/remove one, where the clipped sum moves by at most
+C: the noise multiplier relative to the sensitivity, which is what dpsharp's ``Gaussian``
+states under add/remove (:mod:`dpsharp.events`), so it carries over unchanged. The adapters
+are add/remove only: a ``neighbouring`` option other than ``"add_remove"`` is refused (under
+replace-one the same clipped sum moves by 2C, and Poisson sampling is not analysed there).
+
 The mechanisms are named ``"dpsharp_pld"``, ``"dpsharp_rdp"`` and ``"dpsharp_gdp"`` and are
 registered in Opacus' accountant registry (``opacus.accountants.registry``) when an adapter is
 created with Opacus already imported, or by :func:`register_with_opacus`; that is what lets
@@ -39,12 +47,18 @@ from __future__ import annotations
 import math
 import sys
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
-from dpsharp._validation import require_count, require_delta, require_probability, require_real
+from dpsharp._validation import (
+    require_count,
+    require_delta,
+    require_positive_finite,
+    require_probability,
+    require_real,
+)
 from dpsharp.accountants import Accountant, accountant
-from dpsharp.events import Gaussian, PoissonSampled
+from dpsharp.events import Gaussian, Neighbouring, PoissonSampled
 
 __all__ = [
     "GDPAccountant",
@@ -56,6 +70,17 @@ __all__ = [
 ]
 
 HistoryEntry = tuple[float, float, int]
+
+
+def _history_entry(index: int, entry: Any) -> HistoryEntry:
+    """``history[index]`` of a state_dict, validated: a (noise_multiplier, sample_rate,
+    num_steps) triple."""
+    if isinstance(entry, (str, bytes)) or not isinstance(entry, Sequence) or len(entry) != 3:
+        raise ValueError(
+            f"history[{index}] must be a (noise_multiplier, sample_rate, num_steps) triple, "
+            f"got {entry!r}"
+        )
+    return _entry(*entry)
 
 
 def _entry(noise_multiplier: Any, sample_rate: Any, num_steps: Any) -> HistoryEntry:
@@ -78,6 +103,14 @@ class OpacusAccountant:
     mechanism_name: ClassVar[str] = ""
 
     def __init__(self, **options: Any) -> None:
+        relation = options.get("neighbouring", Neighbouring.ADD_REMOVE)
+        if relation not in (Neighbouring.ADD_REMOVE, Neighbouring.ADD_REMOVE.value):
+            raise ValueError(
+                f"neighbouring must be 'add_remove' for an Opacus accountant, got {relation!r}: "
+                "Opacus accounts Poisson-sampled steps under add/remove one, with "
+                "noise_multiplier = noise std / max_grad_norm; use dpsharp.accountant(...) with "
+                "dpsharp events for another relation"
+            )
         self.history: list[HistoryEntry] = []
         self._accountant_options = dict(options)
         self._inner: Accountant = accountant(self.family, **self._accountant_options)
@@ -148,7 +181,13 @@ class OpacusAccountant:
                 f"state_dict of mechanism {state_dict['mechanism']!r} cannot be loaded into an "
                 f"accountant with mechanism {self.mechanism()!r}"
             )
-        self.history = [_entry(*entry) for entry in state_dict["history"]]
+        history = state_dict["history"]
+        if isinstance(history, (str, bytes)) or not isinstance(history, Sequence):
+            raise ValueError(
+                "state_dict['history'] must be a list of (noise_multiplier, sample_rate, "
+                f"num_steps) triples, got {history!r}"
+            )
+        self.history = [_history_entry(index, entry) for index, entry in enumerate(history)]
 
     # ------------------------------------------------------------------ dpsharp extras
     @property
@@ -319,15 +358,25 @@ def get_noise_multiplier(
     """
     from dpsharp._report import calibrate_noise
 
+    epsilon = require_positive_finite("target_epsilon", target_epsilon)
+    delta = require_delta(target_delta, "target_delta")
     if (steps is None) == (epochs is None):
         raise ValueError("get_noise_multiplier takes exactly one of epochs and steps")
     rate = require_probability("sample_rate", sample_rate)
     if steps is None:
         epochs = require_real("epochs", epochs)
-        if epochs <= 0:
-            raise ValueError(f"epochs must be in (0, inf), got {epochs!r}")
+        if epochs < rate:
+            raise ValueError(
+                f"epochs must be in [sample_rate={rate!r}, inf) (steps = int(epochs / "
+                f"sample_rate) must be at least 1), got {epochs!r}"
+            )
         steps = int(epochs / rate)
     steps = require_count("steps", steps, minimum=1)
+    if not isinstance(accountant, str):
+        raise TypeError(
+            "accountant must be an accountant name (a str such as 'pld', 'rdp', 'prv' or "
+            f"'dpsharp_pld'), got {accountant!r} ({type(accountant).__name__})"
+        )
     name = accountant
     if name in _ADAPTERS:
         name = _ADAPTERS[name].family
@@ -339,8 +388,8 @@ def get_noise_multiplier(
         lambda sigma: PoissonSampled(Gaussian(sigma), rate),
         steps,
         name,
-        target_epsilon=target_epsilon,
-        delta=target_delta,
+        target_epsilon=epsilon,
+        delta=delta,
         epsilon_tolerance=tolerance,
         require_certified=name != "gdp",
     )

@@ -18,6 +18,14 @@ estimate around a point value); ``estimate`` is their midpoint; the constructor'
 checks raise ``ValueError`` rather than asserting; no ``DeprecationWarning``. When
 ``eps_error`` is None the PLD accountant's default precision is used (prv-accountant fails
 later in that case). ``mesh_size`` must be None, as in prv-accountant.
+
+Sensitivity convention: prv-accountant's ``noise_multiplier`` is the noise standard deviation
+divided by the add/remove-one sensitivity (its privacy random variable is that of the pair
+N(0, sigma^2) and (1 - q) N(0, sigma^2) + q N(1, sigma^2), a mean shift of 1; Gopi, Lee,
+Wutschitz 2021), which is what dpsharp's ``Gaussian`` states under add/remove
+(:mod:`dpsharp.events`): the multiplier carries over unchanged. prv-accountant analyses the
+remove direction; dpsharp's PLD accountant takes the worse of add and remove, so its bounds are
+never below the ones prv-accountant certifies for the same event.
 """
 
 from __future__ import annotations
