@@ -279,6 +279,17 @@ def test_get_noise_multiplier_refuses_bad_input_naming_it(
         compat.get_noise_multiplier(**arguments)  # type: ignore[arg-type]
 
 
+def test_epsilon_bounds_validate_delta_first() -> None:
+    acc = built(compat.PLDAccountant)()
+    for history in ([], [(0.0, 0.1, 3)]):  # empty, and without noise
+        acc.history = list(history)
+        with pytest.raises(TypeError, match="delta"):
+            acc.get_epsilon_bounds("1e-5")  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="delta"):
+            acc.get_epsilon_bounds(1.5)
+    assert acc.get_epsilon_bounds(1e-5) == (math.inf, math.inf)
+
+
 @pytest.mark.parametrize("cls", ADAPTERS)
 def test_adapters_are_add_remove_only(cls: type[compat.OpacusAccountant]) -> None:
     built(cls)

@@ -238,12 +238,13 @@ class PLDAccountant(OpacusAccountant):
 
     def get_epsilon_bounds(self, delta: float) -> tuple[float, float]:
         """Certified (lower, upper) bounds on the optimal epsilon at ``delta``."""
+        delta = require_delta(delta)
         inner = self.dpsharp_accountant
         if self._no_noise:
             return (math.inf, math.inf)
         if inner.is_empty:
             return (0.0, 0.0)
-        lower, upper = inner.epsilon_bounds(require_delta(delta))  # type: ignore[attr-defined]
+        lower, upper = inner.epsilon_bounds(delta)  # type: ignore[attr-defined]
         return (float(lower), float(upper))
 
 
