@@ -61,9 +61,21 @@ def _require_delta_closed(value: object, name: str) -> float:
     return result
 
 
+def _sequence(name: str, value: object) -> list[object]:
+    """The items of a sequence argument (each is validated by the caller); a string, a bool, a
+    number or None is a TypeError naming ``name``, not an iteration error."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, (Sequence, np.ndarray)):
+        raise TypeError(f"{name} must be a sequence of numbers, got {value!r}")
+    return list(value)
+
+
 def _pairs(epsilons: Sequence[float], deltas: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
-    eps = [require_epsilon(e, f"epsilons[{i}]") for i, e in enumerate(epsilons)]
-    dels = [_require_delta_closed(d, f"deltas[{i}]") for i, d in enumerate(deltas)]
+    eps = [
+        require_epsilon(e, f"epsilons[{i}]") for i, e in enumerate(_sequence("epsilons", epsilons))
+    ]
+    dels = [
+        _require_delta_closed(d, f"deltas[{i}]") for i, d in enumerate(_sequence("deltas", deltas))
+    ]
     if len(eps) != len(dels):
         raise ValueError(
             f"epsilons and deltas must have the same length, got {len(eps)} and {len(dels)}"
@@ -152,12 +164,14 @@ def extended_advanced_composition(
 
     ``counts`` (optional) repeats the t-th pair counts[t] times without materialising it.
     """
-    eps, dels = _pairs(list(epsilons), list(deltas))
+    eps, dels = _pairs(epsilons, deltas)
     slack = require_delta(delta_slack, "delta_slack")
     if counts is None:
         reps = np.ones(len(eps))
     else:
-        reps_list = [require_count(f"counts[{i}]", c) for i, c in enumerate(counts)]
+        reps_list = [
+            require_count(f"counts[{i}]", c) for i, c in enumerate(_sequence("counts", counts))
+        ]
         if len(reps_list) != len(eps):
             raise ValueError("counts must have the same length as epsilons")
         reps = np.asarray(reps_list, dtype=float)

@@ -23,7 +23,7 @@ JSON-compatible form used by accountant checkpoints.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from typing import Any, ClassVar, Iterable
 
 from dpsharp._validation import require_count, require_positive_finite, require_probability
@@ -310,13 +310,37 @@ def event_to_dict(event: Event) -> dict[str, Any]:
 
 
 def event_from_dict(data: dict[str, Any]) -> Event:
-    """Rebuild an event from :func:`event_to_dict`'s output (validating it again)."""
-    try:
-        cls = _EVENT_TYPES[data["type"]]
-    except KeyError as exc:
-        raise ValueError(f"unknown event type in {data!r}") from exc
+    """Rebuild an event from :func:`event_to_dict`'s output (validating it again).
+
+    A malformed description is a ValueError (TypeError if ``data`` is not a dict) that names
+    the missing or unexpected field and the fields the event type has."""
+    if not isinstance(data, dict):
+        raise TypeError(
+            f"data must be a dict made by event_to_dict, got {data!r} ({type(data).__name__})"
+        )
+    known = ", ".join(map(repr, _EVENT_TYPES))
+    type_name = data.get("type")
+    if not isinstance(type_name, str) or type_name not in _EVENT_TYPES:
+        raise ValueError(
+            f"unknown event type in {data!r}: its 'type' field must be one of {known}"
+        )
+    cls = _EVENT_TYPES[type_name]
+    names = [field.name for field in fields(cls)]  # type: ignore[arg-type]
+    unexpected = sorted(set(data) - set(names) - {"type"}, key=str)
+    if unexpected:
+        raise ValueError(
+            f"event dict of type {type_name!r} has unexpected field {unexpected[0]!r}; its "
+            f"fields are {', '.join(map(repr, names))}"
+        )
     kwargs: dict[str, Any] = {}
     for field in fields(cls):  # type: ignore[arg-type]
+        if field.name not in data:
+            if field.default is not MISSING or field.default_factory is not MISSING:
+                continue  # a field added later with a default: older descriptions lack it
+            raise ValueError(
+                f"event dict of type {type_name!r} is missing the field {field.name!r}; its "
+                f"fields are {', '.join(map(repr, names))}"
+            )
         value = data[field.name]
         if isinstance(value, dict) and "type" in value:
             kwargs[field.name] = event_from_dict(value)

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from dpsharp._validation import require_delta, require_real_array
+
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
 
@@ -74,6 +76,7 @@ def epsilon_vs_epochs(
         One axes; its lines carry the accountant names as labels (``line.get_label()``) and
         the exact data passed in (``line.get_xdata()``, ``line.get_ydata()``).
     """
+    delta = require_delta(delta)
     certified = certified or {}
     figure = _new_figure()
     axes = figure.add_subplot()
@@ -119,7 +122,9 @@ def tradeoff_curves(
         One square axes with the identity line (perfect privacy, ``gid="identity"``) and one
         line per curve with ``gid`` = its label; the first curve is drawn on top.
     """
-    alphas = np.asarray(alphas, dtype=float)
+    alphas = require_real_array("alphas", alphas)
+    if np.any((alphas < 0.0) | (alphas > 1.0)):
+        raise ValueError("alphas must lie in [0, 1]")
     figure = _new_figure(5.6, 5.6)
     axes = figure.add_subplot()
     axes.plot([0.0, 1.0], [1.0, 0.0], color="0.7", linewidth=0.8, gid="identity", label="_perfect privacy")

@@ -26,6 +26,7 @@ from dpsharp._validation import (
     require_epsilon,
     require_positive_finite,
     require_probability,
+    require_real_array,
 )
 
 __all__ = [
@@ -62,11 +63,9 @@ _CONVERSIONS = {"classic": 0, "tight": 1}
 
 
 def validate_orders(orders: OrdersLike, name: str = "orders") -> npt.NDArray[np.float64]:
-    """``orders`` as a 1-d float64 array of finite values in (1, MAX_ORDER]; ValueError if not."""
-    try:
-        array = np.array(orders, dtype=np.float64, ndmin=1)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"{name} must be real numbers in (1, {MAX_ORDER:g}], got {orders!r}") from exc
+    """``orders`` as a 1-d float64 array of finite values in (1, MAX_ORDER]: TypeError for
+    anything but real numbers (a bool, a string, an array of either), ValueError if not."""
+    array = np.array(require_real_array(name, orders), ndmin=1)
     if array.ndim != 1 or array.size == 0:
         raise ValueError(f"{name} must be a non-empty 1-d sequence of orders in (1, {MAX_ORDER:g}]")
     bad = ~np.isfinite(array) | (array <= 1.0) | (array > MAX_ORDER)
@@ -177,7 +176,7 @@ def sampled_without_replacement_gaussian_rdp(
 
 def _curve(orders: OrdersLike, rdp: OrdersLike) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
     order_array = validate_orders(orders)
-    rdp_array = np.array(rdp, dtype=np.float64, ndmin=1)
+    rdp_array = np.array(require_real_array("rdp", rdp, allow_infinite=True), ndmin=1)
     if rdp_array.shape != order_array.shape:
         raise ValueError(
             f"rdp must have one value per order ({order_array.size}), got shape {rdp_array.shape}"

@@ -33,7 +33,7 @@ import numpy as np
 from scipy.optimize import brentq
 from scipy.special import erfcx, log_ndtr, ndtr, ndtri, ndtri_exp
 
-from dpsharp._validation import require_delta, require_positive_finite
+from dpsharp._validation import require_delta, require_positive_finite, require_real_array
 
 __all__ = [
     "eps_delta_tradeoff",
@@ -50,22 +50,14 @@ _SQRT_HALF = math.sqrt(0.5)
 
 
 # --------------------------------------------------------------------------- validation
-def _as_array(name: str, value: Any) -> np.ndarray:
-    try:
-        array = np.asarray(value, dtype=float)
-    except (TypeError, ValueError) as exc:
-        raise TypeError(f"{name} must be a real number or an array of real numbers") from exc
-    if np.iscomplexobj(np.asarray(value)):
-        raise TypeError(f"{name} must be real, got a complex value")
-    if not np.all(np.isfinite(array)):
-        raise ValueError(f"{name} must be finite (no NaN or inf), got {value!r}")
-    return array
-
-
 def _require_range(
     name: str, value: Any, low: float, high: float, *, low_open: bool, high_open: bool
 ) -> np.ndarray:
-    array = _as_array(name, value)
+    """``value`` as a float array, every entry finite and in the stated interval.
+
+    Real numbers only (``dpsharp._validation``): a bool, a string or an array of either is a
+    TypeError, never read as 1.0 or parsed."""
+    array = require_real_array(name, value)
     bad_low = array <= low if low_open else array < low
     bad_high = array >= high if high_open else array > high
     if np.any(bad_low | bad_high):

@@ -26,7 +26,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dpsharp._validation import require_positive_finite, require_real
+from dpsharp._validation import (
+    require_epsilon,
+    require_positive_finite,
+    require_real,
+    require_real_array,
+)
 from dpsharp.events import Event, flatten, register_event_type
 
 __all__ = [
@@ -253,10 +258,17 @@ def truncated_negative_binomial_mean(eta: float, gamma: float) -> float:
 
 
 def _orders(orders: Sequence[float] | np.ndarray) -> np.ndarray:
-    alphas = np.asarray(orders, dtype=np.float64)
-    if alphas.ndim != 1 or alphas.size == 0 or not np.all(np.isfinite(alphas)) or np.any(alphas <= 1.0):
+    alphas = require_real_array("orders", orders)  # TypeError for bool, str, None, complex
+    if alphas.ndim != 1 or alphas.size == 0 or np.any(alphas <= 1.0):
         raise ValueError("orders must be a non-empty 1-d sequence of finite numbers in (1, inf)")
     return alphas
+
+
+def _base_curve(base_rdp: Sequence[float] | np.ndarray, alphas: np.ndarray) -> np.ndarray:
+    base = require_real_array("base_rdp", base_rdp, allow_infinite=True)
+    if base.shape != alphas.shape or np.any(base < 0):
+        raise ValueError("base_rdp must be non-negative (inf allowed), one value per order")
+    return base
 
 
 def truncated_negative_binomial_tuning_rdp(
@@ -272,9 +284,7 @@ def truncated_negative_binomial_tuning_rdp(
     + log(E[K])/(lambda - 1). ``base_rdp[i]`` is the base mechanism's RDP at ``orders[i]``
     (may be +inf)."""
     alphas = _orders(orders)
-    base = np.asarray(base_rdp, dtype=np.float64)
-    if base.shape != alphas.shape or np.any(np.isnan(base)) or np.any(base < 0):
-        raise ValueError("base_rdp must be non-negative (inf allowed), one value per order")
+    base = _base_curve(base_rdp, alphas)
     mean = truncated_negative_binomial_mean(eta, gamma)
     with np.errstate(invalid="ignore"):
         hat_terms = (1.0 + eta) * ((1.0 - 1.0 / alphas) * base + math.log(1.0 / gamma) / alphas)
@@ -287,8 +297,8 @@ def rdp_to_delta(base_rdp: Sequence[float] | np.ndarray, orders: Sequence[float]
     conversion of Canonne, Kamath, Steinke 2020 (Prop. 12): for each order alpha,
     delta = exp((alpha - 1)(eps(alpha) - epsilon)) (1 - 1/alpha)^(alpha - 1) / alpha; capped at 1."""
     alphas = _orders(orders)
-    base = np.asarray(base_rdp, dtype=np.float64)
-    epsilon = require_real("epsilon", epsilon)
+    base = _base_curve(base_rdp, alphas)
+    epsilon = require_epsilon(epsilon)
     with np.errstate(over="ignore", invalid="ignore"):
         log_delta = (alphas - 1.0) * (base - epsilon) + (alphas - 1.0) * np.log1p(-1.0 / alphas) - np.log(alphas)
     log_delta = np.where(np.isnan(log_delta), np.inf, log_delta)
@@ -331,9 +341,7 @@ def poisson_tuning_rdp(
     searches is checked against it in the tests. It is at most the paper's
     eps + mean delta_hat + log(mean)/(lambda - 1) whenever mean c >= 1."""
     alphas = _orders(orders)
-    base = np.asarray(base_rdp, dtype=np.float64)
-    if base.shape != alphas.shape or np.any(np.isnan(base)) or np.any(base < 0):
-        raise ValueError("base_rdp must be non-negative (inf allowed), one value per order")
+    base = _base_curve(base_rdp, alphas)
     mean = require_positive_finite("mean", mean)
     result = np.empty_like(alphas)
     for index, lam in enumerate(alphas):

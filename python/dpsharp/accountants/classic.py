@@ -204,7 +204,9 @@ class ClassicAccountant(Accountant):
         return total
 
     def per_step_guarantees(self, delta0: float) -> list[tuple[Event, int, float, float]]:
-        """(leaf, count, eps_t, delta_t) of every composed event at per-step delta_0."""
+        """(leaf, count, eps_t, delta_t) of every composed event at per-step delta_0 in (0, 1]
+        (1 only where no step spends delta)."""
+        delta0 = require_probability("delta0", delta0)
         return [(leaf, count, *self._step(leaf, delta0)) for leaf, count in self._counts.items()]
 
     # ------------------------------------------------------------------ composition

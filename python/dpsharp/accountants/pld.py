@@ -53,7 +53,12 @@ import numpy as np
 from scipy.special import log_ndtr
 
 from dpsharp._native import core as _core
-from dpsharp._validation import require_delta, require_epsilon, require_real
+from dpsharp._validation import (
+    require_delta,
+    require_epsilon,
+    require_real,
+    require_real_array,
+)
 from dpsharp.accountants._pld_numerics import (
     ComposedPLD,
     DiscretePLD,
@@ -512,9 +517,16 @@ class PLDAccountant(Accountant):
         ``symmetrised=True`` gives min{f, f^-1}** (seed 000, Section 2.2), whose delta curve is
         the pointwise maximum over both directions.
         """
-        alphas = np.asarray(alphas, dtype=float)
-        if not np.all(np.isfinite(alphas)) or np.any((alphas < 0) | (alphas > 1)):
-            raise ValueError("alphas must lie in [0, 1]")
+        alphas = require_real_array("alphas", alphas)
+        if alphas.ndim != 1:
+            shown = float(alphas) if alphas.ndim == 0 else f"an array of shape {alphas.shape}"
+            raise TypeError(
+                f"alphas must be a 1-d sequence of type-I errors in [0, 1] (e.g. [0.5]), got "
+                f"{shown}"
+            )
+        outside = (alphas < 0.0) | (alphas > 1.0)
+        if np.any(outside):
+            raise ValueError(f"alphas must lie in [0, 1], got {float(alphas[outside][0])!r}")
         if self.is_empty:
             return 1.0 - alphas
         results = self._bounds_at(0, _TAIL_BUDGET, True)

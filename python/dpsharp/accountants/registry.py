@@ -7,6 +7,7 @@ benchmarks look accountants up here, so one loop can compare them all on the sam
 from __future__ import annotations
 
 import importlib
+import inspect
 from typing import Any, Callable, TypeVar
 
 from dpsharp.accountants.base import Accountant
@@ -42,6 +43,8 @@ AccountantClass = TypeVar("AccountantClass", bound=type[Accountant])
 
 def register(name: str) -> Callable[[AccountantClass], AccountantClass]:
     """Class decorator: make ``cls`` available as ``accountant(name)``."""
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"accountant name must be a non-empty string, got {name!r}")
 
     def decorate(cls: AccountantClass) -> AccountantClass:
         if name in _REGISTRY and _REGISTRY[name] is not cls:
@@ -64,10 +67,34 @@ def available() -> list[str]:
 def accountant(name: str, **options: Any) -> Accountant:
     """A new accountant of the family ``name`` (see :func:`available`), built with ``options``."""
     _load_families()
+    valid = ", ".join(map(repr, available()))
+    if not isinstance(name, str):
+        raise TypeError(
+            f"accountant name must be a string, one of {valid}; got {name!r} "
+            f"({type(name).__name__})"
+        )
     try:
         cls = _REGISTRY[name]
     except KeyError:
-        raise ValueError(
-            f"accountant name must be one of {', '.join(map(repr, _REGISTRY))}; got {name!r}"
-        ) from None
+        raise ValueError(f"accountant name must be one of {valid}; got {name!r}") from None
+    accepted = _option_names(cls)
+    if accepted is not None:
+        unknown = [key for key in options if key not in accepted]
+        if unknown:
+            raise TypeError(
+                f"accountant {name!r} ({cls.__name__}) has no option {unknown[0]!r}; its "
+                f"options are {', '.join(map(repr, accepted)) or 'none'}"
+            )
     return cls(**options)
+
+
+def _option_names(cls: type[Accountant]) -> list[str] | None:
+    """The keyword options of ``cls``'s constructor (None if it takes ``**kwargs``)."""
+    parameters = list(inspect.signature(cls.__init__).parameters.values())[1:]
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return None
+    return [
+        p.name
+        for p in parameters
+        if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    ]

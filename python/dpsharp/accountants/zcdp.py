@@ -40,7 +40,7 @@ from typing import Any
 
 from scipy.optimize import minimize_scalar
 
-from dpsharp._validation import require_delta, require_epsilon, require_real
+from dpsharp._validation import is_real_number, require_delta, require_epsilon, require_real
 from dpsharp.accountants.base import Accountant, PrivacyGuarantee
 from dpsharp.accountants.registry import register
 from dpsharp.events import Event, Gaussian, Laplace, Neighbouring, PoissonSampled, Shuffled, flatten
@@ -71,8 +71,21 @@ SAMPLING_WARNING = (
 _ALPHA_SEARCH_MAX = 1e8
 
 
-def _restricted_alpha_max(alpha_max: float | None) -> float:
-    return math.inf if alpha_max is None else alpha_max
+def _restricted_alpha_max(alpha_max: object) -> float:
+    """``alpha_max`` validated: None (no restriction) reads as +inf; otherwise a real Renyi order
+    in (1, inf]. An order <= 1 would turn the minimisation over 1 < alpha <= alpha_max into one
+    over an empty set (alpha_max = 0.5 gave epsilon = -22.5 here), so it is an error."""
+    if alpha_max is None:
+        return math.inf
+    if type(alpha_max) is not float and not is_real_number(alpha_max):
+        raise TypeError(
+            f"alpha_max must be None or a real Renyi order in (1, inf], got {alpha_max!r} "
+            f"({type(alpha_max).__name__})"
+        )
+    value = float(alpha_max)  # type: ignore[arg-type]
+    if not value > 1.0:  # also NaN
+        raise ValueError(f"alpha_max must be None or a Renyi order in (1, inf], got {value!r}")
+    return value
 
 
 def zcdp_epsilon_bun_steinke(rho: float, delta: float, *, alpha_max: float | None = None) -> float:
@@ -86,12 +99,13 @@ def zcdp_epsilon_bun_steinke(rho: float, delta: float, *, alpha_max: float | Non
     """
     rho = _require_rho(rho)
     log_inv_delta = -math.log(require_delta(delta))
+    limit = _restricted_alpha_max(alpha_max)
     if rho == 0.0:
-        return 0.0 if alpha_max is None else log_inv_delta / (alpha_max - 1.0)
+        return log_inv_delta / (limit - 1.0)  # 0.0 without a restriction
     alpha_star = 1.0 + math.sqrt(log_inv_delta / rho)
-    if alpha_max is None or alpha_star <= alpha_max:
+    if alpha_star <= limit:
         return rho + 2.0 * math.sqrt(rho * log_inv_delta)
-    return rho * alpha_max + log_inv_delta / (alpha_max - 1.0)
+    return rho * limit + log_inv_delta / (limit - 1.0)
 
 
 def _cks_epsilon_at(alpha: float, rho: float, log_inv_delta: float) -> float:
@@ -146,9 +160,9 @@ def zcdp_delta(rho: float, epsilon: float, *, alpha_max: float | None = None) ->
     """
     rho = _require_rho(rho)
     epsilon = require_epsilon(epsilon)
+    upper = min(_restricted_alpha_max(alpha_max), _ALPHA_SEARCH_MAX)
     if rho == 0.0:
         return 0.0
-    upper = min(_restricted_alpha_max(alpha_max), _ALPHA_SEARCH_MAX)
 
     def log_bs(alpha: float) -> float:
         return (alpha - 1.0) * (alpha * rho - epsilon)

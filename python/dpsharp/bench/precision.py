@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from dpsharp._validation import require_positive_finite
+from dpsharp._validation import require_count, require_positive_finite, require_real
 
 __all__ = ["DEFAULT_GRID", "Setting", "load_grid", "markdown_table", "run_precision", "write_outputs"]
 
@@ -62,19 +62,53 @@ DEFAULT_GRID: tuple[Setting, ...] = (
 
 
 def load_grid(path: str | Path) -> list[Setting]:
-    """A user grid: a JSON list of objects with keys q, sigma, steps (or T), optional delta, name."""
-    items = json.loads(Path(path).read_text())
+    """A user grid: a JSON list of objects with keys q, sigma, steps (or T), optional delta, name.
+
+    Every field is checked before any setting runs, with a one-line error naming the entry and
+    the field: q, sigma and delta must be JSON numbers (not strings or booleans), steps an
+    integer (2.7 is refused, never truncated to 2; an integral number such as 1e4 is accepted),
+    and an unknown key (a misspelt "delta" would silently mean the default) is refused."""
+    try:
+        items = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise ValueError(f"--grid: cannot read {str(path)!r}: {exc.strerror or exc}") from None
     if not isinstance(items, list) or not items:
         raise ValueError(f"--grid must be a non-empty JSON list of settings, got {type(items).__name__}")
     grid = []
     for index, item in enumerate(items):
         if not isinstance(item, dict) or "q" not in item or "sigma" not in item or not ({"steps", "T"} & set(item)):
             raise ValueError(f"--grid entry {index} must have keys q, sigma and steps (or T); got {item!r}")
-        steps = item.get("steps", item.get("T"))
-        name = item.get("name", f"q={item['q']:g} sigma={item['sigma']:g} T={steps}")
-        grid.append(Setting(str(name), float(item["q"]), float(item["sigma"]), int(steps),
-                            float(item.get("delta", 1e-5))))
+        unknown = sorted(set(item) - _GRID_KEYS)
+        if unknown or {"steps", "T"} <= set(item):
+            bad = unknown[0] if unknown else "T"
+            raise ValueError(
+                f"--grid entry {index}: unexpected key {bad!r}; the keys are q, sigma, steps "
+                f"(or T), delta and name"
+            )
+        key = "steps" if "steps" in item else "T"
+        where = f"--grid entry {index}"
+        try:
+            q = require_real("q", item["q"])
+            sigma = require_real("sigma", item["sigma"])
+            delta = require_real("delta", item.get("delta", 1e-5))
+            steps = _grid_integer(key, item[key])
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{where}: {exc}") from None
+        name = item.get("name", f"q={q:g} sigma={sigma:g} T={steps}")
+        grid.append(Setting(str(name), q, sigma, steps, delta))
     return grid
+
+
+_GRID_KEYS = frozenset({"q", "sigma", "steps", "T", "delta", "name"})
+
+
+def _grid_integer(name: str, value: Any) -> int:
+    """A positive integer from a JSON number: an int, or a float with an integral value."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be a positive integer, got {value!r}")
+    return require_count(name, value, minimum=1)
 
 
 def _finite(value: Any) -> float | None:
