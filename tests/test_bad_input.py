@@ -583,7 +583,7 @@ NON_NUMERIC: dict[str, set[str]] = {
     "zcdp_rho_of_leaf": {"leaf", "base_rho"},
     "unsupported_reason_of_leaf": {"leaf", "family", "base_reason"},
     "plots.epsilon_vs_epochs": {"series", "certified", "title", "path"},
-    "plots.tradeoff_curves": {"curves", "title", "path"},
+    "plots.tradeoff_curves": {"curves", "title", "path", "note"},
 }
 SHARED_NON_NUMERIC = {
     "event", "base", "accountant", "require_certified", "allow_approximation",
