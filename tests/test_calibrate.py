@@ -150,8 +150,15 @@ def test_unreachable_targets_raise() -> None:
 
 
 def test_approximate_accountant_refused_unless_asked() -> None:
-    with pytest.raises(ValueError, match="require_certified=False"):
+    with pytest.raises(ValueError, match="allow_approximation=True"):
         calibrate.noise_multiplier(1.0, 1e-5, steps=1000, sampling_probability=0.01, accountant="gdp")
+    # allow_approximation=True is the opt-in; require_certified=False its older spelling
+    sigma = calibrate.noise_multiplier(
+        1.0, 1e-5, steps=1000, sampling_probability=0.01, accountant=GDPAccountant,
+        allow_approximation=True,
+    )
+    got = GDPAccountant().compose(PoissonSampled(Gaussian(sigma), 0.01), 1000).epsilon(1e-5)
+    assert 1.0 * (1 - RTOL) <= got <= 1.0
     sigma = calibrate.noise_multiplier(
         1.0, 1e-5, steps=1000, sampling_probability=0.01, accountant=GDPAccountant, require_certified=False
     )
@@ -191,3 +198,32 @@ def test_bad_factory_type() -> None:
         calibrate.noise_multiplier(1.0, 1e-5, steps=10, accountant=3)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="not a dpsharp Accountant"):
         calibrate.noise_multiplier(1.0, 1e-5, steps=10, accountant=lambda: object())  # type: ignore[arg-type, return-value]
+
+
+def test_zcdp_random_sampling_is_refused_by_its_configured_instance() -> None:
+    """The class ZCDPAccountant is certified only as configured with batching="reshuffle": a
+    factory returning batching="sample" (Yu et al. 2019's empirical P(q, sigma)) used to be
+    calibrated on without a word, because the flag was read from the class."""
+    from dpsharp.accountants.zcdp import ZCDPAccountant
+
+    def sample() -> ZCDPAccountant:
+        return ZCDPAccountant(batching="sample")
+
+    for solve in (
+        lambda **kw: calibrate.noise_multiplier(1.0, 1e-5, steps=1000, sampling_probability=0.01,
+                                                accountant=sample, **kw),
+        lambda **kw: calibrate.steps(1.0, 1e-5, noise_multiplier=2.0, sampling_probability=0.01,
+                                     accountant=sample, **kw),
+    ):
+        with pytest.raises(ValueError, match="approximate.*allow_approximation=True"):
+            solve()
+        assert solve(allow_approximation=True) > 0
+    # the reshuffling configuration of the same class is certified and calibrates as before
+    reshuffle = calibrate.noise_multiplier(
+        1.0, 1e-5, steps=10, accountant=lambda: ZCDPAccountant(batching="reshuffle"),
+        event=lambda sigma, _q: Gaussian(sigma),
+    )
+    # closed form: 10 steps of rho = 1/(2 sigma^2), Bun-Steinke/CKS conversion (tests/test_zcdp)
+    from dpsharp.accountants.zcdp import zcdp_epsilon
+
+    assert zcdp_epsilon(10 / (2 * reshuffle**2), 1e-5) <= 1.0

@@ -382,3 +382,21 @@ def test_calibrate_text_and_refusals(capsys: pytest.CaptureFixture[str]) -> None
                              "--steps", "100000", "--dataset-size", "100", "--batch-size", "100",
                              "--accountant", name)
     assert status == 2 and "unreachable" in err and len(err.strip().splitlines()) == 1
+
+
+def test_calibrate_zcdp_random_sampling_needs_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    """Poisson sampling makes the zcdp accountant ZCDPAccountant(batching="sample"), whose
+    epsilon is an approximation (Yu et al. 2019's empirical P): calibrating on it used to pass
+    without --allow-approximation because the flag was read from the accountant's class."""
+    base = ["calibrate", "--target-epsilon", "3", "--delta", "1e-5", "--epochs", "10",
+            "--dataset-size", "60000", "--batch-size", "256", "--accountant", "zcdp"]
+    status, out, err = run_cli(capsys, *base)
+    assert status == 2 and out == ""
+    assert "approximate" in err and "--allow-approximation" in err
+    assert len(err.strip().splitlines()) == 1
+    status, out, _ = run_cli(capsys, *base, "--allow-approximation", "--json")
+    document = json.loads(out)
+    assert status == 0 and document["certified"] is False
+    assert document["accountant"]["certified"] is False and document["accountant"]["warning"]
+    status, out, _ = run_cli(capsys, *base, "--allow-approximation")
+    assert status == 0 and "approximation" in out

@@ -147,6 +147,50 @@ def test_validation_schedule_in_the_engine() -> None:
         Shuffled(Gaussian(6.0), 4, 8): 2,
         Shuffled(Gaussian(3.0), 4, 8): 1,
     }
+    # sigmas chosen from the run's outputs, no budget (no filter): the composed epsilon is a
+    # reading, not a guarantee, and the report says so
+    assert engine.adaptive_noise
+    report = engine.report()
+    assert report.certified is False and "chosen adaptively" in report.warning
+
+
+def test_schedules_say_whether_they_are_adaptive() -> None:
+    assert ValidationBased.adaptive is True
+    for fixed in (Constant(8), TimeBased(10, 0.05), StepDecay(10, 0.6, 10), Exponential(10, 0.01),
+                  Polynomial(10, 3, 2, 100)):
+        assert fixed.adaptive is False
+
+
+def test_adaptive_schedule_under_a_budget_needs_a_filter() -> None:
+    """A ValidationBased schedule's sigma depends on accuracy of a model trained on the private
+    data; a stop rule on the PLD accountant's epsilon(delta) is not proven for it (refused),
+    the RDP accountant's Renyi filter is."""
+    budget = PrivacyBudget(epsilon=3.0, delta=DELTA)
+
+    def validation() -> ValidationBased:
+        return ValidationBased(6.0, 0.5, m=1, threshold=0.0, period=1, validation_set="public")
+
+    with pytest.raises(ValueError, match="privacy filter"):
+        _private(validation(), sampling="poisson", budget=budget, accountant="pld")
+    engine, model, optimizer, loader, _ = _private(
+        validation(), sampling="poisson", budget=budget, accountant="rdp"
+    )
+    assert engine.adaptive_noise
+    with pytest.raises(BudgetExhausted, match="Renyi filter"):
+        _train_until_exhausted(model, optimizer, loader, max_epochs=500)
+    report = engine.report()
+    assert report.certified and report.epsilon == budget.epsilon
+    # attached after the first release under a budget: refused (the filter must cover the run)
+    engine, model, optimizer, loader, _ = _private(
+        Constant(6.0), sampling="poisson", budget=budget, accountant="rdp"
+    )
+    for x, y in loader:
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+        break
+    with pytest.raises(RuntimeError, match="before the first release"):
+        attach_schedule(engine, validation())
 
 
 def test_step_schedule_refused_under_reshuffling() -> None:

@@ -35,6 +35,9 @@ from dpsharp.torch import (  # noqa: E402
 pytestmark = pytest.mark.torch
 
 POISSON_ACCOUNTANTS = [name for name in ("pld", "rdp", "gdp") if name in dpsharp.available()]
+# Accountants whose every answer for a Poisson loader is a proven bound: the only ones that may
+# enforce a budget without allow_approximation=True.
+CERTIFIED_POISSON_ACCOUNTANTS = [name for name in ("pld", "rdp") if name in dpsharp.available()]
 
 
 def make_model(seed: int = 0) -> nn.Module:
@@ -115,7 +118,7 @@ def test_gdp_view_is_the_clt_mu() -> None:
     assert float(engine.view("gdp").mu) == pytest.approx(expected, rel=1e-12)
 
 
-@pytest.mark.parametrize("name", POISSON_ACCOUNTANTS)
+@pytest.mark.parametrize("name", CERTIFIED_POISSON_ACCOUNTANTS)
 def test_budget_stops_before_the_first_step_that_would_exceed_it(name: str) -> None:
     # 3.0 leaves room for a few steps under every accountant (RDP already charges 2.13 for the
     # first step of q = 0.1, sigma = 1), so the stop is reached mid-training, not at step 0.
@@ -154,19 +157,21 @@ def test_budget_steps_agree_with_calibrate_steps(monkeypatch, horizon) -> None:
 
 
 def test_budget_is_recomputed_when_sigma_changes() -> None:
+    # A sigma set by hand mid-run may depend on the outputs so far: the budget needs the run to
+    # be declared adaptive (a Renyi filter on the 'rdp' accountant; tests/test_budget_soundness.py)
     budget = PrivacyBudget(epsilon=3.0, delta=1e-5)
-    engine, model, optimizer, loader = private("gdp", sigma=2.0, budget=budget)
+    engine, model, optimizer, loader = private("rdp", sigma=2.0, budget=budget, adaptive_noise=True)
     run(optimizer, loader, model, steps=10)
     left_at_2 = engine.steps_left()
-    optimizer.noise_multiplier = 0.8
-    left_at_08 = engine.steps_left()
-    assert left_at_08 < left_at_2
+    optimizer.noise_multiplier = 1.2
+    left_at_12 = engine.steps_left()
+    assert 0 < left_at_12 < left_at_2
     with pytest.raises(BudgetExhausted):
         run(optimizer, loader, model, epochs=1000)
     assert engine.epsilon(1e-5) <= 3.0
     events = dict(engine.accountant.composed)
     assert events[PoissonSampled(Gaussian(2.0), 0.1)] == 10
-    assert events[PoissonSampled(Gaussian(0.8), 0.1)] == engine.steps - 10
+    assert events[PoissonSampled(Gaussian(1.2), 0.1)] == engine.steps - 10 == left_at_12
 
 
 def test_shuffled_budget_counts_epochs() -> None:
@@ -179,7 +184,7 @@ def test_shuffled_budget_counts_epochs() -> None:
     epochs_paid = loader.epoch - 1  # the refused step was the first of a new epoch
     assert engine.steps == 4 * epochs_paid
     assert engine.epsilon(1e-5) <= 1.0
-    more = dpsharp.accountant("zcdp")
+    more = dpsharp.accountant("zcdp", neighbouring=engine.accountant.neighbouring)
     more.compose(Shuffled(Gaussian(4.0), 15, 60), epochs_paid + 1)
     assert more.epsilon(1e-5) > 1.0
 
@@ -188,7 +193,7 @@ def test_zero_noise_is_not_private() -> None:
     engine, model, optimizer, loader = private("gdp", sigma=0.0)
     run(optimizer, loader, model, steps=2)
     assert engine.epsilon(1e-5) == math.inf
-    engine, model, optimizer, loader = private("gdp", sigma=0.0, budget=PrivacyBudget(10.0, 1e-5))
+    engine, model, optimizer, loader = private("rdp", sigma=0.0, budget=PrivacyBudget(10.0, 1e-5))
     with pytest.raises(BudgetExhausted, match="noise_multiplier is 0"):
         run(optimizer, loader, model, steps=1)
 
@@ -265,18 +270,18 @@ def test_virtual_batches_through_the_loader_release_once_per_logical_batch() -> 
 
 def test_checkpoint_round_trip_matches_the_uninterrupted_run() -> None:
     budget = PrivacyBudget(epsilon=50.0, delta=1e-5)
-    engine, model, optimizer, loader = private("gdp", sigma=1.0, budget=budget, seed=21)
+    engine, model, optimizer, loader = private("rdp", sigma=1.0, budget=budget, seed=21)
     run(optimizer, loader, model, epochs=3)
     uninterrupted = (engine.epsilon(1e-5), optimizer.noise.state_dict(), [p.detach().clone() for p in model.parameters()])
 
-    engine, model, optimizer, loader = private("gdp", sigma=1.0, budget=budget, seed=21)
+    engine, model, optimizer, loader = private("rdp", sigma=1.0, budget=budget, seed=21)
     run(optimizer, loader, model, steps=loader.steps_per_epoch + 4)  # stop mid-epoch
     checkpoint = copy.deepcopy({
         "engine": engine.state_dict(),
         "model": model.state_dict(),
         "optimizer": optimizer.state_dict(),
     })
-    resumed_engine, resumed_model, resumed_opt, resumed_loader = private("gdp", sigma=1.0, budget=budget, seed=999)
+    resumed_engine, resumed_model, resumed_opt, resumed_loader = private("rdp", sigma=1.0, budget=budget, seed=999)
     resumed_model.load_state_dict(checkpoint["model"])
     resumed_opt.load_state_dict(checkpoint["optimizer"])
     resumed_engine.load_state_dict(checkpoint["engine"])

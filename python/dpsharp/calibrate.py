@@ -13,13 +13,19 @@ and the answer is checked, moved in the safe direction if rounding left it outsi
 error is raised if that fails. Steps are integers: the largest count whose epsilon fits.
 An unreachable target raises ValueError saying why.
 
-By default an accountant whose result is not a certified bound (the GDP central limit
-theorem, zCDP random sampling) is refused, since calibrating on an approximation is not
-conservative; pass ``require_certified=False`` to calibrate on it anyway.
+An answer that is not a proven bound is refused: whether it is comes from the configured
+accountant instance (:attr:`dpsharp.accountants.base.Accountant.certified`: the GDP central
+limit theorem, ``ZCDPAccountant(batching="sample")``) and from each answer
+(:attr:`~dpsharp.accountants.base.PrivacyGuarantee.certified`), never from the accountant's
+class. Calibrating on an approximation is not conservative (the CLT epsilon of a run can be
+13-117% below its certified epsilon), so it needs an explicit ``allow_approximation=True``;
+the result is then logged as an approximation. (``require_certified=False`` is the older
+spelling of the same opt-in.)
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable
 
@@ -43,6 +49,8 @@ __all__ = ["AccountantSpec", "noise_multiplier", "sampling_probability", "steps"
 AccountantSpec = str | Callable[[], Accountant]
 EventFactory = Callable[[float, float], Event]
 
+logger = logging.getLogger(__name__)
+
 _SIGMA_MIN, _SIGMA_MAX = 1e-3, 1e6
 _Q_MIN = 1e-12
 
@@ -61,18 +69,28 @@ def _factory(spec: AccountantSpec) -> Callable[[], Accountant]:
     raise TypeError(f"accountant must be a registry name or a zero-argument factory, got {spec!r}")
 
 
+def _allowed(allow_approximation: object, require_certified: object) -> bool:
+    """Whether the caller opted in to calibrating on an approximation."""
+    for name, value in (("allow_approximation", allow_approximation),
+                        ("require_certified", require_certified)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be True or False, got {value!r}")
+    return bool(allow_approximation) or not require_certified
+
+
 class _Problem:
     def __init__(
         self,
         spec: AccountantSpec,
         delta: float,
         event: EventFactory | None,
-        require_certified: bool,
+        allow_approximation: bool,
     ) -> None:
         self.factory = _factory(spec)
         self.delta = delta
         self.event = event or _default_event
-        self.require_certified = require_certified
+        self.allow_approximation = allow_approximation
+        self._logged = False
 
     def epsilon(self, noise: float, q: float, count: int) -> float:
         acc = self.factory()
@@ -80,24 +98,32 @@ class _Problem:
             raise TypeError(f"the accountant factory returned {acc!r}, not a dpsharp Accountant")
         event = self.event(noise, q)
         acc.compose(event, count)  # UnsupportedEventError propagates: a wrong pairing
-        # An accountant class that declares ``certified = True`` certifies every epsilon() it
-        # returns, so only the upper bound is needed (guarantee() may also compute lower bounds,
-        # e.g. the PLD accountant's bracket); otherwise the guarantee says whether it is.
-        always_certified = getattr(type(acc), "certified", False) is True
+        # A configured accountant whose every answer is a proven bound (the instance's
+        # ``certified``) only needs epsilon() (guarantee() may also compute lower bounds, e.g.
+        # the PLD accountant's bracket); otherwise each answer says whether it is one.
         try:
-            if always_certified:
+            if acc.certified:
                 return acc.epsilon(self.delta)
             result = acc.guarantee(self.delta)
         except (ValueError, OverflowError) as exc:
             if isinstance(exc, UnsupportedEventError):
                 raise
             return math.inf  # e.g. a calibration formula outside its range at this noise
-        if self.require_certified and not result.certified:
-            raise ValueError(
-                f"the {acc.name or type(acc).__name__!r} accountant returned an approximate "
-                "(not certified) epsilon; calibrating on it is not conservative. Pass "
-                "require_certified=False to calibrate on the approximation anyway"
-            )
+        if not result.certified:
+            if not self.allow_approximation:
+                why = f" ({result.warning})" if result.warning else ""
+                raise ValueError(
+                    f"the accountant {acc!r} gives an approximate (not certified) epsilon for "
+                    f"{event!r}{why}; calibrating on it is not conservative. Use a certified "
+                    "accountant ('pld', 'rdp'), or pass allow_approximation=True to calibrate on "
+                    "the approximation anyway"
+                )
+            if not self._logged:
+                self._logged = True
+                logger.warning(
+                    "calibrating on an approximation (%r, not a certified bound): the result "
+                    "does not guarantee the target epsilon", acc,
+                )
         return result.epsilon
 
 
@@ -141,6 +167,7 @@ def noise_multiplier(
     accountant: AccountantSpec = "rdp",
     rtol: float = 1e-3,
     event: EventFactory | None = None,
+    allow_approximation: bool = False,
     require_certified: bool = True,
 ) -> float:
     """The noise multiplier sigma at which ``steps`` steps sampled at rate q are
@@ -150,11 +177,13 @@ def noise_multiplier(
     found by doubling). Raises ValueError if no sigma <= 1e6 reaches the target (e.g. a
     delta below what the accountant can certify) or if even sigma = 1e-3 is private enough.
     ``event(sigma, q)`` overrides the event that one step is (default PoissonSampled(Gaussian)).
+    An approximate answer (module docstring) is refused unless ``allow_approximation=True``.
     """
     epsilon, delta, rtol = _check_target(epsilon, delta, rtol)
     count = require_count("steps", steps, minimum=1)
     q = require_probability("sampling_probability", sampling_probability)
-    problem = _Problem(accountant, delta, event, require_certified)
+    allowed = _allowed(allow_approximation, require_certified)
+    problem = _Problem(accountant, delta, event, allowed)
 
     def eps_of(sigma: float) -> float:
         return problem.epsilon(sigma, q, count)
@@ -189,6 +218,7 @@ def sampling_probability(
     accountant: AccountantSpec = "rdp",
     rtol: float = 1e-3,
     event: EventFactory | None = None,
+    allow_approximation: bool = False,
     require_certified: bool = True,
 ) -> float:
     """The largest sampling rate q in (0, 1] at which ``steps`` steps with noise multiplier
@@ -197,7 +227,8 @@ def sampling_probability(
     epsilon, delta, rtol = _check_target(epsilon, delta, rtol)
     sigma = require_positive_finite("noise_multiplier", noise_multiplier)
     count = require_count("steps", steps, minimum=1)
-    problem = _Problem(accountant, delta, event, require_certified)
+    allowed = _allowed(allow_approximation, require_certified)
+    problem = _Problem(accountant, delta, event, allowed)
 
     def eps_of(q: float) -> float:
         return problem.epsilon(sigma, min(q, 1.0), count)
@@ -226,6 +257,7 @@ def steps(
     accountant: AccountantSpec = "rdp",
     max_steps: int = 10**7,
     event: EventFactory | None = None,
+    allow_approximation: bool = False,
     require_certified: bool = True,
 ) -> int:
     """The largest number of steps T <= ``max_steps`` with epsilon(T) <= target (epsilon grows
@@ -236,7 +268,8 @@ def steps(
     sigma = require_positive_finite("noise_multiplier", noise_multiplier)
     q = require_probability("sampling_probability", sampling_probability)
     max_steps = require_count("max_steps", max_steps, minimum=1)
-    problem = _Problem(accountant, delta, event, require_certified)
+    allowed = _allowed(allow_approximation, require_certified)
+    problem = _Problem(accountant, delta, event, allowed)
 
     def fits(count: int) -> bool:
         return problem.epsilon(sigma, q, count) <= epsilon

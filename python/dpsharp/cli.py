@@ -347,7 +347,7 @@ def _calibrate_noise(args: argparse.Namespace, template: Any, name: str) -> floa
             require_certified=not args.allow_approximation,
         )
     except ValueError as exc:
-        message = str(exc).replace("Pass require_certified=False", "Pass --allow-approximation")
+        message = str(exc).replace("pass allow_approximation=True", "pass --allow-approximation")
         raise ValueError(message) from exc
 
 
@@ -402,9 +402,10 @@ def _run_accountants(args: argparse.Namespace) -> int:
     import dpsharp
 
     for name in dpsharp.available():
-        cls = type(dpsharp.accountant(name))
+        instance = dpsharp.accountant(name)  # certification belongs to the configured instance
+        cls = type(instance)
         doc = (cls.__doc__ or "").strip().splitlines()
-        kind = "certified" if cls.certified else "approximation"
+        kind = "certified" if instance.certified else "approximation"
         print(f"{name:<10} {cls.__name__} ({kind}): {doc[0] if doc else ''}")
     return 0
 

@@ -74,8 +74,6 @@ class Accountant(abc.ABC):
 
     #: Registry name ("rdp", "pld", ...).
     name: ClassVar[str] = ""
-    #: Whether ``epsilon`` is a proven upper bound (True) or an approximation (False).
-    certified: ClassVar[bool] = True
 
     def __init__(self, *, neighbouring: Neighbouring | str = Neighbouring.ADD_REMOVE) -> None:
         try:
@@ -85,6 +83,30 @@ class Accountant(abc.ABC):
             raise ValueError(f"neighbouring must be one of {valid}, got {neighbouring!r}") from exc
         self._counts: dict[Event, int] = {}
         self._ledger: list[tuple[Event, int]] = []
+        self._version = 0
+
+    # ------------------------------------------------------------------ certification
+    @property
+    def certified(self) -> bool:
+        """Whether *every* answer of this accountant, as configured, is a proven bound.
+
+        A property of the configured instance, not of the family: ``ZCDPAccountant(batching=
+        "reshuffle")`` is certified, ``ZCDPAccountant(batching="sample")`` (the empirical
+        P(q, sigma) of Yu et al. 2019) is not, and ``GDPAccountant`` (the central limit theorem
+        of Bu et al. 2020 for sampled events) never is. When False, an individual answer may
+        still be a proven bound: :attr:`PrivacyGuarantee.certified` of :meth:`guarantee` says so
+        for each answer. Budgets and calibrations refuse an uncertified accountant unless the
+        caller opts in (``allow_approximation=True``). Families whose answers are all proven
+        bounds keep this default (or declare ``certified = True``)."""
+        return True
+
+    @property
+    def version(self) -> int:
+        """A counter that changes whenever the composed multiset changes (every accepted
+        :meth:`compose` with a non-zero count, every :meth:`load_state_dict`). Anything derived
+        from the ledger and kept between calls (e.g. a training engine's allowance of further
+        steps under a budget) compares it to know the ledger moved under it."""
+        return self._version
 
     # ------------------------------------------------------------------ composition
     @property
@@ -128,6 +150,7 @@ class Accountant(abc.ABC):
                 self._ledger[-1] = (event, self._ledger[-1][1] + count)
             else:
                 self._ledger.append((event, count))
+            self._version += 1
         return self
 
     def supports(self, event: Event) -> bool:
@@ -157,8 +180,9 @@ class Accountant(abc.ABC):
 
     # ------------------------------------------------------------------ queries
     def epsilon(self, delta: float) -> float:
-        """The smallest epsilon this accountant can prove (or estimate, if not ``certified``)
-        for the composition at ``delta`` in (0, 1). 0.0 when nothing was composed."""
+        """The smallest epsilon this accountant can prove (or estimate, where
+        ``guarantee(delta).certified`` is False) for the composition at ``delta`` in (0, 1).
+        0.0 when nothing was composed."""
         delta = require_delta(delta)
         if self.is_empty:
             return 0.0
@@ -172,7 +196,8 @@ class Accountant(abc.ABC):
         return self._delta(epsilon)
 
     def guarantee(self, delta: float) -> PrivacyGuarantee:
-        """:meth:`epsilon` with its provenance; subclasses add bounds and details."""
+        """:meth:`epsilon` with its provenance (``certified`` from this configured instance);
+        subclasses add bounds and details."""
         return PrivacyGuarantee(
             epsilon=self.epsilon(delta),
             delta=require_delta(delta),
@@ -214,6 +239,7 @@ class Accountant(abc.ABC):
         ledger = [(event_from_dict(item), require_count("count", count)) for item, count in state["ledger"]]
         self._counts = {}
         self._ledger = []
+        self._version += 1
         self._reset_caches()
         for event, count in ledger:
             self.compose(event, count)

@@ -52,9 +52,16 @@ CLT_WARNING = (
 )
 
 
+def _inverse_square(noise_multiplier: float) -> float:
+    """1/sigma^2, +inf where sigma^2 underflows to 0 (sigma below about 1.5e-162): a noise that
+    small is no noise at all, so mu = +inf (no privacy) rather than a ZeroDivisionError."""
+    square = noise_multiplier * noise_multiplier
+    return math.inf if square == 0.0 else 1.0 / square
+
+
 def _clt_mu_squared_term(sampling_probability: float, noise_multiplier: float) -> float:
     # p^2 (e^{1/sigma^2} - 1) via expm1; may overflow to inf for tiny sigma (no privacy).
-    inv = 1.0 / (noise_multiplier * noise_multiplier)
+    inv = _inverse_square(noise_multiplier)
     if inv > 709.0:
         return math.inf
     return sampling_probability * sampling_probability * math.expm1(inv)
@@ -99,7 +106,14 @@ class GDPAccountant(Accountant):
     exact GDP-to-(epsilon, delta) duality of :mod:`dpsharp.tradeoff`.
     """
 
-    certified = False  # class-level: the family is approximate; instances refine it
+    @property
+    def certified(self) -> bool:
+        """Always False: any ``PoissonSampled`` event composed into this accountant is accounted
+        by the central limit theorem, which is not a bound, so a budget or a calibration on a
+        GDPAccountant needs an explicit opt-in (``allow_approximation=True``). Each answer still
+        says whether it is exact: :meth:`guarantee` is ``certified`` when only Gaussian
+        mechanisms (and p = 1 samplings) were composed."""
+        return False
 
     def __init__(self, *, neighbouring: Neighbouring | str = Neighbouring.ADD_REMOVE) -> None:
         super().__init__(neighbouring=neighbouring)
@@ -120,10 +134,10 @@ class GDPAccountant(Accountant):
     @staticmethod
     def _leaf_mu_squared(leaf: Event) -> float:
         if isinstance(leaf, Gaussian):
-            return 1.0 / (leaf.noise_multiplier * leaf.noise_multiplier)
+            return _inverse_square(leaf.noise_multiplier)
         assert isinstance(leaf, PoissonSampled) and isinstance(leaf.event, Gaussian)
         if leaf.sampling_probability == 1.0:  # sampling everyone: exactly the Gaussian
-            return 1.0 / (leaf.event.noise_multiplier * leaf.event.noise_multiplier)
+            return _inverse_square(leaf.event.noise_multiplier)
         return _clt_mu_squared_term(leaf.sampling_probability, leaf.event.noise_multiplier)
 
     def _on_compose(self, leaves: list[tuple[Event, int]]) -> None:

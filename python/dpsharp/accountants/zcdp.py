@@ -194,11 +194,17 @@ def _require_rho(rho: float) -> float:
 def _leaf_rho(event: Event) -> float | None:
     """rho of one unsampled mechanism, or None if it is not a known zCDP mechanism."""
     if isinstance(event, Gaussian):
-        return 1.0 / (2.0 * event.noise_multiplier**2)
+        return _half_inverse_square(event.noise_multiplier)
     if isinstance(event, Laplace):
         # (1/b)-DP implies (1/(2 b^2))-zCDP (Bun and Steinke 2016, Proposition 1.4).
-        return 1.0 / (2.0 * event.scale**2)
+        return _half_inverse_square(event.scale)
     return None
+
+
+def _half_inverse_square(scale: float) -> float:
+    """1/(2 s^2); +inf (no privacy) where s^2 underflows to 0, not a ZeroDivisionError."""
+    square = scale * scale
+    return math.inf if square == 0.0 else 0.5 / square
 
 
 @register("zcdp")
@@ -230,8 +236,6 @@ class ZCDPAccountant(Accountant):
     21.551 for 400 reshuffled epochs at sigma = 6, 2.37 for random sampling).
     """
 
-    certified = True
-
     def __init__(
         self,
         batching: str = "reshuffle",
@@ -248,6 +252,13 @@ class ZCDPAccountant(Accountant):
     @property
     def batching(self) -> str:
         return self._batching
+
+    @property
+    def certified(self) -> bool:
+        """True for ``batching="reshuffle"`` (every answer is a proven bound); False for
+        ``batching="sample"``, whose P(q, sigma) = q^2/sigma^2 is empirical (Yu et al. 2019,
+        Theorem 3): a budget or a calibration on it needs ``allow_approximation=True``."""
+        return self._batching == "reshuffle"
 
     def _leaf_unsupported_reason(self, leaf: Event) -> str | None:
         if _leaf_rho(leaf) is not None:
@@ -307,6 +318,8 @@ class ZCDPAccountant(Accountant):
             return inner, None
         assert isinstance(leaf, PoissonSampled) and isinstance(leaf.event, Gaussian)
         q, sigma = leaf.sampling_probability, leaf.event.noise_multiplier
+        if sigma * sigma == 0.0:  # underflow: no noise, no privacy
+            return math.inf, None
         return q * q / (sigma * sigma), sigma * sigma * math.log(1.0 / (q * sigma)) + 1.0
 
     def _on_compose(self, leaves: list[tuple[Event, int]]) -> None:
@@ -338,9 +351,13 @@ class ZCDPAccountant(Accountant):
         return self._alpha_max is not None
 
     def _epsilon(self, delta: float) -> float:
+        if math.isinf(self._rho):  # a noise multiplier so small its square underflows
+            return math.inf
         return zcdp_epsilon(self._rho, delta, alpha_max=self._alpha_max)
 
     def _delta(self, epsilon: float) -> float:
+        if math.isinf(self._rho):
+            return 1.0
         return zcdp_delta(self._rho, epsilon, alpha_max=self._alpha_max)
 
     def epsilon_bun_steinke(self, delta: float) -> float:
@@ -349,6 +366,8 @@ class ZCDPAccountant(Accountant):
         delta = require_delta(delta)
         if self.is_empty:
             return 0.0
+        if math.isinf(self._rho):
+            return math.inf
         return zcdp_epsilon_bun_steinke(self._rho, delta, alpha_max=self._alpha_max)
 
     def epsilon_cks(self, delta: float) -> float:
@@ -356,6 +375,8 @@ class ZCDPAccountant(Accountant):
         delta = require_delta(delta)
         if self.is_empty:
             return 0.0
+        if math.isinf(self._rho):
+            return math.inf
         return zcdp_epsilon_cks(self._rho, delta, alpha_max=self._alpha_max)
 
     def _options(self) -> dict[str, Any]:

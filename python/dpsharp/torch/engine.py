@@ -10,10 +10,73 @@ b, n)`` per step (replace-one), or ``Shuffled(Gaussian(sigma), b, n)`` once per 
 Budgets (Abadi et al. 2016, Algorithm "while within_limit(eps, delta)"; Yu et al. 2019: "the
 training is terminated when the privacy budget runs out"): with ``budget=PrivacyBudget(eps,
 delta)`` every release is checked *before* its noisy gradient is written, and refused with
-:class:`BudgetExhausted` if composing its event would make epsilon(delta) exceed eps. The check
-is a counter comparison: the number of further events the budget allows at the current event
-is computed once (exponential then binary search over the accountant's own epsilon) and again
-only when the event (sigma, q) changes.
+:class:`BudgetExhausted` if composing its event would make epsilon(delta) exceed eps.
+
+What makes the budget sound:
+
+* Only a certified accountant enforces it. An accountant whose configured instance is not
+  certified (``Accountant.certified``: the GDP central limit theorem, zCDP random sampling)
+  can stop a run at the budget while its certified epsilon is 13-117% higher, so a budget (or a
+  ``target_epsilon`` calibration) on one is refused unless ``allow_approximation=True``, and
+  every report then says its number is an approximation.
+* The event is charged (composed into the accountant) *before* the release writes ``p.grad``:
+  an accounting error (e.g. a noise multiplier whose square underflows) releases nothing.
+* The check is a counter comparison: the number of further events the budget allows is
+  computed (exponential then binary search over the accountant's own epsilon) and reused while
+  the event (sigma, q) and the accountant's ledger are unchanged. The ledger's
+  :attr:`~dpsharp.accountants.base.Accountant.version` tells any other change (an event
+  composed into ``engine.accountant`` by hand, e.g. the cost of a hyperparameter search, or a
+  loaded state) and the allowance is searched again. Checkpoints store no allowance.
+* The optimizer's release count and the engine's accounting must agree: restoring
+  ``optimizer.state_dict()`` without ``engine.state_dict()`` (or from another checkpoint) is
+  detected at the next release or query and refused.
+* Adaptive noise. Composition theorems (PLD, RDP, zCDP sums) are proven for privacy
+  parameters fixed in advance; a sigma chosen from earlier outputs (the ``ValidationBased``
+  schedule, or ``optimizer.noise_multiplier`` set mid-run) together with a stop rule on the
+  composed epsilon(delta) is a privacy *filter* (Rogers, Roth, Ullman, Vadhan 2016), which
+  those theorems do not cover and which needs its own proof. Such runs must declare it up front
+  (``make_private(..., adaptive_noise=True)``, or attach an adaptive schedule before the first
+  release); with a budget the engine then enforces a filter proven for adaptively chosen
+  parameters, and refuses the accountants that have none ("pld", "classic"):
+
+  - "rdp" (and "moments"): the Renyi filter of Feldman and Zrnic 2021 ("Individual Privacy
+    Accounting via a Renyi Filter", Theorem 3.1) at every order of the accountant at once, with
+    a union bound over its orders Lambda (cf. Lecuyer 2021, "Practical Privacy Filters and
+    Odometers with Renyi Differential Privacy"). A release is allowed only if afterwards some
+    order alpha in Lambda has sum_t rho_t(alpha) <= B(alpha), where
+
+        B(alpha) = eps - (log(|Lambda| / delta) + log c(alpha)) / (alpha - 1),
+        c(alpha) = (1 / alpha) (1 - 1 / alpha)^(alpha - 1),
+
+    the conversion of Canonne, Kamath, Steinke 2020 (Proposition 12) at delta / |Lambda|.
+    Proof: let L_t be the privacy loss log(dP/dP') of the first t outputs on neighbours D, D'
+    and S_t(alpha) = sum_{s<=t} rho_s(alpha), each rho_s chosen from the earlier outputs. Given
+    the past, step s has Renyi divergence at most rho_s(alpha), so M_t(alpha) = exp((alpha - 1)
+    (L_t - S_t(alpha))) is a non-negative supermartingale under P and E[M_tau(alpha)] <= 1 at
+    the (bounded) stopping time tau (Feldman and Zrnic 2021, Theorem 3.1). For every real x,
+    (1 - e^-x)_+ <= c(alpha) e^((alpha - 1) x). Let a(w) be the first order with S_tau(a) <=
+    B(a); the filter guarantees one exists whenever tau >= 1. Then for every event E,
+
+        P[E] - e^eps P'[E] <= E_P[(1 - e^(eps - L_tau))_+]
+            <= sum_alpha c(alpha) E_P[1{S_tau(alpha) <= B(alpha)} e^((alpha - 1)(L_tau - eps))]
+            <= sum_alpha c(alpha) e^((alpha - 1)(B(alpha) - eps)) E[M_tau(alpha)]
+            <= sum_alpha delta / |Lambda| = delta.
+
+    The per-step curves are the accountant's own, which bound both directions of the
+    relation as its non-adaptive answers do. The price of adaptivity is log |Lambda| next to
+    log(1/delta) (pass fewer orders in ``accountant_options`` to lower it).
+  - "zcdp" (reshuffling, certified): the budget is rho_total <= rho_B, the largest rho whose
+    conversion meets (eps, delta); the zCDP filter (Feldman and Zrnic 2021, Theorem 3.1 at
+    every order: sum_t alpha rho_t <= alpha rho_B) proves the run rho_B-zCDP, which is what
+    the usual check enforces, since the conversion is increasing in rho.
+  - "gdp": the Gaussian DP filter (Smith and Thakurta 2022, "Fully Adaptive Composition for
+    Gaussian Differential Privacy"): sum_t mu_t^2 <= mu_B^2, again the usual check; its
+    sampled events stay central-limit approximations (``allow_approximation=True``).
+
+  With a filter, :meth:`report` states the budget (eps, delta) as the run's guarantee; the
+  composition of the realised sigmas is only a reading. Without a budget an adaptive run's
+  epsilon is such a reading and is reported as not certified. A sigma changed mid-run without
+  the declaration is refused when a budget is set.
 """
 
 from __future__ import annotations
@@ -38,7 +101,7 @@ __all__ = ["BudgetExhausted", "PrivacyBudget", "PrivacyEngine", "PrivacyReport"]
 
 logger = logging.getLogger(__name__)
 
-_STATE_FORMAT = 1
+_STATE_FORMAT = 2
 #: The budget search looks at most this many events ahead; when they are used up it searches
 #: again from the grown ledger. This bounds the size of every composition the search asks the
 #: accountant for (a PLD of 2^30 steps does not fit in memory) and keeps the check amortised
@@ -62,10 +125,13 @@ class PrivacyBudget:
 class PrivacyReport:
     """What the run has cost so far.
 
-    ``epsilon`` comes from the accounting the engine was asked for. When that accounting does
-    not match the loader's sampling (allowed only with ``allow_accounting_mismatch=True``),
-    ``honest_epsilon`` is the epsilon of the sampling the loader really does, from
-    ``honest_accountant``; report both (cf. TF Privacy's privacy statement).
+    ``epsilon`` comes from the accounting the engine was asked for; ``certified`` says whether
+    it is a proven bound (False for an approximate accountant, and for the composed reading of
+    adaptively chosen noise without a privacy filter), ``warning`` why not. When that
+    accounting does not match the loader's sampling (allowed only with
+    ``allow_accounting_mismatch=True``), ``honest_epsilon`` is the epsilon of the sampling the
+    loader really does, from ``honest_accountant`` (``honest_certified`` likewise); report both
+    (cf. TF Privacy's privacy statement).
     """
 
     epsilon: float
@@ -78,6 +144,9 @@ class PrivacyReport:
     honest_epsilon: float | None = None
     honest_accountant: str | None = None
     note: str | None = None
+    certified: bool = False
+    warning: str | None = None
+    honest_certified: bool | None = None
 
 
 def _new_accountant(name: str, neighbouring: Neighbouring, options: Mapping[str, Any]) -> Accountant:
@@ -112,6 +181,11 @@ class _Ledger:
         self.accountant = self._fresh()
         self.last_epoch_charge: tuple[int, float] | None = None  # (epoch, sigma), "epoch" units
         self.non_private_releases = 0
+        self.charged = 0  # events the engine composed (one per release, or per epoch)
+
+    @property
+    def per_epoch(self) -> bool:
+        return SAMPLINGS[self.accounting][1] == "epoch"
 
     def _fresh(self) -> Accountant:
         return _new_accountant(self.name, self.neighbouring, self.options)
@@ -129,18 +203,91 @@ class _Ledger:
             "accountant": self.accountant.state_dict(),
             "last_epoch_charge": None if self.last_epoch_charge is None else list(self.last_epoch_charge),
             "non_private_releases": self.non_private_releases,
+            "charged": self.charged,
         }
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any], releases: int) -> None:
+        """Restore and validate against the number of ``releases`` the checkpoint states."""
         if state["name"] != self.name or state["accounting"] != self.accounting:
             raise ValueError(
                 f"checkpoint accounts {state['accounting']!r} with {state['name']!r}; this "
                 f"engine accounts {self.accounting!r} with {self.name!r}"
             )
-        self.accountant.load_state_dict(state["accountant"])
+        accountant = self._fresh()
+        accountant_state = dict(state["accountant"])
+        accountant.load_state_dict(accountant_state)
         charge = state["last_epoch_charge"]
-        self.last_epoch_charge = None if charge is None else (int(charge[0]), float(charge[1]))
-        self.non_private_releases = require_count("non_private_releases", state["non_private_releases"])
+        last = None if charge is None else (require_count("last_epoch_charge[0]", charge[0]),
+                                            require_real("last_epoch_charge[1]", charge[1]))
+        non_private = require_count("non_private_releases", state["non_private_releases"])
+        if "charged" in state:
+            charged = require_count("charged", state["charged"])
+        else:  # format 1: one event per private release (per-step accounting)
+            charged = releases - non_private if not self.per_epoch else int(releases > 0)
+        composed = sum(count for _, count in accountant.composed)
+        problems = []
+        if composed < charged:
+            problems.append(f"its ledger holds {composed} events but {charged} were charged")
+        if self.per_epoch:
+            if releases > 0 and charged + non_private < 1:
+                problems.append(f"{releases} releases but no epoch was charged")
+            if charged > releases + 1:
+                problems.append(f"{charged} epochs charged for {releases} releases")
+        elif not releases <= charged + non_private <= releases + 1:
+            problems.append(
+                f"{releases} releases but {charged} charged and {non_private} without noise"
+            )
+        if problems:
+            raise ValueError(
+                "the checkpoint's accounting is inconsistent (" + "; ".join(problems) + "): it "
+                "was edited or comes from another run; refusing to resume a budget from it"
+            )
+        self.accountant.load_state_dict(accountant_state)
+        self.last_epoch_charge = last
+        self.non_private_releases = non_private
+        self.charged = charged
+
+
+def _require_flag(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+def _renyi_filter_admits(accountant: Accountant, budget: PrivacyBudget) -> bool:
+    """The Renyi filter's condition (module docstring): some order alpha of the accountant has
+    sum_t rho_t(alpha) <= eps - (log(|Lambda| / delta) + log c(alpha)) / (alpha - 1), with
+    log c(alpha) = (alpha - 1) log(1 - 1/alpha) - log(alpha)."""
+    import numpy as np
+
+    orders = np.asarray(accountant.orders, dtype=np.float64)  # type: ignore[attr-defined]
+    spent = np.asarray(accountant.rdp(), dtype=np.float64)  # type: ignore[attr-defined]
+    log_c = (orders - 1.0) * np.log1p(-1.0 / orders) - np.log(orders)
+    allowed = budget.epsilon - (math.log(orders.size / budget.delta) + log_c) / (orders - 1.0)
+    return bool(np.any(spent <= allowed))
+
+
+def _filter_of(accountant: Accountant) -> str | None:
+    """The privacy filter that a budget check on ``accountant`` is, for adaptively chosen
+    noise (module docstring), or None if it has none."""
+    from dpsharp.accountants.gdp import GDPAccountant
+    from dpsharp.accountants.rdp import RDPAccountant
+    from dpsharp.accountants.zcdp import ZCDPAccountant
+
+    if isinstance(accountant, RDPAccountant):
+        return "renyi"
+    if isinstance(accountant, ZCDPAccountant):
+        return "zcdp"
+    if isinstance(accountant, GDPAccountant):
+        return "gdp"
+    return None
+
+
+_FILTER_NAMES = {
+    "renyi": "Renyi filter (Feldman and Zrnic 2021, union bound over the accountant's orders)",
+    "zcdp": "zCDP filter (Feldman and Zrnic 2021, at every order)",
+    "gdp": "Gaussian DP filter (Smith and Thakurta 2022)",
+}
 
 
 def registered_class(name: str) -> type[Accountant]:
@@ -189,8 +336,17 @@ class PrivacyEngine:
         self.module: torch.nn.Module | None = None
         self.budget: PrivacyBudget | None = None
         self.delta: float | None = None
-        # budget cache: (event, allowed further events when computed, events charged since)
-        self._allowance: tuple[Event, int, int] | None = None
+        self.allow_approximation = False
+        # budget cache: (event, allowed further events when computed, events charged since,
+        # the accountant's ledger version it is valid for)
+        self._allowance: tuple[Event, int, int, int] | None = None
+        # adaptive noise: declared (or detected without a budget), and why
+        self._adaptive = False
+        self._adaptive_reason: str | None = None
+        # releases this engine has seen go out, and the (release index, sigma) already charged
+        # for the release in progress (a release that failed after its charge is not re-charged)
+        self._released = 0
+        self._pending_charge: tuple[int, float] | None = None
 
     # ----------------------------------------------------------------- make_private
     def make_private(
@@ -210,6 +366,8 @@ class PrivacyEngine:
         sampling: str = "poisson",
         accounting: str | None = None,
         allow_accounting_mismatch: bool = False,
+        allow_approximation: bool = False,
+        adaptive_noise: bool = False,
         max_physical_batch_size: int | None = None,
         seed: int | None = None,
     ) -> tuple[torch.nn.Module, DPOptimizer, DPDataLoader]:
@@ -229,6 +387,15 @@ class PrivacyEngine:
             The delta at which epsilon is reported (default: the budget's delta).
         budget:
             A :class:`PrivacyBudget` that no release may exceed.
+        allow_approximation:
+            Needed (True) to enforce ``budget`` or calibrate ``target_epsilon`` on an accountant
+            that is not certified (``"gdp"``, ``"zcdp"`` with Poisson sampling); the reports then
+            say their numbers are approximations. Refused otherwise.
+        adaptive_noise:
+            Declare that sigma may be chosen from earlier outputs during the run (a
+            ``ValidationBased`` schedule, or setting ``noise_multiplier`` by hand). With a budget
+            the engine then enforces it by a privacy filter (module docstring), which "rdp",
+            "moments", "zcdp" and "gdp" have and "pld" and "classic" do not (refused).
         accounting:
             The sampling to account for (default: the loader's). A different one is refused
             unless ``allow_accounting_mismatch=True``; then both epsilons are reported by
@@ -274,6 +441,8 @@ class PrivacyEngine:
                 raise ValueError("delta is required (the delta epsilon is reported at)")
             delta = budget.delta
         delta = require_delta(delta)
+        allow_approximation = _require_flag("allow_approximation", allow_approximation)
+        adaptive_noise = _require_flag("adaptive_noise", adaptive_noise)
         if self.secure_mode and seed is not None:
             raise ValueError("seed must be None in secure mode")
         if seed is not None:
@@ -318,6 +487,13 @@ class PrivacyEngine:
             )
         main = _Ledger(self.accountant_name, self.accountant_options, accounting)
         self._require_support(main, loader, accounting)
+        if not main.accountant.certified and not allow_approximation:
+            if budget is not None or target_epsilon is not None:
+                raise ValueError(self._approximation_refusal(
+                    main, loader, delta, "a budget" if budget is not None else "target_epsilon"
+                ))
+        if adaptive_noise and budget is not None:
+            self._require_filter(main)
         honest = None
         if mismatch:
             honest = self._honest_ledger(loader)
@@ -327,7 +503,9 @@ class PrivacyEngine:
             )
 
         if sigma is None:
-            sigma = self._calibrate(main, loader, float(target_epsilon), delta, int(epochs))  # type: ignore[arg-type]
+            sigma = self._calibrate(  # type: ignore[arg-type]
+                main, loader, float(target_epsilon), delta, int(epochs), allow_approximation
+            )
 
         dp_optimizer = DPOptimizer(
             optimizer,
@@ -344,11 +522,75 @@ class PrivacyEngine:
         )
         dp_optimizer.attach_loader(loader)
         dp_optimizer.add_budget_check(self._check_budget)
+        dp_optimizer.add_charge_hook(self._charge_release)
         dp_optimizer.add_release_hook(self._on_release)
         self._main, self._honest = main, honest
         self.optimizer, self.loader, self.module = dp_optimizer, loader, module
         self.budget, self.delta = budget, delta
+        self.allow_approximation = allow_approximation
+        if adaptive_noise:
+            self._adaptive = True
+            self._adaptive_reason = "declared with adaptive_noise=True"
         return module, dp_optimizer, loader
+
+    # ----------------------------------------------------------------- soundness checks
+    def _approximation_refusal(
+        self, ledger: _Ledger, loader: DPDataLoader, delta: float, what: str
+    ) -> str:
+        probe = ledger._fresh().compose(self._event(ledger.accounting, loader, 1.0))
+        warning = probe.guarantee(delta).warning
+        why = f": {warning.rstrip('.')}" if warning else ""
+        return (
+            f"accountant {ledger.name!r} ({ledger.accountant!r}) is not certified: its epsilon "
+            f"for this loader is an approximation, not a proven bound{why}. Enforcing {what} on "
+            "it can overshoot the certified epsilon of the run. Use a certified accountant "
+            "('pld', 'rdp'), or pass allow_approximation=True to accept the approximation (every "
+            "report then says so)"
+        )
+
+    def _require_filter(self, ledger: _Ledger) -> str:
+        kind = _filter_of(ledger.accountant)
+        if kind is None:
+            raise ValueError(
+                f"adaptive noise (sigma chosen from earlier outputs) with a budget needs a privacy "
+                f"filter proven for adaptively chosen parameters, and accountant {ledger.name!r} "
+                "has none: its epsilon(delta) stop rule is proven only for noise fixed in "
+                "advance. Use accountant 'rdp' (Renyi filter, Feldman and Zrnic 2021) or 'zcdp' "
+                "with reshuffling (zCDP filter), or a schedule fixed before the first release"
+            )
+        return kind
+
+    def _declare_adaptive(self, reason: str) -> None:
+        """Record that sigma is chosen online. With a budget this must happen before the first
+        release (the filter covers the whole run) and needs an accountant with a filter."""
+        if self._adaptive:
+            return
+        if self.budget is not None:
+            if self._released > 0:
+                raise RuntimeError(
+                    f"the noise multiplier is chosen adaptively ({reason}) after "
+                    f"{self._released} releases made under a budget for fixed noise; a stop "
+                    "rule on epsilon(delta) is not proven for adaptively chosen noise. Declare "
+                    "it before the first release: make_private(..., adaptive_noise=True) with "
+                    "accountant 'rdp' (Renyi filter) or 'zcdp' with reshuffling, or attach the "
+                    "schedule before training; sigmas fixed in advance belong in a schedule"
+                )
+            self._require_filter(self._ledger())
+        self._adaptive = True
+        self._adaptive_reason = reason
+        self._allowance = None
+
+    def _require_consistent(self) -> None:
+        """The optimizer's release count must be the engine's: otherwise a state was restored
+        into one of them only, and the ledger misses (or invents) releases."""
+        assert self.optimizer is not None
+        if self.optimizer.releases != self._released:
+            raise RuntimeError(
+                f"the optimizer has released {self.optimizer.releases} noisy gradients but this "
+                f"engine accounted {self._released}: optimizer.load_state_dict() restored a "
+                "checkpoint without engine.load_state_dict() (or from another checkpoint). "
+                "Restore both from the same checkpoint; refusing to release or report"
+            )
 
     def _require_support(self, ledger: _Ledger, loader: DPDataLoader, accounting: str) -> None:
         probe = self._event(accounting, loader, 1.0)
@@ -392,9 +634,18 @@ class PrivacyEngine:
     def _units(self, accounting: str, loader: DPDataLoader, epochs: int) -> int:
         return epochs if SAMPLINGS[accounting][1] == "epoch" else epochs * loader.steps_per_epoch
 
-    def _calibrate(self, ledger: _Ledger, loader: DPDataLoader, target: float, delta: float, epochs: int) -> float:
+    def _calibrate(
+        self,
+        ledger: _Ledger,
+        loader: DPDataLoader,
+        target: float,
+        delta: float,
+        epochs: int,
+        allow_approximation: bool,
+    ) -> float:
         """sigma such that ``epochs`` epochs of ``loader`` cost at most ``target`` (certified,
-        within dpsharp.calibrate's relative tolerance below it)."""
+        within dpsharp.calibrate's relative tolerance below it; an approximation only with
+        ``allow_approximation``)."""
         from dpsharp import calibrate
 
         units = self._units(ledger.accounting, loader, epochs)
@@ -405,62 +656,99 @@ class PrivacyEngine:
             sampling_probability=loader.sample_rate,
             accountant=ledger._fresh,
             event=lambda sigma, _q: self._event(ledger.accounting, loader, sigma),
+            allow_approximation=allow_approximation,
         )
 
     # ----------------------------------------------------------------- per release
     def _charge(self, ledger: _Ledger, sigma: float) -> Event | None:
         """The event releasing the current batch at sigma adds to ``ledger`` (None: free)."""
         assert self.loader is not None
-        if SAMPLINGS[ledger.accounting][1] == "epoch":
+        if ledger.per_epoch:
             if ledger.last_epoch_charge == (self.loader.epoch, sigma):
                 return None
         return self._event(ledger.accounting, self.loader, sigma)
 
+    def _watch_noise(self, optimizer: DPOptimizer) -> None:
+        if optimizer.noise_chosen_online and not self._adaptive:
+            self._declare_adaptive(
+                "noise_multiplier was changed after the first release, outside a schedule "
+                "committed before it"
+            )
+
     def _check_budget(self, optimizer: DPOptimizer) -> str | None:
+        self._require_consistent()
+        self._watch_noise(optimizer)
         if self.budget is None:
             return None
         assert self._main is not None
         sigma = optimizer.noise_multiplier
         if sigma == 0.0:
             return "noise_multiplier is 0: a release without noise fits in no finite budget"
+        if self._pending_charge == (optimizer.releases, sigma):
+            return None  # charged already by an attempt whose release then failed
         event = self._charge(self._main, sigma)
         if event is None:
-            return None  # already paid for (this epoch of a reshuffling loader)
+            return None  # already paid for (this epoch of a reshuffling accounting)
         if self.steps_left(event) < 1:
+            kind = _filter_of(self._main.accountant)
+            if self._filtered() and kind is not None:
+                rule = f"the {_FILTER_NAMES[kind]}"
+            else:
+                rule = f"epsilon(delta={self.budget.delta})"
+            label = "" if self._main.accountant.certified else " (an approximation)"
             return (
-                f"releasing this step ({event!r}) would take epsilon(delta={self.budget.delta}) "
-                f"above the budget epsilon={self.budget.epsilon}; spent so far: "
-                f"{self.epsilon(self.budget.delta):.6g}"
+                f"releasing this step ({event!r}) would take {rule} above the budget "
+                f"epsilon={self.budget.epsilon}; spent so far: "
+                f"{self._main.accountant.epsilon(self.budget.delta):.6g}{label}"
             )
         return None
+
+    def _filtered(self) -> bool:
+        """Whether the budget is enforced as a privacy filter for adaptive noise."""
+        return self._adaptive and self.budget is not None
+
+    def _fits(self, accountant: Accountant) -> bool:
+        """Whether ``accountant``'s ledger is within the budget (by the filter when adaptive)."""
+        assert self.budget is not None
+        if self._filtered() and _filter_of(accountant) == "renyi":
+            return _renyi_filter_admits(accountant, self.budget)
+        # Without adaptivity: the accountant's epsilon. The zCDP and GDP filters are this same
+        # check, since their conversions increase with rho and mu (module docstring).
+        return accountant.epsilon(self.budget.delta) <= self.budget.epsilon
 
     def steps_left(self, event: Event | None = None) -> int | float:
         """How many more events (releases, or epochs for a reshuffling accounting) the budget
         allows at the current sigma and sampling; ``math.inf`` without a budget. Exact when
-        fewer than the search horizon (1024 ahead) remain, otherwise a lower bound."""
+        fewer than the search horizon (1024 ahead) remain, otherwise a lower bound. Any change
+        of the accountant's ledger other than the engine's own charges (an event composed by
+        hand, a loaded state) makes it search again."""
         if self.budget is None:
             return math.inf
         assert self._main is not None and self.optimizer is not None
+        self._require_consistent()
         if event is None:
             if self.optimizer.noise_multiplier == 0.0:
                 return 0
             event = self._event(self._main.accounting, self.loader, self.optimizer.noise_multiplier)  # type: ignore[arg-type]
+        version = self._main.accountant.version
+        allowance = self._allowance
         if (
-            self._allowance is None
-            or self._allowance[0] != event
-            or (self._allowance[1] == _ALLOWANCE_HORIZON and self._allowance[2] >= self._allowance[1])
+            allowance is None
+            or allowance[0] != event
+            or allowance[3] != version
+            or (allowance[1] == _ALLOWANCE_HORIZON and allowance[2] >= allowance[1])
         ):
-            self._allowance = (event, self._allowed(event), 0)
-        return self._allowance[1] - self._allowance[2]
+            allowance = self._allowance = (event, self._allowed(event), 0, version)
+        return allowance[1] - allowance[2]
 
     def _allowed(self, event: Event) -> int:
-        """min(horizon, largest k with epsilon(ledger + k * event) <= budget): exponential then
-        binary search, epsilon being non-decreasing in k."""
+        """min(horizon, largest k with ledger + k * event within the budget): exponential then
+        binary search, the spent budget being non-decreasing in k."""
         assert self._main is not None and self.budget is not None
-        budget = self.budget
+        main = self._main
 
         def fits(k: int) -> bool:
-            return self._main.clone_with(event, k).epsilon(budget.delta) <= budget.epsilon  # type: ignore[union-attr]
+            return self._fits(main.clone_with(event, k))
 
         if not fits(1):
             return 0
@@ -478,9 +766,15 @@ class PrivacyEngine:
                 high = middle
         return low
 
-    def _on_release(self, optimizer: DPOptimizer) -> None:
+    def _charge_release(self, optimizer: DPOptimizer) -> None:
+        """Compose the release's event into the ledger(s) *before* anything is released: if the
+        accountant raises, nothing has been written to ``p.grad``."""
+        self._require_consistent()
         sigma = optimizer.noise_multiplier
-        for ledger in (self._main, self._honest):
+        marker = (optimizer.releases, sigma)
+        if self._pending_charge == marker:
+            return  # this release was charged by an attempt that then failed to release
+        for ledger in (self._honest, self._main):
             if ledger is None:
                 continue
             if sigma == 0.0:
@@ -489,15 +783,23 @@ class PrivacyEngine:
             event = self._charge(ledger, sigma)
             if event is None:
                 continue
+            version = ledger.accountant.version
             ledger.accountant.compose(event)
-            if SAMPLINGS[ledger.accounting][1] == "epoch":
+            ledger.charged += 1
+            if ledger.per_epoch:
                 ledger.last_epoch_charge = (self.loader.epoch, sigma)  # type: ignore[union-attr]
             if ledger is self._main:
-                if self._allowance is not None and self._allowance[0] == event:
-                    event_, allowed, used = self._allowance
-                    self._allowance = (event_, allowed, used + 1)
+                allowance = self._allowance
+                if allowance is not None and allowance[0] == event and allowance[3] == version:
+                    self._allowance = (event, allowance[1], allowance[2] + 1,
+                                       ledger.accountant.version)
                 else:
                     self._allowance = None
+        self._pending_charge = marker
+
+    def _on_release(self, optimizer: DPOptimizer) -> None:
+        self._released += 1
+        self._pending_charge = None
 
     # ----------------------------------------------------------------- queries
     def _ledger(self) -> _Ledger:
@@ -507,7 +809,8 @@ class PrivacyEngine:
 
     @property
     def accountant(self) -> Accountant:
-        """The live accountant (of the requested accounting)."""
+        """The live accountant (of the requested accounting). Events composed into it by hand
+        (e.g. the cost of a hyperparameter search) count against the budget at once."""
         return self._ledger().accountant
 
     @property
@@ -515,29 +818,76 @@ class PrivacyEngine:
         """Noisy releases so far."""
         return 0 if self.optimizer is None else self.optimizer.releases
 
+    @property
+    def adaptive_noise(self) -> bool:
+        """Whether sigma is (declared or detected to be) chosen from earlier outputs."""
+        return self._adaptive
+
     def epsilon(self, delta: float | None = None) -> float:
-        """epsilon(delta) of everything released so far (inf after a release without noise)."""
+        """epsilon(delta) of everything released so far (inf after a release without noise):
+        the accountant's composition of the ledger. For adaptively chosen noise this is only a
+        reading; :meth:`report` gives the guarantee and says whether it is certified."""
         ledger = self._ledger()
+        self._require_consistent()
         delta = require_delta(self.delta if delta is None else delta)
         if ledger.non_private_releases:
             return math.inf
         return ledger.accountant.epsilon(delta)
 
+    def _statement(self, ledger: _Ledger, delta: float) -> tuple[float, bool, str | None]:
+        """(epsilon, certified, warning) of ``ledger`` at ``delta``, before adaptivity."""
+        if ledger.non_private_releases:
+            return math.inf, True, None
+        guarantee = ledger.accountant.guarantee(delta)
+        return guarantee.epsilon, bool(guarantee.certified), guarantee.warning
+
     def report(self, delta: float | None = None) -> PrivacyReport:
-        """Both numbers when the accounting was overridden, one otherwise."""
+        """The run's privacy statement: both numbers when the accounting was overridden, one
+        otherwise; each says whether it is a proven bound (``certified``)."""
         ledger = self._ledger()
+        self._require_consistent()
         delta = require_delta(self.delta if delta is None else delta)
-        honest_eps = honest_name = note = None
+        epsilon, certified, warning = self._statement(ledger, delta)
+        notes: list[str] = []
+        if self._adaptive:
+            reading = epsilon
+            budget = self.budget
+            kind = _filter_of(ledger.accountant)
+            if (budget is not None and kind is not None and delta >= budget.delta
+                    and not ledger.non_private_releases):
+                epsilon = budget.epsilon
+                notes.append(
+                    f"the noise multiplier was chosen adaptively ({self._adaptive_reason}); the "
+                    f"budget was enforced by the {_FILTER_NAMES[kind]}, which proves "
+                    f"({budget.epsilon:g}, {budget.delta:g})-DP for the whole run; the "
+                    f"composition of the realised noise multipliers reads {reading:.6g}, which "
+                    "is not a guarantee for adaptively chosen noise"
+                )
+            else:
+                certified = False
+                adaptive = (
+                    f"the noise multiplier was chosen adaptively ({self._adaptive_reason}) "
+                    f"without a privacy filter at this delta: epsilon {reading:.6g} composes "
+                    "the realised noise multipliers as if they had been fixed in advance, which "
+                    "no composition theorem proves for adaptively chosen parameters; set a "
+                    "budget with adaptive_noise=True on the 'rdp' accountant (Renyi filter)"
+                )
+                warning = adaptive if warning is None else f"{warning}; {adaptive}"
+        honest_eps = honest_name = honest_certified = None
         if self._honest is not None:
-            honest_eps = math.inf if self._honest.non_private_releases else self._honest.accountant.epsilon(delta)
+            honest_eps, honest_certified, _ = self._statement(self._honest, delta)
+            honest_certified = honest_certified and not self._adaptive
             honest_name = self._honest.name
-            note = (
+            notes.append(
                 f"the loader samples by {self.loader.sampling!r} but the run is accounted as "  # type: ignore[union-attr]
                 f"{ledger.accounting!r} at the user's request; the loader's own sampling gives "
                 f"epsilon {honest_eps:.6g}"
+                + ("" if honest_certified else " (not certified)")
             )
+        if not certified and not ledger.accountant.certified:
+            notes.append(f"epsilon {epsilon:.6g} is an approximation, not a certified bound")
         return PrivacyReport(
-            epsilon=self.epsilon(delta),
+            epsilon=epsilon,
             delta=delta,
             accountant=ledger.name,
             accounting=ledger.accounting,
@@ -546,7 +896,10 @@ class PrivacyEngine:
             epochs=self.loader.epoch,  # type: ignore[union-attr]
             honest_epsilon=honest_eps,
             honest_accountant=honest_name,
-            note=note,
+            note="; ".join(notes) if notes else None,
+            certified=certified,
+            warning=warning,
+            honest_certified=honest_certified,
         )
 
     def within_budget(self) -> bool:
@@ -581,9 +934,11 @@ class PrivacyEngine:
     # ----------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
         """Accountant ledger(s), sampler state, noise stream position and release count.
-        Save the model's and optimizer's own state_dicts beside it."""
+        Save the model's and optimizer's own state_dicts beside it. Nothing derived from the
+        ledger (such as the budget's allowance) is stored: it is recomputed after loading."""
         ledger = self._ledger()
         assert self.optimizer is not None and self.loader is not None
+        self._require_consistent()
         if int(self.optimizer.clipper.accumulated_batches) > 0:
             raise RuntimeError("cannot checkpoint with accumulated, unreleased gradients; "
                                "checkpoint between optimizer steps")
@@ -595,39 +950,54 @@ class PrivacyEngine:
             "noise": self.optimizer.noise.state_dict(),
             "releases": self.optimizer.releases,
             "noise_multiplier": self.optimizer.noise_multiplier,
+            "noise_chosen_online": self.optimizer.noise_chosen_online,
             "lot_pending": self.optimizer._lot_pending,
             "budget": None if self.budget is None else [self.budget.epsilon, self.budget.delta],
-            "allowance": None
-            if self._allowance is None
-            else [event_to_dict(self._allowance[0]), self._allowance[1], self._allowance[2]],
+            "adaptive": None if not self._adaptive else self._adaptive_reason,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore :meth:`state_dict` into an engine set up by the same ``make_private`` call;
         the resumed run then reports exactly the uninterrupted run's epsilon and continues the
-        noise stream and the sampler where they stopped."""
+        noise stream and the sampler where they stopped.
+
+        The checkpoint is validated, not trusted: its ledger must hold at least the events its
+        release count implies, and the budget's allowance is recomputed from the ledger (a
+        stored allowance, from older checkpoints, is ignored)."""
         ledger = self._ledger()
         assert self.optimizer is not None and self.loader is not None
-        if state.get("format") != _STATE_FORMAT:
+        if state.get("format") not in (1, _STATE_FORMAT):
             raise ValueError(f"unsupported engine state format {state.get('format')!r}")
         if (state["honest"] is None) != (self._honest is None):
             raise ValueError("the checkpoint and this engine differ in accounting override")
         budget = None if self.budget is None else [self.budget.epsilon, self.budget.delta]
         if state["budget"] != budget:
             raise ValueError(f"checkpoint budget {state['budget']!r} differs from this engine's {budget!r}")
-        ledger.load_state_dict(state["main"])
+        releases = require_count("releases", state["releases"])
+        sigma = require_real("noise_multiplier", state["noise_multiplier"])
+        adaptive = state.get("adaptive")
+        if adaptive is not None and not self._adaptive and self.budget is not None:
+            self._require_filter(ledger)
+        ledger.load_state_dict(state["main"], releases)
         if self._honest is not None:
-            self._honest.load_state_dict(state["honest"])
+            self._honest.load_state_dict(state["honest"], releases)
         self.loader.load_state_dict(state["loader"])
+        charge = ledger.last_epoch_charge
+        if charge is not None:
+            paid = self._event(ledger.accounting, self.loader, charge[1])
+            if charge[0] > self.loader.epoch or paid not in dict(ledger.accountant.composed):
+                raise ValueError(
+                    f"the checkpoint says epoch {charge[0]} was paid at noise multiplier "
+                    f"{charge[1]!r}, which its ledger and loader do not show; refusing it"
+                )
         self.optimizer.noise.load_state_dict(state["noise"])
-        self.optimizer._releases = require_count("releases", state["releases"])
-        self.optimizer.noise_multiplier = state["noise_multiplier"]
+        self.optimizer._releases = releases
+        self.optimizer._set_noise_multiplier(sigma, online=False)
+        self.optimizer._noise_chosen_online = bool(state.get("noise_chosen_online", False))
         self.optimizer._lot_pending = bool(state["lot_pending"])
-        allowance = state["allowance"]
-        self._allowance = (
-            None
-            if allowance is None
-            else (event_from_dict(allowance[0]), int(allowance[1]), int(allowance[2]))
-        )
-
-
+        self._released = releases
+        self._pending_charge = None
+        self._allowance = None
+        if adaptive is not None and not self._adaptive:
+            self._adaptive = True
+            self._adaptive_reason = str(adaptive)

@@ -81,6 +81,17 @@ class DPOptimizer(torch.optim.Optimizer):
     -----
     ``step()`` raises if no gradient was accumulated since the last release (calling it twice),
     except on an empty Poisson batch drawn from an attached loader, which releases pure noise.
+
+    A release runs, in order: the budget checks (:meth:`add_budget_check`; a refusal releases
+    nothing), the charge hooks (:meth:`add_charge_hook`: an attached engine composes the
+    release's event into its accountant *before* anything is written, so an accounting error
+    releases nothing), the noisy release into ``p.grad``, the release hooks
+    (:meth:`add_release_hook`) and the wrapped optimizer's step.
+
+    :attr:`noise_chosen_online` records whether sigma was changed after the first release
+    other than by a schedule committed before it (:mod:`dpsharp.torch.schedules`): such a
+    sigma may depend on earlier outputs, which an engine's budget must know (adaptively chosen
+    privacy parameters need a privacy filter; see :class:`dpsharp.torch.PrivacyEngine`).
     """
 
     def __init__(
@@ -153,7 +164,9 @@ class DPOptimizer(torch.optim.Optimizer):
         self.process_group = process_group
         self.original_optimizer = optimizer
         self._releases = 0
+        self._noise_chosen_online = False
         self._budget_checks: list[Callable[[DPOptimizer], str | None]] = []
+        self._charge_hooks: list[Callable[[DPOptimizer], None]] = []
         self._release_hooks: list[Callable[[DPOptimizer], None]] = []
         self._loader: DPDataLoader | None = None
         self._lot_pending = False
@@ -217,8 +230,24 @@ class DPOptimizer(torch.optim.Optimizer):
 
     @noise_multiplier.setter
     def noise_multiplier(self, value: float) -> None:
-        """Change sigma (noise schedules); an attached engine accounts the new value."""
-        self._noise_multiplier = _require_noise_multiplier(value)
+        """Change sigma; an attached engine accounts the new value. A change after the first
+        release sets :attr:`noise_chosen_online` (the new sigma may depend on earlier outputs);
+        sigmas fixed in advance belong in a schedule attached before the first release
+        (:func:`dpsharp.torch.schedules.attach_schedule`)."""
+        self._set_noise_multiplier(value, online=True)
+
+    def _set_noise_multiplier(self, value: float, *, online: bool) -> None:
+        """Set sigma; ``online`` says the value may have been chosen from earlier outputs."""
+        sigma = _require_noise_multiplier(value)
+        if online and self._releases > 0 and sigma != self._noise_multiplier:
+            self._noise_chosen_online = True
+        self._noise_multiplier = sigma
+
+    @property
+    def noise_chosen_online(self) -> bool:
+        """True once sigma changed after the first release other than by a schedule committed
+        before the first release (sticky)."""
+        return self._noise_chosen_online
 
     @property
     def expected_batch_size(self) -> float:
@@ -243,6 +272,11 @@ class DPOptimizer(torch.optim.Optimizer):
     def add_budget_check(self, check: Callable[[DPOptimizer], str | None]) -> None:
         """``check(self)`` runs before each release; a string return refuses the release."""
         self._budget_checks.append(check)
+
+    def add_charge_hook(self, hook: Callable[[DPOptimizer], None]) -> None:
+        """``hook(self)`` runs after the budget checks passed and before the release writes
+        anything; if it raises, nothing is released (the lot stays pending)."""
+        self._charge_hooks.append(hook)
 
     def add_release_hook(self, hook: Callable[[DPOptimizer], None]) -> None:
         """``hook(self)`` runs right after each noisy gradient is released."""
@@ -275,6 +309,11 @@ class DPOptimizer(torch.optim.Optimizer):
                     "optimizer.step() called without new gradients: call loss.backward() on "
                     "the batch first"
                 )
+            # The clipper may verify that the examples it clipped are the loader's logical
+            # batch (e.g. a model that sees the batch in another dimension); no-op otherwise.
+            check_batch = getattr(self.clipper, "check_logical_batch", None)
+            if check_batch is not None:
+                check_batch(int(self._loader.last_batch_size))
             return True
         if accumulated == 0:
             raise RuntimeError(
@@ -291,6 +330,8 @@ class DPOptimizer(torch.optim.Optimizer):
         return None
 
     def _release_and_step(self) -> None:
+        for charge in self._charge_hooks:
+            charge(self)  # may raise: then nothing has been released
         if self.distributed:
             from dpsharp.torch.distributed import distributed_release
 
@@ -351,11 +392,15 @@ class DPOptimizer(torch.optim.Optimizer):
             "noise": self.noise.state_dict(),
             "releases": self._releases,
             "noise_multiplier": self._noise_multiplier,
+            "noise_chosen_online": self._noise_chosen_online,
             "expected_batch_size": self._expected_batch_size,
         }
         return state
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict`. With an attached engine, restore the engine's own
+        ``state_dict`` from the same checkpoint too: the engine refuses to release or report
+        when the optimizer's release count and its accounting disagree."""
         state = dict(state_dict)
         private = state.pop("dpsharp", None)
         self.original_optimizer.load_state_dict(state)
@@ -363,6 +408,7 @@ class DPOptimizer(torch.optim.Optimizer):
             self.noise.load_state_dict(private["noise"])
             self._releases = int(private["releases"])
             self._noise_multiplier = _require_noise_multiplier(private["noise_multiplier"])
+            self._noise_chosen_online = bool(private.get("noise_chosen_online", False))
             self._expected_batch_size = require_positive_finite(
                 "expected_batch_size", private["expected_batch_size"]
             )

@@ -77,7 +77,18 @@ def _require_open_unit_interval(name: str, value: object) -> float:
 
 
 class NoiseSchedule(abc.ABC):
-    """A noise multiplier for each index ``t = 0, 1, ...`` counted in :attr:`unit`."""
+    """A noise multiplier for each index ``t = 0, 1, ...`` counted in :attr:`unit`.
+
+    :attr:`adaptive` says whether the sigmas may depend on the run's outputs. A schedule fixed
+    in advance (every decay here, :class:`ADP` of precomputed learning rates) composes as
+    ordinary heterogeneous composition; an adaptive one (:class:`ValidationBased`) chooses its
+    privacy parameters from earlier outputs, which only a privacy filter covers
+    (:class:`dpsharp.torch.PrivacyEngine`). A subclass is adaptive unless it says otherwise.
+    """
+
+    #: Whether sigma_t may depend on earlier outputs of the run (True unless a subclass
+    #: declares its sigmas fixed in advance).
+    adaptive: bool = True
 
     def __init__(self, *, unit: Unit = "epoch") -> None:
         self._unit: Unit = _require_unit(unit)
@@ -110,6 +121,8 @@ class NoiseSchedule(abc.ABC):
 class Constant(NoiseSchedule):
     """sigma_t = sigma: the uniform allocation (Abadi et al. 2016; the baseline of Yu et al.)."""
 
+    adaptive = False
+
     def __init__(self, sigma: float, *, unit: Unit = "epoch") -> None:
         super().__init__(unit=unit)
         self.sigma = require_positive_finite("sigma", sigma)
@@ -123,6 +136,8 @@ class Constant(NoiseSchedule):
 
 class TimeBased(NoiseSchedule):
     """Time-based decay, sigma_t = sigma_0 / (1 + k t), k > 0 (Yu et al. 2019, IV-A-2a)."""
+
+    adaptive = False
 
     def __init__(self, sigma_0: float, k: float, *, unit: Unit = "epoch") -> None:
         super().__init__(unit=unit)
@@ -138,6 +153,8 @@ class TimeBased(NoiseSchedule):
 
 class Exponential(NoiseSchedule):
     """Exponential decay, sigma_t = sigma_0 exp(-k t), k > 0 (Yu et al. 2019, IV-A-2b)."""
+
+    adaptive = False
 
     def __init__(self, sigma_0: float, k: float, *, unit: Unit = "epoch") -> None:
         super().__init__(unit=unit)
@@ -159,6 +176,8 @@ class Exponential(NoiseSchedule):
 class StepDecay(NoiseSchedule):
     """Step decay, sigma_t = sigma_0 k^floor(t / period), 0 < k < 1, period >= 1
     (Yu et al. 2019, IV-A-2c)."""
+
+    adaptive = False
 
     def __init__(self, sigma_0: float, k: float, period: int, *, unit: Unit = "epoch") -> None:
         super().__init__(unit=unit)
@@ -182,6 +201,8 @@ class Polynomial(NoiseSchedule):
     sigma_t = (sigma_0 - sigma_end) (1 - t / period)^k + sigma_end for t < period, and
     sigma_end for t >= period; k > 0, 0 < sigma_end <= sigma_0, period >= 1.
     """
+
+    adaptive = False
 
     def __init__(
         self, sigma_0: float, k: float, sigma_end: float, period: int, *, unit: Unit = "epoch"
@@ -234,7 +255,13 @@ class ValidationBased(NoiseSchedule):
 
     ``schedule(t)`` returns the current sigma for any ``t`` (the schedule is decided online and
     has no precomputed future); :attr:`history` records (validation epoch, sigma after it).
+
+    The accuracy is measured on a model trained on the private data, so each sigma is chosen
+    from earlier outputs: the schedule is :attr:`adaptive`, and an engine enforces a budget on
+    it only through a privacy filter (Feldman and Zrnic 2021), refusing accountants without one.
     """
+
+    adaptive = True
 
     def __init__(
         self,
@@ -332,6 +359,8 @@ class ADP(NoiseSchedule):
     ``scale`` is the free parameter: :meth:`calibrated` sets it so the run meets the same
     budget as the constant-noise run it replaces, with the exact accountant.
     """
+
+    adaptive = False
 
     def __init__(
         self, learning_rates: Sequence[float] | np.ndarray, *, scale: float, unit: Unit = "step"
@@ -744,6 +773,8 @@ class ScheduleHandle:
         self.optimizer = optimizer
         self.schedule = schedule
         self.loader = loader
+        # A fixed schedule attached after releases started may have been chosen from them.
+        self.online = bool(schedule.adaptive) or int(optimizer.releases) > 0
         #: (release index, schedule index t, sigma) of every release that went out.
         self.applied: list[tuple[int, int, float]] = []
         self._pending: tuple[int, float] | None = None
@@ -757,7 +788,11 @@ class ScheduleHandle:
     def _before_release(self, optimizer: Any) -> None:
         t = self.index()
         sigma = self.schedule(t)
-        optimizer.noise_multiplier = sigma
+        setter = getattr(optimizer, "_set_noise_multiplier", None)
+        if setter is not None:
+            setter(sigma, online=self.online)
+        else:
+            optimizer.noise_multiplier = sigma
         self._pending = (t, sigma)
 
     def _after_release(self, optimizer: Any) -> None:
@@ -789,6 +824,12 @@ def attach_schedule(engine_or_optimizer: Any, schedule: NoiseSchedule, *, loader
     ``engine_or_optimizer`` is a :class:`~dpsharp.torch.PrivacyEngine` after ``make_private``
     (its optimizer and loader are used) or a DPOptimizer (then pass ``loader`` for an epoch
     schedule).
+
+    An :attr:`~NoiseSchedule.adaptive` schedule declares adaptive noise to the engine: with a
+    budget it must be attached before the first release and the engine's accountant must have a
+    privacy filter ("rdp", "zcdp" with reshuffling), otherwise ValueError / RuntimeError say
+    so. A fixed schedule attached after the first release counts as adaptive too (when it was
+    attached may depend on the outputs so far).
     """
     if not isinstance(schedule, NoiseSchedule):
         raise TypeError(f"schedule must be a NoiseSchedule, got {type(schedule).__name__}")
@@ -809,6 +850,9 @@ def attach_schedule(engine_or_optimizer: Any, schedule: NoiseSchedule, *, loader
     if schedule.unit == "epoch" and loader is None:
         raise ValueError("loader is required for an epoch schedule (the epoch is read from it)")
     handle = ScheduleHandle(optimizer, schedule, loader)
+    declare = getattr(engine_or_optimizer, "_declare_adaptive", None)
+    if schedule.adaptive and declare is not None:
+        declare(f"{type(schedule).__name__} schedule")
     # First in line: every other check (the engine's budget) must see the scheduled sigma.
     optimizer._budget_checks.insert(0, handle._before_release)
     optimizer._release_hooks.append(handle._after_release)
