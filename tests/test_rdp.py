@@ -341,3 +341,89 @@ def test_extreme_regimes_fail_closed_or_finite() -> None:
     values = poisson_gaussian_rdp(0.5, 0.3, [9999.5, 10000.0])
     assert not np.isnan(values).any()
     assert np.all(values >= 0.5 * 9999.5 / (2 * 0.3**2))  # >= D of the q-scaled... sanity floor
+
+
+# --------------------------------------------------------------------- overflow of 1/(2 sigma^2)
+def _poisson_rdp_bracket(q: float, sigma: float, alpha: float) -> tuple[float, float]:
+    """Closed-form bounds on D_alpha of the Poisson-subsampled Gaussian, at 60 digits:
+    with L = exp((2z - 1)/(2 sigma^2)) and c = 1/(2 sigma^2),
+    q^alpha L^alpha <= (1 - q + q L)^alpha <= 1 - q + q L^alpha (keep one term; convexity), and
+    E[L^alpha] = e^{alpha (alpha - 1) c} under N(0, sigma^2), so
+    (alpha log q + alpha (alpha - 1) c) / (alpha - 1) <= D_alpha
+    <= log(1 - q + q e^{alpha (alpha - 1) c}) / (alpha - 1). As doubles (+inf above the range)."""
+    import mpmath
+
+    with mpmath.workdps(60):
+        q_m, a_m = mpmath.mpf(q), mpmath.mpf(alpha)
+        c = 1 / (2 * mpmath.mpf(sigma) ** 2)
+        lower = (a_m * mpmath.log(q_m) + a_m * (a_m - 1) * c) / (a_m - 1)
+        upper = mpmath.log(1 - q_m + q_m * mpmath.exp(a_m * (a_m - 1) * c)) / (a_m - 1)
+        return float(lower), float(upper)
+
+
+@pytest.mark.parametrize("sigma", [1e-3, 1e-20, 1e-100, 1e-150, 6e-155, 1e-160, 1e-200, 1e-300, 5e-324])
+@pytest.mark.parametrize("q", [1e-6, 0.1, 0.9])
+def test_tiny_noise_rdp_is_within_the_closed_form_bracket(q: float, sigma: float) -> None:
+    """Once 1/(2 sigma^2) overflows a double (sigma below ~7e-155) the divergence is above every
+    double at every order: +inf, never the finite quadrature of an integrand that lost its shift
+    (0.0076 at order 1.5 for sigma = 1e-160). Below the overflow the value lies in the bracket."""
+    orders = [1.5, 2.0, 2.5, 3.0, 10.5, 100.0]
+    values = poisson_gaussian_rdp(q, sigma, orders)
+    for alpha, value in zip(orders, values):
+        lower, upper = _poisson_rdp_bracket(q, sigma, alpha)
+        assert not math.isnan(value)
+        assert value >= lower * (1 - 1e-12), (alpha, value, lower)
+        if math.isfinite(value):
+            assert value <= upper * (1 + 1e-12), (alpha, value, upper)
+    if sigma < 7e-155:
+        assert np.all(np.isinf(values))
+
+
+@pytest.mark.parametrize("sigma", [1e-160, 1e-300])
+def test_tiny_noise_accountants_report_infinite_epsilon(sigma: float) -> None:
+    """Every RDP path of a composition with an overflowing 1/(2 sigma^2) gives epsilon = +inf."""
+    for acc in (RDPAccountant(), MomentsAccountant(), RDPAccountant(orders=[1.25, 1.5, 1.75])):
+        acc.compose(PoissonSampled(Gaussian(sigma), 0.1), 10)
+        assert acc.epsilon(1e-5) == math.inf
+        assert acc.delta(10.0) == 1.0
+    wor = RDPAccountant(neighbouring="replace_one").compose(
+        SampledWithoutReplacement(Gaussian(sigma), 10, 100), 3
+    )
+    assert wor.epsilon(1e-5) == math.inf
+    # Laplace(b): the exact epsilon(1e-5) is 1/b less than 1e-4 (delta(1/b - t) ~ (1 - e^-t)/2).
+    assert RDPAccountant().compose(Laplace(sigma)).epsilon(1e-5) >= (1.0 / sigma) * (1 - 1e-12)
+
+
+def _wor_theorem9(gamma: float, sigma: float, alpha: int) -> float:
+    """(alpha - 1) D_alpha of Wang, Balle, Kasiviswanathan 2019, Theorem 9, for the Gaussian
+    (eps(j) = j / (2 sigma^2)), capped by the unsampled alpha (alpha - 1) / (2 sigma^2), at 60
+    digits, as a double (+inf above the range)."""
+    import mpmath
+
+    with mpmath.workdps(60):
+        g, a = mpmath.mpf(gamma), mpmath.mpf(alpha)
+        c = 1 / (2 * mpmath.mpf(sigma) ** 2)
+        eps2 = 2 * c
+        second = min(4 * mpmath.expm1(eps2), 2 * mpmath.exp(eps2))
+        total = 1 + g**2 * mpmath.binomial(alpha, 2) * second
+        for j in range(3, alpha + 1):
+            total += 2 * g**j * mpmath.binomial(alpha, j) * mpmath.exp((j - 1) * j * c)
+        return float(min(mpmath.log(total), a * (a - 1) * c))
+
+
+@pytest.mark.parametrize("sigma", [0.5, 1e-3, 1e-100, 5e-155, 7e-155, 1e-160, 1e-300])
+def test_sampled_without_replacement_bound_never_nan(sigma: float) -> None:
+    """The Theorem 9 bound at integer orders equals its mpmath evaluation (inf once it overflows;
+    log_add_exp(inf, inf) used to give NaN at order 3.5 from sigma ~ 7e-155 on), and fractional
+    orders interpolate it."""
+    gamma = 0.1
+    values = sampled_without_replacement_gaussian_rdp(gamma, sigma, [2.0, 3.0, 4.0, 3.5])
+    assert not np.isnan(values).any()
+    for alpha, value in zip([2, 3, 4], values[:3]):
+        expected = _wor_theorem9(gamma, sigma, alpha) / (alpha - 1)
+        if math.isinf(expected):
+            assert value == math.inf
+        else:
+            assert value == pytest.approx(expected, rel=1e-10)
+    interpolated = 0.5 * (_wor_theorem9(gamma, sigma, 3) + _wor_theorem9(gamma, sigma, 4)) / 2.5
+    assert values[3] >= min(interpolated, 3.5 / (2 * sigma**2) if sigma > 1e-150 else math.inf) * (1 - 1e-10)

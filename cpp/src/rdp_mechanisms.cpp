@@ -40,6 +40,9 @@ double wor_scaled_bound(double gamma, double sigma, long alpha) {
   const double a = static_cast<double>(alpha);
   const double c = 0.5 / (sigma * sigma);
   const double unsampled = (a - 1.0) * a * c;
+  // Once c or e^{eps(2)} overflows, the terms below read inf - inf as NaN: every term of the
+  // bound is then +inf (or the unsampled cap is), and so is the bound.
+  if (!std::isfinite(2.0 * c)) return kInf;
   const double log_gamma = std::log(gamma);
   const double lgamma_alpha = std::lgamma(a + 1.0);
   const double eps2 = 2.0 * c;
@@ -53,6 +56,9 @@ double wor_scaled_bound(double gamma, double sigma, long alpha) {
   }
   const double bound = log_sum < 0.0 ? std::log1p(std::exp(log_sum))
                                      : log_sum + std::log1p(std::exp(-log_sum));
+  // log_add_exp(inf, inf) is NaN: a NaN bound (an overflowed sum) counts as +inf, never as the
+  // min below (std::min returns its first argument when the comparison is false).
+  if (std::isnan(bound)) return unsampled;
   return std::min(bound, unsampled);
 }
 

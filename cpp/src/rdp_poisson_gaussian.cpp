@@ -372,6 +372,13 @@ double log_a_minus_one_binomial(double q, double sigma, double alpha) {
   return running_max + std::log(running_sum);
 }
 
+// Whether c = 1/(2 sigma^2) and 1/sigma are finite doubles. Below sigma ~ 7e-155 they overflow,
+// and the integrand and the binomial terms, written in c, would read +inf - inf as NaN or lose
+// the shift altogether (a finite, wrong quadrature); the divergence is +inf there.
+bool shift_is_finite(double sigma) noexcept {
+  return std::isfinite(0.5 / (sigma * sigma)) && std::isfinite(1.0 / sigma);
+}
+
 void check_order(double order) {
   if (!std::isfinite(order) || !(order > 1.0) || order > kMaxOrder) {
     throw std::invalid_argument("orders must be finite and in (1, 1e6], got " +
@@ -395,6 +402,7 @@ double poisson_gaussian_log_a_minus_one(double q, double sigma, double order,
   check_poisson(q, sigma);
   check_order(order);
   if (q == 1.0) return log_expm1(order * (order - 1.0) * 0.5 / (sigma * sigma));
+  if (!shift_is_finite(sigma)) return kInf;
   if (!use_quadrature && order == std::floor(order)) return log_a_minus_one_binomial(q, sigma, order);
   return log_a_minus_one_quadrature(q, sigma, order);
 }
@@ -402,10 +410,18 @@ double poisson_gaussian_log_a_minus_one(double q, double sigma, double order,
 void poisson_gaussian(double q, double sigma, const double* orders, std::size_t n, double* out) {
   check_poisson(q, sigma);
   for (std::size_t i = 0; i < n; ++i) check_order(orders[i]);
+  const bool finite_shift = shift_is_finite(sigma);
   for (std::size_t i = 0; i < n; ++i) {
     const double alpha = orders[i];
     if (q == 1.0) {
       out[i] = alpha * 0.5 / (sigma * sigma);  // no sampling: the Gaussian itself
+      continue;
+    }
+    if (!finite_shift) {
+      // D_alpha >= (alpha log q + alpha (alpha - 1) c) / (alpha - 1) with c = 1/(2 sigma^2)
+      // (keep only the term q^alpha L^alpha of (1 - q + q L)^alpha, whose mean under
+      // N(0, sigma^2) is q^alpha e^{alpha (alpha - 1) c}): infinite once c overflows.
+      out[i] = kInf;
       continue;
     }
     const double log_am1 = alpha == std::floor(alpha) ? log_a_minus_one_binomial(q, sigma, alpha)

@@ -107,7 +107,10 @@ def poisson_gaussian_rdp(
     Returns
     -------
     numpy.ndarray
-        D_alpha per order (+inf where the precision could not be certified).
+        D_alpha per order (+inf where the precision could not be certified, and at every order
+        once c = 1/(2 sigma^2) overflows a double, sigma below about 7e-155: there
+        D_alpha >= (alpha log q + alpha (alpha - 1) c) / (alpha - 1), keeping the term
+        q^alpha L^alpha of (1 - q + q L)^alpha, is above every double).
     """
     q = require_probability("sampling_probability", sampling_probability)
     sigma = require_positive_finite("noise_multiplier", noise_multiplier)
