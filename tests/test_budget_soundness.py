@@ -406,3 +406,9 @@ def test_adaptive_noise_under_a_renyi_filter() -> None:
     # the filter guarantee holds for any realisation: in particular, the realised ledger (fixed
     # after the fact, a Gaussian mechanism) is within the budget by the exact curve
     assert _within(budget.epsilon, math.sqrt(sum(c / s**2 for s, c in used.items())))
+    # the filter proves (4, 1e-5) only: a statement at a smaller delta is a reading
+    assert engine.report(DELTA / 10).certified is False
+    # and an event composed by hand past the filter leaves the ledger outside what it proves
+    engine.accountant.compose(Gaussian(0.5))
+    report = engine.report()
+    assert report.certified is False and report.epsilon > budget.epsilon
