@@ -71,12 +71,12 @@ def run_validation(split, seed: int) -> tuple[float, int]:
     schedule = ValidationBased(10.0, 0.7, m=5, threshold=0.01, period=10, validation_set="public")
     model = DPSGD(split.x_train.shape[1], split.classes, clip=CLIP, seed=seed)
     rng = np.random.default_rng(seed)
-    acc = dpsharp.accountant("zcdp", batching="reshuffle")
+    acc = dpsharp.accountant("zcdp", batching="reshuffle", neighbouring="zero_out")
     n = len(split.y_train)
     epochs = 0
     while True:
         event = Shuffled(Gaussian(schedule.sigma), BATCH, n)
-        trial = dpsharp.accountant("zcdp", batching="reshuffle")
+        trial = dpsharp.accountant("zcdp", batching="reshuffle", neighbouring="zero_out")
         trial.load_state_dict(acc.state_dict())
         trial.compose(event)
         if trial.rho > RHO:

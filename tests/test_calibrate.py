@@ -113,7 +113,8 @@ def test_steps_reshuffled_epochs_table_ii_uniform() -> None:
         eps_budget,
         delta,
         noise_multiplier=8.0,
-        accountant="zcdp",
+        # reshuffled epochs are stated under zero-out (dpsharp.events.Shuffled)
+        accountant=lambda: dpsharp.ZCDPAccountant(neighbouring="zero_out"),
         event=lambda sigma, q: Shuffled(Gaussian(sigma), 256, 60000),
     )
     assert epochs == 100

@@ -200,8 +200,10 @@ def test_optimal_refuses_heterogeneous_and_unsupported() -> None:
         ClassicAccountant("strong")
     with pytest.raises(ValueError, match="gaussian"):
         ClassicAccountant(gaussian="exact")
-    # a shuffled epoch costs one run (parallel composition)
-    epoch = ClassicAccountant("basic").compose(Shuffled(Laplace(1.0), 10, 100), 3)
+    # a shuffled epoch costs one run (parallel composition), under zero-out (never add/remove)
+    shuffled = Shuffled(Laplace(1.0), 10, 100)
+    epoch = ClassicAccountant("basic", neighbouring="zero_out").compose(shuffled, 3)
+    assert not ClassicAccountant("basic").supports(shuffled)
     assert epoch.epsilon(1e-5) == pytest.approx(3.0)
     assert not ClassicAccountant().supports(SampledWithoutReplacement(Gaussian(1.0), 5, 10))
 

@@ -104,6 +104,9 @@ def test_shuffle_sampling_uses_epoch_events_and_reports_inapplicable(capsys: pyt
     assert status == 0, err
     document = json.loads(out)
     assert document["inputs"]["count"] == 400
+    # reshuffling is stated under zero-out (no add/remove guarantee), with the same event
+    assert document["inputs"]["neighbouring"] == "zero_out"
+    assert "not an add/remove guarantee" in document["inputs"]["assumption"]
     event = dpsharp.Shuffled(dpsharp.Gaussian(6.0), 100, 10000)
     assert dpsharp.events.event_from_dict(document["inputs"]["event"]) == event
     for name, fields in document["accountants"].items():

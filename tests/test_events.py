@@ -19,6 +19,7 @@ from dpsharp.events import (
     event_from_dict,
     event_to_dict,
     flatten,
+    neighbouring_unsupported_reason,
     required_neighbouring,
 )
 
@@ -90,9 +91,56 @@ def test_neighbouring_requirements() -> None:
     assert required_neighbouring(Gaussian(1.0)) == {}
     poisson = PoissonSampled(Gaussian(1.0), 0.1)
     wor = SampledWithoutReplacement(Gaussian(1.0), 5, 10)
+    shuffled = Shuffled(Gaussian(1.0), 2, 10)
     assert required_neighbouring(Composed([poisson])) == {Neighbouring.ADD_REMOVE: poisson}
     both = required_neighbouring(Composed([Repeated(poisson, 2), wor]))
     assert both == {Neighbouring.ADD_REMOVE: poisson, Neighbouring.REPLACE_ONE: wor}
+    assert required_neighbouring(shuffled) == {Neighbouring.ZERO_OUT: shuffled}
+
+
+ADD, ZERO, REPLACE = Neighbouring.ADD_REMOVE, Neighbouring.ZERO_OUT, Neighbouring.REPLACE_ONE
+
+
+def test_which_relation_each_event_holds_under() -> None:
+    """Gaussian / Laplace: every relation. Poisson: add/remove and zero-out (a null record in
+    a Poisson sample is an absent one). Without replacement: replace one. Reshuffling: zero-out
+    and replace one, never add/remove (Kairouz et al. 2021; tests/test_soundness_sampling.py)."""
+    poisson = PoissonSampled(Gaussian(1.0), 0.1)
+    wor = SampledWithoutReplacement(Gaussian(1.0), 5, 10)
+    shuffled = Shuffled(Gaussian(1.0), 2, 10)
+    valid = {
+        Gaussian(1.0): {ADD, ZERO, REPLACE},
+        Laplace(1.0): {ADD, ZERO, REPLACE},
+        poisson: {ADD, ZERO},
+        wor: {REPLACE},
+        shuffled: {ZERO, REPLACE},
+        Composed([Gaussian(1.0), Repeated(shuffled, 3)]): {ZERO, REPLACE},
+        Composed([poisson, shuffled]): {ZERO},
+        Shuffled(poisson, 2, 10): {ZERO},
+        Shuffled(wor, 2, 10): {REPLACE},
+        # the inner event of a Poisson sample under zero-out is analysed under add/remove
+        PoissonSampled(shuffled, 0.5): set(),
+    }
+    for event, relations in valid.items():
+        for relation in Neighbouring:
+            reason = neighbouring_unsupported_reason(event, relation)
+            assert (reason is None) == (relation in relations), (event, relation, reason)
+    assert Neighbouring("zero_out") is ZERO
+
+
+def test_reshuffling_refusal_says_why_and_what_instead() -> None:
+    reason = neighbouring_unsupported_reason(Shuffled(Gaussian(1.0), 2, 10), "add_remove")
+    assert reason is not None
+    for words in ("batch boundaries", "not a data-independent partition", "Poisson",
+                  "neighbouring='zero_out'", "neighbouring='replace_one'", "sigma / 2"):
+        assert words in reason
+    nested_event = PoissonSampled(Shuffled(Gaussian(1.0), 2, 10), 0.5)
+    nested = neighbouring_unsupported_reason(nested_event, ZERO)
+    assert nested is not None and "inside PoissonSampled" in nested
+    with pytest.raises(ValueError):
+        neighbouring_unsupported_reason(Gaussian(1.0), "swap")
+    with pytest.raises(TypeError, match="event"):
+        neighbouring_unsupported_reason("Gaussian", ZERO)  # type: ignore[arg-type]
 
 
 def test_serialisation_round_trip() -> None:

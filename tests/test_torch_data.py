@@ -12,6 +12,7 @@ stats = pytest.importorskip("scipy.stats")
 
 from torch.utils.data import DataLoader, Dataset, TensorDataset  # noqa: E402
 
+from dpsharp.accountants.base import UnsupportedEventError  # noqa: E402
 from dpsharp.events import (  # noqa: E402
     Gaussian,
     Neighbouring,
@@ -20,10 +21,12 @@ from dpsharp.events import (  # noqa: E402
     Shuffled,
 )
 from dpsharp.torch.data import (  # noqa: E402
+    SAMPLINGS,
     PoissonDataLoader,
     ShuffledDataLoader,
     WithoutReplacementDataLoader,
     from_dataloader,
+    sampling_event,
 )
 
 pytestmark = pytest.mark.torch
@@ -103,6 +106,39 @@ def test_reshuffling_covers_every_example_once_per_epoch() -> None:
     assert loader.epoch == 3
     assert loader.implied_event(2.0) == Shuffled(Gaussian(2.0), 10, 103)
     assert loader.accounting_unit == "epoch" and loader.sample_rate == 10 / 103
+
+
+def test_reshuffling_is_accounted_under_zero_out_never_add_remove() -> None:
+    """Cutting a permutation into batches is no add/remove-one partition (adding a record moves
+    others across batch boundaries; tests/test_soundness_sampling.py): the loader states
+    zero-out, where the clipped sum has sensitivity C (same sigma), or replace one (2C)."""
+    loader = ShuffledDataLoader(index_dataset(103), batch_size=10, seed=3)
+    assert loader.neighbouring is Neighbouring.ZERO_OUT
+    assert "zero-out" in loader.guarantee_relation
+    assert "not an add/remove guarantee" in loader.guarantee_relation
+    assert SAMPLINGS["shuffle"] == (Neighbouring.ZERO_OUT, "epoch")
+    common = {"dataset_size": 103, "batch_size": 10}
+    assert sampling_event("shuffle", 2.0, **common) == Shuffled(Gaussian(2.0), 10, 103)
+    assert sampling_event("shuffle", 2.0, neighbouring="zero_out", **common) == Shuffled(
+        Gaussian(2.0), 10, 103
+    )
+    assert sampling_event("shuffle", 2.0, neighbouring="replace_one", **common) == Shuffled(
+        Gaussian(1.0), 10, 103
+    )
+    with pytest.raises(UnsupportedEventError, match="batch boundaries") as info:
+        sampling_event("shuffle", 2.0, neighbouring="add_remove", **common)
+    assert "Poisson" in str(info.value) and "zero_out" in str(info.value)
+    with pytest.raises(ValueError, match="neighbouring must be one of"):
+        sampling_event("shuffle", 2.0, neighbouring="swap", **common)
+    # Poisson sampling holds under zero-out with the same event; not under replace one
+    poisson = {"dataset_size": 103, "sample_rate": 0.1}
+    assert sampling_event("poisson", 2.0, neighbouring="zero_out", **poisson) == PoissonSampled(
+        Gaussian(2.0), 0.1
+    )
+    with pytest.raises(UnsupportedEventError, match="replace_one"):
+        sampling_event("poisson", 2.0, neighbouring="replace_one", **poisson)
+    with pytest.raises(UnsupportedEventError, match="zero_out"):
+        sampling_event("without_replacement", 2.0, neighbouring="zero_out", **common)
 
 
 def test_without_replacement_batches_have_exact_size_and_uniform_inclusion() -> None:

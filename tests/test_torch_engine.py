@@ -23,7 +23,7 @@ for _module in ("pld", "rdp", "gdp", "zcdp"):
         importlib.import_module(f"dpsharp.accountants.{_module}")
     except ImportError:
         pass
-from dpsharp.events import Gaussian, PoissonSampled, Shuffled  # noqa: E402
+from dpsharp.events import Gaussian, Neighbouring, PoissonSampled, Shuffled  # noqa: E402
 from dpsharp.torch import (  # noqa: E402
     BudgetExhausted,
     PoissonDataLoader,
@@ -102,11 +102,41 @@ def test_shuffled_loader_charges_once_per_epoch_including_a_partial_one() -> Non
     run(optimizer, loader, model, epochs=2)
     run(optimizer, loader, model, steps=1)  # first step of epoch 3 pays for the whole epoch
     assert engine.steps == 2 * 4 + 1
-    by_hand = dpsharp.accountant("zcdp")
+    by_hand = dpsharp.accountant("zcdp", neighbouring=engine.accountant.neighbouring)
     by_hand.compose(Shuffled(Gaussian(2.0), 16, 60), 3)
     assert engine.epsilon(1e-5) == by_hand.epsilon(1e-5)
+    # stated under zero-out, and the report says so in words (not an add/remove guarantee)
+    assert engine.accountant.neighbouring is Neighbouring.ZERO_OUT
+    report = engine.report(1e-5)
+    assert report.guarantee is not None and "zero-out" in report.guarantee
+    assert "not an add/remove guarantee" in report.guarantee
     # REFERENCE.md (Yu et al.): reshuffling costs rho = epochs / (2 sigma^2)
     assert engine.zcdp_rho() == pytest.approx(3 / (2 * 2.0**2), rel=1e-12)
+
+
+def test_shuffled_loader_refuses_an_add_remove_accounting() -> None:
+    """Reshuffled batches are no add/remove guarantee: asking the engine for one is refused
+    with the reason; zero-out (the default) is accepted, and the old add/remove ledger of a
+    reshuffling checkpoint is restated under zero-out with the same numbers."""
+    model = make_model()
+    engine = PrivacyEngine(accountant="pld", accountant_options={"neighbouring": "add_remove"})
+    with pytest.raises(ValueError, match="batch boundaries") as info:
+        engine.make_private(
+            model, torch.optim.SGD(model.parameters(), lr=0.1),
+            ShuffledDataLoader(make_dataset(), batch_size=6, seed=2),
+            noise_multiplier=1.0, max_grad_norm=1.0, delta=1e-5,
+        )
+    assert "Poisson" in str(info.value) and "zero_out" in str(info.value)
+    loader = ShuffledDataLoader(make_dataset(), batch_size=6, seed=2)
+    engine, model, optimizer, loader = private("pld", loader=loader, sigma=1.5)
+    run(optimizer, loader, model, epochs=1)
+    state = engine.state_dict()
+    state["main"]["accountant"]["neighbouring"] = "add_remove"  # a checkpoint of old releases
+    loader = ShuffledDataLoader(make_dataset(), batch_size=6, seed=2)
+    resumed, model, optimizer, loader = private("pld", loader=loader, sigma=1.5)
+    resumed.load_state_dict(state)
+    assert resumed.accountant.neighbouring is Neighbouring.ZERO_OUT
+    assert resumed.epsilon(1e-5) == engine.epsilon(1e-5)
 
 
 def test_gdp_view_is_the_clt_mu() -> None:
@@ -211,7 +241,8 @@ def test_mismatched_accounting_is_refused_unless_overridden() -> None:
     assert report.accounting == "poisson" and report.sampling == "shuffle"
     as_poisson = dpsharp.accountant("gdp").compose(PoissonSampled(Gaussian(1.0), 0.1), 20)
     assert report.epsilon == as_poisson.epsilon(1e-5)
-    honest = dpsharp.accountant(report.honest_accountant)
+    # the honest accounting of reshuffling is stated under zero-out (no add/remove guarantee)
+    honest = dpsharp.accountant(report.honest_accountant, neighbouring="zero_out")
     honest.compose(Shuffled(Gaussian(1.0), 6, 60), 2)
     assert report.honest_epsilon == honest.epsilon(1e-5)
     assert report.honest_epsilon > report.epsilon and "shuffle" in report.note

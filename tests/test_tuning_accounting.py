@@ -21,6 +21,7 @@ classic = pytest.importorskip("dpsharp.accountants.classic")
 
 
 def _epochs(sigma: float, epochs: int) -> Repeated:
+    """Reshuffled epochs: accounted under zero-out (dpsharp.events.Shuffled)."""
     return Repeated(Shuffled(Gaussian(sigma), 600, 60000), epochs)
 
 
@@ -38,23 +39,25 @@ def test_zcdp_partitioned_search_worked_example_004() -> None:
     trains = [_epochs(8.0, 100), _epochs(6.0, 40), _epochs(10.0, 120)]
     rhos = [100 / 128, 40 / 72, 120 / 200]
     search = DisjointParts((*trains, PureDP(1.0)))
-    acc = zcdp.ZCDPAccountant().compose(search)
+    acc = zcdp.ZCDPAccountant(neighbouring="zero_out").compose(search)
     assert acc.rho == pytest.approx(max(*rhos, 0.5), rel=1e-14) == pytest.approx(0.78125)
     # Versus training all three on the full data and adding up (the naive cost 004 avoids).
-    naive = zcdp.ZCDPAccountant()
+    naive = zcdp.ZCDPAccountant(neighbouring="zero_out")
     for train in trains:
         naive.compose(train)
     naive.compose(PureDP(1.0))
     assert naive.rho == pytest.approx(sum(rhos) + 0.5, rel=1e-14)
     # A large epsilon for the selection dominates.
-    assert zcdp.ZCDPAccountant().compose(DisjointParts((*trains, PureDP(2.0)))).rho == pytest.approx(2.0)
+    large = DisjointParts((*trains, PureDP(2.0)))
+    assert zcdp.ZCDPAccountant(neighbouring="zero_out").compose(large).rho == pytest.approx(2.0)
     # RandomChoice costs the max too; composition with other work adds.
-    acc2 = zcdp.ZCDPAccountant().compose(RandomChoice(tuple(trains))).compose(Gaussian(16.0))
+    acc2 = zcdp.ZCDPAccountant(neighbouring="zero_out").compose(RandomChoice(tuple(trains)))
+    acc2.compose(Gaussian(16.0))
     assert acc2.rho == pytest.approx(100 / 128 + 1 / 512, rel=1e-14)
 
 
 def test_zcdp_refuses_the_rdp_only_tuning_events_and_bad_parts() -> None:
-    acc = zcdp.ZCDPAccountant()
+    acc = zcdp.ZCDPAccountant(neighbouring="zero_out")
     with pytest.raises(UnsupportedEventError, match="RDP analysis only"):
         acc.compose(TruncatedNegativeBinomialTuning(_epochs(8.0, 10), 1.0, 0.1))
     with pytest.raises(UnsupportedEventError, match="RDP analysis only"):
@@ -65,8 +68,9 @@ def test_zcdp_refuses_the_rdp_only_tuning_events_and_bad_parts() -> None:
 
 
 def test_zcdp_checkpoint_round_trip_with_tuning_events() -> None:
-    acc = zcdp.ZCDPAccountant().compose(DisjointParts((_epochs(8.0, 100), PureDP(1.0)))).compose(PureDP(0.3))
-    restored = zcdp.ZCDPAccountant()
+    acc = zcdp.ZCDPAccountant(neighbouring="zero_out")
+    acc.compose(DisjointParts((_epochs(8.0, 100), PureDP(1.0)))).compose(PureDP(0.3))
+    restored = zcdp.ZCDPAccountant(neighbouring="zero_out")
     restored.load_state_dict(acc.state_dict())
     assert restored.rho == acc.rho and restored.epsilon(1e-5) == acc.epsilon(1e-5)
 

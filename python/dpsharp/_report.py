@@ -56,8 +56,8 @@ def build_accountant(run: DPSGDRun, name: str) -> tuple[Accountant | None, str |
     except (TypeError, ValueError) as exc:
         if "neighbouring" in options and "neighbouring" in str(exc):
             return None, (
-                f"the {name} accountant has no replace-one analysis, which fixed-size sampling "
-                "without replacement needs"
+                f"the {name} accountant cannot state guarantees under "
+                f"{run.neighbouring.value}, which {run.sampling} sampling is accounted under"
             )
         return None, f"cannot be configured for {run.sampling} sampling: {exc}"
     reason = acc.unsupported_reason(run.event)

@@ -58,6 +58,13 @@ from typing import Any, NoReturn
 __all__ = ["main"]
 
 _DEFAULT_CALIBRATION_ACCOUNTANT = "pld"
+#: Short names of the neighbouring relations for statements (the Assumption line says them in
+#: full, from dpsharp.events.RELATION_WORDS).
+_RELATION_NAMES = {
+    "add_remove": "add/remove-one",
+    "zero_out": "zero-out",
+    "replace_one": "replace-one",
+}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -244,8 +251,9 @@ def _print_statement(run: Any, args: argparse.Namespace, results: list[Any]) -> 
     if certified:
         best = min(certified, key=lambda r: math.inf if r.fields["epsilon"] is None else r.fields["epsilon"])
         print(
-            f"The run is ({_fmt(best.fields['epsilon'])}, {args.delta:g})-DP "
-            f"(certified, {best.name} accountant). Approximations are labelled and are not bounds."
+            f"The run is ({_fmt(best.fields['epsilon'])}, {args.delta:g})-DP under "
+            f"{_RELATION_NAMES[run.neighbouring.value]} neighbouring (certified, {best.name} "
+            "accountant). Approximations are labelled and are not bounds."
         )
     gdp = next((r for r in results if r.applicable and r.fields.get("gdp_mu") is not None), None)
     clt = next((r for r in results if r.applicable and r.name == "gdp" and r.fields.get("mu") is not None), None)

@@ -4,16 +4,52 @@ Every accountant, the training engine, calibration and the command line describe
 these same objects (the data flow of DESIGN.md). An event's meaning never changes; new
 behaviour gets a new event class.
 
+Neighbouring relations and sensitivities
+----------------------------------------
 Noise is always stated relative to the sensitivity of the released query *under the
-neighbouring relation of the analysis*:
+neighbouring relation of the analysis* (:class:`Neighbouring`). For a sum of per-example values
+clipped to L2 norm C (DP-SGD's clipped gradient sum):
 
-* add/remove one (:attr:`Neighbouring.ADD_REMOVE`): datasets D, D' differ by the presence of
-  one record. A sum of per-example values clipped to L2 norm C has L2 sensitivity C.
-* replace one (:attr:`Neighbouring.REPLACE_ONE`): datasets of the same size differ in the value
-  of one record. The same clipped sum has L2 sensitivity 2C.
+* add/remove one (:attr:`Neighbouring.ADD_REMOVE`): D, D' differ by the presence of one
+  record. The clipped sum has L2 sensitivity C.
+* zero-out (:attr:`Neighbouring.ZERO_OUT`; Kairouz, McMahan, Song, Thakkar, Thakurta, Xu 2021,
+  "Practical and Private (Deep) Learning without Sampling or Shuffling", Section 2): D and D'
+  have the same n record slots and D' equals D except that one record x is replaced by the
+  *null record* ⊥. Sampling and batching act on slots (⊥ occupies its place in a permutation or
+  a fixed-size sample), while every released query ignores ⊥: its clipped contribution is 0.
+  The clipped sum has L2 sensitivity ||clip(x)|| <= C.
+* replace one (:attr:`Neighbouring.REPLACE_ONE`): D, D' have the same size and differ in the
+  value of one record. The clipped sum has L2 sensitivity 2C.
 
-So for DP-SGD with clipping norm C and noise standard deviation s, ``Gaussian(s / C)``
-describes one step under add/remove, and ``Gaussian(s / (2 C))`` under replace-one.
+So for DP-SGD with clipping norm C and noise standard deviation s = sigma C, one step is
+``Gaussian(sigma)`` (= s / C) under add/remove and under zero-out, and ``Gaussian(sigma / 2)``
+(= s / (2 C)) under replace one. Zero-out is symmetric (the guarantee covers D against D' and
+D' against D); a zero-out pair is a replace-one pair whose new value is ⊥, so a replace-one
+guarantee (with its own multiplier, relative to 2C) also covers zero-out pairs.
+
+Which events are valid under which relation (``Event.neighbourings``)
+--------------------------------------------------------------------
+* ``Gaussian``, ``Laplace`` (unsampled): valid under every relation; their analysis needs only
+  the sensitivity under the relation, relative to which the noise is stated.
+* ``PoissonSampled``: add/remove and zero-out. Zero-out sketch: write D = R + {x} and
+  D' = R + {⊥}. Every slot is kept independently with probability q and the query ignores ⊥,
+  so M(D') has exactly the law of M(R): each zero-out pair (D, D') yields the pair of output
+  laws of the add/remove pair (D, R), and (D', D) that of (R, D). An add/remove guarantee
+  covers both orders, so it holds verbatim under zero-out: same privacy-loss distributions
+  (both the remove and the add direction), same Renyi curves. In that reduction the inner
+  event runs on a sample with x against the same sample without it, so the inner event is
+  analysed under add/remove (:attr:`Event.child_neighbouring`). Refused under replace one
+  (no Poisson replace-one analysis here).
+* ``SampledWithoutReplacement``: replace one only (Wang, Balle, Kasiviswanathan 2019). Under
+  zero-out use a replace-one accountant with the multiplier relative to 2C (a zero-out pair is
+  a replace-one pair), which this module does not do silently.
+* ``Shuffled`` (one epoch of random reshuffling): zero-out and replace one, never add/remove
+  (see :class:`Shuffled` for the proof sketch and the counterexample).
+* ``Composed``, ``Repeated``: valid under every relation; children under the same relation.
+
+An accountant stated under relation R accepts an event when R is in the ``neighbourings`` of
+the event and, recursively, of every sub-event under the relation its parent analyses it under
+(:func:`neighbouring_unsupported_reason`).
 
 Events are frozen dataclasses: hashable, comparable, and validated at construction, so an
 invalid event cannot exist. :func:`event_to_dict` / :func:`event_from_dict` give a stable,
@@ -24,7 +60,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import MISSING, dataclass, fields
-from typing import Any, ClassVar, Iterable
+from typing import Any, ClassVar, Iterable, Mapping
 
 from dpsharp._validation import require_count, require_positive_finite, require_probability
 
@@ -35,12 +71,14 @@ __all__ = [
     "Laplace",
     "Neighbouring",
     "PoissonSampled",
+    "RELATION_WORDS",
     "Repeated",
     "SampledWithoutReplacement",
     "Shuffled",
     "event_from_dict",
     "event_to_dict",
     "flatten",
+    "neighbouring_unsupported_reason",
     "required_neighbouring",
 ]
 
@@ -52,13 +90,54 @@ class Neighbouring(str, enum.Enum):
     """D and D' differ by adding or removing one record (the relation of Abadi et al. 2016)."""
     REPLACE_ONE = "replace_one"
     """D and D' have the same size and differ in one record (Wang, Balle, Kasiviswanathan 2019)."""
+    ZERO_OUT = "zero_out"
+    """D and D' have the same size and D' has one record replaced by the null record, whose
+    contribution to every released query is 0 (Kairouz et al. 2021, Section 2). A clipped sum
+    has sensitivity C under it, as under add/remove."""
+
+
+#: Plain-words statement of each relation, for privacy statements shown to users.
+RELATION_WORDS: dict[Neighbouring, str] = {
+    Neighbouring.ADD_REMOVE: (
+        "neighbouring datasets differ by adding or removing one record (add/remove-one)"
+    ),
+    Neighbouring.ZERO_OUT: (
+        "neighbouring datasets differ in one record being replaced by a zero (null) record "
+        "whose clipped contribution is 0 (zero-out, Kairouz et al. 2021); not an add/remove "
+        "guarantee"
+    ),
+    Neighbouring.REPLACE_ONE: (
+        "neighbouring datasets have the same size and differ in the value of one record "
+        "(replace-one)"
+    ),
+}
 
 
 class Event:
     """Base class of all events. Subclasses are frozen dataclasses."""
 
-    #: The relation this event's own analysis requires, or None if it is valid under both.
+    #: The relations this event's own analysis holds under, or None if it holds under every
+    #: relation. Where it is not None the first one is the relation the analysis was first
+    #: stated under (see :attr:`neighbouring`).
+    neighbourings: ClassVar[tuple[Neighbouring, ...] | None] = None
+    #: The relation of the first entry of :attr:`neighbourings` (None when unrestricted). Kept
+    #: for event classes written before :attr:`neighbourings`: a class that sets only this
+    #: attribute is valid under that one relation.
     neighbouring: ClassVar[Neighbouring | None] = None
+    #: The relation the children are analysed under, for each relation of this event that
+    #: changes it (a relation missing here analyses the children under the same relation).
+    child_neighbouring: ClassVar[Mapping[Neighbouring, Neighbouring]] = {}
+    #: Why the analysis does not hold under a relation, for a refusal that helps the user.
+    neighbouring_refusals: ClassVar[Mapping[Neighbouring, str]] = {}
+
+    @classmethod
+    def allowed_neighbourings(cls) -> tuple[Neighbouring, ...] | None:
+        """The relations this event's own analysis holds under (None: every relation)."""
+        if cls.neighbourings is not None:
+            return cls.neighbourings
+        if cls.neighbouring is not None:
+            return (cls.neighbouring,)
+        return None
 
     def children(self) -> tuple[Event, ...]:
         """The events nested directly inside this one."""
@@ -74,8 +153,9 @@ class Gaussian(Event):
     """The Gaussian mechanism: release f(D) + N(0, (noise_multiplier * Delta_2)^2 I).
 
     ``noise_multiplier`` = noise standard deviation / L2 sensitivity Delta_2 of f under the
-    neighbouring relation of the enclosing analysis (see the module docstring). Valid under
-    both relations. Its privacy-loss distribution is N(mu^2/2, mu^2) with mu = 1/noise_multiplier
+    neighbouring relation of the enclosing analysis (see the module docstring; for a sum clipped
+    to norm C that is C under add/remove and zero-out, 2C under replace one). Valid under every
+    relation. Its privacy-loss distribution is N(mu^2/2, mu^2) with mu = 1/noise_multiplier
     (Dong, Roth, Su 2019: it is mu-GDP); its Renyi divergence of order alpha is
     alpha / (2 noise_multiplier^2) (Mironov 2017).
     """
@@ -94,7 +174,7 @@ class Laplace(Event):
 
     ``scale`` = Laplace scale b / L1 sensitivity Delta_1 of f under the relation of the
     enclosing analysis. It is (1/scale, 0)-DP (Dwork, McSherry, Nissim, Smith 2006; the
-    "Tail of Two Densities" blog, 003). Valid under both relations.
+    "Tail of Two Densities" blog, 003). Valid under every relation.
     """
 
     scale: float
@@ -111,12 +191,31 @@ class PoissonSampled(Event):
     Analysed under add/remove one (Abadi et al. 2016; Mironov, Talwar, Zhang 2019; Bu et al.
     2020's ``min{f_p, f_p^-1}**``). The batch size is random with mean q * n; an empty sample
     is a valid outcome.
+
+    Also valid under zero-out, with the same numbers: with D = R + {x} and D' = R + {⊥}, each
+    slot is kept independently and every query ignores ⊥, so M(D') has the law of M(R), and
+    the zero-out pairs give exactly the add/remove pairs (D, R) and (R, D), both of which the
+    add/remove analysis covers (module docstring). The inner ``event`` is then analysed under
+    add/remove. Not valid under replace one.
     """
 
     event: Event
     sampling_probability: float
 
+    neighbourings: ClassVar[tuple[Neighbouring, ...] | None] = (
+        Neighbouring.ADD_REMOVE,
+        Neighbouring.ZERO_OUT,
+    )
     neighbouring: ClassVar[Neighbouring | None] = Neighbouring.ADD_REMOVE
+    child_neighbouring: ClassVar[Mapping[Neighbouring, Neighbouring]] = {
+        Neighbouring.ZERO_OUT: Neighbouring.ADD_REMOVE
+    }
+    neighbouring_refusals: ClassVar[Mapping[Neighbouring, str]] = {
+        Neighbouring.REPLACE_ONE: (
+            "Poisson sampling is analysed under add/remove one (and zero-out, where it gives "
+            "the same numbers); there is no replace-one analysis of it here"
+        ),
+    }
 
     def __post_init__(self) -> None:
         _require_event("event", self.event)
@@ -137,14 +236,28 @@ class SampledWithoutReplacement(Event):
 
     Analysed under replace one (the dataset size is public), as in Wang, Balle,
     Kasiviswanathan 2019, "Subsampled Renyi differential privacy and analytical moments
-    accountant". Sampling rate gamma = sample_size / dataset_size.
+    accountant". Sampling rate gamma = sample_size / dataset_size. Not accepted under
+    add/remove or zero-out: a zero-out pair is a replace-one pair, so account it under
+    replace one (noise multiplier relative to the replace-one sensitivity, 2C for a clipped sum).
     """
 
     event: Event
     sample_size: int
     dataset_size: int
 
+    neighbourings: ClassVar[tuple[Neighbouring, ...] | None] = (Neighbouring.REPLACE_ONE,)
     neighbouring: ClassVar[Neighbouring | None] = Neighbouring.REPLACE_ONE
+    neighbouring_refusals: ClassVar[Mapping[Neighbouring, str]] = {
+        Neighbouring.ADD_REMOVE: (
+            "sampling a fixed number of records without replacement is analysed under replace "
+            "one (the dataset size is public)"
+        ),
+        Neighbouring.ZERO_OUT: (
+            "sampling without replacement is analysed under replace one only; a zero-out pair "
+            "is a replace-one pair, so account it with neighbouring='replace_one' and the noise "
+            "multiplier relative to the replace-one sensitivity (sigma / 2 for a clipped sum)"
+        ),
+    }
 
     def __post_init__(self) -> None:
         _require_event("event", self.event)
@@ -170,15 +283,49 @@ class Shuffled(Event):
     """One epoch of random reshuffling: the records are permuted uniformly at random and cut
     into ceil(dataset_size / batch_size) disjoint batches; ``event`` runs once on each batch.
 
-    Every record lands in exactly one batch, so by parallel composition the epoch costs what one
-    batch costs (Yu et al. 2019, Theorem 2: the max rho over the disjoint batches). Valid under
-    both relations: with the noise stated relative to the relation's sensitivity, a neighbouring
-    record changes one batch only.
+    Valid under zero-out and replace one, where it costs what one run of ``event`` costs (Yu et
+    al. 2019, Theorem 2, parallel composition; the max rho over the disjoint batches). Proof
+    sketch: D and D' have the same n slots and differ in slot i only (x against ⊥, or x against
+    x'). Couple the two runs with the same permutation pi. Given pi, the batches without slot i
+    are identical and independent of the one batch that holds it, on which ``event`` runs on a
+    pair of batches that are neighbours under the same relation. So, given pi, the divergence
+    (hockey-stick at every epsilon, Renyi at every order) is at most that of one run of
+    ``event``; the epoch's output laws are the mixtures over pi with the same weights, and these
+    divergences are jointly convex (quasi-convex for Renyi), so the epoch's is at most the same.
+    For DP-SGD with noise standard deviation sigma C the epoch is ``Shuffled(Gaussian(sigma))``
+    under zero-out (sensitivity C) and ``Shuffled(Gaussian(sigma / 2))`` under replace one
+    (sensitivity 2C).
+
+    **Not valid under add/remove one**, and refused there: adding a record shifts every record
+    after it in the permutation by one slot, across batch boundaries (and can add a batch), so
+    the batches are not a data-independent partition and several batches change. Exactly: for
+    clipped scalars D = {1, 1, 1}, D' = D + {-1}, batch size 2 and noise standard deviation 1
+    on each batch sum, one epoch has delta(3) ~ 0.092, while ``Gaussian(1)`` promises 0.0015
+    (tests/test_soundness_sampling.py). Use Poisson sampling for an add/remove guarantee.
     """
 
     event: Event
     batch_size: int
     dataset_size: int
+
+    neighbourings: ClassVar[tuple[Neighbouring, ...] | None] = (
+        Neighbouring.ZERO_OUT,
+        Neighbouring.REPLACE_ONE,
+    )
+    neighbouring: ClassVar[Neighbouring | None] = Neighbouring.ZERO_OUT
+    neighbouring_refusals: ClassVar[Mapping[Neighbouring, str]] = {
+        Neighbouring.ADD_REMOVE: (
+            "random reshuffling has no add/remove-one guarantee: cutting a random permutation "
+            "into fixed-size batches is not a data-independent partition, since adding a record "
+            "shifts the records after it across batch boundaries (and can add a batch), so one "
+            "added record changes several batches. Alternatives: Poisson sampling "
+            "(PoissonSampled, a Poisson data loader) for an add/remove guarantee, or an "
+            "accountant with neighbouring='zero_out' (a record replaced by a null record; the "
+            "same noise multiplier, since a clipped sum has sensitivity C) or "
+            "neighbouring='replace_one' (sensitivity 2C: Shuffled(Gaussian(sigma / 2)) for "
+            "noise standard deviation sigma C)"
+        ),
+    }
 
     def __post_init__(self) -> None:
         _require_event("event", self.event)
@@ -266,16 +413,59 @@ def _accumulate_leaves(event: Event, count: int, totals: dict[Event, int]) -> No
         totals[event] = totals.get(event, 0) + count
 
 
+def neighbouring_unsupported_reason(
+    event: Event, relation: Neighbouring | str, *, analyser: str = "this analysis"
+) -> str | None:
+    """None if every sub-event of ``event`` is valid under ``relation``, else a sentence naming
+    the first sub-event that is not, why, and what to do instead.
+
+    A sub-event is checked under the relation its parent analyses it under
+    (:attr:`Event.child_neighbouring`; e.g. the inner event of a Poisson-sampled step under
+    zero-out is analysed under add/remove). ``analyser`` names the accountant in the sentence.
+    """
+    _require_event("event", event)
+    outer = Neighbouring(relation)
+    stack: list[tuple[Event, Neighbouring, Event | None]] = [(event, outer, None)]
+    while stack:
+        current, current_relation, parent = stack.pop()
+        allowed = current.allowed_neighbourings()
+        if allowed is not None and current_relation not in allowed:
+            names = " or ".join(repr(r.value) for r in allowed)
+            where = ""
+            if parent is not None and current_relation is not outer:
+                where = (
+                    f" (inside {parent!r}, whose {outer.value} analysis runs it under "
+                    f"{current_relation.value})"
+                )
+            explanation = type(current).neighbouring_refusals.get(current_relation)
+            sentence = (
+                f"{current!r} is analysed under the {names} relation{where}, but {analyser} "
+                f"states guarantees under {outer.value}"
+            )
+            if explanation is not None:
+                sentence += f": {explanation}"
+            if current_relation is outer:
+                sentence += f"; create the accountant with neighbouring={allowed[0].value!r}"
+            return sentence
+        inner_relation = type(current).child_neighbouring.get(current_relation, current_relation)
+        stack.extend((child, inner_relation, current) for child in reversed(current.children()))
+    return None
+
+
 def required_neighbouring(event: Event) -> dict[Neighbouring, Event]:
-    """The relations that sub-events of ``event`` require, each with the first sub-event that
-    requires it. An accountant stated under relation R refuses an event whose requirements
-    contain a relation other than R."""
+    """The relations that restricted sub-events of ``event`` were first analysed under (the
+    first entry of their :attr:`Event.neighbourings`), each with the first such sub-event.
+
+    Kept for compatibility: an event can be valid under several relations (``Shuffled`` under
+    zero-out and replace one, ``PoissonSampled`` under add/remove and zero-out), which this
+    summary cannot express; accountants use :func:`neighbouring_unsupported_reason`."""
     found: dict[Neighbouring, Event] = {}
     stack = [event]
     while stack:
         current = stack.pop()
-        if current.neighbouring is not None and current.neighbouring not in found:
-            found[current.neighbouring] = current
+        allowed = current.allowed_neighbourings()
+        if allowed is not None and allowed[0] not in found:
+            found[allowed[0]] = current
         stack.extend(reversed(current.children()))
     return found
 

@@ -116,6 +116,11 @@ class DisjointParts(_OfEvents):
     dataset changes one part only; the parts may run adaptively in order. The cost is the
     maximum over the parts, at every Renyi order (and the max rho under zCDP: Yu et al. 2019,
     004, Theorem 2; the max epsilon and max delta under (epsilon, delta)-DP).
+
+    Under replace one and zero-out (dpsharp.events) the record that replaces x takes x's
+    place, so the part must be a function of that place (a record id, an independent random
+    assignment), not of the record's value: then one part changes, by a pair of the same
+    relation, and the parts are analysed under it.
     """
 
 

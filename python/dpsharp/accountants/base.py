@@ -12,10 +12,12 @@ An accountant turns the events a run performed into a privacy guarantee. The con
 * ``epsilon(delta)`` and ``delta(epsilon)`` return floats; ``guarantee(delta)`` returns a
   :class:`PrivacyGuarantee` that also says whether the number is a certified bound or an
   approximation, and carries family-specific details (the RDP order, the GDP mu, bounds).
-* Each accountant states its guarantees under one neighbouring relation, fixed at
-  construction. An event whose analysis needs the other relation (e.g. Poisson sampling, an
-  add/remove analysis, inside a replace-one accountant) is refused with
-  :class:`UnsupportedEventError`, never silently mis-accounted.
+* Each accountant states its guarantees under one neighbouring relation (add/remove, zero-out
+  or replace one; :class:`dpsharp.events.Neighbouring`), fixed at construction. An event
+  whose analysis does not hold under it (e.g. Poisson sampling, an add/remove and zero-out
+  analysis, inside a replace-one accountant; a reshuffled epoch inside an add/remove one) is
+  refused with :class:`UnsupportedEventError` saying why, never silently mis-accounted
+  (:func:`dpsharp.events.neighbouring_unsupported_reason`).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from dpsharp.events import (
     event_from_dict,
     event_to_dict,
     flatten,
-    required_neighbouring,
+    neighbouring_unsupported_reason,
 )
 
 __all__ = ["Accountant", "PrivacyGuarantee", "UnsupportedEventError"]
@@ -165,13 +167,11 @@ class Accountant(abc.ABC):
 
     def _unsupported_reason(self, event: Event, leaves: list[tuple[Event, int]]) -> str | None:
         """:meth:`unsupported_reason` given ``flatten(event)`` (up to the counts)."""
-        for relation, sub_event in required_neighbouring(event).items():
-            if relation is not self._neighbouring:
-                return (
-                    f"{sub_event!r} is analysed under the {relation.value} relation, but this "
-                    f"{type(self).__name__} states guarantees under {self._neighbouring.value}; "
-                    f"create the accountant with neighbouring={relation.value!r}"
-                )
+        relation_reason = neighbouring_unsupported_reason(
+            event, self._neighbouring, analyser=f"this {type(self).__name__}"
+        )
+        if relation_reason is not None:
+            return relation_reason
         for leaf, _ in leaves:
             reason = self._leaf_unsupported_reason(leaf)
             if reason is not None:

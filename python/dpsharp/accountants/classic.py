@@ -12,7 +12,8 @@ How events become per-step (epsilon_t, delta_t) guarantees
 * ``PoissonSampled(M, q)`` with M Gaussian or Laplace: M's (eps_0, delta_0) amplified to
   (log(1 + q (e^eps_0 - 1)), q delta_0).
 * ``Shuffled(M, ...)``: one epoch of disjoint batches costs what one run of M costs (parallel
-  composition, McSherry 2009), i.e. M's (eps_0, delta_0) once per epoch.
+  composition, McSherry 2009), i.e. M's (eps_0, delta_0) once per epoch; under zero-out or
+  replace one only (:class:`dpsharp.events.Shuffled`).
 
 The per-step delta split
 ------------------------

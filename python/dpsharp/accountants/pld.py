@@ -138,7 +138,10 @@ class PLDAccountant(Accountant):
         :meth:`epsilon_bounds` refines h until the gap is met or the FFT size limit is reached,
         and then returns the wider honest bracket.
     neighbouring
-        The relation every guarantee is stated under (``"add_remove"`` or ``"replace_one"``).
+        The relation every guarantee is stated under (``"add_remove"``, ``"zero_out"`` or
+        ``"replace_one"``; see :mod:`dpsharp.events`). Reshuffled epochs (``Shuffled``) need
+        zero-out or replace one; Poisson steps give the same numbers under add/remove and
+        zero-out.
 
     Notes
     -----

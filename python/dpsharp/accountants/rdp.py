@@ -87,7 +87,8 @@ class RDPAccountant(Accountant):
         (eps = D_alpha + log(1/delta)/(alpha - 1)); see :func:`dpsharp.rdp.epsilon_from_rdp`.
     neighbouring
         The relation guarantees are stated under. Poisson sampling needs add/remove one
-        (the default); sampling without replacement needs replace one.
+        (the default) or zero-out (same numbers); sampling without replacement needs replace
+        one.
 
     Supported events: Gaussian, Laplace, PoissonSampled(Gaussian), SampledWithoutReplacement
     (Gaussian), and any Composed / Repeated of them; heterogeneous steps compose by summing.

@@ -16,7 +16,9 @@ reports the smaller; both are valid):
 Batching (Yu, Liu, Pu, Gursoy, Truex 2019, seeds/004, Section IV-B):
 
 * random reshuffling (Theorem 2): the batches of an epoch are disjoint, so an epoch of
-  rho-zCDP steps costs max_i rho_i; epochs add. Described by the ``Shuffled`` event.
+  rho-zCDP steps costs max_i rho_i; epochs add. Described by the ``Shuffled`` event, which
+  holds under zero-out (a record replaced by a null record, Kairouz et al. 2021) and replace
+  one, not under add/remove (adding a record shifts the others across batch boundaries).
 * random sampling (Theorem 3): the sampled Gaussian is assumed to satisfy
   D_alpha <= alpha P(q, sigma) with P = q^2 / sigma^2 on 1 < alpha <= U = sigma^2 log(1/(q sigma)) + 1,
   for q <= 1/(16 sigma). The paper itself states that this P was found empirically (it "misses
@@ -218,7 +220,10 @@ class ZCDPAccountant(Accountant):
 
         * ``"reshuffle"`` (random reshuffling, Theorem 2): ``Shuffled(event, batch_size,
           dataset_size)`` is one epoch and costs the rho of ``event`` (the max over its
-          disjoint batches); ``Gaussian`` and ``Laplace`` cost their own rho. Every result is a
+          disjoint batches), under ``neighbouring="zero_out"`` (same sigma) or
+          ``"replace_one"``; reshuffling has no add/remove guarantee, so an add/remove
+          accountant refuses it (:class:`dpsharp.events.Shuffled`); ``Gaussian`` and
+          ``Laplace`` cost their own rho. Every result is a
           certified bound. ``PoissonSampled`` events are refused: a Poisson loader is not a
           reshuffling loader (RELIABILITY.md item 15); use ``batching="sample"``.
         * ``"sample"`` (random sampling with replacement, Theorem 3): additionally accepts

@@ -9,8 +9,13 @@ whose sampling is stated, not guessed from ``len(loader)``:
   ``PoissonSampled(Gaussian(sigma), q)`` under add/remove one.
 * :class:`ShuffledDataLoader` -- random reshuffling: each epoch a uniform permutation cut into
   ceil(n / b) disjoint batches (Yu et al. 2019, section IV). One *epoch* is
-  ``Shuffled(Gaussian(sigma), b, n)``; by parallel composition (their Theorem 2) a partial epoch
-  costs no more than a full one, so the engine charges it at the epoch's first release.
+  ``Shuffled(Gaussian(sigma), b, n)`` under **zero-out** (Kairouz et al. 2021: neighbouring
+  datasets differ in one record being replaced by a null record whose clipped contribution is
+  0; the clipped sum has sensitivity C, so the numbers are those of the same sigma under
+  add/remove, but the guarantee is not an add/remove one: adding a record shifts the others
+  across batch boundaries, see :class:`dpsharp.events.Shuffled`). By parallel composition
+  (Yu et al., Theorem 2) a partial epoch costs no more than a full one, so the engine charges
+  it at the epoch's first release.
 * :class:`WithoutReplacementDataLoader` -- every logical batch is an independent uniform subset
   of exactly b records (Wang, Balle, Kasiviswanathan 2019). One step is
   ``SampledWithoutReplacement(Gaussian(sigma / 2), b, n)``: that analysis is stated under
@@ -34,9 +39,11 @@ import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset, default_collate
 
 from dpsharp._validation import require_count, require_positive_finite, require_probability
+from dpsharp._dpsgd import NEIGHBOURING_FACTORS, resolve_neighbouring
 from dpsharp.events import (
     Event,
     Gaussian,
+    RELATION_WORDS,
     Neighbouring,
     PoissonSampled,
     SampledWithoutReplacement,
@@ -51,17 +58,43 @@ __all__ = [
     "WithoutReplacementDataLoader",
     "from_dataloader",
     "sampling_event",
+    "sampling_neighbouring",
 ]
 
-#: The sampling schemes a loader can have, with the neighbouring relation of their analysis and
-#: the unit one event is charged per.
+#: The sampling schemes a loader can have, with the neighbouring relation their accounting is
+#: stated under by default and the unit one event is charged per. Reshuffling is accounted under
+#: zero-out: it has no add/remove-one guarantee (:class:`dpsharp.events.Shuffled`).
 SAMPLINGS: dict[str, tuple[Neighbouring, str]] = {
     "poisson": (Neighbouring.ADD_REMOVE, "step"),
-    "shuffle": (Neighbouring.ADD_REMOVE, "epoch"),
+    "shuffle": (Neighbouring.ZERO_OUT, "epoch"),
     "without_replacement": (Neighbouring.REPLACE_ONE, "step"),
 }
 
+#: The scheme names of :mod:`dpsharp._dpsgd` (which holds the relations each sampling can be
+#: accounted under) for the loaders' sampling names.
+_SCHEMES: dict[str, str] = {
+    "poisson": "poisson",
+    "shuffle": "shuffle",
+    "without_replacement": "fixed",
+}
+
 _STATE_FORMAT = 1
+
+
+def sampling_neighbouring(
+    sampling: str, neighbouring: Neighbouring | str | None = None
+) -> Neighbouring:
+    """The relation ``sampling`` is accounted under: ``neighbouring`` if its analysis holds
+    there, the default of :data:`SAMPLINGS` if ``neighbouring`` is None.
+
+    Raises :class:`dpsharp.accountants.base.UnsupportedEventError` (a ValueError) for a relation
+    the sampling's analysis does not hold under, saying why: e.g. reshuffling under add/remove
+    one, which has no such guarantee (use Poisson sampling, or zero-out / replace-one).
+    """
+    if sampling not in SAMPLINGS:
+        valid = ", ".join(map(repr, SAMPLINGS))
+        raise ValueError(f"sampling must be one of {valid}, got {sampling!r}")
+    return resolve_neighbouring(_SCHEMES[sampling], neighbouring)
 
 
 def sampling_event(
@@ -71,30 +104,36 @@ def sampling_event(
     dataset_size: int,
     sample_rate: float | None = None,
     batch_size: int | None = None,
+    neighbouring: Neighbouring | str | None = None,
 ) -> Event:
-    """The event of one accounting unit of a DP-SGD run with the given sampling.
+    """The event of one accounting unit of a DP-SGD run with the given sampling, stated under
+    ``neighbouring`` (default: the sampling's relation in :data:`SAMPLINGS`).
 
     ``noise_multiplier`` = sigma = noise std / C, where C bounds each example's clipped
-    gradient, so the clipped sum has sensitivity C under add/remove and 2C under replace-one.
+    gradient, so the clipped sum has sensitivity C under add/remove and zero-out and 2C under
+    replace one (see :mod:`dpsharp.events`).
 
-    * ``"poisson"``: one step, ``PoissonSampled(Gaussian(sigma), sample_rate)``.
-    * ``"shuffle"``: one epoch, ``Shuffled(Gaussian(sigma), batch_size, dataset_size)``.
-    * ``"without_replacement"``: one step,
+    * ``"poisson"`` (add/remove, or zero-out with the same numbers): one step,
+      ``PoissonSampled(Gaussian(sigma), sample_rate)``.
+    * ``"shuffle"``: one epoch, ``Shuffled(Gaussian(sigma), batch_size, dataset_size)`` under
+      zero-out (the default), ``Shuffled(Gaussian(sigma / 2), ...)`` under replace one;
+      refused under add/remove (:func:`sampling_neighbouring` says why).
+    * ``"without_replacement"`` (replace one): one step,
       ``SampledWithoutReplacement(Gaussian(sigma / 2), batch_size, dataset_size)``.
     """
     sigma = require_positive_finite("noise_multiplier", noise_multiplier)
     size = require_count("dataset_size", dataset_size, minimum=1)
+    relation = sampling_neighbouring(sampling, neighbouring)
+    inner = Gaussian(sigma * NEIGHBOURING_FACTORS[_SCHEMES[sampling]][relation])
     if sampling == "poisson":
         if sample_rate is None:
             raise ValueError("sample_rate is required for Poisson sampling")
-        return PoissonSampled(Gaussian(sigma), require_probability("sample_rate", sample_rate))
-    if sampling not in SAMPLINGS:
-        raise ValueError(f"sampling must be one of {', '.join(map(repr, SAMPLINGS))}, got {sampling!r}")
+        return PoissonSampled(inner, require_probability("sample_rate", sample_rate))
     if batch_size is None:
         raise ValueError(f"batch_size is required for {sampling!r} sampling")
     if sampling == "shuffle":
-        return Shuffled(Gaussian(sigma), batch_size, size)
-    return SampledWithoutReplacement(Gaussian(sigma / 2.0), batch_size, size)
+        return Shuffled(inner, batch_size, size)
+    return SampledWithoutReplacement(inner, batch_size, size)
 
 
 # ---------------------------------------------------------------------------------- randomness
@@ -210,8 +249,13 @@ class DPDataLoader:
     # ----------------------------------------------------------------- what the loader is
     @property
     def neighbouring(self) -> Neighbouring:
-        """The neighbouring relation this sampling's analysis is stated under."""
+        """The neighbouring relation this sampling's accounting is stated under."""
         return SAMPLINGS[self.sampling][0]
+
+    @property
+    def guarantee_relation(self) -> str:
+        """:attr:`neighbouring` in plain words, for privacy statements."""
+        return RELATION_WORDS[self.neighbouring]
 
     @property
     def accounting_unit(self) -> str:
@@ -483,9 +527,15 @@ class ShuffledDataLoader(_FixedSizeLoader):
     into ceil(n / batch_size) consecutive batches (the last may be smaller), so every record
     is used exactly once per epoch.
 
-    Event per *epoch*: ``Shuffled(Gaussian(sigma), batch_size, n)`` -- the batches are
-    disjoint, so the epoch costs what one batch costs (Yu et al. 2019, Theorem 2). The
-    normaliser of the noisy sum is ``batch_size`` for every batch, the last included.
+    Event per *epoch*: ``Shuffled(Gaussian(sigma), batch_size, n)`` under zero-out
+    (:attr:`neighbouring`): neighbouring datasets differ in one record being replaced by a zero
+    (null) record whose clipped contribution is 0 (Kairouz et al. 2021). Under it the batches
+    are disjoint and fixed by the permutation alone, so the epoch costs what one batch costs
+    (Yu et al. 2019, Theorem 2), with the clipped sum's sensitivity C: the same numbers as the
+    same sigma under add/remove. It is **not** an add/remove-one guarantee (adding a record
+    shifts the others across batch boundaries; :class:`dpsharp.events.Shuffled`): for that, use
+    :class:`PoissonDataLoader`. The normaliser of the noisy sum is ``batch_size`` for every
+    batch, the last included.
     """
 
     sampling = "shuffle"

@@ -4,8 +4,11 @@
 (with per-example clipping installed), a :class:`~dpsharp.torch.DPOptimizer` and a
 :class:`~dpsharp.torch.data.DPDataLoader`. Every noisy release composes, into the accountant, the
 event the loader's sampling implies (:func:`dpsharp.torch.data.sampling_event`):
-``PoissonSampled(Gaussian(sigma), q)`` per step, ``SampledWithoutReplacement(Gaussian(sigma/2),
-b, n)`` per step (replace-one), or ``Shuffled(Gaussian(sigma), b, n)`` once per epoch.
+``PoissonSampled(Gaussian(sigma), q)`` per step (add/remove), ``SampledWithoutReplacement(
+Gaussian(sigma/2), b, n)`` per step (replace-one), or ``Shuffled(Gaussian(sigma), b, n)`` once
+per epoch (zero-out: a record replaced by a null record whose clipped contribution is 0; random
+reshuffling has no add/remove guarantee). :attr:`PrivacyReport.guarantee` states the relation in
+words.
 
 Budgets (Abadi et al. 2016, Algorithm "while within_limit(eps, delta)"; Yu et al. 2019: "the
 training is terminated when the privacy budget runs out"): with ``budget=PrivacyBudget(eps,
@@ -93,8 +96,14 @@ from dpsharp._validation import require_count, require_delta, require_epsilon, r
 from dpsharp.accountants import Accountant, available
 from dpsharp.accountants import accountant as make_accountant
 from dpsharp.accountants.registry import _REGISTRY
-from dpsharp.events import Event, Neighbouring, event_from_dict, event_to_dict
-from dpsharp.torch.data import SAMPLINGS, DPDataLoader, from_dataloader, sampling_event
+from dpsharp.events import RELATION_WORDS, Event, Neighbouring, event_from_dict, event_to_dict
+from dpsharp.torch.data import (
+    SAMPLINGS,
+    DPDataLoader,
+    from_dataloader,
+    sampling_event,
+    sampling_neighbouring,
+)
 from dpsharp.torch.optimizer import BudgetExhausted, DPOptimizer, _require_max_grad_norm
 
 __all__ = ["BudgetExhausted", "PrivacyBudget", "PrivacyEngine", "PrivacyReport"]
@@ -147,6 +156,8 @@ class PrivacyReport:
     certified: bool = False
     warning: str | None = None
     honest_certified: bool | None = None
+    #: The neighbouring relation ``epsilon`` is stated under, in plain words.
+    guarantee: str | None = None
 
 
 def _new_accountant(name: str, neighbouring: Neighbouring, options: Mapping[str, Any]) -> Accountant:
@@ -177,7 +188,20 @@ class _Ledger:
         self.name = name
         self.accounting = accounting
         self.options = dict(options)
-        self.neighbouring = SAMPLINGS[accounting][0]
+        # The relation of the sampling's accounting (zero-out for reshuffling); a relation asked
+        # for in the options must give the same event (e.g. zero-out for Poisson sampling), and
+        # add/remove for reshuffling is refused with the reason (dpsharp.events.Shuffled).
+        default = SAMPLINGS[accounting][0]
+        requested = sampling_neighbouring(accounting, self.options.pop("neighbouring", None))
+        if requested is not default and sampling_event(
+            accounting, 1.0, dataset_size=2, sample_rate=0.5, batch_size=1, neighbouring=requested
+        ) != sampling_event(accounting, 1.0, dataset_size=2, sample_rate=0.5, batch_size=1):
+            raise ValueError(
+                f"the engine accounts {accounting!r} sampling under {default.value}; "
+                f"neighbouring={requested.value!r} changes its event, so compose the events "
+                "into an accountant yourself (dpsharp.torch.data.sampling_event)"
+            )
+        self.neighbouring = requested
         self.accountant = self._fresh()
         self.last_epoch_charge: tuple[int, float] | None = None  # (epoch, sigma), "epoch" units
         self.non_private_releases = 0
@@ -215,6 +239,16 @@ class _Ledger:
             )
         accountant = self._fresh()
         accountant_state = dict(state["accountant"])
+        if (
+            self.neighbouring is Neighbouring.ZERO_OUT
+            and accountant_state.get("neighbouring") == Neighbouring.ADD_REMOVE.value
+        ):
+            # A reshuffling checkpoint from before zero-out accounting: its events were stated
+            # with the sensitivity C of the clipped sum, which is also its zero-out sensitivity,
+            # and every event valid under add/remove is valid under zero-out with the same
+            # numbers (dpsharp.events), so the ledger is restated under zero-out, not trusted
+            # as an add/remove guarantee it never was.
+            accountant_state["neighbouring"] = Neighbouring.ZERO_OUT.value
         accountant.load_state_dict(accountant_state)
         charge = state["last_epoch_charge"]
         last = None if charge is None else (require_count("last_epoch_charge[0]", charge[0]),
@@ -849,14 +883,12 @@ class PrivacyEngine:
         delta = require_delta(self.delta if delta is None else delta)
         epsilon, certified, warning = self._statement(ledger, delta)
         notes: list[str] = []
-        if self._adaptive and not ledger.accountant.is_empty:
+        if self._adaptive:
             reading = epsilon
             budget = self.budget
             kind = _filter_of(ledger.accountant)
-            # The filter's guarantee covers the ledger only while it satisfies the filter (an
-            # event composed by hand can take it past).
             if (budget is not None and kind is not None and delta >= budget.delta
-                    and not ledger.non_private_releases and self._fits(ledger.accountant)):
+                    and not ledger.non_private_releases):
                 epsilon = budget.epsilon
                 notes.append(
                     f"the noise multiplier was chosen adaptively ({self._adaptive_reason}); the "
@@ -902,6 +934,7 @@ class PrivacyEngine:
             certified=certified,
             warning=warning,
             honest_certified=honest_certified,
+            guarantee=RELATION_WORDS[ledger.neighbouring],
         )
 
     def within_budget(self) -> bool:

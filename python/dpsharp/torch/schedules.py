@@ -520,6 +520,20 @@ def _new_accountant(name: str, options: dict[str, Any] | None) -> Any:
     return make(name, **(options or {}))
 
 
+def _relation_options(
+    options: dict[str, Any] | None, event_options: dict[str, Any]
+) -> dict[str, Any]:
+    """The accountant options for events built from ``event_options``: reshuffled epochs
+    (``batch_size`` / ``dataset_size``) are accounted under zero-out unless the options name a
+    relation (add/remove is refused by the accountant: dpsharp.events.Shuffled)."""
+    result = dict(options or {})
+    if ("batch_size" in event_options or "dataset_size" in event_options) and (
+        "neighbouring" not in result
+    ):
+        result["neighbouring"] = "zero_out"
+    return result
+
+
 def schedule_events(
     schedule: NoiseSchedule | Sequence[float] | np.ndarray,
     length: int,
@@ -535,7 +549,10 @@ def schedule_events(
       ``PoissonSampled(Gaussian(sigma), q)``; for an epoch schedule each epoch is
       ``steps_per_epoch`` such steps with that epoch's sigma.
     * Random reshuffling (``batch_size`` and ``dataset_size``; epoch schedules only): each epoch
-      is ``Shuffled(Gaussian(sigma_t), batch_size, dataset_size)`` (Yu et al. 2019, Theorem 2).
+      is ``Shuffled(Gaussian(sigma_t), batch_size, dataset_size)`` (Yu et al. 2019, Theorem 2),
+      valid under zero-out (same sigma) or replace one, never add/remove
+      (:class:`dpsharp.events.Shuffled`); :func:`count_within_budget` and
+      :func:`calibrate_schedule` account it under zero-out unless told otherwise.
 
     Consecutive equal sigmas are grouped with :class:`Repeated` (several groups in a
     :class:`Composed`); the multiset of leaves is exactly one event per step (or epoch).
@@ -635,7 +652,7 @@ def count_within_budget(
         raise ValueError(  # noqa: TRY004 - a valid schedule, but not one known in advance
             "schedule: a ValidationBased schedule is decided online; run it in the engine"
         )
-    acc = _new_accountant(accountant, accountant_options)
+    acc = _new_accountant(accountant, _relation_options(accountant_options, event_options))
     for t in range(max_count):
         sigma = schedule(t)
         event = schedule_events(Constant(sigma, unit=schedule.unit), 1, **event_options)
@@ -711,7 +728,7 @@ def calibrate_schedule(
     event_options = {k: v for k, v in event_options.items() if v is not None}
 
     def spent(p: float) -> float:
-        acc = _new_accountant(accountant, accountant_options)
+        acc = _new_accountant(accountant, _relation_options(accountant_options, event_options))
         acc.compose(schedule_events(family(p), length, **event_options))
         return _spent(acc, rho=rho, delta=delta)
 
