@@ -883,12 +883,14 @@ class PrivacyEngine:
         delta = require_delta(self.delta if delta is None else delta)
         epsilon, certified, warning = self._statement(ledger, delta)
         notes: list[str] = []
-        if self._adaptive:
+        if self._adaptive and not ledger.accountant.is_empty:
             reading = epsilon
             budget = self.budget
             kind = _filter_of(ledger.accountant)
+            # The filter's guarantee covers the ledger only while it satisfies the filter (an
+            # event composed by hand can take it past).
             if (budget is not None and kind is not None and delta >= budget.delta
-                    and not ledger.non_private_releases):
+                    and not ledger.non_private_releases and self._fits(ledger.accountant)):
                 epsilon = budget.epsilon
                 notes.append(
                     f"the noise multiplier was chosen adaptively ({self._adaptive_reason}); the "
