@@ -290,14 +290,15 @@ def test_curve_plot_holds_tradeoff_curves(tmp_path: Path, capsys: pytest.Capture
     alphas = np.asarray(document["curves"]["alpha"])
     assert document["gdp_mu_certified"] == pld.gdp_mu()
     assert np.array_equal(document["curves"]["pld"], pld.tradeoff(alphas))
-    assert np.allclose(document["curves"]["gdp_certified"],
-                       tradeoff.gaussian_tradeoff(alphas, pld.gdp_mu()), rtol=0, atol=1e-15)
-    # the certified G_mu lies below the composition's curve (that is what mu-GDP means)
-    assert np.all(np.asarray(document["curves"]["gdp_certified"]) <= np.asarray(document["curves"]["pld"]) + 1e-9)
+    # a subsampled run is mu-GDP only for mu >= sqrt(T)/sigma: that G_mu is not drawn
+    assert document["gdp_mu_certified"] == pytest.approx(math.sqrt(run.count) / 1.1, rel=1e-12)
+    assert document["gdp_mu_informative"] is False and "gdp_certified" not in document["curves"]
+    assert np.allclose(document["curves"]["gdp_clt"],
+                       tradeoff.gaussian_tradeoff(alphas, document["gdp_mu_clt"]), rtol=0, atol=1e-15)
     data = tradeoff_data(run, 1e-5, alphas)
     from dpsharp import plots
 
-    figure = plots.tradeoff_curves({"pld": data["pld"], "g": data["gdp_certified"]}, alphas=alphas)
+    figure = plots.tradeoff_curves({"pld": data["pld"], "g": data["gdp_clt"]}, alphas=alphas)
     lines = {line.get_gid(): line for line in figure.axes[0].get_lines()}
     assert np.array_equal(lines["pld"].get_ydata(), pld.tradeoff(alphas))
     assert np.array_equal(lines["pld"].get_xdata(), alphas)

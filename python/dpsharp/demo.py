@@ -13,7 +13,9 @@ post-processing), and a :class:`dpsharp.torch.PrivacyBudget` that would stop tra
 step exceeded it. After training the run is restated by every registered accountant (the
 statement of ``dpsharp epsilon``), and two figures are written: epsilon against epochs per
 accountant, and the trade-off curve of the final model's guarantee against G_mu (Dong, Roth,
-Su 2019).
+Su 2019): the central-limit mu (an approximation), and the tight accountant's certified mu only
+where it says something (``dpsharp._report.gdp_mu_is_informative``: a Poisson-subsampled run is
+mu-GDP only for mu >= sqrt(T)/sigma, and the figure says so instead of drawing that G_mu).
 """
 
 from __future__ import annotations

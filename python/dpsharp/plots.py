@@ -104,6 +104,7 @@ def tradeoff_curves(
     *,
     alphas: Any,
     title: str | None = None,
+    note: str | None = None,
     path: str | Path | None = None,
 ) -> Figure:
     """Trade-off curves beta = f(alpha) (type II against type I error, Dong, Roth, Su 2019).
@@ -112,9 +113,12 @@ def tradeoff_curves(
     ----------
     curves
         label -> beta values at ``alphas`` (e.g. the composition's certified curve,
-        G_mu for the certified and the CLT mu, f_{eps,delta}).
+        G_mu for the certified mu where it is informative and the CLT mu, f_{eps,delta}).
+        A label should say what its curve is (certified bound or approximation).
     alphas
         Type I errors in [0, 1].
+    note
+        Optional text drawn under the axes (e.g. why a curve is left out).
 
     Returns
     -------
@@ -142,5 +146,9 @@ def tradeoff_curves(
     axes.set_title(title or "trade-off curve of the composition")
     axes.grid(True, alpha=0.3)
     axes.legend(fontsize="small")
+    if note:
+        figure.text(0.5, 0.005, note, ha="center", va="bottom", fontsize="x-small", color="0.3",
+                    gid="note", wrap=True)
+        figure.get_layout_engine().set(rect=(0.0, 0.06, 1.0, 0.94))
     _save(figure, path)
     return figure

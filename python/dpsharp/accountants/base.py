@@ -180,9 +180,10 @@ class Accountant(abc.ABC):
 
     # ------------------------------------------------------------------ queries
     def epsilon(self, delta: float) -> float:
-        """The smallest epsilon this accountant can prove (or estimate, where
-        ``guarantee(delta).certified`` is False) for the composition at ``delta`` in (0, 1).
-        0.0 when nothing was composed."""
+        """The epsilon this accountant proves for the composition at ``delta`` in (0, 1) (an
+        estimate where ``guarantee(delta).certified`` is False): the same float as
+        ``guarantee(delta).epsilon``, whichever entry point asks. 0.0 when nothing was
+        composed."""
         delta = require_delta(delta)
         if self.is_empty:
             return 0.0
