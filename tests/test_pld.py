@@ -94,9 +94,41 @@ def test_laplace_pure_dp_bounds() -> None:
         lower, upper = acc.delta_bounds(eps)
         exact = -math.expm1((eps - 1.0) / 2.0)
         assert lower <= exact * (1 + 1e-9) and exact <= upper * (1 + 1e-9)
-    assert acc.epsilon(1e-9) <= 1.0 + 1e-9
+    assert acc.epsilon(1e-9) <= 1.0
     acc.compose(Laplace(2.0), 4)
-    assert acc.delta(3.0 + 1e-9) <= 1e-12
+    assert acc.delta(3.0) == 0.0  # exactly: the largest loss 1/1 + 4/2 is a grid point
+
+
+@pytest.mark.parametrize(
+    "scales_counts",
+    [[(0.5, 2), (4.0, 3)], [(2.0 / 3.0, 2), (1.0 / 3.0, 1)], [(1.0, 7)], [(8.0, 2), (0.25, 1)]],
+)
+def test_laplace_compositions_are_exactly_pure_dp(scales_counts: list[tuple[float, int]]) -> None:
+    """sum_i c_i Laplace(b_i) is (M, 0)-DP with M = sum_i c_i / b_i, and M is its largest loss
+    (closed form): delta(M) = 0 exactly and epsilon(delta) <= M at every delta, also below the
+    FFT's round-off floor; just below M, delta(M - t) >= (1/2)^n (1 - e^-t) (n = sum c_i: every
+    loss at its atom 1/b_i, which has probability 1/2 under P = Lap(1, b))."""
+    acc = PLDAccountant()
+    for scale, count in scales_counts:
+        acc.compose(Laplace(scale), count)
+    largest = math.fsum(count / scale for scale, count in scales_counts)
+    steps = sum(count for _, count in scales_counts)
+    assert acc.delta(largest) == 0.0 and acc.delta_bounds(largest)[1] == 0.0
+    for delta in (1e-2, 1e-9, 1e-40):
+        assert acc.epsilon(delta) <= largest
+    t = 0.01
+    assert acc.delta(largest - t) >= 0.5**steps * -math.expm1(-t)
+
+
+def test_laplace_scale_off_the_binary_grid_stays_sound() -> None:
+    """1/b = 1/3 is no multiple of a binary grid step: the largest grid loss is above 1/3 by
+    less than a step, delta there is still exactly 0, and just below the true largest loss 1
+    the certified delta stays above the atoms' closed-form mass."""
+    acc = PLDAccountant().compose(Laplace(3.0), 3)
+    step = acc._grid_step()
+    assert 0.0 <= acc.epsilon(1e-12) <= 1.0 + 3 * step
+    assert acc.delta(1.0 + 3 * step) == 0.0
+    assert acc.delta(1.0 - 0.01) >= 0.5**3 * -math.expm1(-0.01)
 
 
 def test_directions_and_symmetrised_tradeoff() -> None:

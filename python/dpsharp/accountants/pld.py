@@ -104,6 +104,53 @@ _MAX_SIZE = 1 << 24
 _ROUNDOFF_PER_STEP = 2.0**-52
 
 
+@dataclass(frozen=True)
+class _Composition(ComposedPLD):
+    """A pessimistic composition that also knows the largest finite loss of its linear support,
+    ``support_loss`` = h sum_i c_i k_i (k_i the top grid index of leaf i, c_i its count), and
+    whether the composed discretised leaves put any mass at +inf (``bounded``: none does).
+
+    A bounded composition (every leaf's loss is bounded above, e.g. Laplace, whose loss is at
+    most 1/b, and no truncation sent mass to +inf) has every loss at most ``support_loss``, so
+    delta(epsilon) = E[(1 - e^{epsilon - L})_+] is exactly 0 for epsilon >= support_loss, and
+    epsilon(delta) <= support_loss at every delta: no FFT, window or round-off allowance enters
+    either (the FFT's masses above the support are its round-off). On a grid that holds the
+    Laplace atoms (:func:`_laplace_aligned`) this is the exact pure-DP statement: delta = 0 at
+    epsilon = sum_i c_i / b_i, and epsilon <= sum_i c_i / b_i at every delta, even below the
+    FFT's round-off floor."""
+
+    support_loss: float = math.inf
+    bounded: bool = False
+
+    @classmethod
+    def of(
+        cls, result: ComposedPLD, plds: Sequence[DiscretePLD], counts: Sequence[int]
+    ) -> _Composition:
+        own = {"support_loss", "bounded"}
+        values = {
+            f.name: getattr(result, f.name)
+            for f in dataclasses.fields(result)
+            if f.init and f.name not in own
+        }
+        top = sum(count * (pld.offset + pld.mass.size - 1) for pld, count in zip(plds, counts))
+        bounded = all(pld.infinity_mass == 0.0 for pld in plds) and result.infinity_mass == 0.0
+        return cls(**values, support_loss=top * result.grid_step, bounded=bounded)
+
+    def delta(self, epsilon: float, *, pessimistic: bool) -> float:
+        if pessimistic and self.bounded and epsilon >= self.support_loss:
+            return 0.0
+        return super().delta(epsilon, pessimistic=pessimistic)
+
+    def epsilon(self, delta: float, *, pessimistic: bool) -> float:
+        value = super().epsilon(delta, pessimistic=pessimistic)
+        exact = self.support_epsilon() if pessimistic else None
+        return value if exact is None else min(value, exact)
+
+    def support_epsilon(self) -> float | None:
+        """max(support_loss, 0) for a bounded composition (delta is 0 there), else None."""
+        return max(self.support_loss, 0.0) if self.bounded else None
+
+
 class _Leaf(NamedTuple):
     """One mechanism in one direction: (mechanism code, parameter, sampling rate). A named tuple:
     tens of thousands are made and hashed for a long heterogeneous schedule."""
@@ -131,11 +178,12 @@ class PLDAccountant(Accountant):
     precision
         Target relative gap (upper - lower) / upper between the two epsilon bounds, in (0, 1).
         The grid step h is derived from it and from the mean per-step variance of the privacy
-        loss (see :meth:`_grid_step`; second-order roundings err by O(T h^2) against a composed
-        variance of order T), and the per-step truncation from the tail budget divided by T
-        rounded up to a power of two: both are functions of the composed multiset only, so
-        incremental, all-at-once and restored accountants give identical answers.
-        :meth:`epsilon_bounds` refines h until the gap is met or the FFT size limit is reached,
+        loss (see :meth:`_base_step`; second-order roundings err by O(T h^2) against a composed
+        variance of order T; a short composition gets a finer grid, and Laplace atoms are put
+        on the grid), and the per-step truncation from the tail budget divided by T rounded up
+        to a power of two: both are functions of the composed multiset only, so incremental,
+        all-at-once and restored accountants give identical answers. :meth:`epsilon_bounds`
+        refines the lower bound's grid until the gap is met or the FFT size limit is reached,
         and then returns the wider honest bracket.
     neighbouring
         The relation every guarantee is stated under (``"add_remove"``, ``"zero_out"`` or
@@ -149,10 +197,16 @@ class PLDAccountant(Accountant):
     about 1e-12 relative in the cell masses, which is not certified, and with an allowance of
     2^-52 T in delta for the round-off of a T-step FFT composition, which is measured, not
     proven), computed on the grid the precision implies. A delta below twice that allowance is
-    refused. ``epsilon_bounds(delta)`` (and :meth:`guarantee`) also compute the certified lower
-    bound and refine the grid until the two are within the precision, so their upper end is
-    never above ``epsilon(delta)`` and can be slightly below it: every one of these numbers is a
-    valid guarantee, and the smaller is the tighter.
+    refused (except for a composition of pure-DP mechanisms, whose largest loss bounds epsilon
+    at every delta without an FFT).
+
+    One composition, one certified number: :meth:`epsilon`, the upper end of
+    :meth:`epsilon_bounds`, :meth:`guarantee` and every entry point built on them (the
+    ``dpsharp epsilon`` statement, the Opacus and dp-accounting adapters, ``dpsharp bench
+    precision``) give the same float for the same ledger, delta and precision. It is the
+    certified upper bound on the grid that the precision implies (:meth:`_base_step`), placed
+    within about precision / 8 of the exact epsilon on the settings of bench/bench_pld.py;
+    :meth:`epsilon_bounds` proves how close by refining only its lower bound.
 
     A schedule with more than 512 distinct mechanism events (e.g. a different noise multiplier at
     every step) is accounted with its noise multipliers and sampling rates rounded onto a
@@ -164,12 +218,14 @@ class PLDAccountant(Accountant):
 
     Comparing with dp-accounting: its ``value_discretization_interval`` is an absolute grid step
     of the privacy loss, while ``precision`` is relative, so the grid here is coarser than
-    dp-accounting's at 1e-4 wherever the per-step loss is wide (large q, small sigma, few steps).
-    Both discretisations err by O(h^2) with about the same constant, so at the default precision
-    ``epsilon`` is within 0.07% of dp-accounting's at 1e-5 on the settings of
-    bench/bench_pld.py but can be up to 0.07% above its 1e-4 answer; to be at least as tight as
-    that on every one of those settings takes a precision between 5e-4 and 1.2e-7 depending on
-    the setting (bench/bench_pld.py, parity columns).
+    dp-accounting's at 1e-4 wherever the per-step loss is wide (large q, small sigma), except
+    for short compositions, whose grid is refined until their whole support spans up to about
+    800 000 points (about dp-accounting's grid step there, and its cost). Both discretisations
+    err by O(h^2) with about the same constant; at the default precision ``epsilon`` at
+    delta = 1e-5 is within 1.5e-4 relative of dp-accounting 0.6.0's default answer on the
+    settings of bench/bench_pld.py (up to 1.25e-4 above it), and 3 steps of q = 0.2,
+    sigma = 0.5 are within 1e-8 relative of the exact epsilon and not above dp-accounting's
+    default answer (tests/test_pld_one_number.py).
     """
 
     certified = True
@@ -234,11 +290,36 @@ class PLDAccountant(Accountant):
 
     # ------------------------------------------------------------------ grid
     def _grid_step(self, refinement: int = 0) -> float:
-        """h = 0.07 sqrt(precision / 1e-3) sqrt(V / T), rounded down to a step 2^k or 3 * 2^(k-1), where
-        V / T is the mean per-step variance of the privacy loss (q^2 (e^{mu^2} - 1) for a
-        Poisson-sampled Gaussian, mu^2 for a Gaussian, 1/b^2 for Laplace). Both roundings err by
-        O(h^2) per step, so the relative error of epsilon is O(T h^2 / V); the constant was
-        calibrated against the refined bracket on the settings of bench/bench_pld.py."""
+        """The grid step of the composition at ``refinement`` (0: the grid of :meth:`epsilon`,
+        :meth:`delta`, :meth:`tradeoff` and :meth:`gdp_mu`; each further level halves it, for
+        the lower bounds of :meth:`epsilon_bounds`). A function of the composed multiset and the
+        precision only (:meth:`_base_step`)."""
+        return self._base_step() / (2.0**refinement)
+
+    def _base_step(self) -> float:
+        """h = 0.035 sqrt(precision / 1e-3) sqrt(V / T), rounded down to a step 2^k or
+        3 * 2^(k-1), where V / T is the mean per-step variance of the privacy loss
+        (q^2 (e^{mu^2} - 1) for a Poisson-sampled Gaussian, mu^2 for a Gaussian, 1/b^2 for
+        Laplace); then
+
+        * made finer while the composition is short (:meth:`_short_step`): its whole linear
+          support, at most ``_SHORT_POINTS`` grid points, costs one small FFT, and a short
+          composition's epsilon is where a coarse grid errs most against its size (a second-order
+          rounding of 3 steps of a Poisson-sampled Gaussian with q = 0.2, sigma = 0.5 moves
+          epsilon by 1e-3 relative at the formula's step);
+        * moved onto the Laplace losses (:func:`_laplace_aligned`): where the largest loss 1/b of
+          every Laplace event is a multiple of a step of the same family at most 16 times finer,
+          that step is taken, so each Laplace atom sits on a grid point and the composition's
+          largest loss is exact (delta is exactly 0 beyond it, see :class:`_Composition`).
+
+        The roundings err by O(h^2) per step, so the relative error of epsilon is O(T h^2 / V);
+        the constant puts the upper bound within about precision / 8 of the exact epsilon on the
+        settings of bench/bench_pld.py (0.07, twice as coarse, left up to 0.7 precision), so that
+        :meth:`epsilon_bounds` meets the precision by refining its lower bound only."""
+        key = (len(self._counts), self._steps())
+        cached = self._base_steps.get(key)
+        if cached is not None:
+            return cached
         # Per leaf in the order of self._counts (which only grows), computed once; fsum is
         # correctly rounded, so the total does not depend on the order of composition.
         variances = self._leaf_variances
@@ -246,13 +327,57 @@ class PLDAccountant(Accountant):
             variances.extend(_loss_variance(leaf) for leaf in islice(self._counts, len(variances), None))
         total = math.fsum(count * variance for count, variance in zip(self._counts.values(), variances))
         spread = math.sqrt(total / max(self._steps(), 1))
-        step = 0.07 * math.sqrt(self._precision / 1e-3) * spread
-        step = min(max(step, 2.0**-20), 2.0**-4) / (2.0**refinement)
+        step = _STEP_CONSTANT * math.sqrt(self._precision / 1e-3) * spread
+        step = min(max(step, 2.0**-20), 2.0**-4)
         power = 2.0 ** math.floor(math.log2(step))
         # Steps 2^k and 3 * 2^(k-1): every grid loss (offset + i) h is still exact in binary
         # (an integer times a power of two), and the step is at most a third (not half) below
         # the formula's.
-        return 0.75 * (2.0 * power) if step >= 1.5 * power else power
+        step = 0.75 * (2.0 * power) if step >= 1.5 * power else power
+        step = self._short_step(step)
+        step = _laplace_aligned(step, self._laplace_losses())
+        self._base_steps = {key: step}  # only the latest multiset is asked about again
+        return step
+
+    def _laplace_losses(self) -> list[float]:
+        """The largest privacy loss 1/b of each distinct Laplace event (its atom), collected
+        over the leaves in the order of self._counts (which only grows), each leaf once."""
+        seen = self._laplace_seen
+        for leaf in islice(self._counts, seen[0], None):
+            inner = leaf.event if isinstance(leaf, Shuffled) else leaf
+            if isinstance(inner, Laplace):
+                seen[1].add(1.0 / inner.scale)
+        seen[0] = len(self._counts)
+        return sorted(seen[1])
+
+    def _short_step(self, step: float) -> float:
+        """The grid step of a short composition: the largest step 2^k or 3 * 2^(k-1), at most
+        ``step`` and at least ``step / 2^_SHORT_LEVELS``, at which its linear support,
+        sum_i c_i (n_i - 1) + 1 grid points with n_i the points of leaf i (about proportional
+        to 1/h), stays within ``_SHORT_POINTS`` (scaled by sqrt(1e-3 / precision), like the
+        step, and at most a quarter of the largest circle); ``step`` itself when not even one
+        halving fits. The FFT circle of a composition
+        is never longer than its linear support, so this bounds the cost of the finer grid; a
+        long composition (whose support is far longer than its circle) keeps ``step``."""
+        budget = min(_SHORT_POINTS * math.sqrt(1e-3 / self._precision), _MAX_SIZE / 4)
+        steps = self._steps()
+        # Every discretised leaf has at least two points: support >= steps + 1.
+        if 2 * (steps + 1) > budget or len(self._counts) > _REFINE_UP_TO:
+            return step
+        tail = _TAIL_BUDGET / (1 << max(steps - 1, 0).bit_length())
+        support = 0
+        for direction in self._directions():
+            leaves: dict[_Leaf, int] = {}
+            for key, count in zip(self._exact_keys(direction), self._counts.values()):
+                leaves[key] = leaves.get(key, 0) + count
+            order = sorted(leaves)
+            plds = _discretize(order, step, tail, True)
+            points = 1 + sum(leaves[key] * (pld.mass.size - 1) for key, pld in zip(order, plds))
+            support = max(support, points)
+        if 2 * support > budget:
+            return step
+        finest = max(step * support / budget, step / 2.0**_SHORT_LEVELS)
+        return min(_family_at_least(finest), step)
 
     def _composed(
         self,
@@ -333,6 +458,8 @@ class PLDAccountant(Accountant):
                 keys=list(order),
             )
         result = dataclasses.replace(result, noise=_ROUNDOFF_PER_STEP * steps)
+        if pessimistic:
+            result = _Composition.of(result, plds, counts)
         cache.results = {(pessimistic, tuple(order), counts): result}
         return result
 
@@ -378,6 +505,8 @@ class PLDAccountant(Accountant):
         self._leaf_keys: dict[tuple[str, float, bool], list[_Leaf]] = {}
         self._quantum_memo: dict[tuple[str, bool, int], float] = {}
         self._leaf_variances: list[float] = []
+        self._base_steps: dict[tuple[int, int], float] = {}
+        self._laplace_seen: list[Any] = [0, set()]  # (leaves looked at, their Laplace losses)
 
     # ------------------------------------------------------------------ queries
     def _bounds_at(
@@ -394,7 +523,14 @@ class PLDAccountant(Accountant):
         if pessimistic:
 
             def certified_epsilon(result: ComposedPLD) -> float:
-                self._check_floor([result], delta)
+                try:
+                    self._check_floor([result], delta)
+                except ValueError:
+                    # Below the FFT's floor the support bound still holds (no FFT enters it).
+                    exact = result.support_epsilon() if isinstance(result, _Composition) else None
+                    if exact is None:
+                        raise
+                    return exact
                 return result.epsilon(delta, pessimistic=True)
 
             return self._worst_direction(certified_epsilon, refinement, tail)
@@ -450,34 +586,52 @@ class PLDAccountant(Accountant):
         return self._delta_upper(epsilon)[0]
 
     def _delta_upper(self, epsilon: float) -> tuple[float, float]:
-        """(certified upper delta(epsilon), the truncation budget it was computed with)."""
+        """(certified upper delta(epsilon), the truncation budget it was computed with).
+
+        The budget starts at ``_TAIL_BUDGET`` and is refined once to suit the delta found; both
+        answers are certified, so the smaller is returned. (Keeping the first one when it is
+        smaller keeps delta(epsilon(delta)) <= delta: epsilon(delta) was computed with the
+        budget of delta, which the first pass uses whenever delta >= 1e-7, while an upper delta
+        just below a power of ten would otherwise move the second pass to a ten times smaller
+        budget and another composition.)"""
         tail = _TAIL_BUDGET
+        best, best_tail = math.inf, tail
         for _ in range(2):
             upper = self._worst_direction(
                 lambda result: result.delta(epsilon, pessimistic=True), 0, tail
             )
+            if upper < best:
+                best, best_tail = upper, tail
             refined = _tail_for(max(upper, 1e-300), self._precision)
             if refined >= tail:
                 break
             tail = refined
-        return upper, tail
+        return best, best_tail
 
     def epsilon_bounds(self, delta: float) -> tuple[float, float]:
         """(lower, upper): certified bounds on the optimal epsilon of the composition at
-        ``delta``. The grid is refined (halving h) until (upper - lower) <= precision * upper
-        or the FFT circle would exceed 2^24 points (at most 4 halvings, none with more than 64
-        distinct events); then the wider, still honest, bracket is returned."""
+        ``delta``. ``upper`` is exactly :meth:`epsilon` (``delta``): one composition, one
+        certified number, whichever entry point asks. The lower bound's grid is refined
+        (halving h) until (upper - lower) <= precision * upper or the FFT circle would exceed
+        2^24 points (at most 4 halvings, none with more than 64 distinct events); then the
+        wider, still honest, bracket is returned (a lower bound of 0.0 where the optimistic
+        composition cannot certify ``delta`` at all, below its round-off floor)."""
         delta = require_delta(delta)
         if self.is_empty:
             return 0.0, 0.0
+        upper = self._epsilon_side(delta, pessimistic=True, refinement=0)
+        lower = 0.0
         refinement = 0
-        upper, lower = math.inf, 0.0
         while True:
-            # Every grid's bounds are certified, so the tightest of each so far is kept.
-            upper = min(upper, self._epsilon_side(delta, pessimistic=True, refinement=refinement))
-            lower = max(lower, self._epsilon_side(delta, pessimistic=False, refinement=refinement))
+            if not math.isfinite(upper):
+                return lower, upper
+            try:
+                # Every grid's lower bound is certified, so the largest so far is kept.
+                lower = max(lower, self._epsilon_side(delta, pessimistic=False, refinement=refinement))
+            except ValueError:
+                return lower, upper  # below the optimistic side's round-off floor
             lower = min(lower, upper)
-            if upper - lower <= self._precision * upper or not math.isfinite(upper):
+            if upper - lower <= self._precision * upper:
                 return lower, upper
             sizes = [r.size for r in self._bounds_at(refinement, _tail_for(delta, self._precision), False)]
             many_leaves = len(self._counts) > _REFINE_UP_TO
@@ -595,8 +749,17 @@ class PLDAccountant(Accountant):
         return {"precision": self._precision}
 
 
-#: epsilon_bounds refines the grid only up to this many distinct mechanism events.
+#: epsilon_bounds refines the grid only up to this many distinct mechanism events (and a short
+#: composition's grid is refined, :meth:`PLDAccountant._short_step`, only up to as many).
 _REFINE_UP_TO = 64
+#: Constant of the grid step formula (:meth:`PLDAccountant._base_step`).
+_STEP_CONSTANT = 0.035
+#: A short composition's grid is refined while its linear support stays within this many points
+#: (at the default precision), at most 2^_SHORT_LEVELS times.
+_SHORT_POINTS = float(3 << 18)
+_SHORT_LEVELS = 12
+#: Laplace alignment looks for a grid step at most this many times finer than the formula's.
+_ALIGN_RANGE = 16.0
 #: Above this many distinct mechanism events, noise multipliers and sampling rates are rounded
 #: to a geometric grid (see :func:`_quantized` and :meth:`PLDAccountant._rounding_quantum`).
 _LEAF_BUDGET = 512
@@ -768,6 +931,40 @@ class _RoundingGrid:
         for column in columns:
             changed |= column[1:] != column[:-1]
         return int(changed.sum()) + 1
+
+
+def _laplace_aligned(step: float, losses: Sequence[float]) -> float:
+    """The largest grid step h' <= ``step`` of the form 2^k or 3 * 2^(k-1), and at least
+    ``step / _ALIGN_RANGE``, of which every loss in ``losses`` is an exact integer multiple
+    (checked in floating point: m h' == loss exactly); ``step`` itself when there is none
+    (e.g. 1/b = 0.1, which no binary step divides). Halving h' keeps the property, so every
+    refinement of the grid keeps the atoms on it too."""
+    if not losses:
+        return step
+    power = 2.0 ** math.floor(math.log2(step))
+    candidates = []
+    while power >= step / (2.0 * _ALIGN_RANGE):
+        candidates.extend((1.5 * power, power))
+        power /= 2.0
+    for candidate in candidates:
+        if not step / _ALIGN_RANGE <= candidate <= step:
+            continue
+        if all(_is_multiple(loss, candidate) for loss in losses):
+            return candidate
+    return step
+
+
+def _family_at_least(value: float) -> float:
+    """The smallest step of the form 2^k or 3 * 2^(k-1) that is >= ``value`` > 0."""
+    power = 2.0 ** math.floor(math.log2(value))
+    if power >= value:
+        return power
+    return 1.5 * power if 1.5 * power >= value else 2.0 * power
+
+
+def _is_multiple(loss: float, step: float) -> bool:
+    ratio = loss / step
+    return ratio == math.floor(ratio) and math.floor(ratio) * step == loss
 
 
 def _loss_variance(leaf: Event) -> float:
