@@ -521,3 +521,157 @@ def test_arm_release_misuse_is_refused():
         clipper.arm_release(noise_multiplier=-1.0, expected_batch_size=3.0, noise=gen)
     with pytest.raises(TypeError, match="NoiseGenerator"):
         clipper.arm_release(noise_multiplier=1.0, expected_batch_size=3.0, noise=5)
+
+
+# ------------------------------------------------------------------ the batch dimension
+# The clipper takes dimension 0 of every layer input as the batch. A sequence-first model
+# (seq, batch, ...) would be clipped per position, and one example's contribution to the
+# clipped sum would not be bounded by C.
+
+class TokenModel(nn.Module):
+    """Embedding -> Linear -> tanh -> mean over positions: logits of shape (batch, classes).
+    ``batch_first=False`` takes (seq, batch) index tensors, as sequence-first layers do."""
+
+    def __init__(self, *, batch_first: bool, vocab: int = 20, dim: int = 6,
+                 classes: int = 3, pool: bool = True) -> None:
+        super().__init__()
+        self.batch_first = batch_first
+        self.pool = pool  # False: per-position logits, pooled by the caller
+        self.emb = nn.Embedding(vocab, dim)
+        self.fc = nn.Linear(dim, classes)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.fc(self.emb(idx)))
+        return h.mean(dim=1 if self.batch_first else 0) if self.pool else h
+
+
+class TransposingModel(nn.Module):
+    """Takes (batch, seq, features) and runs its linear layers sequence-first, (seq, batch,
+    features), like a batch-first wrapper around nn.TransformerEncoderLayer(batch_first=False)
+    would."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(4, 8)
+        self.fc2 = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.fc1(x.transpose(0, 1)))  # (seq, batch, 8)
+        return self.fc2(h).mean(dim=0)
+
+
+def token_data(n: int = 12, seq: int = 5, seed: int = 0):
+    from torch.utils.data import TensorDataset
+
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, 20, (n, seq), generator=g)
+    return TensorDataset(idx, torch.randint(0, 3, (n,), generator=g))
+
+
+def test_sequence_first_model_with_a_loader_is_refused_before_any_release() -> None:
+    from dpsharp.torch import DPOptimizer, ShuffledDataLoader
+
+    torch.manual_seed(0)
+    # input, every layer and the output are sequence-first (5 rows in dimension 0): only the
+    # loader knows the batch has 6 examples
+    model = TokenModel(batch_first=False, pool=False)
+    opt = DPOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), module=model,
+                      noise_multiplier=1.0, max_grad_norm=1.0, expected_batch_size=6,
+                      noise=NoiseGenerator(0))
+    loader = ShuffledDataLoader(token_data(), batch_size=6, seed=1)
+    opt.attach_loader(loader)
+    idx, y = next(iter(loader))  # (6, 5): batch-first from the loader
+    opt.zero_grad()
+    F.cross_entropy(model(idx.t()).mean(0), y).backward()  # fed sequence-first: (5, 6)
+    with pytest.raises(ValueError, match="batch_first") as info:
+        opt.step()
+    message = str(info.value)
+    assert "5 examples" in message and "6 examples" in message
+    assert "per position" in message
+    assert opt.releases == 0
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_layers_that_see_another_batch_than_the_model_input_are_refused() -> None:
+    torch.manual_seed(1)
+    model = TransposingModel()
+    clipper = PerSampleClipper(model, max_grad_norm=1.0)
+    x = torch.randn(6, 5, 4)  # (batch 6, seq 5): the layers see 5 rows in dimension 0
+    with pytest.raises(ValueError, match="batch_first") as info:
+        F.mse_loss(model(x), torch.randn(6, 3)).backward()
+    assert "batch of 5" in str(info.value) and "has 6" in str(info.value)
+    assert clipper.accumulated_examples == 0
+    # the batch-first model of the same layers is accepted
+    clipper.remove()
+    seq = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3))
+    clipper = PerSampleClipper(seq, max_grad_norm=1.0)
+    F.mse_loss(seq(x).mean(1), torch.randn(6, 3)).backward()
+    assert clipper.accumulated_examples == 6
+
+
+def test_batch_first_model_trains_and_releases_the_clipped_sum() -> None:
+    from dpsharp.torch import DPOptimizer, ShuffledDataLoader
+
+    torch.manual_seed(2)
+    model = TokenModel(batch_first=True)
+    reference_model = copy.deepcopy(model)
+    bound = 0.05
+    opt = DPOptimizer(torch.optim.SGD(model.parameters(), lr=0.0), module=model,
+                      noise_multiplier=0.0, max_grad_norm=bound, expected_batch_size=6,
+                      noise=NoiseGenerator(0))
+    loader = ShuffledDataLoader(token_data(), batch_size=6, seed=1)
+    opt.attach_loader(loader)
+    for idx, y in loader:
+        opt.zero_grad()
+        F.cross_entropy(model(idx), y).backward()
+        opt.step()
+        # noise 0, learning rate 0: p.grad is the clipped sum / 6 of this batch
+        per_example = per_example_reference(reference_model, idx, y, ce)
+        _, sums = clipped_reference(per_example, torch.tensor(bound, dtype=torch.float64),
+                                    True)
+        for p, s in zip(model.parameters(), sums):
+            torch.testing.assert_close(p.grad, s / 6, rtol=1e-5, atol=1e-8)
+    assert opt.releases == 2
+
+
+def _clipped_sum(model: nn.Module, idx: torch.Tensor, y: torch.Tensor,
+                 bound: float) -> torch.Tensor:
+    """The released clipped sum (noise 0), flattened over all parameters, float64."""
+    m = copy.deepcopy(model)
+    clipper = PerSampleClipper(m, max_grad_norm=bound, loss_reduction="sum")
+    F.cross_entropy(m(idx), y, reduction="sum").backward()
+    clipper.release(noise_multiplier=0.0, expected_batch_size=1.0, noise=NoiseGenerator(0))
+    out = torch.cat([p.grad.reshape(-1).double() for p in clipper.parameters])
+    clipper.remove()
+    return out
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_each_example_moves_the_clipped_sum_by_at_most_c(batch_first: bool) -> None:
+    """Brute force (Tramer et al. 2022, "Debugging differential privacy"): remove each example
+    in turn and measure how far the noiseless clipped sum moves; that is the example's
+    contribution, which clipping bounds by C. A sequence-first model is refused instead (it
+    would be clipped per position: removing one example changes every position's row)."""
+    torch.manual_seed(3)
+    model = TokenModel(batch_first=batch_first)
+    g = torch.Generator().manual_seed(4)
+    idx = torch.randint(0, 20, (7, 5), generator=g)
+    y = torch.randint(0, 3, (7,), generator=g)
+    bound = 0.05  # every example clipped
+    with torch.no_grad():
+        model.emb.weight.mul_(10.0)
+    if not batch_first:
+        with pytest.raises(ValueError, match="batch_first"):
+            full = _clipped_sum(model, idx.t(), y, bound)
+            for j in range(7):  # the contributions are unbounded: the check must refuse
+                keep = [i for i in range(7) if i != j]
+                moved = float((full - _clipped_sum(model, idx[keep].t(), y[keep], bound))
+                              .norm())
+                assert moved <= bound * (1 + 1e-6)
+        return
+    full = _clipped_sum(model, idx, y, bound)
+    for j in range(7):
+        keep = [i for i in range(7) if i != j]
+        moved = float((full - _clipped_sum(model, idx[keep], y[keep], bound)).norm())
+        assert moved <= bound * (1 + 1e-6)
+        assert moved >= bound * (1 - 1e-4)  # clipped to exactly C

@@ -22,9 +22,18 @@ Poisson batch size, which would leak it).
 Layers: nn.Linear (any number of leading dims: (B, d) or sequences (B, T, d)), nn.Conv1d/2d
 (groups=1, numeric padding, zero padding mode), nn.Embedding (not max_norm / sparse /
 scale_grad_by_freq), nn.LayerNorm, nn.GroupNorm. Any other module holding parameters falls
-back to torch.func per-example gradients (vmap of vjp) for its whole subtree. The batch
-dimension must be dimension 0 of every layer input. BatchNorm (and instance norm with running
-statistics, SyncBatchNorm) are refused: they mix examples.
+back to torch.func per-example gradients (vmap of vjp) for its whole subtree. BatchNorm (and
+instance norm with running statistics, SyncBatchNorm) are refused: they mix examples.
+
+The batch must be dimension 0 of every layer input. A model that sees the batch elsewhere (a
+sequence-first model, (seq, batch, ...), as nn.TransformerEncoderLayer with batch_first=False
+expects) would be clipped per position instead of per example, and one example's influence on
+the clipped sum would no longer be bounded by C. So every backward pass checks that all
+clipped layers saw one batch size, equal to dimension 0 of the model's first input tensor and
+of its first output tensor (recorded by forward hooks on the module), and
+:meth:`PerSampleClipper.check_logical_batch` lets the optimizer compare the examples clipped
+for a release with the data loader's batch. A mismatch raises ValueError explaining
+``batch_first``.
 """
 
 from __future__ import annotations
@@ -44,6 +53,32 @@ if TYPE_CHECKING:
     from dpsharp.torch.noise import NoiseGenerator, ReleaseKey
 
 __all__ = ["PerSampleClipper"]
+
+_BATCH_FIRST_HINT = (
+    "The clipper takes dimension 0 of every layer input as the batch. A model that sees the "
+    "batch in another dimension (sequence-first inputs (seq, batch, ...), e.g. "
+    "nn.TransformerEncoderLayer or nn.MultiheadAttention with batch_first=False, or "
+    "nn.Embedding / nn.Linear layers fed (seq, batch) tensors, or an input reshaped so that "
+    "one example spans several rows) would be clipped per position instead of per example, "
+    "and one example's contribution to the clipped sum would not be bounded by max_grad_norm. "
+    "Build the model batch-first (batch_first=True) and feed it (batch, seq, ...) tensors, "
+    "with the batch in dimension 0 from the input to the loss."
+)
+
+
+def _leading_dim(value: Any) -> int | None:
+    """Dimension 0 of the first tensor with at least one dimension in ``value`` (a tensor, or
+    a tuple / list / dict holding tensors at its top level); None if there is none."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return int(value.shape[0]) if value.dim() >= 1 else None
+    items = value.values() if isinstance(value, dict) else value
+    if isinstance(items, (tuple, list)) or isinstance(value, dict):
+        for item in items:
+            if isinstance(item, torch.Tensor) and item.dim() >= 1:
+                return int(item.shape[0])
+    return None
 
 
 def _classify(module: nn.Module) -> str | None:
@@ -213,6 +248,13 @@ class PerSampleClipper:
         self._armed: _ArmedRelease | None = None  # arm_release() waiting for a backward pass
         self._released_in_backward = False  # the last backward pass did the armed release
         self._removed = False
+        # dimension 0 of the model's first input tensor in every forward (with grad enabled)
+        # since the last backward pass finished: the batch the clipped layers must see
+        self._input_batches: set[int] = set()
+        self._output_batches: set[int] = set()  # the same of its first output tensor
+        self._input_hook = module.register_forward_pre_hook(self._record_input,
+                                                            with_kwargs=True)
+        self._output_hook = module.register_forward_hook(self._record_output)
 
     # ------------------------------------------------------------------ public state
     @property
@@ -255,6 +297,52 @@ class PerSampleClipper:
         """(module type, handler kind) for every patched module (for inspection)."""
         return [(type(m).__name__, kind) for m, kind in self._plan]
 
+    # ------------------------------------------------------------------ batch checks
+    def _record_input(self, module: nn.Module, args: tuple[Any, ...],
+                      kwargs: dict[str, Any]) -> None:
+        """Forward pre-hook of the model: record dimension 0 of its first input tensor."""
+        import torch
+
+        if not torch.is_grad_enabled():
+            return
+        # the torch.func fallback re-runs a module per example inside the backward pass
+        if any(getattr(h, "bypass", False) for h in self._handles):
+            return
+        batch = _leading_dim((*args, *kwargs.values()))
+        if batch is not None:
+            self._input_batches.add(batch)
+
+    def _record_output(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        """Forward hook of the model: record dimension 0 of its first output tensor (the batch
+        the loss sees)."""
+        import torch
+
+        if not torch.is_grad_enabled() or any(getattr(h, "bypass", False)
+                                               for h in self._handles):
+            return
+        batch = _leading_dim(output)
+        if batch is not None:
+            self._output_batches.add(batch)
+
+    def check_logical_batch(self, batch_size: int) -> None:
+        """Refuse a release whose clipped examples are not the data loader's logical batch.
+
+        ``batch_size`` is the number of examples the loader drew for this release; the
+        clipper has clipped :attr:`accumulated_examples` examples (dimension 0 of the layer
+        inputs, summed over the backward passes since the last release). They differ when the
+        model sees the batch in another dimension (sequence-first) or when one batch went
+        through several backward passes; either way an example's contribution is no longer
+        bounded by the clipping norm. Raises ValueError (and releases nothing) then.
+        """
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 0:
+            raise ValueError(f"batch_size must be an int >= 0, got {batch_size!r}")
+        if self._examples != batch_size:
+            raise ValueError(
+                f"the clipped layers saw {self._examples} examples in dimension 0 since the last "
+                f"release, but the data loader's batch has {batch_size} examples (each physical "
+                "batch must go through exactly one backward pass). " + _BATCH_FIRST_HINT
+            )
+
     # ------------------------------------------------------------------ backward side
     def _scale_of(self, batch: int) -> float:
         return float(batch) if self._loss_reduction == "mean" else 1.0
@@ -276,6 +364,8 @@ class PerSampleClipper:
         usages, self._pending = self._pending, []
         if not usages:
             return
+        inputs, self._input_batches = self._input_batches, set()
+        outputs, self._output_batches = self._output_batches, set()
         batch = usages[0].batch_size
         repeated = False  # a linear layer called more than once in this forward
         linear_keys: set[tuple[int, int]] = set()
@@ -284,12 +374,19 @@ class PerSampleClipper:
                 raise ValueError(
                     "layers saw different batch sizes in one backward pass "
                     f"({batch} and {u.batch_size}); the batch must be dimension 0 of every "
-                    "layer input"
+                    "layer input. " + _BATCH_FIRST_HINT
                 )
             if isinstance(u, LinearUsage):
                 key = (id(u.weight), id(u.bias))
                 repeated = repeated or key in linear_keys
                 linear_keys.add(key)
+        for where, seen in (("input", inputs), ("output", outputs)):
+            if seen and batch not in seen:
+                raise ValueError(
+                    f"the clipped layers saw a batch of {batch} in dimension 0, but the "
+                    f"model's {where} has {' or '.join(map(str, sorted(seen)))} in dimension "
+                    "0. " + _BATCH_FIRST_HINT
+                )
         merged = self._merge_repeated_calls(usages) if repeated else usages
 
         by_param: dict[int, list[Any]] = {}
@@ -547,6 +644,8 @@ class PerSampleClipper:
         self._batches = 0
         self._armed = None
         self._released_in_backward = False
+        self._input_batches = set()
+        self._output_batches = set()
 
     def remove(self) -> None:
         """Restore the module's original forwards and drop all state."""
@@ -555,5 +654,7 @@ class PerSampleClipper:
             if "forward" in m.__dict__:
                 del m.forward
         self._handles = []
+        self._input_hook.remove()
+        self._output_hook.remove()
         self.reset()
         self._removed = True

@@ -157,6 +157,43 @@ def weighted_sum(rows: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     return (_per_row(weights.to(rows.dtype), rows) * rows).sum(dim=0)
 
 
+# Clipped sums reduce over the whole batch (B T rows of a linear layer on sequences, B L
+# positions of a convolution on the Gram path) where a per-example gradient reduces over one
+# example's T positions only. One float32 product over that many rows loses digits: BLAS
+# accumulates a long reduction with a small output in order in float32, so its error grows with
+# the length (a (K, 8)^T (K, 8) product of positive entries: 4.5e-7 relative at K = 1,024,
+# 5.9e-6 at 10^5, 1.5e-4 at 10^6; oneDNN's convolution weight gradient: 8.5e-7 at 4,096
+# positions, 1.3e-5 at 262,144). Longer reductions are cut into blocks of this many rows, each
+# block one float32 product, the blocks summed in float64 and rounded once: blocked summation,
+# whose error bound grows with the block's length, not the batch's (Higham, "Accuracy and
+# Stability of Numerical Algorithms", 2nd ed. 2002, section 4.2). The bench models' layers
+# (MLP: 256 rows; transformer: 64 x 64 = 4,096) stay one product.
+_SUM_BLOCK_ROWS = 4096
+
+
+def _blocked_product(m1: torch.Tensor, m2: torch.Tensor,
+                     base: torch.Tensor | None = None) -> torch.Tensor:
+    """``m1 @ m2`` (``base += m1 @ m2`` in place when given) for m1 (n, K), m2 (K, k): one
+    matrix product when K fits a block of :data:`_SUM_BLOCK_ROWS` rows or the operands are
+    float64, else one float32 product per block of K, the blocks (and ``base``) summed in
+    float64 and rounded once."""
+    import torch
+
+    rows = int(m1.shape[1])
+    if rows <= _SUM_BLOCK_ROWS or m1.dtype == torch.float64:
+        return torch.mm(m1, m2) if base is None else base.addmm_(m1, m2)
+    part = torch.empty((m1.shape[0], m2.shape[1]), dtype=m1.dtype, device=m1.device)
+    total = None if base is None else base.to(torch.float64)
+    for lo in range(0, rows, _SUM_BLOCK_ROWS):
+        hi = min(rows, lo + _SUM_BLOCK_ROWS)
+        torch.mm(m1[:, lo:hi], m2[lo:hi], out=part)
+        total = part.to(torch.float64) if total is None else total.add_(part)
+    assert total is not None
+    if base is None:
+        return total.to(m1.dtype)
+    return base.copy_(total)
+
+
 def conv_patches(x: torch.Tensor, kernel: tuple[int, ...], stride: tuple[int, ...],
                  padding: tuple[int, ...], dilation: tuple[int, ...]) -> torch.Tensor:
     """Convolution patches (B, L, C * prod(kernel)) ordered like the weight's (C, k...) dims:
@@ -407,26 +444,18 @@ class LinearUsage(_WeightBiasUsage):
         over its positions), in the stored tensors' dtype (see :func:`_scaled_factors`)."""
         return _scaled_factors(factors, self.scale, self.g.dtype, int(self.g.shape[1]))
 
-    def _bias_product(self, factors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(M, v) with sum_i c_i g_i(b) = M @ v: the per-example bias gradients (summed over
-        positions) against the scaled factors."""
-        if self.g.shape[1] != 1 and self._bias_rows is not None:
-            # sum_t g_t already formed (for the norms): B rows instead of B T
-            weights = factors * self.scale
-            return self._bias_rows.t(), weights.to(self._bias_rows.dtype)
-        # every position's output gradient against its example's factor: one pass
-        return self._rows2d()[0].t(), self._row_weights(factors)
-
     def clipped_sum(self, p: torch.nn.Parameter, factors: torch.Tensor) -> torch.Tensor:
         import torch
 
         if self.g.dtype in (torch.float32, torch.float64):
             if p is self.bias:
-                m, v = self._bias_product(factors)
-                return torch.mv(m, v)
+                # the per-example bias gradients sum_t g_it (B rows) against the float64
+                # factors, summed over the batch in float64 (not a float32 matrix-vector
+                # product over all B T positions; see _SUM_BLOCK_ROWS)
+                return weighted_sum(self._bias_per_example(), factors * self.scale)
             product = self._clipped_product(p, factors)
             if product is not None:
-                return torch.mm(*product).reshape(p.shape)
+                return _blocked_product(*product).reshape(p.shape)
             return weighted_sum(self._per_example_weight, factors * self.scale).reshape(p.shape)
         # float16 / bfloat16 stored tensors: the products in float32
         if p is self.bias:
@@ -445,14 +474,19 @@ class LinearUsage(_WeightBiasUsage):
                         out: torch.Tensor) -> None:
         """``out += clipped_sum(p, factors)``: the weight's matrix product (and the
         bias's matrix-vector product) accumulate into ``out`` directly, no intermediate."""
-        if self.g.dtype == out.dtype and out.is_contiguous():
+        import torch
+
+        if (self.g.dtype == out.dtype and out.is_contiguous()
+                and out.dtype in (torch.float32, torch.float64)):
             if p is self.bias:
-                m, v = self._bias_product(factors)
-                out.addmv_(m, v)
+                rows = self._bias_per_example().contiguous()
+                kernels.clip_accumulate_noise(out, per_example=rows,
+                                              factors=(factors * self.scale).contiguous(),
+                                              base=out)
                 return
             product = self._clipped_product(p, factors)
             if product is not None and out.dim() == 2:
-                out.addmm_(*product)
+                _blocked_product(*product, base=out)
                 return
         super().add_clipped_sum(p, factors, out)
 
@@ -562,24 +596,36 @@ class ConvUsage(_WeightBiasUsage):
         import torch
 
         weights = factors * self.scale
-        if p is self.bias:
-            rows = self._bias_per_example()
-            return weights.to(rows.dtype) @ rows
+        if p is self.bias:  # B rows summed in float64
+            return weighted_sum(self._bias_per_example(), weights)
         if self._per_example_weight is not None or self._materialise_weight():
             return weighted_sum(self._weight_per_example(), weights).reshape(p.shape)
         # sum_i c_i G_i P_i is this convolution's ordinary weight gradient for the output
         # gradient scaled per example, c_i G_i: one call of torch's convolution backward (no
         # patches; on the CPU oneDNN's kernel, 1.2-2.9x faster than a patch-by-patch matmul
-        # on the bench CNN's second layer). Half-precision inputs are widened to float32
-        # like everywhere else here.
+        # on the bench CNN's second layer) per block of examples of about _SUM_BLOCK_ROWS
+        # positions, the blocks summed in float64 (a float32 reduction over all B L
+        # positions at once loses digits; see _SUM_BLOCK_ROWS). Half-precision inputs are
+        # widened to float32 like everywhere else here.
         x, g = _wide(self.x), _wide(self.g)
         scaled = (g * weights.to(g.dtype)[:, None, None]).reshape(self._out_grad_shape)
         kernel, stride, padding, dilation = self._geometry
         weight = p.detach().to(x.dtype)
-        _, grad_weight, _ = torch.ops.aten.convolution_backward(
-            scaled, x, weight, None, list(stride), list(padding), list(dilation), False,
-            [0] * len(kernel), 1, [False, True, False])
-        return grad_weight
+        batch, positions = self.batch_size, int(self.g.shape[2])
+        step = batch if x.dtype == torch.float64 else max(1, _SUM_BLOCK_ROWS // max(positions, 1))
+        total: torch.Tensor | None = None
+        for lo in range(0, batch, step):
+            hi = min(batch, lo + step)
+            _, grad_weight, _ = torch.ops.aten.convolution_backward(
+                scaled[lo:hi], x[lo:hi], weight, None, list(stride), list(padding),
+                list(dilation), False, [0] * len(kernel), 1, [False, True, False])
+            if step >= batch:
+                return grad_weight
+            total = (grad_weight.to(torch.float64) if total is None
+                     else total.add_(grad_weight))
+        if total is None:  # an empty batch
+            return torch.zeros(p.shape, dtype=x.dtype, device=x.device)
+        return total.to(x.dtype)
 
 
 class EmbeddingUsage(Usage):
