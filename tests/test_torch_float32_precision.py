@@ -297,3 +297,33 @@ def test_blocked_product_equals_float64_product_to_float32_rounding() -> None:
     assert float(((into.double() - want) / want).abs().max()) < 2e-6
     assert math.isclose(float(_blocked_product(m1[:, :10], m2[:10]).sum()),
                         float((m1[:, :10].double() @ m2[:10].double()).sum()), rel_tol=1e-6)
+
+
+@pytest.mark.parametrize("clipped", [True, False], ids=["clipped", "unclipped"])
+def test_embedding_torch_path_sums_each_row_in_float64(monkeypatch, clipped: bool) -> None:
+    """The embedding clipped sum that devices other than the CPU take (a torch index
+    accumulation), run here on the CPU: three rows looked up at 2^18 positions of the batch.
+    A float32 index_add_ added them one by one (1.4e-4 relative error)."""
+    from dpsharp.torch.layers.usages import EmbeddingUsage
+
+    monkeypatch.setattr(EmbeddingUsage, "_fused", lambda self: False)
+    torch.manual_seed(10)
+    model = Pooled(nn.Embedding(4, 16, padding_idx=0), channels_last=True)
+    with torch.no_grad():
+        model.layer.weight.abs_()
+    g = torch.Generator().manual_seed(11)
+    idx = torch.randint(0, 4, (64, 4096), generator=g)
+    t = torch.rand(64, 16, generator=g)
+    check(model, idx, t, linear_sum, clipped=clipped)
+
+
+def test_embedding_conv_layernorm_model_on_the_torch_embedding_path(monkeypatch) -> None:
+    from dpsharp.torch.layers.usages import EmbeddingUsage
+
+    monkeypatch.setattr(EmbeddingUsage, "_fused", lambda self: False)
+    torch.manual_seed(2)
+    model = EmbedConvNorm(vocab=8, padding_idx=0)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randint(0, 8, (32, 64), generator=g)
+    y = torch.randint(0, 5, (32,), generator=g)
+    check(model, x, y, ce_sum, clipped=True)

@@ -709,11 +709,19 @@ class EmbeddingUsage(Usage):
                                                 num_rows=p.shape[0],
                                                 padding_idx=self.padding_idx)
             return out.to(self._out_grads.dtype)
+        # Other devices: the rows looked up, each summed over its positions in float64 and
+        # rounded once, like the CPU kernel. (A float32 index_add_ into the weight's shape adds
+        # a row's positions one by one in float32: a row looked up at 10^5 positions of a batch
+        # came out 1.4e-4 off, where a per-example gradient sums only its own positions.)
         d = self.g.shape[2]
-        weights = (factors * self.scale).to(self.g.dtype)
-        scaled = (self.g * weights[:, None, None]).reshape(-1, d)
+        weights = factors.to(torch.float64) * self.scale
+        scaled = (self.g.to(torch.float64) * weights[:, None, None]).reshape(-1, d)
+        rows, inverse = torch.unique(self.idx.reshape(-1), return_inverse=True)
+        sums = torch.zeros(rows.numel(), d, dtype=torch.float64, device=self.g.device)
+        sums.index_add_(0, inverse, scaled)
         out = torch.zeros(p.shape, dtype=self.g.dtype, device=self.g.device)
-        return out.index_add_(0, self.idx.reshape(-1), scaled)
+        out[rows] = sums.to(self.g.dtype)
+        return out
 
     def add_clipped_sum(self, p: torch.nn.Parameter, factors: torch.Tensor,
                         out: torch.Tensor) -> None:
