@@ -385,7 +385,10 @@ class PerSampleClipper:
                 raise ValueError(
                     f"the clipped layers saw a batch of {batch} in dimension 0, but the "
                     f"model's {where} has {' or '.join(map(str, sorted(seen)))} in dimension "
-                    "0. " + _BATCH_FIRST_HINT
+                    "0. " + _BATCH_FIRST_HINT + (
+                        " A batch-first model that returns a sequence-first output on purpose "
+                        "(e.g. for nn.CTCLoss) should return it batch-first and transpose it "
+                        "outside the model." if where == "output" else "")
                 )
         merged = self._merge_repeated_calls(usages) if repeated else usages
 
