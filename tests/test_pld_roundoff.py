@@ -1,61 +1,312 @@
-"""The round-off allowance of long FFT compositions (``pld._ROUNDOFF_PER_STEP``).
+"""The proven round-off bound of the FFT composition (module docstring of
+``dpsharp.accountants._pld_numerics``), against exact arithmetic.
 
-The T-th power of a spectrum carries its ~1e-16 relative error T times over, which moves the
-composed masses smoothly: no negative mass reveals it, and on a fine grid, where the
-discretisation slack is ~1e-12 in delta, it is larger than the slack. These tests are the cases
-where that was seen: without the allowance the pessimistic delta of a one-stage composition of
-240,000 Gaussian steps, on a grid 8 times finer than the default, lay 1.4e-12 below the exact
-mpmath curve, and the one-stage and two-stage epsilon brackets of a 238,413-step
-Poisson-subsampled Gaussian did not overlap. Both tests fail with the allowance set to 0."""
+References, independent of the code under test: the DFT of small vectors in mpmath at 40 digits;
+compositions of small discretised PLDs by exact integer convolution (every double is an integer
+times a power of two, so a convolution of T copies is an integer vector over a power of two,
+folded onto the circle exactly); hockey-stick sums of those exact masses with mpmath weights. Each
+computed transform entry, mass and delta sum must lie within its proven bound, and the bound
+must not be absurdly loose (within 10^4 of the error seen on the same case). The accountant's
+pessimistic delta must stay above the exact delta of its own discretised composition, and a
+composition whose round-off floor already exceeds delta is refused before anything is
+allocated."""
 
 from __future__ import annotations
 
 import math
+import time
+import tracemalloc
+from fractions import Fraction
 
+import mpmath
+import numpy as np
 import pytest
 
 from dpsharp import Gaussian, PLDAccountant, PoissonSampled
-from dpsharp.accountants import pld
+from dpsharp._native import core
+from dpsharp.accountants import _pld_numerics as numerics
+from dpsharp.accountants._pld_numerics import DiscretePLD
 
-from _gaussian_reference import exact_delta, exact_epsilon_bisect
-
-
-def test_one_stage_gaussian_bracket_holds_on_a_fine_grid(monkeypatch: pytest.MonkeyPatch) -> None:
-    # mu = 6 over 240,000 steps, delta ~ 1e-8, on the grid 8 times finer than the default one
-    # (precision 1e-3 / 64): a 1.5-million-point circle, composed in one stage.
-    monkeypatch.setattr(pld, "_staging", lambda _steps: None)
-    mu, steps = 6.0, 240_000
-    eps = exact_epsilon_bisect(1e-8, mu)
-    exact = exact_delta(eps, mu)
-    accountant = PLDAccountant(precision=1e-3 / 64).compose(Gaussian(math.sqrt(steps) / mu), steps)
-    lower, upper = accountant.delta_bounds(eps)
-    assert lower <= exact <= upper
-    # The allowance (2^-52 T = 5.3e-11 on each side) is what separates the bounds from the exact
-    # value here. In epsilon it makes the bracket wider than the requested 1.6e-5 relative
-    # (2.2e-4: the honest wider bracket epsilon_bounds documents), still inside the default 1e-3.
-    assert upper - lower < 2e-10
-    eps_lower, eps_upper = accountant.epsilon_bounds(1e-8)
-    assert eps_lower <= eps <= eps_upper
-    assert eps_upper - eps_lower <= 1e-3 * eps_upper
+def exact_dft(values: np.ndarray, size: int, frequencies: range) -> list[mpmath.mpc]:
+    with mpmath.workdps(40):
+        return [
+            mpmath.fsum(
+                mpmath.mpf(float(v)) * mpmath.expjpi(mpmath.mpf(-2 * ((f * s) % size)) / size)
+                for s, v in enumerate(values)
+            )
+            for f in frequencies
+        ]
 
 
-def test_one_stage_and_staged_brackets_overlap(monkeypatch: pytest.MonkeyPatch) -> None:
-    # The case a randomised comparison found: refined to a 1-million-point circle, the one-stage
-    # lower bound (24.642418) was above the staged upper bound (24.642198).
-    event = PoissonSampled(Gaussian(0.9132873853824537), 0.0046068158186553234)
-    steps, delta = 238_413, 1e-8
-    staged = PLDAccountant().compose(event, steps).epsilon_bounds(delta)
-    monkeypatch.setattr(pld, "_staging", lambda _steps: None)
-    one_stage = PLDAccountant().compose(event, steps).epsilon_bounds(delta)
-    assert max(staged[0], one_stage[0]) <= min(staged[1], one_stage[1])
-    for lower, upper in (staged, one_stage):
-        assert upper - lower <= 1e-3 * upper
+def integer_masses(mass: np.ndarray) -> tuple[list[int], int]:
+    """(M, e) with mass[s] = M[s] 2^-e exactly (every double is an integer times a power of 2)."""
+    fractions = [Fraction(value) for value in mass.tolist()]
+    exponent = max(f.denominator.bit_length() - 1 for f in fractions)
+    out = []
+    for fraction in fractions:
+        scaled = fraction * (1 << exponent)
+        assert scaled.denominator == 1
+        out.append(int(scaled))
+    return out, exponent
 
 
-def test_delta_at_the_allowance_is_refused_with_the_floor() -> None:
-    # 10^7 steps: the allowance is 2^-52 1e7 = 2.2e-9, so delta = 3e-9 (below twice that) is
-    # refused with the smallest delta that can be asked for, and 1e-8 is answered.
-    accountant = PLDAccountant().compose(PoissonSampled(Gaussian(1.1), 256 / 60000), 10**7)
-    with pytest.raises(ValueError, match=r"allowance for 10000000 composed steps 2\.2e-09.*delta >= 4\.4e-09"):
+def convolve(a: list[int], b: list[int]) -> list[int]:
+    out = [0] * (len(a) + len(b) - 1)
+    for i, x in enumerate(a):
+        if x:
+            for j, y in enumerate(b):
+                out[i + j] += x * y
+    return out
+
+
+def exact_composition(plds: list[DiscretePLD], counts: list[int]) -> tuple[int, list[int], int]:
+    """(offset, M, e) of the linear composition: masses M[k] 2^-e at loss (offset + k) h."""
+    result: list[int] = [1]
+    offset = exponent = 0
+    for pld, count in zip(plds, counts):
+        base, scale = integer_masses(pld.mass)
+        offset += pld.offset * count
+        exponent += scale * count
+        power: list[int] = [1]
+        while count:
+            if count & 1:
+                power = convolve(power, base)
+            count >>= 1
+            if count:
+                base = convolve(base, base)
+        result = convolve(result, power)
+    return offset, result, exponent
+
+
+def folded_window(offset: int, masses: list[int], start: int, size: int) -> list[int]:
+    """The linear composition folded onto the circle, entry j at loss (start + j) h."""
+    out = [0] * size
+    for k, m in enumerate(masses):
+        out[(offset + k - start) % size] += m
+    return out
+
+
+def to_float_error(exact: list[int], exponent: int, computed: np.ndarray) -> np.ndarray:
+    denominator = 1 << exponent
+    return np.array(
+        [
+            abs(float(Fraction(e, denominator) - Fraction(c)))
+            for e, c in zip(exact, computed.tolist())
+        ]
+    )
+
+
+def exact_hockey_stick(
+    exact: list[int], exponent: int, start: int, grid_step: float, eps: float
+) -> mpmath.mpf:
+    """sum_k m_k (1 - e^{eps - l_k})_+ over the window, at 50 digits."""
+    with mpmath.workdps(50):
+        scale = mpmath.mpf(2) ** (-exponent)
+        total = mpmath.mpf(0)
+        for j, m in enumerate(exact):
+            loss = mpmath.mpf(start + j) * mpmath.mpf(grid_step)
+            if m and loss > eps:
+                total += m * scale * (1 - mpmath.exp(mpmath.mpf(eps) - loss))
+        return total
+
+
+def random_pld(seed: int, length: int, offset: int, grid_step: float) -> DiscretePLD:
+    rng = np.random.default_rng(seed)
+    mass = rng.random(length) ** 3
+    mass /= mass.sum() * (1.0 + 1e-3)  # a little mass at +inf
+    return DiscretePLD(offset, mass, float(1.0 - mass.sum()), grid_step)
+
+
+# ----------------------------------------------------------------------------- the transforms
+
+
+@pytest.mark.parametrize(("length", "size"), [(5, 16), (40, 72), (100, 240), (150, 480)])
+def test_forward_transform_within_its_componentwise_bound(length: int, size: int) -> None:
+    values = np.random.default_rng(size).random(length)
+    computed = numerics.certified_forward(values, size)
+    exact = exact_dft(values, size, range(size // 2 + 1))
+    errors = np.array([abs(complex(c) - complex(e)) for c, e in zip(computed, exact)])
+    bound = numerics.forward_error(size) * float(values.sum())
+    assert np.all(errors <= bound)
+    assert bound <= 1e4 * errors.max()
+
+
+@pytest.mark.parametrize(
+    ("length", "size", "reach"), [(7, 16, 9), (300, 960, 40), (1000, 3840, 25)]
+)
+def test_band_transform_within_its_componentwise_bound(length: int, size: int, reach: int) -> None:
+    values = np.random.default_rng(length).random(length)
+    computed = numerics.certified_band(values, size, reach)
+    exact = exact_dft(values, size, range(reach))
+    errors = np.array([abs(complex(c) - complex(e)) for c, e in zip(computed, exact)])
+    bound = numerics.band_dft_error(length, size) * float(values.sum())
+    assert np.all(errors <= bound)
+    assert bound <= 1e4 * errors.max()
+
+
+@pytest.mark.parametrize("size", [16, 80, 192])
+def test_inverse_transform_within_its_normwise_bound(size: int) -> None:
+    rng = np.random.default_rng(size)
+    spectrum = rng.standard_normal(size // 2 + 1) + 1j * rng.standard_normal(size // 2 + 1)
+    spectrum[0] = spectrum[0].real
+    spectrum[-1] = spectrum[-1].real
+    computed = numerics.certified_inverse(spectrum, size)
+    with mpmath.workdps(40):
+        full = [mpmath.mpc(complex(z)) for z in spectrum] + [
+            mpmath.mpc(complex(np.conj(spectrum[size - f]))) for f in range(size // 2 + 1, size)
+        ]
+        exact = [
+            mpmath.re(
+                mpmath.fsum(
+                    full[f] * mpmath.expjpi(mpmath.mpf(2 * ((f * j) % size)) / size)
+                    for f in range(size)
+                )
+            )
+            / size
+            for j in range(size)
+        ]
+    error_l1 = float(sum(abs(mpmath.mpf(float(c)) - e) for c, e in zip(computed, exact)))
+    norm = math.sqrt(sum(abs(complex(z)) ** 2 for z in full))
+    bound = numerics.inverse_error(size) * norm
+    assert error_l1 <= bound
+    assert bound <= 1e4 * error_l1
+
+
+# ----------------------------------------------------------------------------- compositions
+
+
+def check_against_exact(
+    result: numerics.ComposedPLD, plds: list[DiscretePLD], counts: list[int]
+) -> float:
+    """Asserts every mass, the l1 error and hockey-stick sums within the proven bounds; returns
+    the observed error of the hockey-stick sums, the largest over a few epsilons."""
+    with mpmath.workdps(50):
+        infinity = 1 - mpmath.fprod(
+            (1 - mpmath.mpf(pld.infinity_mass)) ** count for pld, count in zip(plds, counts)
+        )
+    offset, masses, exponent = exact_composition(plds, counts)
+    exact = folded_window(offset, masses, result.start, result.size)
+    errors = to_float_error(exact, exponent, result.mass)
+    assert errors.sum() <= result.mass_error
+    observed = 0.0
+    losses = result.losses
+    for eps in np.quantile(losses, [0.2, 0.5, 0.8]).tolist():
+        exact_sum = exact_hockey_stick(exact, exponent, result.start, result.grid_step, eps)
+        above = losses > eps
+        computed_sum = float(np.dot(result.mass[above], -np.expm1(eps - losses[above])))
+        error = abs(float(exact_sum - mpmath.mpf(computed_sum)))
+        assert error <= result.noise + result.mass_noise + result._summation * result._mass_l1
+        observed = max(observed, error)
+        # The certified sides, with the window's own tails: the exact circular sum lies between.
+        exact_delta = exact_sum + infinity
+        assert result.delta(eps, pessimistic=True) >= exact_delta
+        assert result.delta(eps, pessimistic=False) <= exact_delta
+    return observed
+
+
+@pytest.mark.parametrize(("length", "count"), [(12, 7), (20, 40), (6, 100)])
+def test_one_pld_power_against_exact_convolution(length: int, count: int) -> None:
+    pld = random_pld(length, length, -length // 3, 2.0**-4)
+    result = numerics.compose([pld], [count], log_tail=math.log(1e-12), pessimistic=True)
+    assert result.spectral is None
+    observed = check_against_exact(result, [pld], [count])
+    assert result.noise <= 1e4 * max(observed, 1e-300)
+
+
+def test_two_plds_against_exact_convolution() -> None:
+    plds = [random_pld(1, 15, -4, 2.0**-4), random_pld(2, 9, -1, 2.0**-4)]
+    counts = [11, 6]
+    result = numerics.compose(plds, counts, log_tail=math.log(1e-12), pessimistic=True)
+    observed = check_against_exact(result, plds, counts)
+    assert result.noise <= 1e4 * observed
+
+
+def test_products_route_against_exact_convolution() -> None:
+    # The route of staged and two-level compositions (complex products, integer powers).
+    plds = [
+        random_pld(3, 20, -6, 2.0**-3), random_pld(4, 11, -2, 2.0**-3), random_pld(5, 7, 0, 2.0**-3)
+    ]
+    counts = [9, 4, 17]
+    result = numerics._compose_by_products(plds, counts, math.log(1e-12), parallel=False)
+    observed = check_against_exact(result, plds, counts)
+    assert result.noise <= 1e4 * observed
+
+
+def test_parts_carry_their_mass_error() -> None:
+    """A composed part turned into a PLD adds its proven mass error at the window's top point
+    (pessimistic) or removes that much mass from its top (optimistic), so the next level needs
+    no input error."""
+    pld = random_pld(6, 20, -5, 2.0**-4)
+    part = numerics.compose([pld], [30], log_tail=math.log(1e-12), pessimistic=True)
+    assert part.mass_error > 0.0
+    upper, excess, _ = numerics._as_pld(part, pessimistic=True)
+    assert excess == 0.0
+    assert upper.mass[-1] >= max(part.mass[-1], 0.0) + part.mass_error
+    assert upper.infinity_mass == part.infinity_mass + part.above
+    lower, lower_excess, _ = numerics._as_pld(part, pessimistic=False)
+    assert lower_excess == part.above + part.below
+    removed = math.fsum(np.maximum(part.mass, 0.0)) - math.fsum(lower.mass)
+    assert removed >= part.mass_error - 1e-15  # (the two sums are near 1: 1e-16 each)
+    # removed from the top: the low end is untouched
+    np.testing.assert_array_equal(lower.mass[:5], np.maximum(part.mass[:5], 0.0))
+
+
+def test_accountant_upper_delta_above_its_discretised_composition() -> None:
+    """The accountant's certified delta against the delta of the composition of its own
+    discretised PLD, convolved in long double (64-bit significand: its own rounding, gamma_N with
+    u = 2^-64 on sums of non-negative terms, is added to the reference) -- the FFT composition's
+    round-off must never bring the certified value below it."""
+    event, steps = Gaussian(0.5), 3
+    accountant = PLDAccountant(precision=0.9).compose(event, steps)
+    epsilon = accountant.epsilon(1e-3)
+    (cache,) = [c for key, c in accountant._caches.items() if key[0] == "remove" and c.plds]
+    (leaf,) = [pld for (_, pessimistic), pld in cache.plds.items() if pessimistic]
+    mass = leaf.mass.astype(np.longdouble)
+    composed = mass
+    for _ in range(steps - 1):
+        composed = np.convolve(composed, mass)
+    losses = (leaf.offset * steps + np.arange(composed.size)) * np.longdouble(leaf.grid_step)
+    infinity = 1 - (1 - np.longdouble(leaf.infinity_mass)) ** steps
+    unit = np.longdouble(2.0) ** -64
+    slack = 4 * steps * composed.size * unit  # convolution, weights and sum, relative to mass 1
+    for eps in (0.5 * epsilon, epsilon, 1.5 * epsilon):
+        above = losses > eps
+        weights = -np.expm1(np.longdouble(eps) - losses[above])
+        reference = np.sum(composed[above] * weights) + infinity
+        assert accountant.delta(eps) >= float(reference + slack)
+        # and above it by no more than the truncation budget of the query (1e-2 precision delta)
+        assert accountant.delta(eps) <= float(reference) * (1 + 1e-2)
+
+
+# ----------------------------------------------------------------------------- refusal
+
+
+def test_floor_is_decided_before_allocating() -> None:
+    """10^18 steps: the product rounding at frequency 0 alone, (1 + sqrt(2) gamma_2)^(T-1) - 1,
+    is astronomically above any delta; the query is refused in well under a second and without
+    allocating more than a few megabytes."""
+    accountant = PLDAccountant().compose(PoissonSampled(Gaussian(1.1), 256 / 60000), 10**18)
+    tracemalloc.start()
+    started = time.perf_counter()
+    try:
+        for query in (lambda: accountant.epsilon(1e-5), lambda: accountant.delta(1.0)):
+            with pytest.raises(ValueError, match=r"1000000000000000000 composed steps"):
+                query()
+        elapsed = time.perf_counter() - started
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert elapsed < 1.0
+    assert peak < 16 << 20
+
+
+def test_floor_refusal_names_the_limit() -> None:
+    # 10^7 steps: the floor is (T - 1) sqrt(2) gamma_2 / 2 ~ 1.6e-9; a delta at or below
+    # twice that is refused up front with the smallest delta that can be asked for.
+    steps = 10**7
+    floor = numerics.roundoff_floor(steps)
+    assert floor == pytest.approx((steps - 1) * math.sqrt(2) * 2 * 2.0**-53 / 2, rel=1e-6)
+    accountant = PLDAccountant().compose(PoissonSampled(Gaussian(1.1), 256 / 60000), steps)
+    with pytest.raises(ValueError, match=r"10000000 composed steps.*delta >= 3\.1e-09"):
         accountant.epsilon(3e-9)
-    assert math.isfinite(accountant.epsilon(1e-8))
+    core.pld_certified_rfft(np.ones(3), 16)  # the module is importable and the core has it

@@ -151,18 +151,21 @@ void bind_pld(py::module_& m) {
   m.def(
       "pld_delta_crossing",
       [](py::array_t<double, py::array::c_style | py::array::forcecast> mass, double constant,
-         double decay, double delta, bool clip_negative) {
+         double decay, double delta, bool clip_negative, double relative_slack) {
         if (mass.ndim() != 1) throw py::value_error("mass must be one-dimensional");
+        if (!(relative_slack > -1.0 && relative_slack < 1.0)) {
+          throw py::value_error("relative_slack must be in (-1, 1)");
+        }
         pld::CurveCrossing crossing;
         {
           py::gil_scoped_release release;
           crossing = pld::delta_crossing(mass.data(), static_cast<std::size_t>(mass.shape(0)),
-                                         constant, decay, delta, clip_negative);
+                                         constant, decay, delta, clip_negative, relative_slack);
         }
         return py::make_tuple(crossing.index, crossing.tail_mass, crossing.tail_weighted);
       },
       py::arg("mass"), py::arg("constant"), py::arg("decay"), py::arg("delta"),
-      py::arg("clip_negative"),
+      py::arg("clip_negative"), py::arg("relative_slack") = 0.0,
       "(j, A, W): the smallest grid index j whose hockey-stick value A_j + constant - W_j is <= "
       "delta (-1 if none), with A_{j-1} = sum_{k >= j} m_k and W_{j-1} = sum_{k >= j} m_k "
       "decay^(k - j + 1) when j > 0 (see pld.hpp).");
@@ -236,6 +239,52 @@ void bind_pld(py::module_& m) {
       py::arg("spectrum"), py::arg("size"), py::arg("threads"),
       "(even, odd): the real spectra of length size / 2 whose inverse transforms are the even and "
       "odd samples of irfft(spectrum, size) (the inverse of fft_combine_halves).");
+  m.def(
+      "pld_certified_rfft",
+      [](py::array_t<double, py::array::c_style | py::array::forcecast> values, std::int64_t size) {
+        if (values.ndim() != 1) throw py::value_error("values must be one-dimensional");
+        py::array_t<std::complex<double>> out(static_cast<py::ssize_t>(size / 2 + 1));
+        const auto length = static_cast<std::size_t>(values.shape(0));
+        {
+          py::gil_scoped_release release;
+          pld::certified_rfft(values.data(), length, size, out.mutable_data());
+        }
+        return out;
+      },
+      py::arg("values"), py::arg("size"),
+      "rfft(values, size) by the transform of pld.hpp (certified_rfft) whose error has an a priori "
+      "componentwise bound.");
+  m.def(
+      "pld_certified_irfft",
+      [](const ComplexArray& spectrum, std::int64_t size) {
+        require_entries(spectrum, size / 2 + 1, "spectrum");
+        py::array_t<double> out(static_cast<py::ssize_t>(size));
+        {
+          py::gil_scoped_release release;
+          pld::certified_irfft(spectrum.data(), size, out.mutable_data());
+        }
+        return out;
+      },
+      py::arg("spectrum"), py::arg("size"),
+      "irfft(spectrum, size) by the transform of pld.hpp (certified_irfft) whose error has an a "
+      "priori normwise bound.");
+  m.def(
+      "pld_certified_band_dft",
+      [](py::array_t<double, py::array::c_style | py::array::forcecast> values, std::int64_t size,
+         std::int64_t reach) {
+        if (values.ndim() != 1) throw py::value_error("values must be one-dimensional");
+        if (reach < 0 || reach > size / 2 + 1) throw py::value_error("reach must be in [0, size/2 + 1]");
+        py::array_t<std::complex<double>> out(static_cast<py::ssize_t>(reach));
+        const auto length = static_cast<std::size_t>(values.shape(0));
+        {
+          py::gil_scoped_release release;
+          pld::certified_band_dft(values.data(), length, size, reach, out.mutable_data());
+        }
+        return out;
+      },
+      py::arg("values"), py::arg("size"), py::arg("reach"),
+      "The first `reach` entries of rfft(values, size) by direct summation (pld.hpp: "
+      "certified_band_dft), with an a priori componentwise error bound.");
 }
 
 }  // namespace dpsharp::bindings

@@ -7,7 +7,7 @@
 namespace dpsharp::pld {
 
 CurveCrossing delta_crossing(const double* mass, std::size_t size, double constant, double decay,
-                             double delta, bool clip_negative) {
+                             double delta, bool clip_negative, double relative_slack) {
   if (!(decay > 0.0 && decay < 1.0)) throw std::invalid_argument("decay must be in (0, 1)");
   CurveCrossing out;
   if (size == 0) return out;
@@ -23,7 +23,8 @@ CurveCrossing delta_crossing(const double* mass, std::size_t size, double consta
       tail_mass += next_mass;
       tail_weighted = decay * next_mass + decay * tail_weighted;
     }
-    const double curve = tail_mass + constant - tail_weighted;
+    const double curve =
+        tail_mass * (1.0 + relative_slack) + constant - tail_weighted * (1.0 - relative_slack);
     if (curve <= delta) {
       out.index = static_cast<std::int64_t>(j);
       out.tail_mass = tail_mass;

@@ -72,10 +72,27 @@ def pld_coarsen_optimistic(
     pld.hpp); negative entries count as 0."""
 
 def pld_delta_crossing(
-    mass: npt.ArrayLike, constant: float, decay: float, delta: float, clip_negative: bool
+    mass: npt.ArrayLike,
+    constant: float,
+    decay: float,
+    delta: float,
+    clip_negative: bool,
+    relative_slack: float = 0.0,
 ) -> tuple[int, float, float]:
-    """(j, A, W): the smallest grid index j whose hockey-stick value A_j + constant - W_j is <=
-    delta (-1 if none), with A and W at j - 1 when j > 0 (see pld.hpp)."""
+    """(j, A, W): the smallest grid index j whose hockey-stick value A_j (1 + s) + constant -
+    W_j (1 - s) is <= delta (-1 if none), with A and W at j - 1 when j > 0 (see pld.hpp)."""
+
+def pld_certified_rfft(values: npt.ArrayLike, size: int) -> npt.NDArray[np.complex128]:
+    """rfft(values, size) by the transform of pld.hpp (certified_rfft), with an a priori
+    componentwise error bound."""
+
+def pld_certified_irfft(spectrum: npt.ArrayLike, size: int) -> npt.NDArray[np.float64]:
+    """irfft(spectrum, size) by the transform of pld.hpp (certified_irfft), with an a priori
+    normwise error bound."""
+
+def pld_certified_band_dft(values: npt.ArrayLike, size: int, reach: int) -> npt.NDArray[np.complex128]:
+    """The first `reach` entries of rfft(values, size) by direct summation (pld.hpp:
+    certified_band_dft), with an a priori componentwise error bound."""
 
 def pld_band_suffix_sums(
     plain: npt.ArrayLike, discounted: npt.ArrayLike, total: float, size: int, grid_step: float, index: int

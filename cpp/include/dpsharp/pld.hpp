@@ -26,6 +26,8 @@
 // errors of double precision (relative ~1e-12 on a cell mass) are not certified.
 #pragma once
 
+#include <complex>
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -140,7 +142,10 @@ std::vector<double> log_mgf(const double* mass, std::size_t size, std::int64_t o
 // exponentials). `index` is the smallest j with curve_j <= delta (-1 if there is none) and, when
 // index > 0, tail_mass and tail_weighted are A and W at index - 1 (between grid points index - 1
 // and index the curve is A - e^{eps - l_{index-1}} W). clip_negative: negative masses (FFT
-// round-off) count as 0.
+// round-off) count as 0. relative_slack in (-1, 1): the curve tested is
+// A_j (1 + slack) + constant - W_j (1 - slack): with slack = g (-g) an upper (a lower) bound of
+// the exact curve when the sums' rounding is within g relative (the returned A and W are the
+// computed sums).
 struct CurveCrossing {
   std::int64_t index = -1;
   double tail_mass = 0.0;
@@ -148,7 +153,7 @@ struct CurveCrossing {
 };
 
 CurveCrossing delta_crossing(const double* mass, std::size_t size, double constant, double decay,
-                             double delta, bool clip_negative);
+                             double delta, bool clip_negative, double relative_slack = 0.0);
 
 // A composition's window masses held as the band of a real trigonometric polynomial,
 // m_k = (1/n) [D_0 + 2 Re sum_{f=1}^{J-1} D_f w^{f k}] (w = e^{2 pi i / n}, 0 <= k < n), through
@@ -177,5 +182,26 @@ BandSums band_suffix_sums(const BandTerms& terms, std::int64_t index);
 // nan, nan) if the curve is already at most delta at `first`.
 CurveCrossing band_crossing(const BandTerms& terms, std::int64_t first, double constant,
                             double delta);
+
+// Discrete Fourier transforms with a priori error bounds (pld_transforms.cpp; the analysis is in
+// python/dpsharp/accountants/_pld_numerics.py). `size` is m 2^k with m odd, m <= kMaxOddFactor
+// and 8 | size. Twiddles e^{-2 pi i j / size} are formed from the angle reduced to [0, pi / 4]
+// in integers and std::cos / std::sin, and as products of two such values.
+//  * certified_rfft: X_f = sum_s x_s e^{-2 pi i f s / size} for f = 0 .. size / 2 (out has
+//    size / 2 + 1 entries), x zero-padded from `length` <= size values: stage 0 is the direct
+//    DFT of odd length m of each decimated sequence, then k radix-2 decimation-in-time stages.
+//  * certified_irfft: x_j = (1/size) sum_{f < size} X_f e^{2 pi i f j / size} of the Hermitian
+//    extension of the half spectrum (imaginary parts of X_0 and X_{size/2} ignored).
+//  * certified_band_dft: X_f for f < reach by direct summation (blocks of kBandBlock terms in
+//    order, the block sums pairwise), with the phase f s mod size formed in integers.
+// Up to kFullTableUpTo points every twiddle is one twiddle_at value; beyond, the product of two.
+constexpr std::int64_t kMaxOddFactor = 15;
+constexpr std::int64_t kFullTableUpTo = std::int64_t{1} << 20;
+constexpr std::size_t kBandBlock = 16;
+void certified_rfft(const double* values, std::size_t length, std::int64_t size,
+                    std::complex<double>* out);
+void certified_irfft(const std::complex<double>* spectrum, std::int64_t size, double* out);
+void certified_band_dft(const double* values, std::size_t length, std::int64_t size,
+                        std::int64_t reach, std::complex<double>* out);
 
 }  // namespace dpsharp::pld

@@ -32,10 +32,11 @@ error of one evaluation of ``A_K - c W_K`` (0 <= c <= 1) is bounded by :attr:`Ba
 twice and ``(2/n) |D_f| (2 / |1 - w^f| + 2 / |1 - rho w^f|)``); the 24 covers the blocks of
 16 terms summed in order and the few rounded operations of each term (the phases
 ``w^{f(K+1)}`` are formed from ``f (K+1) mod n`` in integers, so their argument is exact before
-the final rounding). The error of the coefficients themselves (the forward transform and the
-T-th power) is the one a dense composition has too, covered by ``ComposedPLD.noise``
-(measured against the exact Gaussian curve in tests/test_pld_roundoff.py and
-tests/test_pld_band.py).
+the final rounding). The error of the coefficients themselves (the leaf transforms, the T-th
+power and the rotation onto the window) has the proven bound of
+:mod:`dpsharp.accountants._pld_numerics` (``ComposedPLD.noise``), which a dense composition has
+too; the two are added on each side (tests/test_pld_roundoff.py checks them against exact
+convolutions).
 """
 
 from __future__ import annotations

@@ -23,11 +23,14 @@ of steps on the fine grid, each block moved to a coarser grid by a mean-preservi
 A long composition's spectrum is confined to a band of low frequencies; such a composition is
 kept as that band and its epsilon and delta queries are answered from closed-form sums over it,
 without the inverse transform of the circle (``_pld_band``). A narrow per-step PLD composed many
-times then needs its transform only below a frequency that a total-variation bound certifies,
-computed by a chirp transform of about the PLD's length (``_pld_numerics._pruned_reach``); with
-that, one stage is usually cheaper than two and the staging prediction says so.
-The FFT round-off that no negative mass reveals is covered by an allowance of 2^-52 per composed
-step in delta (``_ROUNDOFF_PER_STEP``), measured rather than proven.
+times then needs its transform only below a frequency that a certificate bounds (total variation
+or a coarse certified grid), computed by direct sums over the PLD's masses
+(``_pld_numerics._pruned_reach``); with that, one stage is usually cheaper than two and the
+staging prediction says so.
+The floating-point error of the composition (transforms, powers, inverse transform, sums) is
+covered by an a priori bound proven in ``_pld_numerics`` (ComposedPLD.noise), added to every
+upper delta and subtracted from every lower one; a composition whose bound alone exceeds the
+asked delta is refused before anything is allocated.
 Hockey-stick curves:
 delta(eps) = E_P[(1 - e^{eps - L})_+] + P(L = inf) (Balle, Wang 2018; the "tail of two densities"
 blog, seed 003).
@@ -66,6 +69,7 @@ from dpsharp.accountants._pld_numerics import (
     compose,
     compose_staged,
     parallel_map,
+    roundoff_floor,
     staging_pays,
     threads_for_caller,
 )
@@ -92,16 +96,6 @@ _TAIL_BUDGET = 1e-12
 _MIN_TAIL = 1e-30
 #: Largest FFT circle (2^24 points, 128 MiB of doubles) before giving up refining.
 _MAX_SIZE = 1 << 24
-#: Allowance per composed step for the floating-point error of an FFT composition, added to
-#: every pessimistic delta and subtracted from every optimistic one (ComposedPLD.noise). The
-#: T-th power of a spectrum turns its ~1e-16 relative error into ~T 1e-16, which moves the
-#: composed masses smoothly (no negative mass shows it). Measured at T = 2.4e5 on 1-2 million
-#: point circles, delta ~ 1e-8: a one-stage Gaussian's pessimistic delta 1.4e-12 below the
-#: exact mpmath curve and its optimistic one 5.5e-12 above it; the one-stage and two-stage
-#: routes 3e-12 apart; an optimistic delta 1.1e-12 above the pessimistic one on the same grid.
-#: The largest, ~7e-12, is 0.13 x 2^-52 T; the allowance is 2^-52 T, about 7 times that
-#: (tests/test_pld_roundoff.py). An allowance from measurements, not a proof.
-_ROUNDOFF_PER_STEP = 2.0**-52
 
 
 @dataclass(frozen=True)
@@ -194,11 +188,10 @@ class PLDAccountant(Accountant):
     Notes
     -----
     ``epsilon(delta)`` is always a certified upper bound (up to double-precision round-off of
-    about 1e-12 relative in the cell masses, which is not certified, and with an allowance of
-    2^-52 T in delta for the round-off of a T-step FFT composition, which is measured, not
-    proven), computed on the grid the precision implies. A delta below twice that allowance is
-    refused (except for a composition of pure-DP mechanisms, whose largest loss bounds epsilon
-    at every delta without an FFT).
+    about 1e-12 relative in the cell masses, which is not certified; the round-off of the FFT
+    composition is covered by a proven bound, see ``_pld_numerics``), computed on the grid the
+    precision implies. A delta below twice that bound is refused (except for a composition of
+    pure-DP mechanisms, whose largest loss bounds epsilon at every delta without an FFT).
 
     One composition, one certified number: :meth:`epsilon`, the upper end of
     :meth:`epsilon_bounds`, :meth:`guarantee` and every entry point built on them (the
@@ -398,6 +391,7 @@ class PLDAccountant(Accountant):
         # not depend on the order of compose() calls and queries, nor on a checkpoint restore:
         # the caches below are keyed by those parameters and only save work.
         steps = self._steps()
+        self._check_floor_up_front(2.0, 1.0)  # before anything is allocated
         bucket = 1 << max(steps - 1, 0).bit_length()  # smallest power of two >= steps
         per_step_tail = tail / bucket
         quantum = self._rounding_quantum(direction, pessimistic)
@@ -457,7 +451,6 @@ class PLDAccountant(Accountant):
                 spectra=cache.spectra[pessimistic] if few_leaves else None,
                 keys=list(order),
             )
-        result = dataclasses.replace(result, noise=_ROUNDOFF_PER_STEP * steps)
         if pessimistic:
             result = _Composition.of(result, plds, counts)
         cache.results = {(pessimistic, tuple(order), counts): result}
@@ -519,6 +512,8 @@ class PLDAccountant(Accountant):
         return self._epsilon_side(delta, pessimistic=True, refinement=0)
 
     def _epsilon_side(self, delta: float, *, pessimistic: bool, refinement: int) -> float:
+        if not self._bounded_loss_only():
+            self._check_floor_up_front(2.0, delta)
         tail = _tail_for(delta, self._precision)
         if pessimistic:
 
@@ -567,18 +562,49 @@ class PLDAccountant(Accountant):
                 best = max(best, upper_value(self._composed(direction, True, step, tail)))
         return best
 
+    def _bounded_loss_only(self) -> bool:
+        """Whether every composed event is a Laplace mechanism (bounded loss, whose support
+        bound needs no FFT, see :class:`_Composition`)."""
+        return all(
+            isinstance(leaf.event if isinstance(leaf, Shuffled) else leaf, Laplace)
+            for leaf in self._counts
+        )
+
+    def _check_floor_up_front(self, factor: float, delta: float) -> None:
+        """Refuse, before anything is composed, a query whose answer the proven round-off bound
+        alone makes void: ``factor`` times its lower part for this many steps
+        (:func:`~dpsharp.accountants._pld_numerics.roundoff_floor`, microseconds) at least
+        ``delta`` (an epsilon query needs delta above twice the bound; any query needs the bound
+        below 1/2)."""
+        steps = self._steps()
+        floor = roundoff_floor(steps)
+        if factor * floor < delta:
+            return
+        product = math.sqrt(2.0) * 2.0 * 2.0**-53 / (1.0 - 2.0 * 2.0**-53)
+        limit = 2.0 * min(delta / factor, 0.25) / product
+        raise ValueError(
+            f"{steps} composed steps are beyond what double-precision FFT composition can "
+            f"certify at delta={delta!r}: the proven round-off bound of the composition is at "
+            f"least {floor:.1e} (the rounding of {steps - 1} complex products, (1 + sqrt(2) "
+            f"gamma_2)^(T - 1) - 1 over 2); ask for delta >= {factor * floor:.1e} or account at "
+            f"most about {limit:.1e} steps per query"
+        )
+
     def _check_floor(self, results: list[ComposedPLD], delta: float) -> None:
         """Refuse a delta at the round-off level: below 10 times the round-off estimate (the
         negative mass of a dense composition, the evaluation bound of one held as a band), below
-        1e-15, or below twice the round-off allowance of the composition (there every epsilon
+        1e-15, or below twice the proven round-off bound of the composition (there every epsilon
         would be infinite or bounded only loosely)."""
         noise = max(r.roundoff for r in results) + 1e-16 * max(math.sqrt(r.size) for r in results)
-        allowance = max(r.noise for r in results)
+        allowance = max(
+            r.noise + (r.spectral.error if r.spectral is not None else r.mass_noise)
+            for r in results
+        )
         floor = max(10.0 * noise, 1e-15, 2.0 * allowance)
         if delta < floor:
             raise ValueError(
                 f"delta={delta!r} is below what double-precision FFT composition can certify for "
-                f"this composition (round-off level ~{noise:.1e}, allowance for "
+                f"this composition (round-off level ~{noise:.1e}, proven round-off bound for "
                 f"{self._steps()} composed steps {allowance:.1e}); ask for delta >= {floor:.1e}"
             )
 
