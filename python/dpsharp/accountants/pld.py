@@ -582,12 +582,16 @@ class PLDAccountant(Accountant):
             return
         product = math.sqrt(2.0) * 2.0 * 2.0**-53 / (1.0 - 2.0 * 2.0**-53)
         limit = 2.0 * min(delta / factor, 0.25) / product
+        smallest = (
+            f"ask for delta >= {factor * floor:.1e}" if factor * floor < 1.0
+            else "no delta below 1 can be certified"
+        )
         raise ValueError(
             f"{steps} composed steps are beyond what double-precision FFT composition can "
             f"certify at delta={delta!r}: the proven round-off bound of the composition is at "
             f"least {floor:.1e} (the rounding of {steps - 1} complex products, (1 + sqrt(2) "
-            f"gamma_2)^(T - 1) - 1 over 2); ask for delta >= {factor * floor:.1e} or account at "
-            f"most about {limit:.1e} steps per query"
+            f"gamma_2)^(T - 1) - 1 over 2); {smallest}, or account at most about {limit:.1e} "
+            f"steps per query"
         )
 
     def _check_floor(self, results: list[ComposedPLD], delta: float) -> None:
