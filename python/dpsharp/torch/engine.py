@@ -1032,6 +1032,9 @@ class PrivacyEngine:
         self.optimizer._set_noise_multiplier(sigma, online=False)
         self.optimizer._noise_chosen_online = bool(state.get("noise_chosen_online", False))
         self.optimizer._lot_pending = bool(state["lot_pending"])
+        # A checkpoint holds no clipped sums: what was accumulated since it (e.g. a lot whose
+        # release was refused) is dropped, unreleased, exactly as in a fresh process.
+        self.optimizer.clipper.reset()
         self._released = releases
         self._pending_charge = None
         self._allowance = None
