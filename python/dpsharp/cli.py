@@ -24,6 +24,10 @@ Sub-commands:
     Query time against the peers, scaling in T and in distinct sigmas (:mod:`dpsharp.bench.speed`).
 ``dpsharp accountants``
     The registered accountant names.
+``dpsharp audit``
+    One-run privacy audit (Steinke, Nasr, Jagielski 2023) of a DP-SGD run of a small built-in
+    model on the digits with gradient canaries: eps_lower next to the accountant's eps_upper
+    (:mod:`dpsharp.torch.audit`); exit status 0 if eps_lower <= eps_upper, 1 if not.
 
 ``dpsharp epsilon --json`` prints one object::
 
@@ -541,7 +545,52 @@ def _build_parser() -> argparse.ArgumentParser:
 
     listing = commands.add_parser("accountants", help="list the registered accountants")
     listing.set_defaults(handler=_run_accountants, _parser=listing)
+    _add_audit_command(commands)
     return parser
+
+
+# ---------------------------------------------------------------------------- audit
+def _add_audit_command(commands: Any) -> None:
+    audit = commands.add_parser("audit", help="one-run privacy audit of DP-SGD with canaries")
+    audit.add_argument("--noise-multiplier", type=_finite_float, default=2.0, metavar="S",
+                       help="noise std / clipping bound (default 2)")
+    audit.add_argument("--max-grad-norm", type=_positive_float, default=1.0, metavar="C",
+                       help="clipping bound (default 1)")
+    audit.add_argument("--steps", type=_positive_int, default=100, help="noisy steps (default 100)")
+    audit.add_argument("--sample-rate", type=_finite_float, default=0.05, metavar="Q",
+                       help="Poisson sampling rate (default 0.05)")
+    audit.add_argument("--canaries", type=_positive_int, default=1000, metavar="M",
+                       help="gradient canaries, each included with probability 1/2 (default 1000)")
+    audit.add_argument("--confidence", type=_finite_float, default=0.95,
+                       help="confidence of the lower bound, in (0, 1) (default 0.95)")
+    audit.add_argument("--delta", type=_delta, default=1e-5, help="delta (default 1e-5)")
+    audit.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    audit.add_argument("--json", action="store_true", help="print one JSON object")
+    audit.add_argument("--no-progress", action="store_true", help="no progress bar")
+    audit.set_defaults(handler=_run_audit, _parser=audit)
+
+
+def _run_audit(args: argparse.Namespace) -> int:
+    from dpsharp.torch.audit import audit_digits
+
+    result = audit_digits(
+        noise_multiplier=args.noise_multiplier, max_grad_norm=args.max_grad_norm,
+        steps=args.steps, sample_rate=args.sample_rate, delta=args.delta,
+        canaries=args.canaries, confidence=args.confidence, seed=args.seed,
+        progress=not args.no_progress,
+    )
+    if args.json:
+        score, k, correct, _ = result.best
+        print(json.dumps({
+            "epsilon_lower": result.epsilon_lower, "epsilon_upper": result.epsilon_upper,
+            "passed": result.passed, "certified": result.certified,
+            "confidence": result.confidence, "delta": result.delta,
+            "canaries": result.canaries, "included": result.included, "steps": result.steps,
+            "best": {"score": score, "k": k, "correct": correct, "guesses": 2 * k},
+        }))
+    else:
+        print(result.summary())
+    return 0 if result.passed else 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -48,6 +48,9 @@ _LAZY: dict[str, str] = {
     "attach_schedule": "dpsharp.torch.schedules",
     # scale-out (issue 9): distributed data parallel
     "DistributedPoissonDataLoader": "dpsharp.torch.distributed",
+    # one-run privacy audit with gradient canaries (Steinke, Nasr, Jagielski 2023)
+    "audit": "dpsharp.torch.audit",
+    "AuditResult": "dpsharp.torch.audit",
 }
 
 __all__ = sorted(_LAZY)
