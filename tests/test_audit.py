@@ -250,15 +250,17 @@ def test_audit_bad_input():
 
 
 @pytest.mark.torch
-def test_cli_audit_json():
+def test_cli_audit_json(tmp_path):
     import json
     import subprocess
     import sys
 
     pytest.importorskip("sklearn")
+    pytest.importorskip("matplotlib")
     result = subprocess.run(
         [sys.executable, "-m", "dpsharp", "audit", "--steps", "30", "--canaries", "200",
-         "--json", "--no-progress"], capture_output=True, text=True, timeout=300, check=False)
+         "--json", "--no-progress", "--plot", str(tmp_path / "audit.png")],
+        capture_output=True, text=True, timeout=300, check=False)
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     # sigma 2, q 0.05, 30 steps at delta 1e-5, recomposed by hand into a fresh PLD accountant
@@ -269,6 +271,7 @@ def test_cli_audit_json():
     assert report["epsilon_upper"] == pytest.approx(reference.epsilon(1e-5), rel=1e-6)
     assert report["passed"] and 0.0 <= report["epsilon_lower"] <= report["epsilon_upper"]
     assert report["canaries"] == 200 and 0 < report["included"] < 200
+    assert (tmp_path / "audit.png").stat().st_size > 1000
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -284,3 +287,21 @@ def test_cli_audit_bad_input_one_line(flags, message, capsys):
     assert cli.main(["audit", "--no-progress", *flags]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and err.startswith("dpsharp audit: error:") and message in err
+
+
+@pytest.mark.torch
+def test_canary_contributes_exactly_the_clipping_bound_per_sampled_step():
+    """Without noise (sigma = 0, the real code), canary j's coordinate of a release is
+    C * [j sampled] / B with B = q n: the summed score times B / C is a whole number of sampled
+    steps, 0 for every excluded canary, and averages q T over the included ones (binomial
+    mean, 5-sigma band). The canary's norm 100 C is clipped to exactly C."""
+    result = _audit(4, noise_multiplier=0.0, max_grad_norm=0.5)
+    assert result.epsilon_upper == math.inf and result.passed
+    n = 200 + result.included
+    counts = result.scores["sum"] * (0.05 * n) / 0.5
+    assert np.allclose(counts, np.round(counts), atol=1e-3)
+    assert np.all(np.round(counts[~result.membership]) == 0)
+    sampled = np.round(counts[result.membership])
+    q, t = 0.05, 100
+    band = 5 * math.sqrt(q * (1 - q) * t / sampled.size)
+    assert abs(sampled.mean() - q * t) < band and sampled.max() <= t

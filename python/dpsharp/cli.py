@@ -566,6 +566,7 @@ def _add_audit_command(commands: Any) -> None:
     audit.add_argument("--delta", type=_delta, default=1e-5, help="delta (default 1e-5)")
     audit.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     audit.add_argument("--json", action="store_true", help="print one JSON object")
+    audit.add_argument("--plot", metavar="FILE.png", help="also draw the canaries' scores")
     audit.add_argument("--no-progress", action="store_true", help="no progress bar")
     audit.set_defaults(handler=_run_audit, _parser=audit)
 
@@ -590,6 +591,8 @@ def _run_audit(args: argparse.Namespace) -> int:
         }))
     else:
         print(result.summary())
+    if args.plot:
+        result.plot(args.plot)
     return 0 if result.passed else 1
 
 

@@ -227,6 +227,33 @@ class AuditResult:
                                "the run is less private than accounted.")
         )
 
+    def plot(self, path: str | None = None, score: str | None = None) -> Any:
+        """Histogram of one score (default: the best candidate's) for included and excluded
+        canaries, with the guess thresholds of the best guess size; returns the matplotlib
+        Figure and writes it to ``path`` (PNG) if given. Needs matplotlib."""
+        from dpsharp.plots import _new_figure, _save
+
+        name = self.best[0] if score is None else score
+        if name not in self.scores or self.membership is None:
+            raise ValueError(f"score must be one of {sorted(self.scores)}, got {score!r}")
+        values, member = np.asarray(self.scores[name]), self.membership
+        k = max((c for c in self.candidates if c[0] == name), key=lambda c: c[3])[1]
+        ordered = np.sort(values)
+        figure = _new_figure()
+        axes = figure.add_subplot(1, 1, 1)
+        bins = np.linspace(ordered[0], ordered[-1], 60)
+        axes.hist(values[member], bins=bins, alpha=0.6, label="included canaries")
+        axes.hist(values[~member], bins=bins, alpha=0.6, label="excluded canaries")
+        axes.axvline(ordered[k - 1], color="k", linestyle="--", label=f"bottom {k}: 'excluded'")
+        axes.axvline(ordered[-k], color="k", linestyle=":", label=f"top {k}: 'included'")
+        axes.set_xlabel(f"{name} score")
+        axes.set_ylabel("canaries")
+        axes.set_title(f"eps_lower {self.epsilon_lower:.2f} vs eps_upper "
+                       f"{self.epsilon_upper:.2f} ({'pass' if self.passed else 'FAIL'})")
+        axes.legend(fontsize="small")
+        _save(figure, path)
+        return figure
+
 
 def _guesses(scores: np.ndarray, membership: np.ndarray, k: int,
              rng: np.random.Generator) -> int:
