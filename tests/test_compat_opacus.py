@@ -176,6 +176,33 @@ def test_get_noise_multiplier_has_opacus_semantics(family: str) -> None:
 
 
 @pytest.mark.peers
+def test_get_noise_multiplier_defaults_to_opacus_default_accountant() -> None:
+    """Opacus' get_noise_multiplier calibrates on its RDP accountant unless told otherwise;
+    ours defaults to the same kind (dpsharp's RDP), not to the tight PLD accountant (whose
+    smaller noise multiplier a porting user would get silently before)."""
+    import inspect
+
+    utils = pytest.importorskip("opacus.accountants.utils")
+    if "rdp" not in dpsharp.available():
+        pytest.skip("the rdp accountant is not built in this checkout")
+    theirs = inspect.signature(utils.get_noise_multiplier).parameters["accountant"].default
+    mine = inspect.signature(compat.get_noise_multiplier).parameters["accountant"].default
+    assert mine == theirs == "rdp"
+    setting = dict(target_epsilon=3.0, target_delta=1e-5, sample_rate=0.01, steps=500)
+    sigma = compat.get_noise_multiplier(**setting)
+    assert sigma == compat.get_noise_multiplier(**setting, accountant="rdp")
+    # Opacus' own RDP calibration, an independent reference: the same kind of accountant
+    # (the two binary searches stop at different points within their epsilon tolerance)
+    import warnings
+
+    with warnings.catch_warnings():  # Opacus warns while its search tries sigma = 20
+        warnings.simplefilter("ignore", UserWarning)
+        opacus_sigma = utils.get_noise_multiplier(**setting)
+    assert abs(sigma / opacus_sigma - 1.0) < 0.01
+    assert abs(compat.get_noise_multiplier(**setting, accountant="pld") / opacus_sigma - 1) > 0.01
+
+
+@pytest.mark.peers
 def test_rdp_adapter_matches_opacus_rdp_accountant() -> None:
     opacus_accountants = pytest.importorskip("opacus.accountants")
     cls = built(compat.RDPAccountant)

@@ -66,8 +66,13 @@ side and are never less conservative than dp-accounting:
 * ``PoissonSampledDpEvent`` under REPLACE_ONE is refused: dpsharp analyses Poisson sampling
   under add/remove only (dp-accounting's PLD has a replace-one analysis of a Poisson-sampled
   Gaussian; dpsharp has none to translate it to).
-* ``NeighboringRelation.REPLACE_SPECIAL`` (a record replaced by a special, e.g. zero, record)
-  is refused by the adapter accountants.
+* ``NeighboringRelation.REPLACE_SPECIAL`` (a record replaced by a special record that adds
+  zero to every released sum; Kairouz et al. 2021, Definition 1.1) is dpsharp's zero-out
+  relation: the events convert as under ADD_OR_REMOVE_ONE (sensitivity C), as dp-accounting
+  reads them there.
+* RDP orders outside (1, 1e6] (dp-accounting accepts 1 and inf) are left out of the minimum
+  over orders: never a smaller epsilon. ``get_epsilon(0)`` is inf unless nothing was released
+  (dpsharp certifies no pure-DP epsilon for its events); ``get_epsilon(1)`` is 0.
 
 Events with no dpsharp counterpart (Unsupported, RandomizedResponse, tree aggregation, ...)
 raise :class:`UnsupportedEventError` naming the event. ``NonPrivateDpEvent``, a zero noise
@@ -82,11 +87,20 @@ dp-accounting is imported lazily, only to build or recognise its objects.
 
 from __future__ import annotations
 
+import importlib
 import math
+import sys
 from collections.abc import Sequence
+from types import ModuleType
 from typing import Any
 
-from dpsharp._validation import is_real_number, require_delta, require_positive_finite
+from dpsharp._validation import (
+    is_real_number,
+    require_delta,
+    require_positive_finite,
+    require_probability,
+    require_real,
+)
 from dpsharp.accountants import Accountant, accountant
 from dpsharp.events import (
     Composed,
@@ -98,11 +112,17 @@ from dpsharp.events import (
     Repeated,
     SampledWithoutReplacement,
 )
+from dpsharp.tuning_events import (
+    PoissonTuning,
+    TruncatedNegativeBinomialTuning,
+    truncated_negative_binomial_mean,
+)
 
 __all__ = [
     "PLDAccountant",
     "PrivacyAccountant",
     "RDPAccountant",
+    "RdpAccountant",
     "UnsupportedEventError",
     "from_dp_event",
     "to_dp_event",
@@ -111,10 +131,16 @@ __all__ = [
 #: dp-accounting's sum of values of norm <= C moves by SHIFT[relation] * C between neighbours;
 #: dpsharp's noise multiplier is relative to that sensitivity. Powers of two: the division and
 #: the multiplication by them are exact in floating point, so conversions round-trip.
-_SHIFT: dict[Neighbouring, float] = {Neighbouring.ADD_REMOVE: 1.0, Neighbouring.REPLACE_ONE: 2.0}
+_SHIFT: dict[Neighbouring, float] = {
+    Neighbouring.ADD_REMOVE: 1.0,
+    Neighbouring.REPLACE_ONE: 2.0,
+    Neighbouring.ZERO_OUT: 1.0,
+}
 
 _LAPLACE_REPLACE_ONE = (
-    "LaplaceDpEvent has no unambiguous meaning under REPLACE_ONE: its definition (values of L1 "
+    "neighboring_relation must be `ADD_OR_REMOVE_ONE` or `REPLACE_SPECIAL` for `LaplaceDpEvent`"
+    ". Found NeighboringRelation.REPLACE_ONE. LaplaceDpEvent has no unambiguous meaning under "
+    "REPLACE_ONE: its definition (values of L1 "
     "norm <= C, noise scale noise_multiplier * C) gives an L1 sensitivity of 2C when a value is "
     "replaced, dp-accounting's PLDAccountant refuses it under REPLACE_ONE and its RdpAccountant "
     "reads a sensitivity of C. Account it under ADD_OR_REMOVE_ONE (sensitivity C), or, for a "
@@ -123,7 +149,9 @@ _LAPLACE_REPLACE_ONE = (
     "neighbouring='replace_one')"
 )
 _POISSON_REPLACE_ONE = (
-    "PoissonSampledDpEvent is not analysed under REPLACE_ONE by dpsharp: Poisson sampling is "
+    "neighboring_relation must be `ADD_OR_REMOVE_ONE` or `REPLACE_SPECIAL` for "
+    "`PoissonSampledDpEvent`. Found NeighboringRelation.REPLACE_ONE. PoissonSampledDpEvent is "
+    "not analysed under REPLACE_ONE by dpsharp: Poisson sampling is "
     "accounted under add/remove one (account the run with NeighboringRelation.ADD_OR_REMOVE_ONE), "
     "and dpsharp has no replace-one analysis of Poisson sampling to translate dp-accounting's to"
 )
@@ -166,8 +194,9 @@ def _error_class() -> type[Exception]:
 
 
 def _noise(event: Any, name: str, value: Any) -> float:
-    """A dp-accounting noise parameter, validated (dpsharp's message, naming the event)."""
-    return require_positive_finite(f"{type(event).__name__}.{name}", value)
+    """A dp-accounting noise parameter, validated (the message names the event's parameter
+    and starts with dp-accounting's words, "Noise multiplier")."""
+    return require_positive_finite(f"Noise multiplier {type(event).__name__}.{name}", value)
 
 
 def from_dp_event(event: Any, neighboring_relation: Any = None) -> Event:
@@ -195,9 +224,13 @@ def _from(event: Any, relation: Neighbouring, dp: Any) -> Event:
             raise _error_class()(f"{event!r}: {_LAPLACE_REPLACE_ONE}")
         return Laplace(scale / shift)
     if isinstance(event, dp.PoissonSampledDpEvent):
+        rate = require_probability(
+            f"Sampling rate {type(event).__name__}.sampling_probability",
+            event.sampling_probability,
+        )
         if relation is Neighbouring.REPLACE_ONE:
             raise _error_class()(f"{event!r}: {_POISSON_REPLACE_ONE}")
-        return PoissonSampled(_from(event.event, relation, dp), event.sampling_probability)
+        return PoissonSampled(_from(event.event, relation, dp), rate)
     if isinstance(event, dp.SampledWithoutReplacementDpEvent):
         # analysed under replace-one whatever the enclosing relation: the inner noise is read
         # relative to the replace-one sensitivity 2C
@@ -207,6 +240,8 @@ def _from(event: Any, relation: Neighbouring, dp: Any) -> Event:
         return Repeated(_from(event.event, relation, dp), event.count)
     if isinstance(event, dp.ComposedDpEvent):
         return Composed(tuple(_from(inner, relation, dp) for inner in event.events))
+    if isinstance(event, dp.dp_event.RepeatAndSelectDpEvent):
+        return _repeat_and_select(event, _from(event.event, relation, dp))
     if isinstance(event, dp.NoOpDpEvent):
         return Composed(())
     if isinstance(event, dp.DpEvent):
@@ -214,6 +249,48 @@ def _from(event: Any, relation: Neighbouring, dp: Any) -> Event:
     raise TypeError(
         f"event must be a dp_accounting DpEvent, got {event!r} ({type(event).__name__})"
     )
+
+
+def _repeat_and_select(event: Any, base: Event) -> Event:
+    """dpsharp's form of ``RepeatAndSelectDpEvent(event, mean, shape)``: run the base K times
+    and release the best run (Papernot and Steinke 2022), K ~ Poisson(mean) for shape = inf
+    (:class:`~dpsharp.tuning_events.PoissonTuning`), else K ~ D_{shape, gamma}, the truncated
+    negative binomial of Definition 1 with E[K] = mean (shape 0: logarithmic, 1: geometric;
+    :class:`~dpsharp.tuning_events.TruncatedNegativeBinomialTuning`). mean = 1 with a finite
+    shape is K = 1: the base event itself."""
+    shape = event.shape
+    if not is_real_number(shape) or math.isnan(shape) or shape < 0:
+        raise ValueError(f"RepeatAndSelectDpEvent.shape must be in [0, inf], got {shape!r}")
+    mean = event.mean
+    if not is_real_number(mean) or math.isnan(mean) or not 1 <= mean < math.inf:
+        raise ValueError(f"RepeatAndSelectDpEvent.mean must be in [1, inf), got {mean!r}")
+    if shape == math.inf:
+        return PoissonTuning(base, float(mean))
+    if mean == 1:
+        return base
+    return TruncatedNegativeBinomialTuning(base, float(shape), _gamma_for_mean(float(shape),
+                                                                              float(mean)))
+
+
+def _gamma_for_mean(eta: float, mean: float) -> float:
+    """The gamma in (0, 1) of D_{eta, gamma} with E[K] = ``mean`` > 1 (Papernot and Steinke
+    2022, Theorem 2: E[K] = eta (1 - gamma) / (gamma (1 - gamma^eta)), (1/gamma - 1) /
+    log(1/gamma) for eta = 0), by bisection: E[K] decreases from inf to 1 as gamma goes from 0
+    to 1. The lower end of the final bracket is returned: E[K] there is >= ``mean``, and the
+    RDP bound of Theorem 2 decreases in gamma (its log(1/gamma) and log E[K] terms do), so the
+    bound computed with it is at least the bound of the exact gamma."""
+    low, high = 0.0, 1.0
+    for _ in range(200):
+        middle = 0.5 * (low + high)
+        if middle in (low, high):
+            break
+        if truncated_negative_binomial_mean(eta, middle) >= mean:
+            low = middle
+        else:
+            high = middle
+    if low == 0.0:
+        raise ValueError(f"RepeatAndSelectDpEvent.mean {mean!r} is too large for shape {eta!r}")
+    return low
 
 
 def to_dp_event(event: Event, neighboring_relation: Any = None) -> Any:
@@ -246,6 +323,12 @@ def _to(event: Event, relation: Neighbouring, dp: Any) -> Any:
         )
     if isinstance(event, Repeated):
         return dp.SelfComposedDpEvent(_to(event.event, relation, dp), event.count)
+    if isinstance(event, PoissonTuning):
+        return dp.dp_event.RepeatAndSelectDpEvent(_to(event.base, relation, dp), event.mean, math.inf)
+    if isinstance(event, TruncatedNegativeBinomialTuning):
+        return dp.dp_event.RepeatAndSelectDpEvent(
+            _to(event.base, relation, dp), event.expected_runs, event.eta
+        )
     if isinstance(event, Composed):
         if not event.events:
             return dp.NoOpDpEvent()
@@ -274,6 +357,10 @@ def _strip_non_private(event: Any) -> tuple[Any, bool]:
         return dp.NoOpDpEvent(), True
     if isinstance(event, dp.PoissonSampledDpEvent) and _is_zero(event.sampling_probability):
         return dp.NoOpDpEvent(), False
+    if isinstance(event, dp.SampledWithoutReplacementDpEvent) and (
+        _is_zero(event.sample_size) or _is_zero(event.source_dataset_size)
+    ):
+        return dp.NoOpDpEvent(), False  # an empty sample: nothing is released
     if isinstance(event, (dp.PoissonSampledDpEvent, dp.SampledWithoutReplacementDpEvent)):
         _, found = _strip_non_private(event.event)
         return (dp.NoOpDpEvent(), True) if found else (event, False)
@@ -286,17 +373,26 @@ def _strip_non_private(event: Any) -> tuple[Any, bool]:
     return event, False
 
 
+#: delta(inf) is answered by delta at this epsilon (an upper bound: delta decreases in epsilon)
+_LARGEST_EPSILON = 1e300
+
 _RELATIONS = {
     "ADD_OR_REMOVE_ONE": Neighbouring.ADD_REMOVE,
     "REPLACE_ONE": Neighbouring.REPLACE_ONE,
+    "REPLACE_SPECIAL": Neighbouring.ZERO_OUT,
     "add_remove": Neighbouring.ADD_REMOVE,
     "replace_one": Neighbouring.REPLACE_ONE,
+    "zero_out": Neighbouring.ZERO_OUT,
 }
 
 
 def _relation(neighboring_relation: Any) -> Neighbouring:
     """dp-accounting's NeighboringRelation (or its name, or a dpsharp Neighbouring, or None for
-    ADD_OR_REMOVE_ONE) -> ours; only add/remove-one and replace-one are mapped."""
+    ADD_OR_REMOVE_ONE) -> ours. REPLACE_SPECIAL (a record replaced by a special record that
+    contributes zero to every released sum; Kairouz et al. 2021, Definition 1.1) is dpsharp's
+    zero-out relation, under which a sum of values of norm <= C moves by C, as under add/remove
+    (dp-accounting reads its Gaussian, Laplace and Poisson-sampled events under it exactly as
+    under ADD_OR_REMOVE_ONE)."""
     if neighboring_relation is None:
         return Neighbouring.ADD_REMOVE
     if isinstance(neighboring_relation, Neighbouring):
@@ -305,17 +401,9 @@ def _relation(neighboring_relation: Any) -> Neighbouring:
         name = getattr(neighboring_relation, "name", neighboring_relation)
     if isinstance(name, str) and name in _RELATIONS:
         return _RELATIONS[name]
-    if name in ("REPLACE_SPECIAL", "zero_out"):
-        raise ValueError(
-            "neighboring_relation REPLACE_SPECIAL (a record replaced by a special, e.g. zero, "
-            "record) is not mapped by the dp-accounting adapter: dp-accounting reads its events "
-            "under it with the add/remove sensitivity, which dpsharp does not assume for every "
-            "event; use NeighboringRelation.ADD_OR_REMOVE_ONE or REPLACE_ONE, or dpsharp's own "
-            f"accountants and events, got {neighboring_relation!r}"
-        )
     raise ValueError(
-        "neighboring_relation must be NeighboringRelation.ADD_OR_REMOVE_ONE or REPLACE_ONE, "
-        f"got {neighboring_relation!r}"
+        "neighboring_relation must be NeighboringRelation.ADD_OR_REMOVE_ONE, REPLACE_ONE or "
+        f"REPLACE_SPECIAL, got {neighboring_relation!r}"
     )
 
 
@@ -347,9 +435,11 @@ class PrivacyAccountant:
     def neighboring_relation(self) -> Any:
         """dp-accounting's NeighboringRelation member for this accountant's relation."""
         enum = _dp().NeighboringRelation
-        if self._relation is Neighbouring.ADD_REMOVE:
-            return enum.ADD_OR_REMOVE_ONE
-        return enum.REPLACE_ONE
+        return {
+            Neighbouring.ADD_REMOVE: enum.ADD_OR_REMOVE_ONE,
+            Neighbouring.REPLACE_ONE: enum.REPLACE_ONE,
+            Neighbouring.ZERO_OUT: enum.REPLACE_SPECIAL,
+        }[self._relation]
 
     @property
     def dpsharp_accountant(self) -> Accountant:
@@ -368,30 +458,67 @@ class PrivacyAccountant:
                 return None, str(exc), non_private
         return converted, self._accountant.unsupported_reason(converted), non_private
 
-    def supports(self, event: Any) -> bool:
-        """Whether :meth:`compose` would accept ``event``."""
+    def _first_invalid(self, event: Any) -> tuple[Any, str] | None:
+        """(the first sub-event that :meth:`compose` cannot take, why), or None: compositions
+        are searched through, as dp-accounting's accountants do, so the sub-event named is the
+        innermost unsupported one."""
+        dp = _dp()
+        if isinstance(event, Event):
+            converted, reason, _ = self._convert(event)
+            if reason is None:
+                try:
+                    to_dp_event(event, self._relation)  # the ledger must be able to hold it
+                except UnsupportedEventError as exc:
+                    reason = str(exc)
+            return None if reason is None else (event, reason)
+        if isinstance(event, dp.ComposedDpEvent):
+            for inner in event.events:
+                found = self._first_invalid(inner)
+                if found is not None:
+                    return found
+            return None
+        if isinstance(event, dp.SelfComposedDpEvent):
+            return self._first_invalid(event.event)
+        if not isinstance(event, dp.DpEvent):
+            raise TypeError(f"`event` must be `DpEvent`. Found {type(event)}.")
         converted, reason, _ = self._convert(event)
         if converted is None or reason is not None:
-            return False
-        if isinstance(event, Event):  # the ledger must be able to hold it
-            try:
-                to_dp_event(event, self._relation)
-            except UnsupportedEventError:
-                return False
-        return True
+            return (event, reason or "Unsupported event.")
+        return None
+
+    def _maybe_compose(self, event: Any, count: int, do_compose: bool) -> Any:
+        """dp-accounting's hook: None when ``event`` can be composed (and, with
+        ``do_compose``, composes it ``count`` times), else dp-accounting's
+        ``CompositionErrorDetails(invalid_event, error_message)``."""
+        found = self._first_invalid(event)
+        if found is not None:
+            details = _dp().PrivacyAccountant.CompositionErrorDetails
+            return details(invalid_event=found[0], error_message=found[1])
+        if do_compose:
+            self.compose(event, count)
+        return None
+
+    def supports(self, event: Any) -> bool:
+        """Whether :meth:`compose` would accept ``event``."""
+        return self._first_invalid(event) is None
 
     def compose(self, event: Any, count: int = 1) -> PrivacyAccountant:
         """Compose ``count`` runs of ``event``; returns ``self``. Raises
         :class:`UnsupportedEventError` (also a ``dp_accounting.UnsupportedEventError``) naming
-        the unsupported sub-event and why, leaving the state unchanged."""
+        the unsupported sub-event and why (dp-accounting's message: "Unsupported event: ...
+        Error: [...] caused by subevent ..."), leaving the state unchanged."""
         dp = _dp()
         if not isinstance(event, (dp.DpEvent, Event)):
             raise TypeError(f"`event` must be `DpEvent`. Found {type(event)}.")
-        converted, reason, non_private = self._convert(event)
-        if converted is None or reason is not None:
-            raise _error_class()(f"Unsupported event: {event}. Error: [{reason}]")
-        # dp-accounting's ledger in dp-accounting's convention; raises before any change for a
-        # dpsharp event without a counterpart, and validates count as dp-accounting does
+        found = self._first_invalid(event)
+        if found is not None:
+            raise _error_class()(
+                f"Unsupported event: {event}. Error: [{found[1]}] caused by subevent {found[0]}."
+            )
+        converted, _, non_private = self._convert(event)
+        assert converted is not None
+        # dp-accounting's ledger in dp-accounting's convention; validates count as
+        # dp-accounting does, before any change
         recorded = event if isinstance(event, dp.DpEvent) else to_dp_event(event, self._relation)
         builder = dp.DpEventBuilder() if self._builder is None else self._builder
         builder.compose(recorded, count)
@@ -408,16 +535,37 @@ class PrivacyAccountant:
         return self._builder.build()
 
     def get_epsilon(self, target_delta: float) -> float:
-        """epsilon(target_delta) of the composition (dpsharp's ``epsilon``); inf once an event
-        without noise was composed (as in dp-accounting)."""
-        epsilon = float(self._accountant.epsilon(target_delta))
-        return math.inf if self._non_private else epsilon
+        """epsilon(target_delta) of the composition (dpsharp's ``epsilon``), with dp-accounting's
+        edge cases: inf once an event without noise was composed; 0 when nothing was released
+        or at ``target_delta`` = 1 (every mechanism is (0, 1)-DP); at ``target_delta`` = 0, inf
+        (dpsharp states no pure-DP epsilon for its events: inf is the upper bound it can
+        certify)."""
+        delta = require_real("target_delta", target_delta)
+        if not 0.0 <= delta <= 1.0:
+            raise ValueError(f"target_delta must be in [0, 1], got {delta!r}")
+        if self._non_private:
+            return math.inf
+        if self._accountant.is_empty or delta == 1.0:
+            return 0.0
+        if delta == 0.0:
+            return math.inf
+        return float(self._accountant.epsilon(delta))
 
     def get_delta(self, target_epsilon: float) -> float:
-        """delta(target_epsilon) of the composition (dpsharp's ``delta``); 1 once an event
-        without noise was composed (as in dp-accounting)."""
-        delta = float(self._accountant.delta(target_epsilon))
-        return 1.0 if self._non_private else delta
+        """delta(target_epsilon) of the composition (dpsharp's ``delta``): 1 once an event
+        without noise was composed, 0 when nothing was released (as in dp-accounting). At
+        ``target_epsilon`` = inf: the certified delta at the largest finite epsilon, an upper
+        bound on delta(inf) because delta decreases in epsilon."""
+        if not is_real_number(target_epsilon):
+            raise TypeError(f"target_epsilon must be a real number, got {target_epsilon!r}")
+        epsilon = float(target_epsilon)
+        if math.isnan(epsilon):
+            raise ValueError("target_epsilon must be in [0, inf], got nan")
+        if self._non_private:
+            return 1.0
+        if self._accountant.is_empty:
+            return 0.0
+        return float(self._accountant.delta(min(epsilon, _LARGEST_EPSILON)))
 
 
 class PLDAccountant(PrivacyAccountant):
@@ -451,12 +599,39 @@ class PLDAccountant(PrivacyAccountant):
         return (float(lower), float(upper))
 
 
+#: the largest RDP order dpsharp's RDP accountant bounds
+_MAX_ORDER = 1e6
+
+
+def _usable_orders(orders: Sequence[float]) -> list[float]:
+    """The orders in (1, 1e6] of dp-accounting's ``orders`` (which may hold 1 and inf)."""
+    values = list(orders)
+    for value in values:
+        if not is_real_number(value) or math.isnan(value):
+            raise ValueError(f"orders must be real numbers >= 1, got {orders!r}")
+        if value < 1:
+            raise ValueError(f"orders must be >= 1, got {value!r} in {orders!r}")
+    kept = [value for value in values if 1 < value <= _MAX_ORDER]
+    if not kept:
+        raise ValueError(
+            f"orders must hold at least one order in (1, {_MAX_ORDER:g}] (dpsharp's RDP "
+            f"accountant bounds no other order), got {orders!r}"
+        )
+    return kept
+
+
 class RDPAccountant(PrivacyAccountant):
     """dp-accounting's ``rdp.RdpAccountant`` interface on dpsharp's RDP accountant
     (``RDPAccountant(orders=None, neighboring_relation=...)``);
     ``get_epsilon_and_optimal_order`` as there. Under REPLACE_ONE it reads dp-accounting's
     Gaussian events with the replace-one sensitivity of their definition (module docstring),
-    which dp-accounting's own RDP accountant does not."""
+    which dp-accounting's own RDP accountant does not.
+
+    dp-accounting accepts any order >= 1 (order 1 and inf included); dpsharp's RDP accountant
+    bounds orders in (1, 1e6]. Orders outside that range are left out of the minimum over
+    orders that gives epsilon: the minimum over fewer orders is never smaller, so the answer
+    stays an upper bound, at most less tight than with every order. ``orders`` with none in
+    (1, 1e6] is refused."""
 
     family = "rdp"
 
@@ -465,18 +640,59 @@ class RDPAccountant(PrivacyAccountant):
         **options: Any,
     ) -> None:
         if orders is not None:
-            options["orders"] = orders if isinstance(orders, str) else list(orders)
+            options["orders"] = orders if isinstance(orders, str) else _usable_orders(orders)
         super().__init__(neighboring_relation, **options)
 
     def get_epsilon_and_optimal_order(self, target_delta: float) -> tuple[float, float]:
         """(epsilon, the RDP order that attains it); (inf, nan) once an event without noise
-        was composed."""
+        was composed; (0, nan) when nothing was released or at ``target_delta`` = 1; (inf, nan)
+        at ``target_delta`` = 0 (as :meth:`get_epsilon`)."""
+        epsilon = self.get_epsilon(target_delta)
+        if self._non_private or self._accountant.is_empty or epsilon in (0.0, math.inf):
+            return (epsilon, math.nan)
         guarantee = self._accountant.guarantee(target_delta)
-        if self._non_private:
-            return (math.inf, math.nan)
         order = next(
             (guarantee.details[key] for key in ("order", "optimal_order", "best_order", "alpha")
              if key in guarantee.details),
             float("nan"),
         )
         return (float(guarantee.epsilon), float(order))
+
+
+#: dp-accounting's name for :class:`RDPAccountant`
+RdpAccountant = RDPAccountant
+
+
+def _submodule(name: str, doc: str, members: dict[str, Any]) -> ModuleType:
+    """``dpsharp.compat.dp_accounting.<name>``: dp-accounting's ``<name>`` package with
+    dpsharp's accountants in place of its own; its other names are dp-accounting's."""
+    module = ModuleType(f"{__name__}.{name}", doc)
+    module.__dict__.update(members)
+
+    def forward(attribute: str) -> Any:
+        return getattr(importlib.import_module(f"dp_accounting.{name}"), attribute)
+
+    module.__getattr__ = forward  # type: ignore[method-assign]
+    sys.modules[module.__name__] = module
+    return module
+
+
+pld = _submodule("pld", "dp-accounting's ``pld`` on dpsharp: ``pld.PLDAccountant``.",
+                 {"PLDAccountant": PLDAccountant})
+rdp = _submodule("rdp", "dp-accounting's ``rdp`` on dpsharp: ``rdp.RdpAccountant``.",
+                 {"RdpAccountant": RDPAccountant, "RDPAccountant": RDPAccountant})
+
+
+def __getattr__(name: str) -> Any:
+    """dp-accounting's other public names (``dp_event``, ``DpEventBuilder``,
+    ``NeighboringRelation``, the ``*DpEvent`` classes, ``mechanism_calibration``,
+    ``calibrate_dp_mechanism``, ...), so ``import dpsharp.compat.dp_accounting as
+    dp_accounting`` runs a dp-accounting script unchanged; the accountants are dpsharp's."""
+    if name.startswith("__"):
+        raise AttributeError(name)
+    try:
+        return getattr(_dp(), name)
+    except AttributeError:
+        raise AttributeError(
+            f"module {__name__!r} has no attribute {name!r} (nor has dp_accounting)"
+        ) from None

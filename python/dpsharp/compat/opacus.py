@@ -340,7 +340,7 @@ def get_noise_multiplier(
     sample_rate: float,
     epochs: float | None = None,
     steps: int | None = None,
-    accountant: str = "pld",
+    accountant: str = "rdp",
     epsilon_tolerance: float = 0.01,
     **kwargs: Any,
 ) -> float:
@@ -350,7 +350,10 @@ def get_noise_multiplier(
     by :mod:`dpsharp.calibrate` with a dpsharp accountant.
 
     ``accountant`` is a dpsharp registry name ("pld", "rdp", "gdp", ...), an adapter mechanism
-    ("dpsharp_pld", ...) or an Opacus name ("prv" -> "pld", "rdp", "gdp"). The result is
+    ("dpsharp_pld", ...) or an Opacus name ("prv" -> "pld", "rdp", "gdp"); the default is
+    Opacus' default, "rdp" (dpsharp's RDP accountant), so code that relies on Opacus' default
+    calibrates on the same kind of accountant; pass ``accountant="pld"`` (or "prv") for the
+    tight accountant and a smaller noise multiplier. The result is
     conservative: the achieved epsilon is <= ``target_epsilon`` and within
     ``epsilon_tolerance`` of it (Opacus' tolerance). Extra keyword arguments are ignored, as in
     Opacus. With ``accountant="gdp"`` the calibration is on the central-limit approximation,
