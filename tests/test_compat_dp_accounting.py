@@ -600,3 +600,83 @@ def test_repeat_and_select_is_papernot_steinke_tuning(shape: float) -> None:
     else:
         assert ours == pytest.approx(theirs, rel=1e-8)
     assert compat.to_dp_event(mine).shape == shape
+
+
+@pytest.mark.parametrize(("rho", "xi"), [(0.05, 0.0), (0.5, 0.1), (2.0, 0.0)])
+def test_zcdp_events_are_their_definitions_rdp_curve(rho: float, xi: float) -> None:
+    """ZCDpEvent(rho, xi) is dpsharp's ZCDP event, whose RDP curve is xi + rho alpha (Bun and
+    Steinke 2016, Definition 1.1): epsilon equal to dp-accounting's RdpAccountant on the same
+    orders and, for xi = 0, to the Gaussian mechanism with sigma = 1/sqrt(2 rho), whose curve
+    alpha / (2 sigma^2) is the same (Proposition 1.6). The adapter refused the event before."""
+    built("rdp")
+    from dpsharp.events import ZCDP, event_from_dict, event_to_dict
+
+    orders = [1.5, 2.0, 3.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0]
+    event = dp.dp_event.ZCDpEvent(rho, xi)
+    assert compat.from_dp_event(event, REPLACE_ONE) == ZCDP(rho, xi)
+    ours = compat.RdpAccountant(orders).compose(event, 3).get_epsilon(1e-5)
+    theirs = dp.rdp.RdpAccountant(orders).compose(event, 3).get_epsilon(1e-5)
+    assert ours == pytest.approx(theirs, rel=1e-12)
+    if xi == 0.0:
+        gaussian = dp.GaussianDpEvent(1 / math.sqrt(2 * rho))
+        assert ours == pytest.approx(
+            dp.rdp.RdpAccountant(orders).compose(gaussian, 3).get_epsilon(1e-5), rel=1e-9
+        )
+        if "zcdp" in dpsharp.available():
+            acc = dpsharp.accountant("zcdp")
+            acc.compose(ZCDP(rho), 3)  # rho-zCDP composes additively (Lemma 2.3)
+            assert acc.supports(ZCDP(rho))
+    assert event_from_dict(event_to_dict(ZCDP(rho, xi))) == ZCDP(rho, xi)
+    assert compat.to_dp_event(ZCDP(rho, xi)) == event
+    assert not compat.PLDAccountant().supports(event)  # no PLD for a bare zCDP guarantee
+    with pytest.raises(ValueError, match="rho"):
+        ZCDP(-0.1)
+    with pytest.raises(ValueError, match=r"ZCDpEvent.xi must be >= 0"):
+        compat.RdpAccountant().compose(dp.dp_event.ZCDpEvent(0.1, -1.0))
+
+
+def test_sampled_compositions_of_gaussians_are_one_gaussian() -> None:
+    """PoissonSampledDpEvent(q, ComposedDpEvent([G(1), SelfComposed(G(2), 4)])) is the
+    Poisson-sampled Gaussian of noise multiplier (1 + 4/4)^(-1/2) (mu-GDP composition, Dong,
+    Roth, Su 2019), as dp-accounting's RdpAccountant reads it; the adapter refused it before.
+    The RDP epsilon is never below dp-accounting's; the PLD one is never below the exact
+    epsilon's lower bound by dp-accounting's optimistic PLD of the equivalent event."""
+    built("rdp")
+    built("pld")
+    composed = dp.ComposedDpEvent(
+        [dp.GaussianDpEvent(1.0), dp.SelfComposedDpEvent(dp.GaussianDpEvent(2.0), 4)]
+    )
+    event = dp.PoissonSampledDpEvent(0.1, composed)
+    assert compat.from_dp_event(event) == dpsharp.PoissonSampled(
+        dpsharp.Gaussian(1 / math.sqrt(2.0)), 0.1
+    )
+    orders = [2.0, 4.0, 8.0, 16.0, 32.0, 64.0]
+    ours = compat.RdpAccountant(orders).compose(event, 10).get_epsilon(1e-5)
+    theirs = dp.rdp.RdpAccountant(orders).compose(event, 10).get_epsilon(1e-5)
+    assert theirs * (1 - 1e-9) <= ours <= theirs * 1.02
+    single = dp.PoissonSampledDpEvent(0.1, dp.GaussianDpEvent(1 / math.sqrt(2.0)))
+    optimistic = pld_lib.from_gaussian_mechanism(
+        1 / math.sqrt(2.0), sampling_prob=0.1, pessimistic_estimate=False,
+        value_discretization_interval=PEER_INTERVAL,
+    ).self_compose(10).get_epsilon_for_delta(1e-5)
+    pld = compat.PLDAccountant().compose(event, 10).get_epsilon(1e-5)
+    assert optimistic <= pld <= peer_pld_epsilon(ADD_REMOVE, dp.SelfComposedDpEvent(single, 10),
+                                                 1e-5) * 1.001
+
+
+def test_rdp_adapter_exposes_dp_accountings_curve() -> None:
+    """``_orders`` and ``_rdp`` as dp-accounting's RdpAccountant has them (its tests read
+    them): the Gaussian curve count alpha / (2 sigma^2) (Mironov 2017, Proposition 7) at the
+    orders dpsharp bounds, inf at order 1 and inf (no bound claimed there)."""
+    built("rdp")
+    orders = [1.0, 2.0, 3.5, math.inf]
+    acc = compat.RdpAccountant(orders).compose(dp.GaussianDpEvent(2.0), 3)
+    assert list(acc._orders) == orders
+    expected = [3 * alpha / (2 * 2.0**2) for alpha in orders]
+    theirs = dp.rdp.RdpAccountant(orders).compose(dp.GaussianDpEvent(2.0), 3)._rdp
+    for index in (1, 2):
+        assert acc._rdp[index] == pytest.approx(expected[index], rel=1e-12)
+        assert acc._rdp[index] == pytest.approx(theirs[index], rel=1e-12)
+    assert acc._rdp[0] == math.inf and acc._rdp[3] == math.inf
+    acc.compose(dp.NonPrivateDpEvent())
+    assert all(value == math.inf for value in acc._rdp)

@@ -62,7 +62,12 @@ import enum
 from dataclasses import MISSING, dataclass, fields
 from typing import Any, ClassVar, Iterable, Mapping
 
-from dpsharp._validation import require_count, require_positive_finite, require_probability
+from dpsharp._validation import (
+    require_count,
+    require_positive_finite,
+    require_probability,
+    require_real,
+)
 
 __all__ = [
     "Composed",
@@ -75,6 +80,7 @@ __all__ = [
     "Repeated",
     "SampledWithoutReplacement",
     "Shuffled",
+    "ZCDP",
     "event_from_dict",
     "event_to_dict",
     "flatten",
@@ -539,3 +545,29 @@ def event_from_dict(data: dict[str, Any]) -> Event:
         else:
             kwargs[field.name] = value
     return cls(**kwargs)
+
+
+def _require_finite_non_negative(name: str, value: object) -> float:
+    result = require_real(name, value)
+    if result < 0.0:
+        raise ValueError(f"{name} must be in [0, inf), got {result!r}")
+    return result
+
+
+@register_event_type
+@dataclass(frozen=True)
+class ZCDP(Event):
+    """A mechanism known only by its zero-concentrated DP guarantee: (xi, rho)-zCDP, i.e.
+    D_alpha(M(D) || M(D')) <= xi + rho alpha for every order alpha > 1 and neighbours D, D'
+    under the relation of the enclosing analysis (Bun and Steinke 2016, Definition 1.1;
+    rho-zCDP when xi = 0). The Gaussian mechanism with noise multiplier s is 1/(2 s^2)-zCDP
+    with equality of the curves (Bun and Steinke 2016, Proposition 1.6). Valid under every
+    relation: the guarantee is stated under the analysis' own relation.
+    """
+
+    rho: float
+    xi: float = 0.0
+
+    def __post_init__(self) -> None:
+        _freeze_float(self, "rho", _require_finite_non_negative("rho", self.rho))
+        _freeze_float(self, "xi", _require_finite_non_negative("xi", self.xi))

@@ -28,6 +28,7 @@ from dpsharp.events import (
     Neighbouring,
     PoissonSampled,
     SampledWithoutReplacement,
+    ZCDP,
     flatten,
 )
 from dpsharp.tuning_events import (
@@ -46,6 +47,8 @@ def leaf_rdp(leaf: Event, orders: npt.NDArray[np.float64]) -> npt.NDArray[np.flo
         return _rdp.gaussian_rdp(leaf.noise_multiplier, orders)
     if isinstance(leaf, Laplace):
         return _rdp.laplace_rdp(leaf.scale, orders)
+    if isinstance(leaf, ZCDP):  # the curve of the definition (Bun and Steinke 2016, Def. 1.1)
+        return leaf.xi + leaf.rho * np.asarray(orders, dtype=np.float64)
     if isinstance(leaf, PoissonSampled) and isinstance(leaf.event, Gaussian):
         return _rdp.poisson_gaussian_rdp(
             leaf.sampling_probability, leaf.event.noise_multiplier, orders
@@ -58,7 +61,7 @@ def leaf_rdp(leaf: Event, orders: npt.NDArray[np.float64]) -> npt.NDArray[np.flo
 
 
 def leaf_unsupported_reason(leaf: Event) -> str | None:
-    if isinstance(leaf, (Gaussian, Laplace)):
+    if isinstance(leaf, (Gaussian, Laplace, ZCDP)):
         return None
     if isinstance(leaf, (PoissonSampled, SampledWithoutReplacement)):
         if isinstance(leaf.event, Gaussian):
@@ -68,7 +71,7 @@ def leaf_unsupported_reason(leaf: Event) -> str | None:
             f"inside {type(leaf).__name__} is supported"
         )
     return (
-        f"no RDP analysis for {type(leaf).__name__}; supported: Gaussian, Laplace, "
+        f"no RDP analysis for {type(leaf).__name__}; supported: Gaussian, Laplace, ZCDP, "
         "PoissonSampled(Gaussian), SampledWithoutReplacement(Gaussian)"
     )
 

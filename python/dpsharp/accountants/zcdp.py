@@ -45,7 +45,16 @@ from scipy.optimize import minimize_scalar
 from dpsharp._validation import is_real_number, require_delta, require_epsilon, require_real
 from dpsharp.accountants.base import Accountant, PrivacyGuarantee
 from dpsharp.accountants.registry import register
-from dpsharp.events import Event, Gaussian, Laplace, Neighbouring, PoissonSampled, Shuffled, flatten
+from dpsharp.events import (
+    ZCDP,
+    Event,
+    Gaussian,
+    Laplace,
+    Neighbouring,
+    PoissonSampled,
+    Shuffled,
+    flatten,
+)
 from dpsharp.tuning_events import (
     TUNING_EVENT_TYPES,
     DisjointParts,
@@ -200,6 +209,8 @@ def _leaf_rho(event: Event) -> float | None:
     if isinstance(event, Laplace):
         # (1/b)-DP implies (1/(2 b^2))-zCDP (Bun and Steinke 2016, Proposition 1.4).
         return _half_inverse_square(event.scale)
+    if isinstance(event, ZCDP) and event.xi == 0.0:
+        return event.rho  # rho-zCDP by definition (Bun and Steinke 2016, Definition 1.1)
     return None
 
 

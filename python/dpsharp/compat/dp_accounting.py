@@ -39,7 +39,15 @@ SampledWithoutReplacementDpEvent      SampledWithoutReplacement(       the same
 SelfComposedDpEvent(e, k)             Repeated(e', k)                  Repeated(e', k)
 ComposedDpEvent([e1, ...])            Composed((e1', ...))             Composed((e1', ...))
 NoOpDpEvent()                         Composed(()) (releases nothing)  the same
+ZCDpEvent(rho, xi)                    ZCDP(rho, xi)                    the same
+RepeatAndSelectDpEvent(e, mean, k)    PoissonTuning(e', mean) (k inf)  the same
+                                      or TruncatedNegativeBinomial-
+                                      Tuning(e', k, gamma)
 ====================================  ===============================  ===========================
+
+A Gaussian composition inside a sampled event (``PoissonSampledDpEvent(q, ComposedDpEvent(
+[GaussianDpEvent(s_1), ...]))``) is the one Gaussian of noise multiplier (sum 1/s_i^2)^(-1/2)
+it is equivalent to, as dp-accounting's RDP accountant reads it.
 
 e' is ``e`` converted under the same relation; e'' is ``e`` converted under REPLACE_ONE
 whatever the accountant's relation, because sampling without replacement is analysed under
@@ -74,7 +82,8 @@ side and are never less conservative than dp-accounting:
   over orders: never a smaller epsilon. ``get_epsilon(0)`` is inf unless nothing was released
   (dpsharp certifies no pure-DP epsilon for its events); ``get_epsilon(1)`` is 0.
 
-Events with no dpsharp counterpart (Unsupported, RandomizedResponse, tree aggregation, ...)
+Events with no dpsharp counterpart yet (Unsupported, RandomizedResponse, DiscreteLaplace,
+MixtureOfGaussians, TruncatedSubsampledGaussian, SingleEpochTreeAggregation)
 raise :class:`UnsupportedEventError` naming the event. ``NonPrivateDpEvent``, a zero noise
 multiplier and a zero sampling probability are read as dp-accounting's accountants read them:
 the accountants then report epsilon = inf and delta = 1 (no noise), or nothing released
@@ -94,6 +103,9 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
 from dpsharp._validation import (
     is_real_number,
     require_delta,
@@ -111,7 +123,9 @@ from dpsharp.events import (
     PoissonSampled,
     Repeated,
     SampledWithoutReplacement,
+    flatten,
 )
+from dpsharp.events import ZCDP
 from dpsharp.tuning_events import (
     PoissonTuning,
     TruncatedNegativeBinomialTuning,
@@ -230,16 +244,23 @@ def _from(event: Any, relation: Neighbouring, dp: Any) -> Event:
         )
         if relation is Neighbouring.REPLACE_ONE:
             raise _error_class()(f"{event!r}: {_POISSON_REPLACE_ONE}")
-        return PoissonSampled(_from(event.event, relation, dp), rate)
+        return PoissonSampled(_effective_gaussian(_from(event.event, relation, dp)), rate)
     if isinstance(event, dp.SampledWithoutReplacementDpEvent):
         # analysed under replace-one whatever the enclosing relation: the inner noise is read
         # relative to the replace-one sensitivity 2C
-        inner = _from(event.event, Neighbouring.REPLACE_ONE, dp)
+        inner = _effective_gaussian(_from(event.event, Neighbouring.REPLACE_ONE, dp))
         return SampledWithoutReplacement(inner, event.sample_size, event.source_dataset_size)
     if isinstance(event, dp.SelfComposedDpEvent):
         return Repeated(_from(event.event, relation, dp), event.count)
     if isinstance(event, dp.ComposedDpEvent):
         return Composed(tuple(_from(inner, relation, dp) for inner in event.events))
+    if isinstance(event, dp.dp_event.ZCDpEvent):
+        # a guarantee, not a mechanism: the same under every relation
+        rho, xi = event.rho, event.xi
+        for name, value in (("rho", rho), ("xi", xi)):
+            if not is_real_number(value) or not 0 <= value < math.inf:
+                raise ValueError(f"ZCDpEvent.{name} must be >= 0 (and finite), got {value!r}")
+        return ZCDP(float(rho), float(xi))
     if isinstance(event, dp.dp_event.RepeatAndSelectDpEvent):
         return _repeat_and_select(event, _from(event.event, relation, dp))
     if isinstance(event, dp.NoOpDpEvent):
@@ -249,6 +270,24 @@ def _from(event: Any, relation: Neighbouring, dp: Any) -> Event:
     raise TypeError(
         f"event must be a dp_accounting DpEvent, got {event!r} ({type(event).__name__})"
     )
+
+
+def _effective_gaussian(event: Event) -> Event:
+    """A composition of Gaussian events run on one sample, as the one Gaussian event it is:
+    releasing f_i + N(0, s_i^2) for queries f_i of sensitivity 1 is the Gaussian mechanism on
+    (f_i / s_i)_i, of sensitivity (sum_i 1/s_i^2)^(1/2), so noise multiplier
+    s = (sum_i count_i / s_i^2)^(-1/2) (Dong, Roth, Su 2019, Corollary 3.3: mu-GDP composes to
+    (sum mu_i^2)^(1/2)-GDP; dp-accounting's RdpAccountant reads sampled compositions of
+    Gaussians the same way). Any other event is returned unchanged."""
+    if not isinstance(event, (Composed, Repeated)):
+        return event
+    leaves = flatten(event)
+    if not leaves or not all(isinstance(leaf, Gaussian) for leaf, _ in leaves):
+        return event
+    precision = math.fsum(count / leaf.noise_multiplier**2 for leaf, count in leaves)
+    if precision == 0.0:
+        return event
+    return Gaussian(1.0 / math.sqrt(precision))
 
 
 def _repeat_and_select(event: Any, base: Event) -> Event:
@@ -323,8 +362,12 @@ def _to(event: Event, relation: Neighbouring, dp: Any) -> Any:
         )
     if isinstance(event, Repeated):
         return dp.SelfComposedDpEvent(_to(event.event, relation, dp), event.count)
+    if isinstance(event, ZCDP):
+        return dp.dp_event.ZCDpEvent(event.rho, event.xi)
     if isinstance(event, PoissonTuning):
-        return dp.dp_event.RepeatAndSelectDpEvent(_to(event.base, relation, dp), event.mean, math.inf)
+        return dp.dp_event.RepeatAndSelectDpEvent(
+            _to(event.base, relation, dp), event.mean, math.inf
+        )
     if isinstance(event, TruncatedNegativeBinomialTuning):
         return dp.dp_event.RepeatAndSelectDpEvent(
             _to(event.base, relation, dp), event.expected_runs, event.eta
@@ -642,6 +685,29 @@ class RDPAccountant(PrivacyAccountant):
         if orders is not None:
             options["orders"] = orders if isinstance(orders, str) else _usable_orders(orders)
         super().__init__(neighboring_relation, **options)
+        self._all_orders = np.asarray(
+            self._accountant.orders if orders is None or isinstance(orders, str) else orders,
+            dtype=np.float64,
+        )
+
+    @property
+    def _orders(self) -> npt.NDArray[np.float64]:
+        """dp-accounting's ``_orders``: the orders as given (dpsharp's default grid if none)."""
+        return self._all_orders.copy()
+
+    @property
+    def _rdp(self) -> npt.NDArray[np.float64]:
+        """dp-accounting's ``_rdp``: the composed RDP bound at each of :attr:`_orders`; inf at
+        the orders dpsharp does not bound (outside (1, 1e6]) and everywhere once an event
+        without noise was composed (as in dp-accounting)."""
+        result = np.full(self._all_orders.shape, math.inf)
+        if self._non_private:
+            return result
+        curve = dict(zip(self._accountant.orders.tolist(), self._accountant.rdp().tolist()))
+        for index, order in enumerate(self._all_orders.tolist()):
+            if order in curve:
+                result[index] = curve[order]
+        return result
 
     def get_epsilon_and_optimal_order(self, target_delta: float) -> tuple[float, float]:
         """(epsilon, the RDP order that attains it); (inf, nan) once an event without noise
