@@ -171,6 +171,9 @@ CAUSES: dict[str, str] = {
     "repeat_select_gaussian_negative_binomial": (
         "compares the RDP at order 1, which dpsharp does not bound (inf there)"
     ),
+    "RdpPrivacyAccountantTest::test_supports": "RandomizedResponseDpEvent: " + _NOT_MIRRORED,
+    "zero_probability4": "MixtureOfGaussiansDpEvent: " + _NOT_MIRRORED,
+    "zero_probability5": "MixtureOfGaussiansDpEvent: " + _NOT_MIRRORED,
     "randomized_response": "RandomizedResponseDpEvent: " + _NOT_MIRRORED,
     "rr_composition": "RandomizedResponseDpEvent: " + _NOT_MIRRORED,
     "tree": "SingleEpochTreeAggregationDpEvent: " + _NOT_MIRRORED + " (some use order 1 only)",
@@ -193,6 +196,12 @@ CAUSES: dict[str, str] = {
     "test_laplace_": (
         "orders 1 and 1e10 (pure DP) are outside dpsharp's (1, 1e6]: left out, so epsilon is "
         "larger (sound, less tight); also reads `_rdp`"
+    ),
+    "compute_rdp_poisson_sampled_gaussian": (
+        "pins dp-accounting's RDP at order 1.5 (6.7058e-4); the exact divergence is 6.50071e-4 "
+        "(30-digit integral, tests/test_compat_dp_accounting.py::"
+        "test_fractional_order_rdp_is_exact_where_dp_accounting_overestimates), which dpsharp "
+        "reports: intended difference"
     ),
     "multi_gaussian": "Poisson sampling with q = 1 compared on dp-accounting's private arrays",
     "test_compute_rdp_": _PRIVATE,
