@@ -7,6 +7,7 @@ import math
 
 import dpsharp
 import pytest
+from _gaussian_reference import exact_epsilon_lower
 from dpsharp.compat import opacus as compat
 
 
@@ -221,24 +222,6 @@ def test_rdp_adapter_matches_opacus_rdp_accountant() -> None:
     assert eps_mine >= 0.8 * eps_theirs
 
 
-def exact_gaussian_epsilon(delta: float, mu: float) -> float:
-    """Exact epsilon(delta) of the Gaussian mechanism with mean shift mu (noise std 1), Balle and
-    Wang 2018, Theorem 8: delta(eps) = Phi(mu/2 - eps/mu) - e^eps Phi(-mu/2 - eps/mu); bisection
-    at 40 digits, returned as the float just below the root (a lower bound)."""
-    mpmath = pytest.importorskip("mpmath")
-    with mpmath.workdps(40):
-        shift = mpmath.mpf(mu)
-
-        def excess(eps: object) -> object:
-            return (mpmath.ncdf(shift / 2 - eps / shift)
-                    - mpmath.exp(eps) * mpmath.ncdf(-shift / 2 - eps / shift) - delta)
-
-        low, high = mpmath.mpf(0), mpmath.mpf(64)
-        for _ in range(150):
-            middle = (low + high) / 2
-            low, high = (middle, high) if excess(middle) > 0 else (low, middle)
-        rounded = float(low)
-        return rounded if rounded <= low else math.nextafter(rounded, 0.0)
 
 
 @pytest.mark.parametrize("cls", ADAPTERS[:2])
@@ -255,7 +238,7 @@ def test_noise_multiplier_is_relative_to_max_grad_norm(
     acc = built(cls)()
     acc.history = list(history)
     eps = acc.get_epsilon(1e-5)
-    exact = exact_gaussian_epsilon(1e-5, mu)
+    exact = exact_epsilon_lower(1e-5, mu)
     assert eps >= exact
     if cls is compat.PLDAccountant:
         assert eps <= exact * (1 + 1e-3)

@@ -7,6 +7,7 @@ import math
 
 import dpsharp
 import pytest
+from _gaussian_reference import exact_epsilon_lower
 from dpsharp.compat.prv_accountant import Accountant
 
 
@@ -68,24 +69,6 @@ def test_brackets_agree_with_prv_accountant(sigma: float, q: float, steps: int, 
     assert mine[2] <= theirs[2] + 1e-9
 
 
-def exact_gaussian_epsilon(delta: float, mu: float) -> float:
-    """Exact epsilon(delta) of the Gaussian mechanism with mean shift mu (noise std 1), Balle and
-    Wang 2018, Theorem 8: delta(eps) = Phi(mu/2 - eps/mu) - e^eps Phi(-mu/2 - eps/mu); bisection
-    at 40 digits, returned as the float just below the root."""
-    mpmath = pytest.importorskip("mpmath")
-    with mpmath.workdps(40):
-        shift = mpmath.mpf(mu)
-
-        def excess(eps: object) -> object:
-            return (mpmath.ncdf(shift / 2 - eps / shift)
-                    - mpmath.exp(eps) * mpmath.ncdf(-shift / 2 - eps / shift) - delta)
-
-        low, high = mpmath.mpf(0), mpmath.mpf(64)
-        for _ in range(150):
-            middle = (low + high) / 2
-            low, high = (middle, high) if excess(middle) > 0 else (low, middle)
-        rounded = float(low)
-        return rounded if rounded <= low else math.nextafter(rounded, 0.0)
 
 
 @pytest.mark.parametrize(("sigma", "steps"), [(1.0, 4), (2.5, 30)])
@@ -97,7 +80,7 @@ def test_noise_multiplier_is_relative_to_the_add_remove_sensitivity(
     sqrt(steps) / sigma, whose exact epsilon the certified bracket contains."""
     built()
     delta = 1e-5
-    exact = exact_gaussian_epsilon(delta, math.sqrt(steps) / sigma)
+    exact = exact_epsilon_lower(delta, math.sqrt(steps) / sigma)
     lower, estimate, upper = Accountant(
         noise_multiplier=sigma, sampling_probability=1.0, delta=delta, eps_error=0.01,
         max_compositions=steps,
