@@ -1,4 +1,4 @@
-"""Time the tight accounting of a per-step noise schedule (issue 8: 10^4 distinct sigmas in < 1 s).
+"""Time the tight accounting of a per-step noise schedule (target: 10^4 distinct sigmas in < 1 s).
 
 Usage:  python bench/bench_schedules.py [--steps 10000] [--peer-steps 1000]
 

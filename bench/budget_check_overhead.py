@@ -2,7 +2,7 @@
 
 The check (PrivacyEngine._check_budget, run before every release) is timed in the same process
 as full training steps (forward, backward with per-example clipping, release, optimizer step),
-and the ratio check / median step is printed (issue 7: < 1%), for two models:
+and the ratio check / median step is printed (target: < 1%), for two models:
 
 * ``digits example``: examples/train_digits.py's model and data (softmax regression, full-batch
   DP-GD: expected batch = the 1437 training images, q = 1);

@@ -2,7 +2,7 @@
 
 The train/test split is fixed (see the example); the seed moves the model's initialisation, the
 Poisson sampler and the noise stream, so the spread over seeds is the spread a user would see
-from the randomness of DP training. Issue 7 asks for at least 90% test accuracy at
+from the randomness of DP training. The target is at least 90% test accuracy at
 epsilon <= 3 (delta 1e-5). Prints every seed's accuracy and the engine's epsilon, then one JSON
 object per optimizer with the mean, minimum and maximum accuracy and the largest epsilon. Torch
 runs on one thread; extra arguments go to the example unchanged.

@@ -1,10 +1,11 @@
-"""Experiment (b): ADP-SGD vs DP-SGD with a polynomially decaying learning rate (Wu et al.,
-seeds/001, section 5.1 and section 6), at equal (epsilon, delta), over several budgets.
+"""Experiment (b): ADP-SGD vs DP-SGD with a polynomially decaying learning rate (Wu, Wang,
+Cristali, Gu, Willett, "Adaptive Differentially Private Empirical Risk Minimization",
+section 5.1 and section 6), at equal (epsilon, delta), over several budgets.
 
 Usage:  python bench/exp_adp.py [--seeds 10]
 
 Learning rate (both methods): eta_t = eta_0 / sqrt(e + 1) with e the epoch of step t (the
-polynomial decay of 001 section 5.1 with power 1/2, updated once per epoch so that the ADP
+polynomial decay of Wu et al. section 5.1 with power 1/2, updated once per epoch so that the ADP
 sequence has one sigma per epoch). Poisson sampling q, T = epochs / q steps, delta = 1e-5.
 
 * DP-SGD: constant sigma, calibrated with calibrate_schedule(Constant) on the tight "pld"

@@ -1,4 +1,4 @@
-"""Experiment (a): Yu et al. 2019 (seeds/004) Table II on sklearn digits.
+"""Experiment (a): Yu et al. 2019 Table II on sklearn digits.
 
 Usage:  python bench/exp_table2_digits.py [--seeds 5]
 

@@ -1,4 +1,4 @@
-"""Reproduce the seed papers' figures with dpsharp, each with dpsharp's tight (PLD) accountant
+"""Reproduce the papers' figures with dpsharp, each with dpsharp's tight (PLD) accountant
 added (which none of the papers had), and write the data behind every figure as JSON.
 
     python bench/make_figures.py [--output bench/results/figures]
@@ -18,7 +18,7 @@ Figures (delta = 1e-5 unless stated):
   sampling (their Theorem 3), the moments accountant and strong composition, plus the tight one.
 
 ``figures.json`` holds every curve's numbers; tests/test_figures.py checks them against
-REFERENCE.md where the papers printed numbers.
+the numbers the papers printed, where they printed them.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """DP-PCA front end + DP-SGD on scikit-learn's digits, with one epsilon for the whole pipeline.
 
-Abadi et al. 2016 (002) put a differentially private PCA projection in front of the network
-and count its cost in the same moments accountant; Yu et al. 2019 (004) report it apart
+Abadi et al. 2016 put a differentially private PCA projection in front of the network
+and count its cost in the same moments accountant; Yu et al. 2019 report it apart
 (sigma_pca = 16). This script does both: it fits ``DPPCA(k=30)`` on a Poisson sample of the
 training rows, uses the frozen projection as the model's first layer, trains with the privacy
 engine (Poisson sampling, DP-SGD), then composes the PCA event into the engine's accountant and

@@ -2,7 +2,7 @@
 
 The data: ``sklearn.datasets.load_breast_cancer`` (569 tumours, 30 real features, benign or
 malignant), split 80/20 (stratified, fixed seed). Features are standardised with the training
-split's mean and standard deviation; like the papers (004, Yu et al. 2019, use the same kind of
+split's mean and standard deviation; like the papers (Yu et al. 2019 use the same kind of
 data), this preprocessing is *not* privatised -- a fully private pipeline would spend part of
 the budget on those statistics. The model: an MLP with hidden layers of 10, 20 and 10 ReLU
 units, as in 004's cancer experiment.

@@ -21,7 +21,7 @@ stdout is one JSON object with at least ``test_accuracy`` and ``epsilon``, the e
 
 The defaults were chosen on a validation split carved from the training split only (80/20,
 ``random_state=1``), never on the test split; the test accuracies they give over seeds 0-9
-are in bench/results/digits_linear_fullbatch.txt (issue 7: at least 90% at epsilon <= 3,
+are in bench/results/digits_linear_fullbatch.txt (target: at least 90% at epsilon <= 3,
 delta 1e-5).
 
     python examples/train_digits.py --target-epsilon 3

@@ -1,4 +1,4 @@
-"""Every path around a privacy budget, reproduced and closed (RELIABILITY.md items 34 and 35).
+"""Every path around a privacy budget, reproduced and closed.
 
 A budget is only as good as its accountant and its bookkeeping. Each test below drives the
 engine (or the calibration) down one path that used to release more than the budget allowed,
@@ -123,7 +123,7 @@ def test_certification_belongs_to_the_configured_instance() -> None:
 
 
 def test_gdp_budget_needs_an_explicit_opt_in_and_is_labelled() -> None:
-    """RELIABILITY.md item 9's regime (q = 0.1, sigma = 1): the CLT epsilon stops the run at the
+    """The regime where the CLT is far off (q = 0.1, sigma = 1): the CLT epsilon stops the run at the
     budget while the certified epsilon of the same ledger (dp-accounting's PLD) is far above."""
     budget = PrivacyBudget(3.0, DELTA)
     with pytest.raises(ValueError, match="not certified.*allow_approximation=True"):

@@ -1,4 +1,4 @@
-"""dpsharp.calibrate: conservative calibration (RELIABILITY.md item 10). For random targets the
+"""dpsharp.calibrate: conservative calibration. For random targets the
 achieved epsilon (read back from a fresh accountant) is <= the target and within 1e-3 relative
 of it; steps are maximal; unreachable targets and bad input raise ValueError."""
 
@@ -101,7 +101,7 @@ def test_steps_is_maximal(eps: float, sigma: float) -> None:
 
 
 def test_steps_reshuffled_epochs_table_ii_uniform() -> None:
-    """REFERENCE.md, Table II of seeds/004: budget rho = 0.78125 with sigma = 8 per epoch
+    """Table II of Yu et al. 2019: budget rho = 0.78125 with sigma = 8 per epoch
     (rho 1/128 each) trains 100 epochs. As an epsilon budget at delta 1e-5 (the CKS/Bun-Steinke
     epsilon of rho = 0.78125), calibrate.steps over Shuffled epochs must give 100."""
     delta = 1e-5

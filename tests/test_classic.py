@@ -3,8 +3,8 @@
 Oracles: the theorems' closed forms; a brute-force enumeration of the k-fold composition of the
 (eps, delta) randomized response, which is exactly what the optimal composition theorem
 computes (Kairouz, Oh, Viswanath 2017, Theorem 3.3); the exact Gaussian (mu = sqrt(k)/sigma),
-which every valid composition bound must lie above; the papers' numbers (seeds/002, seeds/004 via
-../shared/REFERENCE.md) where they can be reproduced.
+which every valid composition bound must lie above; the papers' numbers (Abadi et al. 2016,
+Yu et al. 2019) where they can be reproduced.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def test_advanced_composition_closed_forms() -> None:
     kov = advanced_composition(eps, delta, k, delta_slack=slack, form="kov")
     assert kov[0] == pytest.approx(k * eps * math.tanh(eps / 2) + root * eps)
     assert kov[1] == pytest.approx(1 - (1 - delta) ** k * (1 - slack), rel=1e-12)
-    # above log 2, a(eps) = eps (Claim 12 of seeds/003)
+    # above log 2, a(eps) = eps (Claim 12 of "A Tail of Two Densities")
     big = advanced_composition(1.0, 0.0, 10, delta_slack=slack, form="independent")
     assert big[0] == pytest.approx(10 * 1.0 + math.sqrt(20 * math.log(1 / slack)))
     with pytest.raises(ValueError, match="form"):
@@ -63,7 +63,7 @@ def test_advanced_composition_closed_forms() -> None:
 
 
 def test_extended_advanced_composition_heterogeneous() -> None:
-    """seeds/001 Lemma 2.2: sqrt(2 log(1/delta') sum eps_t^2) + sum eps_t (e^eps_t - 1)."""
+    """Wu et al. (adaptive DP-ERM), Lemma 2.2: sqrt(2 log(1/delta') sum eps_t^2) + sum eps_t (e^eps_t - 1)."""
     eps = [0.1, 0.05, 0.2]
     dels = [1e-7, 2e-7, 0.0]
     slack = 1e-6
@@ -209,7 +209,7 @@ def test_optimal_refuses_heterogeneous_and_unsupported() -> None:
 
 
 def test_002_strong_composition_reconstruction() -> None:
-    """seeds/002 reports 9.34 (T = 10^4) and 24.22 (T = 4 10^4) for q = 0.01, sigma = 4, delta =
+    """Abadi et al. 2016 report 9.34 (T = 10^4) and 24.22 (T = 4 10^4) for q = 0.01, sigma = 4, delta =
     1e-5 by the strong composition theorem, split unstated. The closest reconstruction found
     (classical calibration, per-step (q eps_0, q delta_0), DRV, split optimised; see
     dpsharp.accountants.classic) lands within 0.2% but not on the printed digits: 9.353 and
@@ -230,7 +230,7 @@ def test_002_strong_composition_reconstruction() -> None:
 
 
 def test_004_strong_composition_not_reproduced_documented() -> None:
-    """seeds/004 reports 34.3 for q = 0.01, sigma = 6, T = 40000; its stated recipe with the
+    """Yu et al. 2019 report 34.3 for q = 0.01, sigma = 6, T = 40000; its stated recipe with the
     optimised split gives less (DRV alone: 29.04; the accountant's min with KOV 3.5: lower).
     The docstring records what was tried; this checks the DRV computation it quotes."""
     q, sigma, k, delta = 0.01, 6.0, 40000, 1e-5

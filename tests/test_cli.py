@@ -69,7 +69,7 @@ def test_epsilon_json_equals_python_api_for_every_accountant(capsys: pytest.Capt
         assert fields["warning"] == guarantee.warning
     accountants = document["accountants"]
     if "gdp" in accountants:
-        # REFERENCE.md (seeds/000, Bu et al.): MNIST, sigma 1.1, 60 epochs -> mu_CLT 0.574, eps 2.324.
+        # Bu et al. 2020: MNIST, sigma 1.1, 60 epochs -> mu_CLT 0.574, eps 2.324.
         assert accountants["gdp"]["certified"] is False
         assert accountants["gdp"]["mu"] == pytest.approx(0.574, abs=6e-4)
         assert accountants["gdp"]["epsilon"] == pytest.approx(2.324, abs=2e-3)
@@ -96,7 +96,7 @@ def test_text_statement_states_assumption_and_labels(capsys: pytest.CaptureFixtu
 
 
 def test_shuffle_sampling_uses_epoch_events_and_reports_inapplicable(capsys: pytest.CaptureFixture[str]) -> None:
-    # REFERENCE.md (seeds/004, Yu et al.): q = 0.01, sigma = 6, 400 epochs of reshuffling:
+    # Yu et al. 2019: q = 0.01, sigma = 6, 400 epochs of reshuffling:
     # rho = 400 / (2 * 36), and the simple conversion rho + 2 sqrt(rho log(1/delta)) = 21.551.
     argv = ["epsilon", "--dataset-size", "10000", "--batch-size", "100", "--epochs", "400",
             "--noise-multiplier", "6", "--delta", "1e-5", "--sampling", "shuffle", "--json"]

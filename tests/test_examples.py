@@ -1,4 +1,4 @@
-"""The real-data examples run end to end in a shortened mode (issue 7, item 6).
+"""The real-data examples run end to end in a shortened mode.
 
 Each run prints one line per epoch and, as its last stdout line, a JSON object with at least
 test_accuracy and epsilon; the reported epsilon never exceeds the target (the budget). The
@@ -73,8 +73,8 @@ def test_digits_example_quick(capsys) -> None:
 
 
 @pytest.mark.skipif("pld" not in CERTIFIED, reason="needs the certified PLD accountant")
-def test_digits_example_full_run_meets_issue_7(capsys) -> None:
-    """The full default run (seed 0; about 10 s: full-batch DP-GD, 30 steps) reaches the issue's
+def test_digits_example_full_run_meets_90_percent_at_epsilon_3(capsys) -> None:
+    """The full default run (seed 0; about 10 s: full-batch DP-GD, 30 steps) reaches the target
     >= 90% test accuracy at epsilon <= 3, delta 1e-5. With q = 1 every step is the plain
     Gaussian mechanism, so the run is mu-GDP with mu = sqrt(steps) / sigma (Dong, Roth, Su 2019,
     Corollary 3.3), whose exact epsilon(delta) (Balle and Wang 2018, Theorem 8) is a lower bound

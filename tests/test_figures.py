@@ -1,5 +1,5 @@
 """bench/make_figures.py: the numbers behind the reproduced figures equal the papers' printed
-numbers (provenance: /work/shared/REFERENCE.md, which names the seed paper of each), the tight
+numbers (Abadi et al. 2016, Bu et al. 2020, Yu et al. 2019), the tight
 accountant lies below every certified curve, and the committed figures.json is what the script
 computes."""
 
@@ -25,7 +25,7 @@ def figures():
 
 def test_002_fig2_moments_accountant(figures) -> None:
     data = figures.figure_002_fig2(epochs=[100, 400])
-    # REFERENCE.md (002, Abadi et al.): 1.2586 at T = 10^4, 2.5759 at T = 4*10^4
+    # Abadi et al. 2016: 1.2586 at T = 10^4, 2.5759 at T = 4*10^4
     assert data["moments accountant"] == pytest.approx([1.2586, 2.5759], abs=5e-5)
     for tight, ma, strong in zip(data["dpsharp tight (pld)"], data["moments accountant"], data["strong composition"]):
         assert tight < ma < strong
@@ -34,7 +34,7 @@ def test_002_fig2_moments_accountant(figures) -> None:
 def test_000_fig2_clt_and_moments_at_1e5(figures) -> None:
     data = figures.figure_000_fig2()
     i = data["delta"].index(1e-5)
-    # REFERENCE.md (000, Bu et al.): MNIST sigma 0.7, 45 epochs: mu 1.134, CLT eps 5.066, MA 7.1006
+    # Bu et al. 2020: MNIST sigma 0.7, 45 epochs: mu 1.134, CLT eps 5.066, MA 7.1006
     assert data["mu_clt"] == pytest.approx(1.134, abs=5e-4)
     assert data["CLT (mu-GDP)"][i] == pytest.approx(5.066, abs=5e-4)
     assert data["moments accountant"][i] == pytest.approx(7.1006, abs=5e-5)
@@ -52,7 +52,7 @@ def test_000_fig3_tradeoff(figures) -> None:
 
 def test_004_fig2(figures) -> None:
     data = figures.figure_004_fig2(epochs=[400])
-    # REFERENCE.md (004, Yu et al.): q 0.01, sigma 6, 400 epochs: 21.551 / 2.37 / 1.6705
+    # Yu et al. 2019: q 0.01, sigma 6, 400 epochs: 21.551 / 2.37 / 1.6705
     assert data["zCDP reshuffling"][0] == pytest.approx(21.551, abs=5e-4)
     assert data["zCDP sampling"][0] == pytest.approx(2.37, abs=5e-3)
     assert data["moments accountant"][0] == pytest.approx(1.6705, abs=5e-5)

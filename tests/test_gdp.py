@@ -1,7 +1,7 @@
-"""GDPAccountant and the Figure-1 calibration of Bu, Dong, Long, Su 2020 (seeds/000).
+"""GDPAccountant and the Figure-1 calibration of Bu, Dong, Long, Su 2020.
 
-Known answers: ../shared/REFERENCE.md, "Gaussian DP, central limit theorem" (mu / eps at 1e-5)
-and "Fig. 4" (sigma~ = 1.06 and 0.638). MNIST: n = 60000, batch 256, q = 256/60000,
+Known answers: the paper's central limit theorem table (mu / eps at 1e-5)
+and Fig. 4 (sigma~ = 1.06 and 0.638). MNIST: n = 60000, batch 256, q = 256/60000,
 T = round(epochs * 60000 / 256).
 """
 
@@ -28,7 +28,7 @@ def mnist_steps(epochs: int) -> int:
 @pytest.mark.parametrize(
     ("sigma", "epochs", "mu_ref", "eps_ref"),
     [
-        (0.7, 45, 1.134, 5.066),  # REFERENCE.md, GDP CLT table (paper: 1.13 / 5.07)
+        (0.7, 45, 1.134, 5.066),  # GDP CLT table (paper: 1.13 / 5.07)
         (1.1, 60, 0.574, 2.324),  # paper: 0.57
         (1.06, 20, 0.350, 1.341),  # paper: 0.35 / 1.34
         (0.638, 70, 1.785, 8.697),  # paper: 1.78 / 8.68
@@ -44,8 +44,8 @@ def test_clt_reference_values(sigma: float, epochs: int, mu_ref: float, eps_ref:
 @pytest.mark.parametrize(
     ("moments_eps", "epochs", "sigma_tilde_ref"),
     [
-        # REFERENCE.md: the moments accountant gives 1.3498 (sigma 1.3, 20 epochs) and 8.6757
-        # (sigma 0.7, 70 epochs); Fig. 4 of seeds/000 says the CLT reaches the same
+        # the moments accountant gives 1.3498 (sigma 1.3, 20 epochs) and 8.6757
+        # (sigma 0.7, 70 epochs); Fig. 4 of Bu et al. 2020 says the CLT reaches the same
         # (eps, 1e-5) with sigma~ = 1.06 and 0.638 ("to 2 decimals").
         (1.3498, 20, 1.06),
         (8.6757, 70, 0.638),
@@ -67,7 +67,7 @@ def test_figure_4_from_moments_accountant(
     sigma: float, epochs: int, moments_ref: float, sigma_tilde_ref: float
 ) -> None:
     """The same, starting from sigma with the paper's moments accountant (RDP at Bu et al.'s
-    fractional orders, classic conversion: REFERENCE.md's 1.3498 and 8.6757) from the rdp
+    fractional orders, classic conversion: 1.3498 and 8.6757) from the rdp
     branch; skipped where it is not merged."""
     if "rdp" not in available():
         pytest.skip("the RDP accountant (branch rdp) is not merged here")
@@ -105,8 +105,8 @@ def test_heterogeneous_clt_adds_per_step_terms() -> None:
     assert acc.mu == pytest.approx(math.sqrt(expected), rel=1e-14)
 
 
-def test_reliability_item_9_clt_is_labelled_approximate() -> None:
-    """RELIABILITY.md item 9: q = 0.1, sigma = 1, T = 10 gives CLT epsilon 1.62 at 1e-5, far
+def test_clt_far_below_tight_value_is_labelled_approximate() -> None:
+    """q = 0.1, sigma = 1, T = 10 gives CLT epsilon 1.62 at 1e-5, far
     below the tight (PLD) value 2.85; the result must say it is an approximation."""
     acc = GDPAccountant().compose(PoissonSampled(Gaussian(1.0), 0.1), 10)
     guarantee = acc.guarantee(1e-5)

@@ -76,8 +76,8 @@ def test_q_one_poisson_equals_gaussian_bracket() -> None:
     assert lower <= exact_epsilon_bisect(1e-5, mu) <= upper
 
 
-def test_reliability_item_1_known_value() -> None:
-    # RELIABILITY.md item 1: sigma=1, q=0.01, T=1000, delta=1e-5 -> PLD/PRV ~ 1.828 (dp-accounting
+def test_pld_known_value_sigma_1_q_001_1000_steps() -> None:
+    # sigma=1, q=0.01, T=1000, delta=1e-5 -> PLD/PRV ~ 1.828 (dp-accounting
     # 0.6.0 and prv-accountant 0.2.0).
     acc = PLDAccountant().compose(PoissonSampled(Gaussian(1.0), 0.01), 1000)
     lower, upper = acc.epsilon_bounds(1e-5)

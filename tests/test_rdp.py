@@ -1,4 +1,4 @@
-"""RDP curves and the RDP / moments accountants: known answers (../shared/REFERENCE.md),
+"""RDP curves and the RDP / moments accountants: known answers from the papers,
 closed forms, conversions, the accountant contract, and bad input."""
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def mnist_steps(epochs: float) -> int:
     [(0.01, 4.0, 10000, 1.2586), (0.01, 4.0, 40000, 2.5759), (0.01, 6.0, 40000, 1.6705)],
 )
 def test_moments_accountant_reference_values(q: float, sigma: float, steps: int, expected: float) -> None:
-    """REFERENCE.md: Abadi et al. (002) moments accountant and Yu et al. (004) row, re-derived."""
+    """Abadi et al. 2016 moments accountant and Yu et al. 2019 row, re-derived."""
     acc = MomentsAccountant().compose(PoissonSampled(Gaussian(sigma), q), steps)
     assert round(acc.epsilon(1e-5), 4) == expected
 
@@ -57,7 +57,7 @@ def test_moments_accountant_reference_values(q: float, sigma: float, steps: int,
 def test_rdp_fractional_orders_reference_values(
     sigma: float, epochs: int, expected: float, order: float
 ) -> None:
-    """REFERENCE.md: Bu et al. (000) Table 1 MNIST rows, orders {1.1..10.9} U {12..63}, classic."""
+    """Bu et al. 2020, Table 1 MNIST rows, orders {1.1..10.9} U {12..63}, classic."""
     acc = RDPAccountant(BU_ORDERS, "classic").compose(
         PoissonSampled(Gaussian(sigma), MNIST_Q), mnist_steps(epochs)
     )

@@ -1,7 +1,7 @@
 """The Poisson-subsampled Gaussian's RDP against an independent mpmath reference at 50 digits
 (tests/_rdp_reference.py), on a grid with the hard corners: q close to 1, sigma < 0.5,
 alpha in (1, 2), alpha in the thousands, and tiny divergences (q = 1e-6, sigma = 1000).
-Requirement (issue 2): relative error <= 1e-10, or +inf (fail closed), never smaller."""
+Requirement: relative error <= 1e-10, or +inf (fail closed), never smaller."""
 
 from __future__ import annotations
 

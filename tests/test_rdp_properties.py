@@ -1,5 +1,5 @@
-"""Hypothesis properties of the RDP and moments accountants (DESIGN.md "Tests"; RELIABILITY.md
-item 6): epsilon non-decreasing in steps and q, non-increasing in sigma; epsilon(delta) and
+"""Hypothesis properties of the RDP and moments accountants:
+epsilon non-decreasing in steps and q, non-increasing in sigma; epsilon(delta) and
 delta(epsilon) inverse; count / Repeated / Composed identical; state_dict round trip exact."""
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Noise schedules (dpsharp.torch.schedules): formulas, Table II of Yu et al. 2019, the
 validation rule (eqs. 8-10), ADP-SGD (Wu et al.), calibration, bad input.
 
-Provenance of known values: /work/shared/REFERENCE.md ("zCDP and batching", Table II), from
-seeds/004_49d94826fe164c0a.txt. Independent references: closed forms stated beside each test.
+Provenance of known values: Table II of Yu, Liu, Pu, Gursoy, Truex 2019, "Differentially
+Private Model Publishing for Deep Learning". Independent references: closed forms stated beside each test.
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ TABLE_II = [
 
 @pytest.mark.parametrize(("schedule", "epochs"), TABLE_II, ids=lambda x: repr(x))
 def test_table_ii_epochs_through_the_zcdp_accountant(schedule, epochs) -> None:
-    """REFERENCE.md, Table II (Yu et al. 2019): rho_total = 0.78125, reshuffling, stop before the
+    """Table II (Yu et al. 2019): rho_total = 0.78125, reshuffling, stop before the
     epoch whose cost would exceed the budget."""
     count, acc = count_within_budget(schedule, rho=0.78125, **RESHUFFLE, **MNIST_SPLIT)
     assert count == epochs

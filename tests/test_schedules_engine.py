@@ -1,7 +1,7 @@
-"""Schedules driven by the PrivacyEngine (issue 8, item 4): the engine applies the schedule
+"""Schedules driven by the PrivacyEngine: the engine applies the schedule
 before each release, composes the sigma actually used, and stops at the budget.
 
-Known values: REFERENCE.md, Table II of Yu et al. 2019 (seeds/004): rho_total = 0.78125,
+Known values: Table II of Yu et al. 2019: rho_total = 0.78125,
 reshuffling accounting, stop before the epoch whose cost would exceed the budget.
 """
 

@@ -375,7 +375,7 @@ def test_import_dpsharp_does_not_import_torch():
 @pytest.mark.parametrize("kind", ["linear-seq", "conv", "embedding", "layernorm"])
 def test_empty_batch_backward_accumulates_nothing(kind: str) -> None:
     """An empty Poisson sample runs forward/backward with 0 rows: nothing is accumulated and the
-    release is pure noise (RELIABILITY.md item 24)."""
+    release is pure noise."""
     from dpsharp.torch import NoiseGenerator, PerSampleClipper
 
     torch.manual_seed(0)

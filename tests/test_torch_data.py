@@ -1,4 +1,4 @@
-"""Honest data loaders (issue 7, item 2; RELIABILITY.md items 15, 24, 30)."""
+"""Honest data loaders."""
 
 from __future__ import annotations
 

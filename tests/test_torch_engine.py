@@ -1,6 +1,5 @@
-"""PrivacyEngine, PrivacyBudget and checkpoints (issue 7, items 3-5; RELIABILITY.md 15, 16, 24,
-25, 26). Accounting references compose the same events by hand into a fresh accountant, or use
-closed forms from REFERENCE.md (zCDP of reshuffling rho = epochs / (2 sigma^2); the CLT mu)."""
+"""PrivacyEngine, PrivacyBudget and checkpoints. Accounting references compose the same events by hand into a fresh accountant, or use
+closed forms from the papers (zCDP of reshuffling rho = epochs / (2 sigma^2); the CLT mu)."""
 
 from __future__ import annotations
 
@@ -110,7 +109,7 @@ def test_shuffled_loader_charges_once_per_epoch_including_a_partial_one() -> Non
     report = engine.report(1e-5)
     assert report.guarantee is not None and "zero-out" in report.guarantee
     assert "not an add/remove guarantee" in report.guarantee
-    # REFERENCE.md (Yu et al.): reshuffling costs rho = epochs / (2 sigma^2)
+    # Yu et al. 2019: reshuffling costs rho = epochs / (2 sigma^2)
     assert engine.zcdp_rho() == pytest.approx(3 / (2 * 2.0**2), rel=1e-12)
 
 
@@ -143,7 +142,7 @@ def test_gdp_view_is_the_clt_mu() -> None:
     engine, model, optimizer, loader = private("gdp", sigma=1.1)
     run(optimizer, loader, model, epochs=3)
     steps = engine.steps
-    # REFERENCE.md: mu_CLT = q sqrt(T (exp(1/sigma^2) - 1))
+    # Bu et al. 2020: mu_CLT = q sqrt(T (exp(1/sigma^2) - 1))
     expected = 0.1 * math.sqrt(steps * math.expm1(1 / 1.1**2))
     assert float(engine.view("gdp").mu) == pytest.approx(expected, rel=1e-12)
 

@@ -1,8 +1,7 @@
-"""DPOptimizer / NoisySGD / NoisyAdam / NoisyAdaGrad (issue 7, item 1).
+"""DPOptimizer / NoisySGD / NoisyAdam / NoisyAdaGrad.
 
 References are independent of the clipper: plain torch optimizers on autograd gradients, and a
-batch-size-1 clip-then-average reference computed with autograd one example at a time
-(RELIABILITY.md items 21, 26, 27, 29)."""
+batch-size-1 clip-then-average reference computed with autograd one example at a time."""
 
 from __future__ import annotations
 
@@ -148,7 +147,7 @@ def test_step_twice_or_without_backward_raises() -> None:
 
 def test_noise_scale_is_sigma_c_over_expected_batch_size() -> None:
     """std(update - clipped mean) = sigma C / B: a noise-on-the-mean bug would give sigma C / B^2
-    and a realised-size normaliser would not track B (RELIABILITY.md item 27)."""
+    and a realised-size normaliser would not track B."""
     torch.manual_seed(0)
     model = nn.Linear(40, 50).double()
     x = torch.randn(8, 40, dtype=torch.float64)

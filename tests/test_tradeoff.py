@@ -1,6 +1,6 @@
 """dpsharp.tradeoff: Gaussian trade-off curves and the GDP <-> (epsilon, delta) duality, checked
 against a 50-digit mpmath evaluation of the closed form (Dong, Roth, Su 2019, Corollary 2.13;
-seeds/000 eq. (3.2)), including mu up to 50 and delta down to 1e-15 and far below."""
+Bu et al. 2020, eq. (3.2)), including mu up to 50 and delta down to 1e-15 and far below."""
 
 from __future__ import annotations
 

@@ -84,9 +84,9 @@ def test_exponential_mechanism_bad_input(kwargs: dict, message: str) -> None:
         exponential_mechanism(rng=np.random.default_rng(0), **kwargs)
 
 
-# ------------------------------------------------------------ Gupta et al. (002, Theorem D.1)
+# ------------------------------------------------------------ Gupta et al. (Abadi et al. 2016, Theorem D.1)
 def test_gupta_et_al_worked_example_of_002() -> None:
-    """002, appendix D: Q = 9500 of a 10,000-example validation set, epsilon' = 0.5, delta = 0.05;
+    """Abadi et al. 2016, appendix D: Q = 9500 of a 10,000-example validation set, epsilon' = 0.5, delta = 0.05;
     "we lose at most 1% in accuracy as long as 100 > 8 ln(40/p). This is satisfied as long as
     p >= 1/6700 ... one can try 6,700 different parameter settings at privacy cost epsilon = 4
     for the validation set"."""

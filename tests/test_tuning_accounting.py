@@ -1,4 +1,4 @@
-"""The accountants account the selection events: worked examples of 004's partition-and-select
+"""The accountants account the selection events: worked examples of Yu et al. 2019's partition-and-select
 procedure (zCDP), pure-DP steps (classic), DP-PCA's event, and refusals."""
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def test_zcdp_pure_dp_is_half_epsilon_squared() -> None:
 
 
 def test_zcdp_partitioned_search_worked_example_004() -> None:
-    """004, IV.C.3: k candidate schedules trained on k disjoint portions, the exponential
+    """Yu et al. 2019, IV.C.3: k candidate schedules trained on k disjoint portions, the exponential
     mechanism (epsilon-DP, hence epsilon^2/2-zCDP) on the last: by Theorem 2 the search costs
     max(rho_1, ..., rho_k, epsilon^2/2). Here rho_i = epochs_i / (2 sigma_i^2) (reshuffling)."""
     trains = [_epochs(8.0, 100), _epochs(6.0, 40), _epochs(10.0, 120)]
@@ -76,7 +76,7 @@ def test_zcdp_checkpoint_round_trip_with_tuning_events() -> None:
 
 
 def test_zcdp_dp_pca_full_data_event_004() -> None:
-    """004 runs DP-PCA with sigma_pca = 16 on the whole training set and reports its constant
+    """Yu et al. 2019 run DP-PCA with sigma_pca = 16 on the whole training set and reports its constant
     cost 1/(2 sigma_pca^2) apart from the training budget."""
     acc = zcdp.ZCDPAccountant().compose(Gaussian(16.0))
     assert acc.rho == 1 / 512

@@ -1,5 +1,5 @@
 """ZCDPAccountant and the zCDP conversions (Bun and Steinke 2016; Canonne, Kamath, Steinke 2020;
-Yu et al. 2019, seeds/004). Known answers: ../shared/REFERENCE.md, "zCDP and batching"."""
+Yu et al. 2019). Known answers: Yu et al. 2019, zCDP with batching."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ BATCH = int(Q * N)
 
 
 def test_reshuffling_400_epochs_reference() -> None:
-    """REFERENCE.md: zCDP random reshuffling, rho = epochs / (2 sigma^2), eps 21.551 (paper 21.5).
+    """Yu et al. 2019: zCDP random reshuffling, rho = epochs / (2 sigma^2), eps 21.551 (paper 21.5).
 
     Reshuffling is stated under zero-out (a record replaced by a null record): the clipped sum
     has sensitivity C there, as in the paper's analysis, so the paper's numbers carry over; an
@@ -43,7 +43,7 @@ def test_reshuffling_400_epochs_reference() -> None:
     assert guarantee.certified and guarantee.warning is None
     assert guarantee.epsilon == acc.epsilon_cks(DELTA) < 21.551
     # ...and never below the exact epsilon of the equivalent Gaussian (mu^2 = 2 rho):
-    # RELIABILITY.md item 4, every conversion >= the exact Gaussian epsilon
+    # every conversion >= the exact Gaussian epsilon
     assert guarantee.epsilon >= gdp_epsilon(DELTA, math.sqrt(2 * acc.rho))
 
 
@@ -60,7 +60,7 @@ def test_epoch_costs_one_batch_not_the_sum() -> None:
 
 
 def test_sigma_6_classical_calibration_and_rho() -> None:
-    """REFERENCE.md: sigma = 6 is (0.808, 1e-5)-DP by sigma = sqrt(2 log(1.25/delta))/eps, and
+    """Yu et al. 2019: sigma = 6 is (0.808, 1e-5)-DP by sigma = sqrt(2 log(1.25/delta))/eps, and
     rho = 0.0139-zCDP."""
     # eps = sqrt(2 log(1.25e5))/6 = 0.80747: the paper rounds up to 0.808, the smallest
     # 3-decimal epsilon that sigma = 6 guarantees (0.807 would need sigma > 6).
@@ -70,10 +70,10 @@ def test_sigma_6_classical_calibration_and_rho() -> None:
 
 
 def test_random_sampling_theorem_3_reference() -> None:
-    """seeds/004, zCDP(RS): Theorem 3 with P = q^2/sigma^2, T = 40000, q = 0.01, sigma = 6:
+    """Yu et al. 2019, zCDP(RS): Theorem 3 with P = q^2/sigma^2, T = 40000, q = 0.01, sigma = 6:
     rho_hat = T q^2 / sigma^2 = 1/9, U = sigma^2 log(1/(q sigma)) + 1 = 102.28, delta >=
     exp(-rho_hat (U-1)^2) so case (15): rho_hat + 2 sqrt(rho_hat log(1/delta)) = 2.373, the
-    paper's 2.37 (REFERENCE.md lists no re-derived value; this is the computation)."""
+    paper's 2.37 (this is the computation)."""
     acc = ZCDPAccountant(batching="sample").compose(PoissonSampled(Gaussian(SIGMA), Q), 40000)
     assert acc.rho == pytest.approx(40000 * Q**2 / SIGMA**2, rel=1e-14)
     assert acc.alpha_max == pytest.approx(SIGMA**2 * math.log(1 / (Q * SIGMA)) + 1)
@@ -103,14 +103,14 @@ def test_random_sampling_refused_outside_stated_range() -> None:
 
 
 def test_poisson_refused_under_reshuffling() -> None:
-    """RELIABILITY.md item 15: a Poisson step is not a reshuffled batch."""
+    """A Poisson step is not a reshuffled batch."""
     with pytest.raises(dpsharp.UnsupportedEventError, match="batching='sample'"):
         ZCDPAccountant(batching="reshuffle").compose(PoissonSampled(Gaussian(SIGMA), Q))
 
 
 @pytest.mark.parametrize("sigma", [0.5, 1.0, 6.0])
 def test_zcdp_of_gaussian_equals_rdp_over_alpha(sigma: float) -> None:
-    """RELIABILITY.md item 4: Gaussian RDP is alpha / (2 sigma^2) (Mironov 2017, closed form),
+    """Gaussian RDP is alpha / (2 sigma^2) (Mironov 2017, closed form),
     so the zCDP parameter is RDP(alpha)/alpha for every alpha."""
     acc = ZCDPAccountant().compose(Gaussian(sigma))
     for alpha in (1.5, 2.0, 10.0, 64.0):
@@ -162,7 +162,7 @@ def test_conversions_round_trip_and_beat_exact_gaussian(rho: float, log10_delta:
     eps = zcdp_epsilon(rho, delta)
     # delta(eps(delta)) <= delta (both conversions are the same family of bounds)
     assert zcdp_delta(rho, eps) <= delta * (1 + 1e-6)
-    # RELIABILITY.md item 4: never below the exact Gaussian with the same rho (mu^2 = 2 rho)
+    # never below the exact Gaussian with the same rho (mu^2 = 2 rho)
     assert eps >= gdp_epsilon(delta, math.sqrt(2 * rho)) * (1 - 1e-9)
 
 
@@ -248,7 +248,7 @@ def test_replace_one_relation() -> None:
     ],
 )
 def test_table_ii_dynamic_budget_epochs(schedule, epochs_ref: int) -> None:  # type: ignore[no-untyped-def]
-    """REFERENCE.md, Table II of seeds/004: budget rho = 0.78125, one sigma_t per epoch
+    """Table II of Yu et al. 2019: budget rho = 0.78125, one sigma_t per epoch
     (t from 0), reshuffling accounting, stop before the epoch whose cost would exceed it."""
     budget = 0.78125
     acc = ZCDPAccountant(neighbouring="zero_out")

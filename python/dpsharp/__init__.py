@@ -36,7 +36,7 @@ from dpsharp.events import (
     SampledWithoutReplacement,
     Shuffled,
 )
-from dpsharp.tuning_events import (  # issue 11: selection / tuning events
+from dpsharp.tuning_events import (  # selection / tuning events (dpsharp.tuning_events)
     DisjointParts,
     PoissonTuning,
     PureDP,

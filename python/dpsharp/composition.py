@@ -1,13 +1,13 @@
 """The classical (epsilon, delta)-DP theorems as plain functions.
 
-* basic composition (Dwork, Kenthapadi, McSherry, Mironov, Naor 2006; seeds/003 Claim 10);
-* advanced composition: the blog's independent / adaptive forms (seeds/003 Claims 14, 16, 17,
+* basic composition (Dwork, Kenthapadi, McSherry, Mironov, Naor 2006; "A Tail of Two Densities" blog, Claim 10);
+* advanced composition: the blog's independent / adaptive forms (Claims 14, 16, 17,
   18) and Dwork, Rothblum, Vadhan 2010 (Theorem III.3), homogeneous and with per-step
-  (epsilon_t, delta_t) (the extended advanced composition, seeds/001 Lemma 2.2, which follows
+  (epsilon_t, delta_t) (the extended advanced composition of Wu et al., Lemma 2.2, which follows
   from Kairouz, Oh, Viswanath 2017 Theorem 3.5, also provided);
 * the optimal homogeneous composition of Kairouz, Oh, Viswanath 2017 (Theorem 3.3), evaluated
   for any total epsilon by the exact formula of Murtagh and Vadhan 2016;
-* amplification by Poisson subsampling (seeds/003; Li, Qardaji, Su 2012; Balle, Barthe,
+* amplification by Poisson subsampling (the blog; Li, Qardaji, Su 2012; Balle, Barthe,
   Gaboardi 2018): (epsilon, delta) -> (log(1 + q (e^epsilon - 1)), q delta);
 * Gaussian calibration: the classical sigma = sqrt(2 log(1.25/delta)) / epsilon (Dwork and
   Roth 2014, Theorem A.1; valid only for epsilon < 1) and the analytic Gaussian mechanism of
@@ -86,7 +86,7 @@ def _pairs(epsilons: Sequence[float], deltas: Sequence[float]) -> tuple[np.ndarr
 # --------------------------------------------------------------------------- basic
 def basic_composition(epsilons: Sequence[float], deltas: Sequence[float]) -> tuple[float, float]:
     """(sum_i epsilon_i, sum_i delta_i): the adaptive composition of (epsilon_i, delta_i)-DP
-    mechanisms (seeds/003 Claim 10). The delta is capped at nothing: a sum >= 1 is returned as
+    mechanisms ("A Tail of Two Densities", Claim 10). The delta is capped at nothing: a sum >= 1 is returned as
     is and means no guarantee."""
     eps, dels = _pairs(epsilons, deltas)
     return math.fsum(eps), math.fsum(dels)
@@ -94,7 +94,7 @@ def basic_composition(epsilons: Sequence[float], deltas: Sequence[float]) -> tup
 
 # --------------------------------------------------------------------------- advanced
 def _a(epsilon: float) -> float:
-    """a(eps) of seeds/003 (6.98): a bound on D(p||q) for eps-indistinguishable p, q."""
+    """a(eps) of "A Tail of Two Densities" (6.98): a bound on D(p||q) for eps-indistinguishable p, q."""
     return epsilon * math.expm1(epsilon) if epsilon <= math.log(2.0) else epsilon
 
 
@@ -111,10 +111,10 @@ def advanced_composition(
 
     * ``"drv"`` (adaptive; Dwork, Rothblum, Vadhan 2010, Theorem III.3):
       (sqrt(2k log(1/delta')) eps + k eps (e^eps - 1), k delta + delta');
-    * ``"independent"`` (seeds/003 Claims 14 and 17, Hoeffding; independent mechanisms only):
+    * ``"independent"`` ("A Tail of Two Densities", Claims 14 and 17, Hoeffding; independent mechanisms only):
       (k a(eps) + sqrt(2k log(1/delta')) eps, k delta + delta'),
       a(eps) = eps (e^eps - 1) if eps <= log 2 else eps;
-    * ``"adaptive"`` (seeds/003 Claims 16 and 18, Azuma):
+    * ``"adaptive"`` ("A Tail of Two Densities", Claims 16 and 18, Azuma):
       (k a(eps) + sqrt(2k log(1/delta')) (eps + a(eps)), k delta + delta');
     * ``"kov"`` (adaptive; Kairouz, Oh, Viswanath 2017, Theorem 3.4):
       (min{k eps, k eps (e^eps - 1)/(e^eps + 1) + eps sqrt(2k log(e + sqrt(k eps^2)/delta')),
@@ -154,7 +154,7 @@ def extended_advanced_composition(
 ) -> tuple[float, float]:
     """Advanced composition of heterogeneous (epsilon_t, delta_t)-DP mechanisms.
 
-    * ``"drv"``: the extended advanced composition of seeds/001, Lemma 2.2:
+    * ``"drv"``: the extended advanced composition of Wu et al. (adaptive DP-ERM), Lemma 2.2:
       (sqrt(2 log(1/delta') sum_t eps_t^2) + sum_t eps_t (e^{eps_t} - 1), sum_t delta_t + delta');
     * ``"kov"``: Kairouz, Oh, Viswanath 2017, Theorem 3.5 (from which 001 derives its lemma):
       epsilon = min{sum eps_t,
@@ -269,7 +269,7 @@ def optimal_composition_epsilon(epsilon: float, delta: float, steps: int, *, tar
 # --------------------------------------------------------------------------- amplification
 def amplify_by_subsampling(epsilon: float, delta: float, sampling_probability: float) -> tuple[float, float]:
     """(log(1 + q (e^eps - 1)), q delta): an (eps, delta)-DP mechanism run on a Poisson
-    subsample with rate q (seeds/003, "privacy amplification by subsampling"; Li, Qardaji, Su
+    subsample with rate q ("A Tail of Two Densities", "privacy amplification by subsampling"; Li, Qardaji, Su
     2012; tight under add/remove, Balle, Barthe, Gaboardi 2018)."""
     epsilon = require_epsilon(epsilon)
     delta = _require_delta_closed(delta, "delta")
@@ -287,8 +287,8 @@ _CLASSICAL_RANGE = (
 
 
 def classical_gaussian_sigma(epsilon: float, delta: float, *, allow_epsilon_above_one: bool = False) -> float:
-    """sigma = sqrt(2 log(1.25/delta)) / epsilon (Dwork and Roth 2014, Theorem A.1; seeds/003
-    Claim 9; seeds/002 Section 3.1). The theorem holds for epsilon < 1 only: larger epsilon
+    """sigma = sqrt(2 log(1.25/delta)) / epsilon (Dwork and Roth 2014, Theorem A.1; "A Tail of Two
+    Densities", Claim 9; Abadi et al. 2016, Section 3.1). The theorem holds for epsilon < 1 only: larger epsilon
     raises ValueError unless ``allow_epsilon_above_one`` (then the number is a heuristic, not a
     guarantee; use :func:`analytic_gaussian_sigma`, which is exact for every epsilon)."""
     epsilon = require_positive_finite("epsilon", epsilon)
@@ -300,7 +300,7 @@ def classical_gaussian_sigma(epsilon: float, delta: float, *, allow_epsilon_abov
 
 def classical_gaussian_epsilon(noise_multiplier: float, delta: float, *, allow_epsilon_above_one: bool = False) -> float:
     """epsilon = sqrt(2 log(1.25/delta)) / sigma, the inverse of :func:`classical_gaussian_sigma`
-    (sigma = 6, delta = 1e-5 gives 0.808, seeds/004). Raises ValueError when the result is >= 1
+    (sigma = 6, delta = 1e-5 gives 0.808, Yu et al. 2019). Raises ValueError when the result is >= 1
     (outside the theorem) unless ``allow_epsilon_above_one``."""
     sigma = require_positive_finite("noise_multiplier", noise_multiplier)
     delta = require_delta(delta)

@@ -1,7 +1,7 @@
 """Events: immutable descriptions of what a randomised mechanism did.
 
 Every accountant, the training engine, calibration and the command line describe work with
-these same objects (the data flow of DESIGN.md). An event's meaning never changes; new
+these same objects. An event's meaning never changes; new
 behaviour gets a new event class.
 
 Neighbouring relations and sensitivities

@@ -1,14 +1,14 @@
 """Trade-off functions (f-DP) and Gaussian differential privacy.
 
 A mechanism is f-DP when testing "D" against "D'" from its output has type-II error at least
-f(alpha) at type-I error alpha (Dong, Roth, Su 2019; Bu, Dong, Long, Su 2020, seeds/000). The
+f(alpha) at type-I error alpha (Dong, Roth, Su 2019; Bu, Dong, Long, Su 2020). The
 Gaussian trade-off function
 
     G_mu(alpha) = Phi(Phi^-1(1 - alpha) - mu)
 
 is the curve of testing N(0, 1) against N(mu, 1); a mechanism is mu-GDP when it is G_mu-DP.
 mu-GDP is equivalent to (epsilon, delta(epsilon))-DP for every epsilon >= 0 with (Corollary
-2.13 of Dong, Roth, Su; eq. (3.2) of seeds/000)
+2.13 of Dong, Roth, Su; eq. (3.2) of Bu et al. 2020)
 
     delta(epsilon; mu) = Phi(-epsilon/mu + mu/2) - e^epsilon Phi(-epsilon/mu - mu/2).
 
@@ -75,7 +75,7 @@ def _result(array: np.ndarray) -> Any:
 def gaussian_tradeoff(alpha: Any, mu: Any) -> Any:
     """The Gaussian trade-off function G_mu(alpha) = Phi(Phi^-1(1 - alpha) - mu).
 
-    Dong, Roth, Su 2019, Definition 2.7; seeds/000 eq. (2.2). Evaluated as
+    Dong, Roth, Su 2019, Definition 2.7; Bu et al. 2020, eq. (2.2). Evaluated as
     ``ndtr(-ndtri(alpha) - mu)`` so that tiny alpha keeps full precision.
 
     Parameters
@@ -157,7 +157,7 @@ def gdp_delta(epsilon: Any, mu: Any) -> Any:
     """The delta of mu-GDP at epsilon: the smallest delta with mu-GDP => (epsilon, delta)-DP.
 
     delta(eps; mu) = Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2)
-    (Dong, Roth, Su 2019, Corollary 2.13; seeds/000 eq. (3.2)). For mu = 1/sigma this is also
+    (Dong, Roth, Su 2019, Corollary 2.13; Bu et al. 2020, eq. (3.2)). For mu = 1/sigma this is also
     the exact delta(eps) of the Gaussian mechanism with noise multiplier sigma (Balle and Wang
     2018, Theorem 8). Computed in log space (module docstring): no catastrophic cancellation.
 

@@ -4,8 +4,8 @@ chosen one, and return the event that accounts the *whole* search.
 Three analyses, from the oldest to the tightest:
 
 * Gupta, Ligett, McSherry, Roth, Talwar 2010, Theorem 10.2, as restated by Abadi et al. 2016
-  (002, Theorem D.1): :func:`gupta_et_al_epsilon` and its companions.
-* The partition-and-exponential-mechanism procedure of Yu et al. 2019 (004, section IV.C.3):
+  (Theorem D.1): :func:`gupta_et_al_epsilon` and its companions.
+* The partition-and-exponential-mechanism procedure of Yu et al. 2019 (section IV.C.3):
   :func:`select_partitioned`, built on :func:`exponential_mechanism`.
 * Renyi-DP tuning with a random number of repetitions (Papernot and Steinke 2022):
   :func:`select_random_repetitions`, accounted by
@@ -65,10 +65,10 @@ __all__ = [
 Candidate = TypeVar("Candidate")
 
 
-# ------------------------------------------------------------- Gupta et al. 2010 (002, D.1)
+# ------------------------------------------------------------- Gupta et al. 2010 (Abadi et al. 2016, D.1)
 def gupta_et_al_epsilon(epsilon: float, epsilon_prime: float, *, disjoint_validation: bool = False) -> float:
     """Privacy of the search mechanism M' of Gupta, Ligett, McSherry, Roth, Talwar 2010,
-    Theorem 10.2, as restated in Abadi et al. 2016 (002), Theorem D.1:
+    Theorem 10.2, as restated in Abadi et al. 2016, Theorem D.1:
 
         Let M be an epsilon-differentially private mechanism such that for a query function q
         with sensitivity 1, and a parameter Q, it holds that Pr_{r ~ M(d)}[q(d, r) >= Q] >= p
@@ -82,7 +82,7 @@ def gupta_et_al_epsilon(epsilon: float, epsilon_prime: float, *, disjoint_valida
     max(epsilon, 8 epsilon'): 002 remarks that "the proof of Theorem D.1 actually implies a
     stronger max(epsilon, 8 epsilon')-differential privacy for the setting of interest", where
     M trains on the training set and q scores on a disjoint validation set. For K settings
-    tried by a uniformly random choice, p = 1/K (002).
+    tried by a uniformly random choice, p = 1/K (Abadi et al. 2016).
 
     The restated theorem asks for epsilon' in the open interval (0, 1/2), but 002's own worked
     example uses epsilon' = 1/2; every function here accepts (0, 1/2] so that the example can
@@ -111,13 +111,13 @@ def _gupta_log_term(epsilon_prime: float, delta: float, p: float) -> float:
 
 def gupta_et_al_accuracy_loss(epsilon_prime: float, delta: float, p: float) -> float:
     """(4/epsilon') log(1/(epsilon' delta p)): with probability >= 1 - delta, M' scores at least
-    Q minus this (Theorem D.1 of 002, first bullet)."""
+    Q minus this (Theorem D.1 of Abadi et al. 2016, first bullet)."""
     return 4.0 / epsilon_prime * _gupta_log_term(epsilon_prime, delta, p)
 
 
 def gupta_et_al_calls(epsilon_prime: float, delta: float, p: float) -> float:
     """(1/(epsilon' delta p))^2 log(1/(epsilon' delta p)): the calls M' makes to M (Theorem
-    D.1 of 002, second bullet)."""
+    D.1 of Abadi et al. 2016, second bullet)."""
     log_term = _gupta_log_term(epsilon_prime, delta, p)
     return math.exp(2.0 * log_term) * log_term
 
@@ -168,7 +168,7 @@ def exponential_mechanism(
     scores: Sequence[float], epsilon: float, sensitivity: float, rng: np.random.Generator
 ) -> int:
     """The index chosen by the exponential mechanism: epsilon-DP when every score changes by at
-    most ``sensitivity`` between neighbouring datasets; hence epsilon^2/2-zCDP (004, citing
+    most ``sensitivity`` between neighbouring datasets; hence epsilon^2/2-zCDP (Yu et al. 2019, citing
     Bun and Steinke 2016). Its event is ``PureDP(epsilon)``."""
     if not isinstance(rng, np.random.Generator):
         raise TypeError("rng must be a numpy.random.Generator")
@@ -213,7 +213,7 @@ def select_partitioned(
     sensitivity: float = 1.0,
     rng: np.random.Generator,
 ) -> SelectionResult[Candidate]:
-    """Yu et al. 2019 (004), after Gupta et al. 2010: partition the records into K + 1 parts
+    """Yu et al. 2019, after Gupta et al. 2010: partition the records into K + 1 parts
     (:func:`partition`), train candidate i on part i with ``train_fn(candidate, indices) ->
     model`` (whose privacy cost on its part is ``candidate_event(candidate)``), score every
     model on the held-out part K+1 with ``score_fn(model, holdout_indices)`` (higher is better;
@@ -224,7 +224,7 @@ def select_partitioned(
     Event: ``DisjointParts((event_1, ..., event_K, PureDP(epsilon)))``. A record lies in one
     part only: in training part i it affects model i (and the choice only through model i,
     post-processing); in the held-out part it affects the scores (epsilon-DP). So the search
-    costs the maximum over the parts (004, Theorem 2), e.g. max(max_i rho_i, epsilon^2/2) in zCDP.
+    costs the maximum over the parts (Yu et al. 2019, Theorem 2), e.g. max(max_i rho_i, epsilon^2/2) in zCDP.
     """
     candidates = _require_candidates(candidates)
     num_records = require_count("num_records", num_records, minimum=len(candidates) + 1)

@@ -6,7 +6,7 @@ untouched:
 
 * :class:`PureDP` -- any epsilon-DP mechanism, e.g. the exponential mechanism.
 * :class:`DisjointParts` -- parallel composition: each sub-event runs on its own part of a
-  data-independent random partition of the records (Yu et al. 2019, 004, Theorem 2).
+  data-independent random partition of the records (Yu et al. 2019, Theorem 2).
 * :class:`RandomChoice` -- one of the sub-events, chosen independently of the data.
 * :class:`TruncatedNegativeBinomialTuning` and :class:`PoissonTuning` -- run a base mechanism a
   random number K of times and release the best run (Papernot and Steinke 2022).
@@ -115,7 +115,7 @@ class DisjointParts(_OfEvents):
     list into equal slices", where adding one record shifts the others. Then a neighbouring
     dataset changes one part only; the parts may run adaptively in order. The cost is the
     maximum over the parts, at every Renyi order (and the max rho under zCDP: Yu et al. 2019,
-    004, Theorem 2; the max epsilon and max delta under (epsilon, delta)-DP).
+    Theorem 2; the max epsilon and max delta under (epsilon, delta)-DP).
 
     Under replace one and zero-out (dpsharp.events) the record that replaces x takes x's
     place, so the part must be a function of that place (a record id, an independent random

@@ -1,5 +1,5 @@
 """Classical (epsilon, delta) accounting: per-step guarantees composed by the basic, advanced or
-optimal composition theorem (the "strong composition" baseline of seeds/002 and seeds/004).
+optimal composition theorem (the "strong composition" baseline of Abadi et al. 2016 and Yu et al. 2019).
 
 How events become per-step (epsilon_t, delta_t) guarantees
 ----------------------------------------------------------
@@ -25,7 +25,7 @@ steps of q_t:
 * ``advanced``: delta = S delta_0 + delta' (the slack of the advanced theorem); the fraction
   f = delta'/delta is optimised numerically (a grid in log f and log(1 - f), then Brent's bounded
   minimisation). The reported epsilon is the smallest of the heterogeneous Dwork-Rothblum-Vadhan
-  bound (seeds/001 Lemma 2.2), the Kairouz-Oh-Viswanath 2017 Theorem 3.5 bound (delta =
+  bound (Wu et al., Lemma 2.2), the Kairouz-Oh-Viswanath 2017 Theorem 3.5 bound (delta =
   1 - (1 - delta') prod (1 - delta_t) <= S delta_0 + delta'), and the basic composition at
   delta_0 = delta / S. Each is a valid bound for its split, so the minimum is.
 * ``optimal``: Kairouz-Oh-Viswanath 2017 Theorem 3.3 (exact optimum over per-step guarantees);
@@ -34,7 +34,7 @@ steps of q_t:
 
 The papers' strong-composition numbers
 --------------------------------------
-seeds/002 (Abadi et al.) reports 9.34 (q = 0.01, sigma = 4, T = 10^4) and 24.22 (T = 4 10^4) at
+Abadi et al. 2016 report 9.34 (q = 0.01, sigma = 4, T = 10^4) and 24.22 (T = 4 10^4) at
 delta = 1e-5 without stating the split or the amplification. A search over the classical /
 exact calibration, the amplification log(1 + q(e^eps - 1)), 2 q eps or q eps, the DRV, KOV and
 "k eps^2" second terms, per-step deltas with and without the factor q, and both fixed and
@@ -47,7 +47,7 @@ amplification for eps_0 > 1 (here eps_0 ~ 1.5-1.7): log(1 + q(e^eps_0 - 1)) is t
 and with it the optimised DRV bound is 26.39 and 82.35, far above the paper. See
 :func:`paper_strong_composition_002`.
 
-seeds/004 (Yu et al.) reports 34.3 (q = 0.01, sigma = 6, T = 4 10^4) and states its recipe:
+Yu et al. 2019 report 34.3 (q = 0.01, sigma = 6, T = 4 10^4) and states its recipe:
 strong composition of (log(1 + q(e^eps - 1)), q delta) steps. With the classical calibration
 and DRV the optimised split gives 29.04 (< 34.3); 34.3 is reached only at the unnatural split
 delta' = 0.975 delta (delta_0 = 6.1e-10). With per-step (0.808, 1e-5) (the paper's own
@@ -89,7 +89,7 @@ from dpsharp.events import (
     Shuffled,
 )
 from dpsharp.tradeoff import gdp_epsilon
-from dpsharp.tuning_events import PureDP  # issue 11: an epsilon-DP step (e.g. exponential mechanism)
+from dpsharp.tuning_events import PureDP  # an epsilon-DP step (e.g. exponential mechanism)
 
 __all__ = ["ClassicAccountant", "paper_strong_composition_002"]
 
@@ -186,7 +186,7 @@ class ClassicAccountant(Accountant):
         base, q = _mechanism(leaf)
         if isinstance(base, Laplace):
             eps0, d0 = 1.0 / base.scale, 0.0
-        elif isinstance(base, PureDP):  # issue 11: (epsilon, 0)-DP by definition
+        elif isinstance(base, PureDP):  # (epsilon, 0)-DP by definition
             eps0, d0 = base.epsilon, 0.0
         else:
             assert isinstance(base, Gaussian)
@@ -328,7 +328,7 @@ class ClassicAccountant(Accountant):
 def paper_strong_composition_002(
     noise_multiplier: float, sampling_probability: float, steps: int, delta: float
 ) -> tuple[float, float]:
-    """The closest reconstruction found of the strong-composition numbers of seeds/002 (see
+    """The closest reconstruction found of the strong-composition numbers of Abadi et al. 2016 (see
     the module docstring): classical calibration eps_0 = sqrt(2 log(1.25/delta_0))/sigma, the
     per-step guarantee (q eps_0, q delta_0) (NOT a valid amplification for eps_0 > 1), DRV
     composition, the split delta' = f delta, T q delta_0 = (1 - f) delta optimised over f.

@@ -1,7 +1,7 @@
 """Gaussian differential privacy: exact for Gaussian mechanisms, the central limit theorem
 (an approximation) for Poisson-subsampled ones.
 
-Bu, Dong, Long, Su 2020 (seeds/000), Section 3 and Theorem 3.4 / Corollary 5.4 of Dong, Roth,
+Bu, Dong, Long, Su 2020, Section 3 and Theorem 3.4 / Corollary 5.4 of Dong, Roth,
 Su 2019: T steps of NoisySGD / NoisyAdam with Poisson sampling probability p and noise
 multiplier sigma are asymptotically mu-GDP with
 
@@ -68,7 +68,7 @@ def _clt_mu_squared_term(sampling_probability: float, noise_multiplier: float) -
 
 
 def clt_mu(noise_multiplier: float, *, sampling_probability: float, steps: int) -> float:
-    """mu_CLT = p sqrt(T (e^{1/sigma^2} - 1)) (Bu et al. 2020, seeds/000, Section 3.2).
+    """mu_CLT = p sqrt(T (e^{1/sigma^2} - 1)) (Bu et al. 2020, Section 3.2).
 
     An approximation (see :data:`CLT_WARNING`), not a certified bound.
     """
@@ -90,9 +90,9 @@ class GDPAccountant(Accountant):
       Corollary 3.3), so a composition of plain Gaussians is certified (``certified`` True,
       the exact (epsilon, delta) of the composed Gaussian mechanism).
     * ``PoissonSampled(Gaussian(sigma), p)`` contributes p^2 (e^{1/sigma^2} - 1) to mu^2: the
-      central limit theorem of Bu, Dong, Long, Su 2020 (seeds/000, eq. (3.3)), generalised to
+      central limit theorem of Bu, Dong, Long, Su 2020 (eq. (3.3)), generalised to
       heterogeneous steps. This is an **approximation, not a bound**: it is the T -> infinity
-      limit and can be far below the true privacy loss for finite T (RELIABILITY.md item 9:
+      limit and can be far below the true privacy loss for finite T (for example
       q = 0.1, sigma = 1, T = 10 gives epsilon 1.62 at delta 1e-5 while the tight value is
       2.85). Any such composition makes every :meth:`guarantee` carry ``certified=False`` and
       :data:`CLT_WARNING`. (With p = 1 the event is the plain Gaussian and is composed exactly.)
@@ -207,7 +207,7 @@ def clt_equivalent_noise(
 ) -> float:
     """The noise multiplier sigma~ whose CLT accounting gives exactly (epsilon, delta).
 
-    Bu et al. 2020 (seeds/000), Figure 1 / Figure 4: the moments accountant proves
+    Bu et al. 2020, Figure 1 / Figure 4: the moments accountant proves
     (epsilon, delta) for some sigma; the CLT reaches the same (epsilon, delta) with a smaller
     sigma~. With mu* the GDP parameter for which delta(epsilon; mu*) = delta
     (:func:`dpsharp.tradeoff.gdp_mu_for`), the CLT relation mu* = p sqrt(T (e^{1/sigma~^2} - 1))
@@ -231,7 +231,7 @@ def clt_equivalent_noise(
     return 1.0 / math.sqrt(math.log1p(mu_star * mu_star / (p * p * steps)))
 
 
-#: The RDP orders of Bu et al. 2020's moments accountant (Table 1 and Fig. 4 of seeds/000):
+#: The RDP orders of Bu et al. 2020's moments accountant (their Table 1 and Fig. 4):
 #: 1.1, 1.2, ..., 10.9 and 12, ..., 63, with the classic conversion.
 BU_ET_AL_ORDERS: tuple[float, ...] = tuple(round(1.0 + k / 10.0, 1) for k in range(1, 100)) + tuple(
     float(order) for order in range(12, 64)

@@ -38,7 +38,7 @@ blog, seed 003).
 Under add/remove one, Poisson subsampling is asymmetric: the pair of the remove direction
 ((1-q) N(0,1) + q N(mu,1) against N(0,1)) and of the add direction (the reverse) are composed
 separately (every step of one pair of neighbouring datasets has the same direction) and the worse
-delta is reported. The symmetrised trade-off min{f, f^-1}** of seed 000 (Bu et al., Section 2.2)
+delta is reported. The symmetrised trade-off min{f, f^-1}** of Bu et al. 2020 (Section 2.2)
 is given by :meth:`PLDAccountant.tradeoff` with ``symmetrised=True``. Sampling without replacement
 under replace-one uses the pair of min{f_q, f_q^-1}** with f_q = q G_mu + (1 - q) Id (Dong, Roth,
 Su 2019, Thm 4.2).
@@ -701,7 +701,7 @@ class PLDAccountant(Accountant):
         2019, Prop. 2.12); using the certified upper delta at the grid points (a subset of all
         eps) gives a curve below the true one. Under add/remove with Poisson sampling, the
         default is the remove direction's curve f (the pair P = mixture, Q = N(0,1)) and
-        ``symmetrised=True`` gives min{f, f^-1}** (seed 000, Section 2.2), whose delta curve is
+        ``symmetrised=True`` gives min{f, f^-1}** (Bu et al. 2020, Section 2.2), whose delta curve is
         the pointwise maximum over both directions.
         """
         alphas = require_real_array("alphas", alphas)

@@ -121,7 +121,7 @@ class RDPAccountant(Accountant):
 
     # ----------------------------------------------------------------- hooks
     def _leaf_unsupported_reason(self, leaf: Event) -> str | None:
-        if isinstance(leaf, TUNING_EVENT_TYPES):  # issue 11: selection / tuning events
+        if isinstance(leaf, TUNING_EVENT_TYPES):  # selection / tuning events (dpsharp.tuning_events)
             return unsupported_reason_of_leaf(leaf, "rdp", self._event_unsupported_reason)
         return leaf_unsupported_reason(leaf)
 
@@ -130,7 +130,7 @@ class RDPAccountant(Accountant):
             if leaf not in self._curves:
                 self._curves[leaf] = self._leaf_curve(leaf)
 
-    # -- issue 11 (dpsharp.tuning_events): a tuning leaf's curve is a function of the curves
+    # -- selection / tuning events (dpsharp.tuning_events): a tuning leaf's curve is a function of the curves
     # of the events inside it (training runs), which this accountant computes itself.
     def _leaf_curve(self, leaf: Event) -> npt.NDArray[np.float64]:
         if isinstance(leaf, TUNING_EVENT_TYPES):

@@ -13,7 +13,7 @@ reports the smaller; both are valid):
   minimised over alpha > 1. Every alpha gives a valid bound, so a numerical minimiser can only
   cost tightness, never validity.
 
-Batching (Yu, Liu, Pu, Gursoy, Truex 2019, seeds/004, Section IV-B):
+Batching (Yu, Liu, Pu, Gursoy, Truex 2019, Section IV-B):
 
 * random reshuffling (Theorem 2): the batches of an epoch are disjoint, so an epoch of
   rho-zCDP steps costs max_i rho_i; epochs add. Described by the ``Shuffled`` event, which
@@ -104,7 +104,7 @@ def zcdp_epsilon_bun_steinke(rho: float, delta: float, *, alpha_max: float | Non
 
     With alpha_max = inf this is rho + 2 sqrt(rho log(1/delta)) (Bun and Steinke 2016,
     Proposition 1.3), attained at alpha* = 1 + sqrt(log(1/delta)/rho). With a finite alpha_max
-    it is Theorem 3 of Yu et al. 2019 (seeds/004), eqs. (15)-(16): (15) when
+    it is Theorem 3 of Yu et al. 2019, eqs. (15)-(16): (15) when
     delta >= exp(-rho (alpha_max - 1)^2), i.e. alpha* <= alpha_max, else (16) at alpha_max,
     rho alpha_max + log(1/delta)/(alpha_max - 1).
     """
@@ -222,7 +222,7 @@ def _half_inverse_square(scale: float) -> float:
 
 @register("zcdp")
 class ZCDPAccountant(Accountant):
-    """rho-zCDP accounting with the batching analyses of Yu et al. 2019 (seeds/004).
+    """rho-zCDP accounting with the batching analyses of Yu et al. 2019.
 
     Parameters
     ----------
@@ -236,7 +236,7 @@ class ZCDPAccountant(Accountant):
           accountant refuses it (:class:`dpsharp.events.Shuffled`); ``Gaussian`` and
           ``Laplace`` cost their own rho. Every result is a
           certified bound. ``PoissonSampled`` events are refused: a Poisson loader is not a
-          reshuffling loader (RELIABILITY.md item 15); use ``batching="sample"``.
+          reshuffling loader; use ``batching="sample"``.
         * ``"sample"`` (random sampling with replacement, Theorem 3): additionally accepts
           ``PoissonSampled(Gaussian(sigma), q)`` with q <= 1/(16 sigma), contributing
           P(q, sigma) = q^2/sigma^2 to rho_hat, and restricts the conversion to
@@ -279,7 +279,7 @@ class ZCDPAccountant(Accountant):
     def _leaf_unsupported_reason(self, leaf: Event) -> str | None:
         if _leaf_rho(leaf) is not None:
             return None
-        if isinstance(leaf, TUNING_EVENT_TYPES):  # issue 11: selection / tuning events
+        if isinstance(leaf, TUNING_EVENT_TYPES):  # selection / tuning events (dpsharp.tuning_events)
             return unsupported_reason_of_leaf(leaf, "zcdp", self._event_unsupported_reason)
         if isinstance(leaf, Shuffled):
             if _leaf_rho(leaf.event) is not None:
@@ -303,8 +303,8 @@ class ZCDPAccountant(Accountant):
             return None
         return "not a Gaussian, Laplace, Shuffled or (batching='sample') PoissonSampled event"
 
-    # -- issue 11 (dpsharp.tuning_events): PureDP is epsilon^2/2-zCDP (Bun and Steinke 2016,
-    # Prop. 3.3); DisjointParts / RandomChoice cost the max rho of their parts (004, Theorem 2;
+    # -- selection / tuning events (dpsharp.tuning_events): PureDP is epsilon^2/2-zCDP (Bun and Steinke 2016,
+    # Prop. 3.3); DisjointParts / RandomChoice cost the max rho of their parts (Yu et al. 2019, Theorem 2;
     # joint quasi-convexity), valid for alpha up to the smallest limit among the parts.
     def _event_unsupported_reason(self, event: Event) -> str | None:
         return first_unsupported_leaf(event, self._leaf_unsupported_reason)

@@ -11,7 +11,7 @@ fresh compose + query), and ``gap`` = epsilon - min over the setting's certified
 ``epsilon_upper`` (0 for the tightest certified bound; negative for an approximation below it).
 Peers' rows are named after their library (``dp_accounting.rdp``, ``prv_accountant``,
 ``opacus.prv``, ...). The default grid is the MNIST and Abadi et al. settings of
-REFERENCE.md (Abadi et al. 2016; Bu et al. 2020) plus three hard regimes.
+the papers (Abadi et al. 2016; Bu et al. 2020) plus three hard regimes.
 """
 
 from __future__ import annotations

@@ -14,11 +14,11 @@ import importlib
 from typing import Any
 
 _LAZY: dict[str, str] = {
-    # training core (issue 6): per-example clipping and noise
+    # training core: per-example clipping and noise
     "PerSampleClipper": "dpsharp.torch.clipper",
     "NoiseGenerator": "dpsharp.torch.noise",
     "retain_freed_memory": "dpsharp.torch.allocator",
-    # training API (issue 7): optimizers, loaders, engine
+    # training API: optimizers, loaders, engine
     "DPOptimizer": "dpsharp.torch.optimizer",
     "NoisySGD": "dpsharp.torch.optimizer",
     "NoisyAdam": "dpsharp.torch.optimizer",
@@ -31,11 +31,11 @@ _LAZY: dict[str, str] = {
     "PrivacyBudget": "dpsharp.torch.engine",
     "PrivacyReport": "dpsharp.torch.engine",
     "BudgetExhausted": "dpsharp.torch.engine",
-    # DP-PCA input projection (issue 11)
+    # DP-PCA input projection
     "DPPCA": "dpsharp.torch.pca",
     "PCAProjection": "dpsharp.torch.pca",
     "symmetric_gaussian_noise": "dpsharp.torch.pca",
-    # noise schedules (issue 8)
+    # noise schedules
     "NoiseSchedule": "dpsharp.torch.schedules",
     "Constant": "dpsharp.torch.schedules",
     "TimeBased": "dpsharp.torch.schedules",
@@ -46,7 +46,7 @@ _LAZY: dict[str, str] = {
     "ADP": "dpsharp.torch.schedules",
     "calibrate_schedule": "dpsharp.torch.schedules",
     "attach_schedule": "dpsharp.torch.schedules",
-    # scale-out (issue 9): distributed data parallel
+    # scale-out: distributed data parallel
     "DistributedPoissonDataLoader": "dpsharp.torch.distributed",
     # one-run privacy audit with gradient canaries (Steinke, Nasr, Jagielski 2023)
     "audit": "dpsharp.torch.audit",

@@ -13,7 +13,7 @@ only ever sees privatised gradients, so its state (momentum, Adam moments, AdaGr
 post-processing and costs no privacy (Bu et al. 2020, section 3.1).
 
 Clipping and noise are done by :class:`dpsharp.torch.PerSampleClipper` and
-:class:`dpsharp.torch.NoiseGenerator` (see TORCH_CONTRACT.md); this module only sequences them.
+:class:`dpsharp.torch.NoiseGenerator`; this module only sequences them.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Differentially private PCA as an input projection (Abadi et al. 2016, section 3.2).
 
-The procedure of Abadi et al. (002, "Differentially private PCA"), which follows "Analyze
+The procedure of Abadi et al. 2016 ("Differentially private PCA"), which follows "Analyze
 Gauss" (Dwork, Talwar, Thakurta, Zhang, STOC 2014):
 
 1. Poisson-sample the training rows: each row joins the sample independently with probability
@@ -35,7 +35,7 @@ wastes a factor sqrt(2) of noise on d(d-1)/2 of the d(d+1)/2 directions.
 So :meth:`DPPCA.fit` is ``PoissonSampled(Gaussian(noise_multiplier), q)`` under add/remove; the
 eigendecomposition and the projection are post-processing. Compose the returned event into the
 training engine's accountant to report one number for the whole pipeline, or into a separate
-accountant to report the PCA cost apart (as Yu et al. 2019, 004, do with sigma_pca = 16:
+accountant to report the PCA cost apart (as Yu et al. 2019 do with sigma_pca = 16:
 rho = 1/(2 sigma_pca^2) for q = 1 under zCDP).
 """
 

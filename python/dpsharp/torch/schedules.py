@@ -2,8 +2,8 @@
 
 A schedule is a callable ``schedule(t) -> sigma`` giving the noise multiplier (noise std /
 clipping norm) of index ``t = 0, 1, 2, ...``. Its :attr:`~NoiseSchedule.unit` says what ``t``
-counts: ``"epoch"`` (one sigma for every step of an epoch, as in Yu et al. 2019, seeds/004) or
-``"step"`` (one sigma per noisy release, as ADP-SGD in Wu et al., seeds/001).
+counts: ``"epoch"`` (one sigma for every step of an epoch, as in Yu et al. 2019) or
+``"step"`` (one sigma per noisy release, as ADP-SGD in Wu et al., adaptive DP-ERM).
 
 Pre-defined decays (Yu et al. 2019, "Differentially private model publishing for deep
 learning", section IV-A-2): :class:`TimeBased`, :class:`Exponential`, :class:`StepDecay`,
@@ -344,7 +344,7 @@ class ValidationBased(NoiseSchedule):
 
 
 class ADP(NoiseSchedule):
-    """ADP-SGD noise adapted to the learning rate (Wu et al., seeds/001, Theorem 4.2 and
+    """ADP-SGD noise adapted to the learning rate (Wu et al., Theorem 4.2 and
     Remark 4.1): sigma_t proportional to 1 / sqrt(eta_t), here
 
         sigma_t = scale * sqrt(eta_0 / eta_t),
@@ -448,7 +448,7 @@ def _require_learning_rates(learning_rates: Sequence[float] | np.ndarray) -> np.
 def adagrad_norm_proxy(
     learning_rate: float, *, steps: int, b0: float, gradient_bound: float
 ) -> np.ndarray:
-    """The step sizes ADP-SGD assumes for AdaGrad-norm (Wu et al., seeds/001, section 5.2).
+    """The step sizes ADP-SGD assumes for AdaGrad-norm (Wu et al., section 5.2).
 
     AdaGrad-norm sets eta_t = eta / b_{t+1} with b_{t+1}^2 = b_t^2 + ||g_t||^2, known only during
     training. The paper replaces b_t by its value under a gradient-norm bound G (the clipping
