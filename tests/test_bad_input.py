@@ -320,6 +320,7 @@ ENTRIES: list[Entry] = [
           {"batch_size": "count1", "dataset_size": "count1"}),
     Entry("Repeated", dpsharp.Repeated, {"event": Gaussian(1.0), "count": 3}, {"count": "count"}),
     Entry("flatten", events.flatten, {"event": Gaussian(1.0), "count": 3}, {"count": "count"}),
+    Entry("ZCDP", events.ZCDP, {"rho": 0.5, "xi": 0.0}, {"rho": "epsilon", "xi": "epsilon"}),
     Entry("PureDP", dpsharp.PureDP, {"epsilon": 1.0}, {"epsilon": "positive"}),
     Entry("PoissonTuning", dpsharp.PoissonTuning, {"base": Gaussian(1.0), "mean": 3.0},
           {"mean": "positive"}),

@@ -317,13 +317,16 @@ def _gamma_for_mean(eta: float, mean: float) -> float:
     log(1/gamma) for eta = 0), by bisection: E[K] decreases from inf to 1 as gamma goes from 0
     to 1. The lower end of the final bracket is returned: E[K] there is >= ``mean``, and the
     RDP bound of Theorem 2 decreases in gamma (its log(1/gamma) and log E[K] terms do), so the
-    bound computed with it is at least the bound of the exact gamma."""
+    bound computed with it is at least the bound of the exact gamma. The floating-point E[K]
+    is compared with ``mean (1 + 1e-13)``, far above its own rounding error (a few ulps), so
+    that the exact E[K] at the returned gamma is >= ``mean`` too."""
+    target = mean * (1.0 + 1e-13)
     low, high = 0.0, 1.0
     for _ in range(200):
         middle = 0.5 * (low + high)
         if middle in (low, high):
             break
-        if truncated_negative_binomial_mean(eta, middle) >= mean:
+        if truncated_negative_binomial_mean(eta, middle) >= target:
             low = middle
         else:
             high = middle
