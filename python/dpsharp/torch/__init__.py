@@ -48,6 +48,11 @@ _LAZY: dict[str, str] = {
     "attach_schedule": "dpsharp.torch.schedules",
     # scale-out: distributed data parallel
     "DistributedPoissonDataLoader": "dpsharp.torch.distributed",
+    # recurrent layers built from nn.Linear maps, for per-example clipping
+    "convert_recurrent": "dpsharp.torch.layers.recurrent",
+    "DPRNN": "dpsharp.torch.layers.recurrent",
+    "DPGRU": "dpsharp.torch.layers.recurrent",
+    "DPLSTM": "dpsharp.torch.layers.recurrent",
     # one-run privacy audit with gradient canaries (Steinke, Nasr, Jagielski 2023)
     "audit": "dpsharp.torch.audit",
     "AuditResult": "dpsharp.torch.audit",

@@ -131,8 +131,11 @@ def _refuse_cross_example(module: nn.Module, name: str) -> None:
         raise ValueError(f"{label} has uninitialised (lazy) parameters; run one forward first")
     if isinstance(module, (nn.RNNBase,)):
         raise ValueError(
-            f"{label}: recurrent layers are not supported by the per-example clipper yet "
-            "(cuDNN-style fused weights); use a transformer or a custom cell built from nn.Linear"
+            f"{label}: the per-example clipper cannot see inside PyTorch's fused recurrent "
+            "kernels; convert the model first with "
+            "dpsharp.torch.layers.recurrent.convert_recurrent(model), which replaces nn.RNN, "
+            "nn.GRU and nn.LSTM by DPRNN, DPGRU and DPLSTM (same parameters, outputs and "
+            "state_dict keys, built from nn.Linear maps)"
         )
 
 
