@@ -7,13 +7,14 @@ training rows, uses the frozen projection as the model's first layer, trains wit
 engine (Poisson sampling, DP-SGD), then composes the PCA event into the engine's accountant and
 prints the training-only and the combined epsilon and the test accuracy.
 
-    python examples/dp_pca_digits.py [--accountant rdp] [--epochs 30]
+    python examples/dp_pca_digits.py [--accountant rdp] [--epochs 30] [--noise-multiplier 1]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -86,19 +87,30 @@ def run(
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--accountant", default="rdp")
-    parser.add_argument("--epochs", type=int, default=30)
-    parser.add_argument("--pca-noise", type=float, default=8.0)
-    parser.add_argument("--noise", type=float, default=1.0)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """Parse ``argv``, run, print the result as JSON and return it."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--accountant", default="rdp", help="accountant name")
+    parser.add_argument("--epochs", type=int, default=30, help="passes over the data")
+    parser.add_argument("--pca-noise-multiplier", type=float, default=8.0,
+                        help="noise multiplier of the DP-PCA covariance (dpsharp.torch.DPPCA)")
+    parser.add_argument("--noise-multiplier", type=float, default=1.0,
+                        help="DP-SGD noise std / clipping norm")
+    # the former spellings, kept working and out of --help
+    parser.add_argument("--pca-noise", dest="pca_noise_multiplier", type=float,
+                        help=argparse.SUPPRESS)
+    parser.add_argument("--noise", dest="noise_multiplier", type=float, help=argparse.SUPPRESS)
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the split, the sampler and the noise")
+    args = parser.parse_args(argv)
     result = run(
-        accountant=args.accountant, epochs=args.epochs, pca_noise_multiplier=args.pca_noise,
-        noise_multiplier=args.noise, seed=args.seed,
+        accountant=args.accountant, epochs=args.epochs,
+        pca_noise_multiplier=args.pca_noise_multiplier,
+        noise_multiplier=args.noise_multiplier, seed=args.seed,
     )
     print(json.dumps(result, indent=2))
+    return result
 
 
 if __name__ == "__main__":

@@ -181,7 +181,65 @@ USAGE_ERRORS = [
       "--steps", "3", "--delta", "1e-5"], "--target-epsilon"),
     (["curve", *MNIST], "--output"),
     (["frobnicate"], "COMMAND"),
+    # the sampling rate: q in (0, 1], instead of the sizes, Poisson only
+    (["epsilon", "--sample-rate", "0.01", "--dataset-size", "100", "--steps", "3",
+      "--noise-multiplier", "1", "--delta", "1e-5"], "--sample-rate"),
+    (["epsilon", "--sample-rate", "0.01", "--batch-size", "10", "--steps", "3",
+      "--noise-multiplier", "1", "--delta", "1e-5"], "--sample-rate"),
+    (["epsilon", "--sample-rate", "0", "--steps", "3", "--noise-multiplier", "1",
+      "--delta", "1e-5"], "--sample-rate"),
+    (["epsilon", "--sample-rate", "1.5", "--steps", "3", "--noise-multiplier", "1",
+      "--delta", "1e-5"], "--sample-rate"),
+    (["epsilon", "--sample-rate", "nan", "--steps", "3", "--noise-multiplier", "1",
+      "--delta", "1e-5"], "--sample-rate"),
+    (["epsilon", "--sample-rate", "1/0", "--steps", "3", "--noise-multiplier", "1",
+      "--delta", "1e-5"], "--sample-rate"),
+    (["epsilon", "--sample-rate", "0.01", "--steps", "3", "--noise-multiplier", "1",
+      "--delta", "1e-5", "--sampling", "shuffle"], "--sample-rate"),
+    (["epsilon", "--steps", "3", "--noise-multiplier", "1", "--delta", "1e-5"],
+     "--dataset-size"),
+    (["epsilon", "--dataset-size", "100", "--steps", "3", "--noise-multiplier", "1",
+      "--delta", "1e-5"], "--batch-size"),
+    (["calibrate", "--target-epsilon", "1", "--sample-rate", "2", "--steps", "3",
+      "--delta", "1e-5"], "--sample-rate"),
+    # paths: a missing folder, a folder where a file is wanted, a missing input file
+    (["curve", *MNIST, "--output", "/nonexistent/dir/c.png"], "--output"),
+    (["curve", *MNIST, "--output", "/"], "--output"),
+    (["epsilon", *MNIST, "--plot", "/nonexistent/dir/e.png"], "--plot"),
+    (["epsilon", *MNIST, "--plot-classic"], "--plot-classic"),
+    (["audit", "--plot", "/nonexistent/dir/a.png"], "--plot"),
+    (["bench", "precision", "--grid", "/nonexistent/grid.json"], "--grid"),
+    (["bench", "precision", "--grid", "/"], "--grid"),
+    (["bench", "precision", "--output", "/proc/version"], "--output"),
+    (["bench", "speed", "--output", "/proc/version/dir"], "--output"),
+    (["demo", "--output", "/proc/version"], "--output"),
 ]
+
+
+@pytest.mark.parametrize(
+    "content",
+    ['[{"q": 0.01, "sigma": 1.0, "steps": 10', "[]", '[{"q": 0.01}]', "\xff\xfe"],
+    ids=["truncated", "empty", "no-sigma", "not-text"],
+)
+def test_bad_grid_file_is_one_line_exit_2(
+    content: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    grid = tmp_path / "grid.json"
+    grid.write_bytes(content.encode("latin-1"))
+    status, out, err = run_cli(capsys, "bench", "precision", "--no-peers", "--grid", str(grid))
+    assert status == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and "--grid" in err and "Traceback" not in err
+
+
+def test_unwritable_output_is_one_line_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    """A file that cannot be written after the flags were checked (here /proc, where nothing
+    can be created) is one line and status 2, not a traceback."""
+    pytest.importorskip("matplotlib")
+    status, out, err = run_cli(capsys, "epsilon", "--sample-rate", "0.01", "--steps", "10",
+                               "--noise-multiplier", "1", "--delta", "1e-5", "--accountant",
+                               "rdp", "--plot", "/proc/e.png")
+    assert status == 2
+    assert len(err.strip().splitlines()) == 1 and "/proc/e.png" in err
 
 
 @pytest.mark.parametrize(("argv", "flag"), USAGE_ERRORS)
@@ -219,6 +277,133 @@ def test_accountants_listing(capsys: pytest.CaptureFixture[str]) -> None:
     assert [line.split()[0] for line in out.strip().splitlines()] == dpsharp.available()
 
 
+def test_accountants_listing_labels_each_scheme_and_prints_whole_sentences(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Each line says, per sampling scheme, whether the accountant's answer for a DP-SGD run is
+    certified, read here from the guarantee the API returns for the same events; zcdp with
+    Poisson sampling is Yu et al. 2019's empirical approximation, not a certified bound (it was
+    listed as "(certified)"). Descriptions are whole sentences of the class docstring (the
+    moments accountant's was cut at "... summed over steps, and")."""
+    from dpsharp._dpsgd import DPSGDRun
+
+    status, out, _ = run_cli(capsys, "accountants")
+    assert status == 0
+    lines = {line.split()[0]: line for line in out.strip().splitlines()}
+    for name, line in lines.items():
+        labels, _, description = line.partition("]: ")
+        for sampling in ("poisson", "shuffle", "fixed"):
+            run = DPSGDRun(1000, 10, 100, 1.0, sampling)
+            try:
+                acc = dpsharp.accountant(name, **run.accountant_options(name))
+            except (TypeError, ValueError):
+                acc = None
+            if acc is None or not acc.supports(run.event):
+                assert f"{sampling} not applicable" in labels, (name, sampling)
+                continue
+            certified = acc.compose(run.event, run.count).guarantee(1e-5).certified
+            kind = "certified" if certified else "approximation"
+            assert f"{sampling} {kind}" in labels, (name, sampling)
+        assert description.endswith(".") and not description.endswith(", and.")
+        doc = " ".join((type(dpsharp.accountant(name)).__doc__ or "").split())
+        assert description[:-1] in doc, name
+    if "zcdp" in lines:
+        assert "poisson approximation" in lines["zcdp"]
+        assert "shuffle certified" in lines["zcdp"]
+    if "moments" in lines:
+        assert "Abadi et al. 2016" in lines["moments"]
+
+
+# ---------------------------------------------------------------------------- start-up, flags
+def test_version_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as excinfo:
+        main(["--version"])
+    assert excinfo.value.code == 0
+    assert capsys.readouterr().out.strip() == f"dpsharp {dpsharp.__version__}"
+
+
+def test_start_up_help_and_usage_errors_import_no_scipy() -> None:
+    """--help and usage errors must answer without the seconds scipy takes to import: the
+    command imports numpy, scipy and the accountants inside the sub-commands only."""
+    script = (
+        "import sys\n"
+        "import dpsharp.cli\n"
+        "print(sorted(m for m in ('scipy', 'numpy', 'dpsharp.accountants') if m in sys.modules))\n"
+        "for argv in (['--help'], ['epsilon', '--help'], ['epsilon', '--delta', '2'],\n"
+        "             ['curve', '--sample-rate', '0.1', '--steps', '3',\n"
+        "              '--noise-multiplier', '1',\n"
+        "              '--delta', '1e-5', '--output', '/nonexistent/dir/c.png']):\n"
+        "    try:\n"
+        "        dpsharp.cli.main(argv)\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        "print(sorted(m for m in ('scipy', 'numpy', 'dpsharp.accountants') if m in sys.modules))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.strip().splitlines()
+    assert lines[0] == "[]" and lines[-1] == "[]", result.stdout
+
+
+def _all_actions(parser: object) -> list[tuple[str, object]]:
+    import argparse
+
+    found = []
+    for action in parser._actions:  # type: ignore[attr-defined]
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                found += [(f"{name} {where}", a) for where, a in _all_actions(sub)]
+        else:
+            found.append((parser.prog, action))  # type: ignore[attr-defined]
+    return found
+
+
+def test_every_flag_has_help_text() -> None:
+    from dpsharp.cli import _build_parser
+
+    actions = _all_actions(_build_parser())
+    assert len(actions) > 40
+    for where, action in actions:
+        assert action.help and action.help.strip(), (where, action.option_strings)
+    options = {s for _, a in actions for s in a.option_strings}
+    assert {"--version", "--sample-rate", "--plot-classic", "--target-epsilon"} <= options
+
+
+def test_sample_rate_flag_states_the_same_run_as_the_sizes(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """--sample-rate Q is q itself: the event's q is the float of the text, the numbers are the
+    API's for PoissonSampled(Gaussian(sigma), q), and --epochs E means ceil(E / q) steps."""
+    status, out, err = run_cli(capsys, "epsilon", "--sample-rate", "0.004266", "--epochs", "3",
+                               "--noise-multiplier", "1.1", "--delta", "1e-5", "--json")
+    assert status == 0, err
+    document = json.loads(out)
+    inputs = document["inputs"]
+    assert inputs["dataset_size"] is None and inputs["batch_size"] is None
+    assert inputs["sampling_probability"] == 0.004266
+    assert inputs["steps"] == math.ceil(3 / 0.004266) == 704
+    event = dpsharp.PoissonSampled(dpsharp.Gaussian(1.1), 0.004266)
+    assert dpsharp.events.event_from_dict(inputs["event"]) == event
+    assert "0.004266" in inputs["assumption"] and "2133" not in inputs["assumption"]
+    for name, fields in document["accountants"].items():
+        _, guarantee = api_guarantee(name, event, 704, 1e-5, **fields["options"])
+        if guarantee is not None:
+            assert fields["epsilon"] == guarantee.epsilon, name
+    # a fraction spells q exactly: 256/60000 is the MNIST run of --dataset-size/--batch-size
+    status, by_rate, _ = run_cli(capsys, "epsilon", "--sample-rate", "256/60000", *MNIST[4:],
+                                 "--json")
+    status_sizes, by_sizes, _ = run_cli(capsys, "epsilon", *MNIST, "--json")
+    assert status == status_sizes == 0
+    rate, sizes = json.loads(by_rate), json.loads(by_sizes)
+    assert rate["inputs"]["event"] == sizes["inputs"]["event"]
+    assert rate["inputs"]["steps"] == sizes["inputs"]["steps"] == MNIST_STEPS
+    assert rate["accountants"] == sizes["accountants"]
+    status, text, _ = run_cli(capsys, "epsilon", "--sample-rate", "0.01", "--steps", "10",
+                              "--noise-multiplier", "1", "--delta", "1e-5", "--accountant", "rdp")
+    assert status == 0 and "Poisson sampling rate q = 0.01, 10 steps" in text
+
+
 # ---------------------------------------------------------------------------- plots
 def test_epsilon_plot_is_written_and_holds_each_accountants_numbers(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -232,7 +417,12 @@ def test_epsilon_plot_is_written_and_holds_each_accountants_numbers(
     assert path.stat().st_size > 1000 and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     plot = json.loads(out)["plot"]
     applicable = [n for n, f in json.loads(out)["accountants"].items() if f["applicable"]]
-    assert sorted(plot["epsilon"]) == sorted(applicable)
+    # the classic bound is drawn only with --plot-classic
+    assert sorted(plot["epsilon"]) == sorted(n for n in applicable if n != "classic")
+    status, with_classic, _ = run_cli(capsys, *argv, "--plot-classic")
+    assert status == 0
+    assert sorted(json.loads(with_classic)["plot"]["epsilon"]) == sorted(applicable)
+    applicable = [n for n in applicable if n != "classic"]
     for name in applicable:
         epochs, epsilons = plot["epochs"][name], plot["epsilon"][name]
         assert epochs[-1] == pytest.approx(20.0) and len(epochs) == len(epsilons) == 40
@@ -404,3 +594,169 @@ def test_calibrate_zcdp_random_sampling_needs_the_flag(capsys: pytest.CaptureFix
     assert document["accountant"]["certified"] is False and document["accountant"]["warning"]
     status, out, _ = run_cli(capsys, *base, "--allow-approximation")
     assert status == 0 and "approximation" in out
+
+
+# ---------------------------------------------------------------------------- plot styles
+def test_epsilon_plot_scale_follows_the_spread_of_the_curves() -> None:
+    """A bound orders of magnitude above the others (classic composition: 1303 against 2.4 for
+    60 epochs of MNIST) turns the axis logarithmic, so the others are not pressed into a band
+    near 0; curves of one magnitude keep a linear axis."""
+    pytest.importorskip("matplotlib")
+    from dpsharp import plots
+
+    xs = [1.0, 2.0, 3.0]
+    close = {"pld": (xs, [1.0, 1.6, 2.1]), "rdp": (xs, [1.2, 1.8, 2.4])}
+    figure = plots.epsilon_vs_epochs(close, delta=1e-5)
+    assert figure.axes[0].get_yscale() == "linear"
+    spread = {**close, "classic": (xs, [100.0, 400.0, 1303.0])}
+    figure = plots.epsilon_vs_epochs(spread, delta=1e-5)
+    assert figure.axes[0].get_yscale() == "log"
+    assert 2.4 / 1.0 < plots.LOG_SCALE_RATIO < 1303.0 / 2.1
+    figure = plots.epsilon_vs_epochs(spread, delta=1e-5, yscale="linear")
+    assert figure.axes[0].get_yscale() == "linear"
+    with pytest.raises(ValueError, match="yscale"):
+        plots.epsilon_vs_epochs(close, delta=1e-5, yscale="symlog")
+
+
+def test_tradeoff_figure_says_which_curve_it_leaves_out(tmp_path: Path) -> None:
+    """For a Poisson-subsampled run the certified GDP mu is sqrt(T)/sigma (closed form: the
+    event that every step samples the record), 35.2 for 1500 steps at sigma 1.1: its G_mu lies
+    on the axes and is not drawn; the legend says so with the value instead."""
+    pytest.importorskip("matplotlib")
+    if "pld" not in dpsharp.available():
+        pytest.skip("the pld accountant is not built in this checkout")
+    from dpsharp import plots
+    from dpsharp._dpsgd import DPSGDRun
+    from dpsharp._report import write_tradeoff_figure
+
+    captured = {}
+    original = plots.tradeoff_curves
+
+    def spy(*args: object, **kwargs: object) -> object:
+        captured["figure"] = original(*args, **kwargs)  # type: ignore[arg-type]
+        return captured["figure"]
+
+    plots.tradeoff_curves = spy  # type: ignore[assignment]
+    try:
+        data = write_tradeoff_figure(DPSGDRun(60000, 256, 1500, 1.1), 1e-5, tmp_path / "t.png")
+    finally:
+        plots.tradeoff_curves = original  # type: ignore[assignment]
+    mu = math.sqrt(1500) / 1.1
+    assert data["gdp_mu_certified"] == pytest.approx(mu, rel=1e-12)
+    axes = captured["figure"].axes[0]
+    drawn = [line for line in axes.get_lines() if len(line.get_xdata())]
+    assert not any("certified mu" in line.get_label() for line in drawn)
+    legend = [text.get_text() for text in axes.get_legend().get_texts()]
+    assert any("not drawn" in text and f"{mu:.3g}" in text for text in legend), legend
+
+
+def test_precision_figure_gives_every_series_its_own_colour_and_marker() -> None:
+    pytest.importorskip("matplotlib")
+    from matplotlib.colors import to_hex
+
+    from dpsharp.bench import precision
+
+    names = [f"library{i}.accountant" for i in range(12)]
+    rows = [{"accountant": name, "setting": "s", "gap": 0.0, "epsilon": 1.0 + i / 10,
+             "tightest_certified_upper": 1.0, "seconds": 0.01 * (i + 1)}
+            for i, name in enumerate(names)]
+    rows[-1]["epsilon"] = 1303.0  # a bound far off the scale is drawn at the edge, labelled
+    figure = precision.precision_figure({"settings": [{"name": "s"}], "rows": rows})
+    left = figure.axes[0]
+    styles = set()
+    for collection in left.collections:
+        colour = to_hex(collection.get_facecolor()[0])
+        path = collection.get_paths()[0]
+        styles.add((colour, path.vertices.tobytes()))
+    assert len(left.collections) == 12
+    assert len({colour for colour, _ in styles}) == 12  # 12 distinct colours (tab10 repeats)
+    assert left.get_xlim()[1] < 1303.0
+    labels = [text.get_text() for text in figure.axes[1].get_legend().get_texts()]
+    assert any("off scale" in label and "1.3e+03" in label for label in labels)
+
+
+def test_speed_figure_legend_hides_no_point() -> None:
+    """The legend sits outside both axes: its box overlaps neither (inside, it hid a point)."""
+    pytest.importorskip("matplotlib")
+    from dpsharp.bench import speed
+
+    record = {"median": 0.01, "min": 0.01, "max": 0.01, "repeats": 1, "epsilon": 1.0}
+    names = [f"contender{i}" for i in range(7)]
+    sweeps = {sweep: {"x": [1, 10, 100], "records": {n: [record] * 3 for n in names},
+                      "ratio_to_dpsharp_pld": {}} for sweep in ("T", "sigmas")}
+    figure = speed.speed_figure({"q": 0.01, "delta": 1e-5, "repeats": 1, "sweeps": sweeps})
+    renderer = figure.canvas.get_renderer()
+    figure.draw(renderer)
+    legend = figure.legends[0].get_window_extent(renderer)
+    for axes in figure.axes:
+        assert not legend.overlaps(axes.get_window_extent(renderer))
+    assert [t.get_text() for t in figure.legends[0].get_texts()] == names
+
+
+# ---------------------------------------------------------------------------- benches
+def test_bench_precision_stdout_is_the_markdown_and_progress_goes_to_stderr(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    grid = tmp_path / "grid.json"
+    grid.write_text(json.dumps([{"q": 0.01, "sigma": 1.0, "steps": 100, "name": "tiny"}]))
+    out_dir = tmp_path / "out"
+    status, out, err = run_cli(capsys, "bench", "precision", "--no-peers", "--grid", str(grid),
+                               "--output", str(out_dir))
+    assert status == 0
+    assert out == (out_dir / "results.md").read_text()
+    assert all(line == "" or line.startswith(("#", "|", "gap =")) for line in out.splitlines())
+    assert "tiny" in err and "written:" in err and "settings" in err
+
+
+def test_bench_speed_stdout_is_the_markdown_and_quick_stops_slow_contenders(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Progress on stderr only. --quick's budget: a contender over it at a point is timed once
+    there, its larger points are skipped, and the distinct-sigma sweep (10^4 steps) is not
+    started for a contender already over budget at T <= 10^4."""
+    from dpsharp.bench import speed
+
+    def slow(parts: list[tuple[float, int]]) -> float:
+        import time
+
+        time.sleep(speed.QUICK_BUDGET_SECONDS * 1.05)
+        return 1.0
+
+    contenders = {"fast": lambda parts: 0.5, "slow": slow}
+    monkeypatch.setattr(speed, "_contenders", lambda use_peers: contenders)
+    monkeypatch.setattr(speed, "_import_peers", lambda found: None)
+    status, out, err = run_cli(capsys, "bench", "speed", "--quick", "--no-peers",
+                               "--output", str(tmp_path))
+    assert status == 0
+    assert out == (tmp_path / "speed.md").read_text()
+    assert "T=1000 fast" in err and "written:" in err and "T=1000" not in out
+    results = json.loads((tmp_path / "speed.json").read_text())
+    assert results["quick"] is True and results["budget_seconds"] == speed.QUICK_BUDGET_SECONDS
+    t_sweep = results["sweeps"]["T"]["records"]
+    assert [r["repeats"] for r in t_sweep["fast"]] == [3, 3, 3]
+    assert t_sweep["slow"][0]["repeats"] == 1
+    assert all("skipped" in r for r in t_sweep["slow"][1:])
+    assert all("skipped" in r for r in results["sweeps"]["sigmas"]["records"]["slow"])
+
+
+# ---------------------------------------------------------------------------- house
+def test_cli_and_demo_do_not_import_each_other() -> None:
+    """The statement and the trade-off figure live in dpsharp._report, which both use: demo
+    imports nothing from the command, and the command reaches the demo only inside its own
+    handler."""
+    import ast
+
+    def imported(path: Path) -> list[tuple[str, bool]]:
+        tree = ast.parse(path.read_text())
+        top = {id(node) for node in tree.body}
+        found = []
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                found.append((node.module, id(node) in top))
+            elif isinstance(node, ast.Import):
+                found += [(alias.name, id(node) in top) for alias in node.names]
+        return found
+
+    package = Path(dpsharp.__file__).parent
+    assert not [m for m, _ in imported(package / "demo.py") if m.startswith("dpsharp.cli")]
+    assert not [m for m, top in imported(package / "cli.py") if m.startswith("dpsharp") and top]

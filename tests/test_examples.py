@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -95,3 +96,37 @@ def test_digits_example_full_run_meets_90_percent_at_epsilon_3(capsys) -> None:
 
     exact = brentq(lambda eps: gaussian_delta(eps) - final["delta"], 1e-3, 50.0)
     assert exact <= final["epsilon"] <= exact + 0.01
+
+
+@pytest.mark.parametrize("name", ["train_digits", "train_breast_cancer", "dp_pca_digits"])
+def test_example_help_shows_every_default(capsys, name: str) -> None:
+    """--help states each option's default (argparse's ArgumentDefaultsHelpFormatter)."""
+    module = load(name)
+    with pytest.raises(SystemExit) as excinfo:
+        module.main(["--help"])
+    assert excinfo.value.code == 0
+    options = capsys.readouterr().out.split("options:", 1)[1]
+    blocks = [" ".join(block.split()) for block in re.split(r"\n  (?=-)", options)[1:]]
+    flags = [block.split()[0].rstrip(",") for block in blocks]
+    assert "--noise-multiplier" in flags and "--seed" in flags and "--epochs" in flags
+    for flag, block in zip(flags, blocks):
+        if flag != "-h":
+            assert "(default: " in block, (name, block)
+
+
+def test_dp_pca_digits_says_noise_multiplier_like_the_others(capsys, monkeypatch) -> None:
+    """--noise-multiplier as in the other examples and the dpsharp command; the former --noise
+    still works but is not offered in --help."""
+    module = load("dp_pca_digits")
+    calls: list[dict] = []
+    monkeypatch.setattr(module, "run", lambda **kwargs: calls.append(kwargs) or {"ok": True})
+    module.main(["--noise-multiplier", "1.7", "--pca-noise-multiplier", "5"])
+    module.main(["--noise", "2.5", "--pca-noise", "6"])
+    module.main([])
+    assert [(c["noise_multiplier"], c["pca_noise_multiplier"]) for c in calls] == [
+        (1.7, 5.0), (2.5, 6.0), (1.0, 8.0)]
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        module.main(["--help"])
+    text = capsys.readouterr().out
+    assert "--noise-multiplier" in text and "--noise " not in text and "--pca-noise " not in text

@@ -286,7 +286,7 @@ def test_subsampled_run_does_not_show_its_useless_certified_gdp_mu(
     statement and the figure leave it out and say why, and the JSON keeps it flagged."""
     pytest.importorskip("matplotlib")
     from dpsharp._dpsgd import DPSGDRun
-    from dpsharp.cli import write_tradeoff_figure
+    from dpsharp._report import write_tradeoff_figure
 
     argv = ["--dataset-size", "60000", "--batch-size", "256", "--steps", "500",
             "--noise-multiplier", "1.1", "--delta", "1e-5", "--accountant", "pld", "gdp"]
@@ -310,7 +310,7 @@ def test_unsampled_run_shows_and_explains_its_certified_gdp_mu(
     2019, Cor. 3.3): the certified mu is the exact one and is shown, explained, and drawn."""
     pytest.importorskip("matplotlib")
     from dpsharp._dpsgd import DPSGDRun
-    from dpsharp.cli import write_tradeoff_figure
+    from dpsharp._report import write_tradeoff_figure
 
     argv = ["--dataset-size", "100", "--batch-size", "100", "--steps", "10",
             "--noise-multiplier", "2", "--delta", "1e-5", "--accountant", "pld", "gdp"]

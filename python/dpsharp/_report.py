@@ -1,5 +1,7 @@
-"""Ask every accountant the same question and collect uniform answers (used by the CLI and the
-plots). Every number comes from an accountant through the generic interface of
+"""Ask every accountant the same question and collect uniform answers, and say them: the privacy
+statement and the trade-off figure that ``dpsharp epsilon``, ``dpsharp curve`` and ``dpsharp
+demo`` share (so that neither :mod:`dpsharp.cli` nor :mod:`dpsharp.demo` imports the other).
+Every number comes from an accountant through the generic interface of
 :mod:`dpsharp.accountants.base`; nothing here computes privacy itself."""
 
 from __future__ import annotations
@@ -15,7 +17,17 @@ from dpsharp._dpsgd import DPSGDRun
 from dpsharp.accountants import Accountant, accountant
 from dpsharp.events import Event
 
-__all__ = ["AccountantResult", "calibrate_noise", "epsilon_series", "evaluate", "tradeoff_data"]
+__all__ = [
+    "AccountantResult",
+    "calibrate_noise",
+    "describe",
+    "epsilon_series",
+    "evaluate",
+    "format_epsilon",
+    "print_statement",
+    "tradeoff_data",
+    "write_tradeoff_figure",
+]
 
 # Keys of PrivacyGuarantee.details that mean "the optimal RDP order" in different families.
 _ORDER_KEYS = ("order", "optimal_order", "best_order", "alpha", "lambda")
@@ -184,7 +196,7 @@ def epsilon_series(
 
 
 def tradeoff_data(run: DPSGDRun, delta: float, alphas: Sequence[float] | np.ndarray) -> dict[str, Any]:
-    """The curves of 000's Figure 3 for the run's composition, from the accountants:
+    """The curves of Bu et al. 2020's Figure 3 for the run's composition, from the accountants:
 
     * ``pld``: the tight accountant's certified trade-off curve f(alpha) (type II error of the
       best test at type I error alpha);
@@ -267,3 +279,155 @@ def calibrate_noise(
             require_certified=require_certified,
         )
     )
+
+
+# ---------------------------------------------------------------------------- statements
+#: Why a statement shows no certified GDP mu (:func:`gdp_mu_is_informative`).
+HIDDEN_GDP_MU = (
+    "No certified GDP mu is shown: a subsampled run of finitely many steps is mu-GDP only for "
+    "mu >= sqrt(sum of 1/sigma^2 over its steps) (the event that every step samples the "
+    "record), far above the central-limit mu; the certified statements are the epsilon above "
+    "and the trade-off curve."
+)
+#: Short names of the neighbouring relations for statements (the Assumption line says them in
+#: full, from dpsharp.events.RELATION_WORDS).
+RELATION_NAMES = {
+    "add_remove": "add/remove-one",
+    "zero_out": "zero-out",
+    "replace_one": "replace-one",
+}
+
+
+def format_epsilon(value: float | None, digits: int = 4) -> str:
+    """``value`` with ``digits`` decimals; None (a non-finite epsilon in JSON) is "inf"."""
+    if value is None:
+        return "inf"
+    return f"{value:.{digits}f}"
+
+
+def describe(fields: dict[str, Any], *, with_warning: bool = True) -> str:
+    """One accountant's answer in words: certified upper bound or approximation, its lower
+    bound, order, mu, certified GDP mu (where informative), rho and warning."""
+    if not fields["applicable"]:
+        return f"not applicable: {fields['reason']}"
+    parts = ["certified upper bound" if fields["certified"] else "approximation"]
+    if fields.get("epsilon_lower") is not None:
+        parts.append(f"lower bound {format_epsilon(fields['epsilon_lower'])}")
+    if fields.get("order") is not None:
+        parts.append(f"order {fields['order']:g}")
+    if fields.get("mu") is not None:
+        parts.append(f"mu = {fields['mu']:.4g}")
+    if fields.get("gdp_mu") is not None and fields.get("gdp_mu_informative", True):
+        parts.append(f"certified GDP mu = {fields['gdp_mu']:.4g}")
+    if fields.get("rho") is not None:
+        parts.append(f"rho = {fields['rho']:.4g}")
+    text = "; ".join(parts)
+    if fields.get("warning") and with_warning:
+        text += f". Warning: {fields['warning']}"
+    return text
+
+
+def run_description(run: DPSGDRun, *, delta: float, epochs: float | None = None,
+                    sample_rate_only: bool = False) -> str:
+    """The run in one sentence: sizes (or the sampling rate alone), length, noise, delta."""
+    length = (f"{epochs:g} epochs = {run.steps} steps" if epochs is not None
+              else f"{run.steps} steps = {run.epochs:.4g} epochs")
+    data = (f"Poisson sampling rate q = {run.sampling_probability:.6g}" if sample_rate_only
+            else f"{run.dataset_size} examples, batch size {run.batch_size}")
+    return (f"DP-SGD with {data}, {length}, noise multiplier {run.noise_multiplier:g} "
+            f"(noise std / clipping norm), delta = {delta:g}.")
+
+
+def print_statement(
+    run: DPSGDRun,
+    results: Sequence[AccountantResult],
+    *,
+    delta: float,
+    epochs: float | None = None,
+    sample_rate_only: bool = False,
+) -> None:
+    """Print the privacy statement of ``run`` (``dpsharp epsilon``, ``dpsharp demo``): the
+    assumption, one line per accountant (certified bound or labelled approximation), the
+    tightest certified (epsilon, delta) and the GDP parameters."""
+    import dpsharp
+
+    print(f"dpsharp {dpsharp.__version__} privacy statement")
+    print(run_description(run, delta=delta, epochs=epochs, sample_rate_only=sample_rate_only))
+    print(f"Assumption: {run.assumption()}")
+    print()
+    width = max(len(result.name) for result in results)
+    for result in results:
+        fields = result.fields
+        value = format_epsilon(fields.get("epsilon")) if fields["applicable"] else "-"
+        print(f"  {result.name:<{width}}  epsilon = {value:>9}  ({describe(fields)})")
+    certified = [r for r in results if r.applicable and r.fields["certified"]]
+    print()
+    if certified:
+        best = min(certified, key=lambda r: math.inf if r.fields["epsilon"] is None
+                   else r.fields["epsilon"])
+        print(
+            f"The run is ({format_epsilon(best.fields['epsilon'])}, {delta:g})-DP under "
+            f"{RELATION_NAMES[run.neighbouring.value]} neighbouring (certified, {best.name} "
+            "accountant). Approximations are labelled and are not bounds."
+        )
+    tight = next((r for r in results if r.applicable and "gdp_mu" in r.fields), None)
+    gdp = tight if tight is not None and tight.fields.get("gdp_mu_informative") else None
+    clt = next((r for r in results
+                if r.applicable and r.name == "gdp" and r.fields.get("mu") is not None), None)
+    if gdp is not None or clt is not None:
+        pieces = []
+        if gdp is not None:
+            pieces.append(f"certified mu = {gdp.fields['gdp_mu']:.4g} ({gdp.name}: proven, every "
+                          "test of the run is at least as hard as telling N(0,1) from N(mu,1))")
+        if clt is not None:
+            pieces.append(f"central-limit mu = {clt.fields['mu']:.4g} (approximation)")
+        print("Gaussian DP: " + "; ".join(pieces) + ".")
+        if tight is not None and gdp is None:
+            print(HIDDEN_GDP_MU)
+
+
+# ---------------------------------------------------------------------------- figures
+def _tradeoff_alphas() -> np.ndarray:
+    """Type I errors of the trade-off figure: 0, a geometric run to 0.01 (where the curves fall
+    fastest), then evenly spaced to 1."""
+    alphas = np.concatenate([np.geomspace(1e-6, 1e-2, 40, endpoint=False),
+                             np.linspace(1e-2, 1.0, 161)])
+    return np.concatenate([[0.0], alphas])
+
+
+def write_tradeoff_figure(
+    run: DPSGDRun, delta: float, path: Any, *, title: str | None = None
+) -> dict[str, Any]:
+    """Draw the composition's certified trade-off curve next to G_mu (the certified mu where it
+    is informative, and the CLT mu) and the (epsilon, delta) curves to ``path``; returns the
+    data of :func:`tradeoff_data` (arrays as lists).
+
+    Where the certified mu is not informative (:func:`gdp_mu_is_informative`: for a
+    Poisson-subsampled run it is sqrt(T)/sigma and G_mu would lie on the axes) it is not drawn,
+    and a line of the legend says so with its value.
+    """
+    from dpsharp import plots
+
+    alphas = _tradeoff_alphas()
+    data = tradeoff_data(run, delta, alphas)
+    curves: dict[str, Any] = {"tight accountant (certified)": data["pld"]}
+    if "gdp_certified" in data:
+        curves[f"G_mu, certified mu = {data['gdp_mu_certified']:.3g} (proven lower bound)"] = (
+            data["gdp_certified"])
+    if "gdp_clt" in data:
+        curves[f"G_mu, CLT mu = {data['gdp_mu_clt']:.3g} (approx.)"] = data["gdp_clt"]
+    curves[f"({data['epsilon_pld']:.3g}, {delta:g})-DP, tight"] = data["eps_delta"]
+    if "eps_delta_rdp" in data:
+        curves[f"({data['epsilon_rdp']:.3g}, {delta:g})-DP, RDP"] = data["eps_delta_rdp"]
+    not_drawn = []
+    if "gdp_certified" not in data:
+        mu = data["gdp_mu_certified"]
+        shown = "inf" if not math.isfinite(mu) else f"{mu:.3g}"
+        not_drawn.append(f"certified G_mu not drawn: mu = {shown} is\nsqrt(T)/sigma for a "
+                         "subsampled run (uninformative)")
+    if title is None:
+        title = (f"n={run.dataset_size}, B={run.batch_size}, "
+                 f"sigma={run.noise_multiplier:.3g}, T={run.steps}")
+    plots.tradeoff_curves(curves, alphas=alphas, title=title, not_drawn=not_drawn, path=path)
+    return {key: (value.tolist() if isinstance(value, np.ndarray) else value)
+            for key, value in data.items()}

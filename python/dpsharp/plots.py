@@ -11,7 +11,7 @@ Every plotted number is passed in: the numbers come from the accountants
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -54,6 +54,7 @@ def epsilon_vs_epochs(
     delta: float,
     certified: Mapping[str, bool] | None = None,
     title: str | None = None,
+    yscale: str = "auto",
     path: str | Path | None = None,
 ) -> Figure:
     """epsilon(delta) against epochs, one line per accountant.
@@ -69,6 +70,11 @@ def epsilon_vs_epochs(
         drawn dashed and labelled "(approx.)".
     title, path
         Optional title; if ``path`` is given the figure is written there (format from suffix).
+    yscale
+        ``"linear"``, ``"log"`` or ``"auto"``: log where the series' final values differ by
+        more than :data:`LOG_SCALE_RATIO` (one bound far above the others, e.g. the classic
+        composition theorem's, would otherwise press every other line into a band near 0),
+        linear otherwise.
 
     Returns
     -------
@@ -76,6 +82,8 @@ def epsilon_vs_epochs(
         One axes; its lines carry the accountant names as labels (``line.get_label()``) and
         the exact data passed in (``line.get_xdata()``, ``line.get_ydata()``).
     """
+    if yscale not in ("auto", "linear", "log"):
+        raise ValueError(f"yscale must be 'auto', 'linear' or 'log', got {yscale!r}")
     delta = require_delta(delta)
     certified = certified or {}
     figure = _new_figure()
@@ -90,13 +98,34 @@ def epsilon_vs_epochs(
             label=name if exact else f"{name} (approx.)",
             gid=name,
         )
+    if yscale == "auto":
+        yscale = _auto_scale([ys for _, ys in series.values()])
+    axes.set_yscale(yscale)
     axes.set_xlabel("epochs")
-    axes.set_ylabel(f"epsilon at delta = {delta:g}")
+    axes.set_ylabel(f"epsilon at delta = {delta:g}" + (" (log scale)" if yscale == "log" else ""))
     axes.set_title(title or "privacy loss against epochs")
-    axes.grid(True, alpha=0.3)
-    axes.legend()
+    axes.grid(True, which="both" if yscale == "log" else "major", alpha=0.3)
+    if series:
+        axes.legend()
     _save(figure, path)
     return figure
+
+
+#: :func:`epsilon_vs_epochs` draws on a log axis where the largest final epsilon exceeds the
+#: smallest by more than this factor.
+LOG_SCALE_RATIO = 10.0
+
+
+def _auto_scale(columns: list[Any]) -> str:
+    finals = []
+    for ys in columns:
+        values = np.asarray(ys, dtype=float)
+        values = values[np.isfinite(values) & (values > 0.0)]
+        if values.size:
+            finals.append(values[-1])
+    if len(finals) >= 2 and max(finals) > LOG_SCALE_RATIO * min(finals):
+        return "log"
+    return "linear"
 
 
 def tradeoff_curves(
@@ -105,6 +134,7 @@ def tradeoff_curves(
     alphas: Any,
     title: str | None = None,
     note: str | None = None,
+    not_drawn: Sequence[str] = (),
     path: str | Path | None = None,
 ) -> Figure:
     """Trade-off curves beta = f(alpha) (type II against type I error, Dong, Roth, Su 2019).
@@ -118,7 +148,11 @@ def tradeoff_curves(
     alphas
         Type I errors in [0, 1].
     note
-        Optional text drawn under the axes (e.g. why a curve is left out).
+        Optional text drawn under the axes.
+    not_drawn
+        Legend entries (no line, ``gid="not drawn"``) for curves deliberately left out, each
+        saying which and why: e.g. G_mu for a certified mu so large that its curve would lie
+        on the axes and look like a statement.
 
     Returns
     -------
@@ -145,7 +179,9 @@ def tradeoff_curves(
     axes.set_ylabel("type II error")
     axes.set_title(title or "trade-off curve of the composition")
     axes.grid(True, alpha=0.3)
-    axes.legend(fontsize="small")
+    for text in not_drawn:
+        axes.plot([], [], linestyle="none", label=text, gid="not drawn")
+    axes.legend(fontsize="small", loc="upper right")
     if note:
         figure.text(0.5, 0.005, note, ha="center", va="bottom", fontsize="x-small", color="0.3",
                     gid="note", wrap=True)

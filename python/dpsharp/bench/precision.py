@@ -19,6 +19,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -26,7 +27,15 @@ from typing import Any
 
 from dpsharp._validation import require_count, require_positive_finite, require_real
 
-__all__ = ["DEFAULT_GRID", "Setting", "load_grid", "markdown_table", "run_precision", "write_outputs"]
+__all__ = [
+    "DEFAULT_GRID",
+    "Setting",
+    "load_grid",
+    "markdown_document",
+    "markdown_table",
+    "run_precision",
+    "write_outputs",
+]
 
 
 @dataclass(frozen=True)
@@ -81,6 +90,8 @@ def load_grid(path: str | Path) -> list[Setting]:
         items = json.loads(Path(path).read_text())
     except OSError as exc:
         raise ValueError(f"--grid: cannot read {str(path)!r}: {exc.strerror or exc}") from None
+    except ValueError as exc:  # json.JSONDecodeError, UnicodeDecodeError
+        raise ValueError(f"--grid: {str(path)!r} is not a JSON file: {exc}") from None
     if not isinstance(items, list) or not items:
         raise ValueError(f"--grid must be a non-empty JSON list of settings, got {type(items).__name__}")
     grid = []
@@ -194,7 +205,7 @@ def run_precision(
     rows: list[dict[str, Any]] = []
     for setting in grid:
         if progress:
-            print(f"  {setting.name}", flush=True)
+            print(f"  {setting.name}", file=sys.stderr, flush=True)
         found = _dpsharp_rows(setting, names) + _peer_rows(setting, peer_calls)
         uppers = [r["epsilon_upper"] for r in found if r["certified"] and r["epsilon_upper"] is not None]
         tightest = min(uppers) if uppers else None
@@ -233,6 +244,14 @@ def markdown_table(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def markdown_document(results: dict[str, Any]) -> str:
+    """results.md: a title, which peers were skipped, and :func:`markdown_table`."""
+    skipped = ", ".join(results["skipped_peers"]) or "none"
+    return ("# Accountant precision: Poisson-subsampled Gaussian, T steps\n\n"
+            "gap = epsilon - the smallest certified upper bound of the setting. Peers skipped: "
+            f"{skipped}.\n\n" + markdown_table(results))
+
+
 def write_outputs(results: dict[str, Any], output: str | Path, *, plots: bool = True) -> list[Path]:
     """Write results.json, results.csv, results.md (and precision.png) to ``output``."""
     out = Path(output)
@@ -243,11 +262,7 @@ def write_outputs(results: dict[str, Any], output: str | Path, *, plots: bool = 
         writer = csv.DictWriter(handle, fieldnames=_COLUMNS, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(results["rows"])
-    skipped = ", ".join(results["skipped_peers"]) or "none"
-    written[2].write_text(
-        "# Accountant precision: Poisson-subsampled Gaussian, T steps\n\n"
-        "gap = epsilon - the smallest certified upper bound of the setting. Peers skipped: "
-        f"{skipped}.\n\n" + markdown_table(results))
+    written[2].write_text(markdown_document(results))
     if plots:
         try:
             import matplotlib  # noqa: F401
@@ -257,15 +272,27 @@ def write_outputs(results: dict[str, Any], output: str | Path, *, plots: bool = 
     return written
 
 
-def _plot(results: dict[str, Any], path: Path) -> Path:
-    import matplotlib
+#: Marker shapes of the precision figure, one per series together with a distinct colour.
+_MARKERS = ("o", "s", "D", "^", "v", "<", ">", "P", "X", "*", "h", "p", "d", "8", "H", "1")
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+
+#: x range of the precision panel (epsilon / tightest certified upper bound).
+_RATIO_AXIS = (0.8, 3.0)
+
+
+def precision_figure(results: dict[str, Any]) -> Any:
+    """The figure of precision.png: per setting, each accountant's epsilon / the tightest
+    certified upper bound (left) and its time (right). Each series has its own colour (tab20,
+    then hsv where there are more than 20) and marker, in a legend outside the axes."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
     settings = [s["name"] for s in results["settings"]]
     accountants = sorted({r["accountant"] for r in results["rows"]})
-    figure, (left, right) = plt.subplots(1, 2, figsize=(13, 0.5 * len(settings) + 3), sharey=True)
+    figure = Figure(figsize=(13, 0.5 * len(settings) + 3), layout="constrained")
+    FigureCanvasAgg(figure)
+    left, right = figure.subplots(1, 2, sharey=True)
+    colours = _distinct_colours(len(accountants))
     for index, name in enumerate(accountants):
         ys, gaps, secs = [], [], []
         for row in results["rows"]:
@@ -273,17 +300,47 @@ def _plot(results: dict[str, Any], path: Path) -> Path:
                 ys.append(settings.index(row["setting"]) + (index - len(accountants) / 2) * 0.05)
                 gaps.append(row["epsilon"] / row["tightest_certified_upper"])
                 secs.append(row["seconds"])
-        left.scatter(gaps, ys, label=name, s=18)
-        right.scatter(secs, ys, label=name, s=18)
+        off_scale = [g for g in gaps if g > _RATIO_AXIS[1]]
+        label = name + (f" (off scale: up to {max(off_scale):.3g}x, drawn at the edge)"
+                        if off_scale else "")
+        style = {"label": label, "s": 26, "color": colours[index],
+                 "marker": _MARKERS[index % len(_MARKERS)], "gid": name}
+        # a bound thousands of times the tightest (classic composition) would squeeze the
+        # others, all within a few per cent to a factor 2, into one column: it is drawn at
+        # the right edge and its legend entry says how far off it is
+        left.scatter([min(g, _RATIO_AXIS[1]) for g in gaps], ys, clip_on=False, **style)
+        right.scatter(secs, ys, **style)
     left.set_xscale("log")
+    left.set_xlim(*_RATIO_AXIS)
     left.axvline(1.0, color="0.6", linewidth=0.8)
-    left.set_xlabel("epsilon / tightest certified upper bound")
+    left.set_xlabel("epsilon / tightest certified upper bound (log scale)")
+    ticks = [0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 3.0]
+    left.set_xticks(ticks, [f"{tick:g}" for tick in ticks])
+    left.minorticks_off()
     right.set_xscale("log")
     right.set_xlabel("seconds (compose + query)")
     left.set_yticks(range(len(settings)), settings)
-    right.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
-    figure.suptitle("Accountant precision and time, delta = 1e-5")
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    for axes in (left, right):
+        axes.grid(True, which="major", alpha=0.3)
+    right.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
+    deltas = sorted({s.get("delta", 1e-5) for s in results["settings"]})
+    figure.suptitle("Accountant precision and time, delta = "
+                    + ", ".join(f"{d:g}" for d in deltas))
+    return figure
+
+
+def _distinct_colours(count: int) -> list[Any]:
+    from matplotlib import colormaps
+
+    if count <= 10:
+        return [colormaps["tab10"](i) for i in range(count)]
+    if count <= 20:
+        # tab20's dark shades first, then the light ones: neighbours in the legend differ most
+        order = [2 * i for i in range(10)] + [2 * i + 1 for i in range(10)]
+        return [colormaps["tab20"](order[i]) for i in range(count)]
+    return [colormaps["hsv"](i / count) for i in range(count)]
+
+
+def _plot(results: dict[str, Any], path: Path) -> Path:
+    precision_figure(results).savefig(path, dpi=110)
     return path

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -90,6 +91,16 @@ def _contenders(use_peers: bool) -> dict[str, Callable[[list[tuple[float, int]]]
     return out
 
 
+def _import_peers(contenders: dict[str, Any]) -> None:
+    """Import every contender's library before any clock starts."""
+    import importlib
+
+    modules = {"dpsharp": "dpsharp.accountants", "dp_accounting": "dp_accounting",
+               "prv_accountant": "prv_accountant", "opacus": "opacus.accountants"}
+    for name in contenders:
+        importlib.import_module(modules[name.split(".")[0]])
+
+
 def _time(call: Callable[[list[tuple[float, int]]], float], parts: list[tuple[float, int]],
           repeats: int, budget: float) -> dict[str, Any]:
     times, value = [], None
@@ -106,16 +117,32 @@ def _time(call: Callable[[list[tuple[float, int]]], float], parts: list[tuple[fl
             "repeats": len(times), "epsilon": value}
 
 
+#: Per-call time budget (seconds) of a quick run and of a full one: a call over it is not
+#: repeated and ends that contender's sweep (its larger points are skipped).
+QUICK_BUDGET_SECONDS = 1.0
+FULL_BUDGET_SECONDS = 20.0
+
+
 def run_speed(*, quick: bool = False, use_peers: bool = True, repeats: int | None = None,
-              budget_seconds: float = 20.0, progress: bool = False) -> dict[str, Any]:
+              budget_seconds: float | None = None, progress: bool = False) -> dict[str, Any]:
     """Time every contender on both sweeps; returns ``{"T": {...}, "sigmas": {...}}`` with, per
     sweep, the x values and per contender a list of timing records (median, min, max, repeats,
-    epsilon), plus ``ratios`` (peer median / dpsharp.pld median, same run)."""
+    epsilon), plus ``ratios`` (peer median / dpsharp.pld median, same run).
+
+    ``quick`` (under a minute on 2 cores): T up to 10^5, k up to 16, 3 repeats and a budget
+    of :data:`QUICK_BUDGET_SECONDS` per call (prv-accountant's and Opacus' PRV accountants,
+    seconds at T = 10^4, are then timed once and stop there). Progress goes to stderr."""
+    if budget_seconds is None:
+        budget_seconds = QUICK_BUDGET_SECONDS if quick else FULL_BUDGET_SECONDS
     repeats = repeats or (3 if quick else 5)
     t_values = [10**3, 10**4, 10**5] if quick else [10**3, 10**4, 10**5, 10**6, 10**7]
     k_values = [1, 4, 16] if quick else [1, 4, 16, 64]
     contenders = _contenders(use_peers)
+    _import_peers(contenders)  # a library's import time is not its query time
     sweeps: dict[str, Any] = {}
+    #: per contender, the T at which the T sweep went over the budget: the sigma sweep (10^4
+    #: steps in all) is not started for a contender already over budget at T <= 10^4
+    over_at: dict[str, int] = {}
     for sweep, xs, parts_of in (
         ("T", t_values, lambda t: [(1.0, t)]),
         ("sigmas", k_values, lambda k: [(float(s), 10_000 // k) for s in np.linspace(0.8, 2.0, k)]),
@@ -124,14 +151,20 @@ def run_speed(*, quick: bool = False, use_peers: bool = True, repeats: int | Non
         for name, call in contenders.items():
             records[name] = []
             slow = False
+            if sweep == "sigmas" and over_at.get(name, 10**9) <= 10_000:
+                records[name] = [{"skipped": f"over {budget_seconds:g} s at T = "
+                                  f"{over_at[name]} in the T sweep"} for _ in xs]
+                continue
             for x in xs:
                 if slow:
                     records[name].append({"skipped": f"previous point over {budget_seconds:g} s"})
                     continue
                 if progress:
-                    print(f"  {sweep}={x} {name}", flush=True)
+                    print(f"  {sweep}={x} {name}", file=sys.stderr, flush=True)
                 record = _time(call, parts_of(x), repeats, budget_seconds)
                 slow = "error" in record or record["median"] > budget_seconds
+                if slow and sweep == "T":
+                    over_at[name] = x
                 records[name].append(record)
         ratios = {}
         base = records.get("dpsharp.pld")
@@ -142,7 +175,8 @@ def run_speed(*, quick: bool = False, use_peers: bool = True, repeats: int | Non
                     for r, b in zip(recs, base)
                 ]
         sweeps[sweep] = {"x": xs, "records": records, "ratio_to_dpsharp_pld": ratios}
-    return {"q": Q, "delta": DELTA, "quick": quick, "repeats": repeats, "sweeps": sweeps}
+    return {"q": Q, "delta": DELTA, "quick": quick, "repeats": repeats,
+            "budget_seconds": budget_seconds, "sweeps": sweeps}
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -175,27 +209,45 @@ def write_outputs(results: dict[str, Any], output: str | Path) -> list[Path]:
     (out / "speed.md").write_text(markdown(results))
     written = [out / "speed.json", out / "speed.md"]
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib  # noqa: F401
     except ImportError:
         return written
-    figure, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    for ax, sweep, label in ((axes[0], "T", "T"), (axes[1], "sigmas", "distinct sigmas")):
+    speed_figure(results).savefig(out / "speed.png", dpi=110)
+    written.append(out / "speed.png")
+    return written
+
+
+def speed_figure(results: dict[str, Any]) -> Any:
+    """The figure of speed.png: median time against T and against the number of distinct
+    sigmas, log-log, one colour and marker per contender, with one legend below both axes
+    (inside, it hid points)."""
+    from matplotlib import colormaps
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(11, 5.0), layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.subplots(1, 2)
+    names = list(dict.fromkeys(name for sweep in results["sweeps"].values()
+                               for name in sweep["records"]))
+    markers = ("o", "s", "D", "^", "v", "P", "X", "*", "h", "<", ">")
+    for ax, sweep, label in ((axes[0], "T", "T (steps, sigma = 1)"),
+                             (axes[1], "sigmas", "distinct sigmas (T = 10^4)")):
         data = results["sweeps"][sweep]
         for name, recs in data["records"].items():
+            index = names.index(name)
             pts = [(x, r["median"]) for x, r in zip(data["x"], recs) if "median" in r]
-            if pts:
-                ax.plot(*zip(*pts), marker="o", label=name)
+            # every contender gets a (possibly empty) line, so the shared legend lists all
+            ax.plot(*(zip(*pts) if pts else ([], [])), marker=markers[index % len(markers)],
+                    color=colormaps["tab10"](index % 10), label=name, gid=name)
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel(label)
         ax.set_ylabel("seconds (median)")
         ax.grid(True, alpha=0.3)
-    axes[1].legend(fontsize=7)
-    figure.tight_layout()
-    figure.savefig(out / "speed.png", dpi=110)
-    plt.close(figure)
-    written.append(out / "speed.png")
-    return written
+    handles, labels = axes[0].get_legend_handles_labels()
+    figure.legend(handles, labels, loc="outside lower center", ncols=min(4, len(labels)),
+                  fontsize=8)
+    figure.suptitle(f"Accountant query time, q = {results['q']}, delta = {results['delta']:g} "
+                    f"({results['repeats']} repeats)")
+    return figure
