@@ -88,8 +88,20 @@ def _classify(module: nn.Module) -> str | None:
     names = {n for n, _ in module.named_parameters(recurse=False)}
     plain = names <= {"weight", "bias"}
     t = type(module)
-    if t is nn.Linear and plain:
+    if t in (nn.Linear, nn.modules.linear.NonDynamicallyQuantizableLinear) and plain:
         return "linear"
+    if t is nn.MultiheadAttention:
+        return "mha"
+    if t is nn.RMSNorm and names <= {"weight"}:
+        return "rmsnorm"
+    if t is nn.EmbeddingBag and plain:
+        if (module.mode in ("sum", "mean") and module.max_norm is None and not module.sparse
+                and not module.scale_grad_by_freq):
+            return "embeddingbag"
+        return None
+    hf = _hugging_face_kind(module, names)
+    if hf is not None:
+        return hf
     if t in (nn.Conv1d, nn.Conv2d) and plain:
         if (module.groups == 1 and module.padding_mode == "zeros"
                 and not isinstance(module.padding, str)):
@@ -111,6 +123,22 @@ def _classify(module: nn.Module) -> str | None:
     return None
 
 
+def _hugging_face_kind(module: nn.Module, names: set[str]) -> str | None:
+    """Hugging Face ``transformers`` layers with a fast path (only when transformers is already
+    imported: the clipper never imports it): GPT-2's Conv1D (a linear map with its weight
+    stored transposed, (in, out)) and LlamaRMSNorm (x / rms(x) in float32, times a weight)."""
+    import sys
+
+    pytorch_utils = sys.modules.get("transformers.pytorch_utils")
+    if pytorch_utils is not None and type(module) is getattr(pytorch_utils, "Conv1D", None):
+        return "hf_conv1d" if names <= {"weight", "bias"} else None
+    llama = sys.modules.get("transformers.models.llama.modeling_llama")
+    if (llama is not None and type(module) is getattr(llama, "LlamaRMSNorm", None)
+            and names <= {"weight"}):
+        return "llama_rmsnorm"
+    return None
+
+
 def _refuse_cross_example(module: nn.Module, name: str) -> None:
     from torch import nn
 
@@ -129,6 +157,13 @@ def _refuse_cross_example(module: nn.Module, name: str) -> None:
         )
     if isinstance(module, nn.modules.lazy.LazyModuleMixin) and module.has_uninitialized_params():
         raise ValueError(f"{label} has uninitialised (lazy) parameters; run one forward first")
+    if (isinstance(module, (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer))
+            and not module.self_attn.batch_first):
+        raise ValueError(
+            f"{label} is sequence-first (batch_first=False): its feed-forward and norm layers "
+            "see (seq, batch, ...) tensors and would be clipped per position, not per example; "
+            "build it with batch_first=True and feed it (batch, seq, ...) tensors"
+        )
     if isinstance(module, (nn.RNNBase,)):
         raise ValueError(
             f"{label}: the per-example clipper cannot see inside PyTorch's fused recurrent "
@@ -238,6 +273,7 @@ class PerSampleClipper:
             if not any(p.requires_grad for p in m.parameters()):
                 continue
             handle = LayerHandle(m, self._record, self._scale_of)
+            handle.forward_batch = self._forward_batch  # type: ignore[attr-defined]
             patch_module(m, kind, handle)
             self._handles.append(handle)
 
@@ -326,6 +362,11 @@ class PerSampleClipper:
         batch = _leading_dim(output)
         if batch is not None:
             self._output_batches.add(batch)
+
+    def _forward_batch(self) -> int | None:
+        """Dimension 0 of the model's first input in the forward pass under way (None if not
+        one number)."""
+        return next(iter(self._input_batches)) if len(self._input_batches) == 1 else None
 
     def check_logical_batch(self, batch_size: int) -> None:
         """Refuse a release whose clipped examples are not the data loader's logical batch.

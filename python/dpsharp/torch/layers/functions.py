@@ -24,6 +24,7 @@ from dpsharp.torch.layers.usages import (
     EmbeddingUsage,
     LinearUsage,
     PerExampleUsage,
+    TransposedLinearUsage,
 )
 
 if TYPE_CHECKING:
@@ -86,7 +87,8 @@ class _LinearFn(torch.autograd.Function):
         m = handle.module
         # The usage keeps the loss's output gradient and the loss scale separately (no scaled
         # copy; see usages.py).
-        usage = LinearUsage(_trainable(m.weight), _trainable(m.bias),
+        usage_type = getattr(handle, "usage_type", LinearUsage)  # transposed weights: Conv1D
+        usage = usage_type(_trainable(m.weight), _trainable(m.bias),
                             x.reshape(b, positions, x.shape[-1]),
                             grad_out.reshape(b, positions, grad_out.shape[-1]),
                             handle.scale_of(b), input_sq=ctx.input_sq)
@@ -167,7 +169,8 @@ class _AffineFn(torch.autograd.Function):
         grad_in = None
         if ctx.needs_input_grad[0]:
             grad_in = grad_out * weight.view(ctx.view_shape) if weight is not None else grad_out
-        handle.record(AffineUsage(_trainable(m.weight), _trainable(m.bias), xhat, grad_out,
+        handle.record(AffineUsage(_trainable(m.weight), _trainable(getattr(m, "bias", None)),
+                                  xhat, grad_out,
                                   ctx.reduce_dims, handle.scale_of(grad_out.shape[0])))
         return grad_in, None, None, None, None, None
 
@@ -212,6 +215,45 @@ class _LayerNormFn(torch.autograd.Function):
             reduce_dims = tuple(range(1, x.dim() - len(ctx.normalized_shape)))
             handle.record(AffineUsage(w, b, xhat, grad_out, reduce_dims, scale))
         return grad_in, None, None, None, None, None
+
+
+class _EmbeddingBagFn(torch.autograd.Function):
+    """nn.EmbeddingBag (mode "sum" or "mean") on 2-D indices (B, N), one bag per example:
+    y_i = sum_n w_{i,n} W[idx_{i,n}], w the per-sample weights (sum) or 1 / (the bag's
+    non-padding count) (mean), so g_i(W) = sum_n onehot(idx_{i,n}) (w_{i,n} gy_i)^T: an
+    embedding lookup whose output gradient at position n is w_{i,n} gy_i."""
+
+    @staticmethod
+    def forward(ctx: Any, indices: torch.Tensor, weight: torch.Tensor,
+                per_sample_weights: torch.Tensor | None, handle: LayerHandle) -> torch.Tensor:
+        m = handle.module
+        ctx.handle = handle
+        ctx.save_for_backward(indices, weight, per_sample_weights)
+        return F.embedding_bag(indices, weight, None, None, m.norm_type,
+                               m.scale_grad_by_freq, m.mode, m.sparse, per_sample_weights,
+                               m.include_last_offset, m.padding_idx)
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:
+        indices, weight, psw = ctx.saved_tensors
+        handle: LayerHandle = ctx.handle
+        m = handle.module
+        if m.mode == "sum":
+            w = (psw.to(grad_out.dtype) if psw is not None
+                 else torch.ones(indices.shape, dtype=grad_out.dtype, device=grad_out.device))
+        else:
+            kept = (indices != m.padding_idx) if m.padding_idx is not None else (
+                torch.ones(indices.shape, dtype=torch.bool, device=indices.device))
+            count = kept.sum(dim=1, keepdim=True).clamp_min(1).to(grad_out.dtype)
+            w = kept.to(grad_out.dtype) / count
+        per_position = w.unsqueeze(-1) * grad_out.unsqueeze(1)  # (B, N, d)
+        handle.record(EmbeddingUsage(m.weight, indices, per_position, m.padding_idx,
+                                     handle.scale_of(indices.shape[0])))
+        grad_psw = None
+        if psw is not None and ctx.needs_input_grad[2]:
+            rows = F.embedding(indices, weight.to(grad_out.dtype), m.padding_idx)
+            grad_psw = (rows * grad_out.unsqueeze(1)).sum(-1).to(psw.dtype)
+        return None, None, grad_psw, None
 
 
 class _FallbackFn(torch.autograd.Function):
@@ -310,7 +352,64 @@ def patch_module(module: nn.Module, kind: str, handle: LayerHandle) -> None:
                 return original(x)
             if x.dim() < 1:
                 raise ValueError("DP training needs batched inputs (a leading batch dimension)")
+            batch = getattr(handle, "forward_batch", lambda: None)()
+            if x.dim() >= 2 and x.shape[0] == 1 and batch is not None and batch > 1:
+                # Indices shared by the whole batch (position ids of shape (1, T), as Hugging
+                # Face models build them), whose lookup is broadcast against the batch later:
+                # looked up once per example instead, the same values, so that each example's
+                # output has its own gradient (a (1, T) lookup's gradient is the batch's sum).
+                x = x.expand(batch, *x.shape[1:])
             return _EmbeddingFn.apply(x, module.weight, handle)
+    elif kind == "embeddingbag":
+        def forward(x: torch.Tensor, offsets: torch.Tensor | None = None,
+                    per_sample_weights: torch.Tensor | None = None) -> torch.Tensor:
+            if not torch.is_grad_enabled() or not module.weight.requires_grad:
+                return original(x, offsets, per_sample_weights)
+            if x.dim() != 2 or offsets is not None:
+                raise ValueError(
+                    "DP training of nn.EmbeddingBag needs 2-D indices (batch, bag size), one bag "
+                    "per example, and no offsets: with 1-D indices and offsets the bags are not "
+                    "the batch dimension; pad the bags to one length with padding_idx instead"
+                )
+            return _EmbeddingBagFn.apply(x, module.weight, per_sample_weights, handle)
+    elif kind == "hf_conv1d":
+        handle.usage_type = TransposedLinearUsage  # type: ignore[attr-defined]
+
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            weight, bias = module.weight, module.bias
+            if not (torch.is_grad_enabled()
+                    and (weight.requires_grad or (bias is not None and bias.requires_grad))):
+                return original(x)
+            if x.dim() < 2:
+                raise ValueError("DP training needs batched inputs (a leading batch dimension)")
+            return _LinearFn.apply(x, weight.t(), bias, handle)
+    elif kind == "mha":
+        from dpsharp.torch.layers.attention import multihead_attention_forward
+
+        def forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                    key_padding_mask: torch.Tensor | None = None, need_weights: bool = True,
+                    attn_mask: torch.Tensor | None = None, average_attn_weights: bool = True,
+                    is_causal: bool = False) -> Any:
+            if not torch.is_grad_enabled() or not _any_trainable(list(module.parameters())):
+                return original(query, key, value, key_padding_mask, need_weights, attn_mask,
+                                average_attn_weights, is_causal)
+            return multihead_attention_forward(module, handle, query, key, value,
+                                               key_padding_mask, need_weights, attn_mask,
+                                               average_attn_weights, is_causal)
+    elif kind in ("rmsnorm", "llama_rmsnorm"):
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            if not torch.is_grad_enabled() or not _any_trainable([module.weight]):
+                return original(x)
+            if kind == "rmsnorm":
+                shape = tuple(module.normalized_shape)
+                xhat = F.rms_norm(x, shape, None, module.eps)
+            else:  # Hugging Face LlamaRMSNorm: normalised in float32, cast back, then scaled
+                shape = (x.shape[-1],)
+                h = x.to(torch.float32)
+                h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + module.variance_epsilon)
+                xhat = h.to(x.dtype)
+            reduce_dims = tuple(range(1, x.dim() - len(shape)))
+            return _AffineFn.apply(xhat, module.weight, None, handle, shape, reduce_dims)
     elif kind == "layernorm":
         def forward(x: torch.Tensor) -> torch.Tensor:
             if not torch.is_grad_enabled() or not _any_trainable([module.weight, module.bias]):

@@ -43,8 +43,8 @@ from dpsharp.torch import kernels
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["AffineUsage", "ConvUsage", "EmbeddingUsage", "LinearUsage", "PerExampleUsage",
-           "Usage", "conv_patches", "weighted_sum"]
+__all__ = ["AffineUsage", "BlockUsage", "ConvUsage", "EmbeddingUsage", "LinearUsage",
+           "PerExampleUsage", "TransposedLinearUsage", "Usage", "conv_patches", "weighted_sum"]
 
 # Elements of the patch / Gram scratch built at once (per chunk of examples): 512 KiB of
 # float32, small enough to stay in cache between being written and read, and out of the
@@ -311,7 +311,7 @@ class LinearUsage(_WeightBiasUsage):
         import torch
 
         first = usages[0]
-        return LinearUsage(first.weight, first.bias, torch.cat([u.a for u in usages], dim=1),
+        return type(first)(first.weight, first.bias, torch.cat([u.a for u in usages], dim=1),
                            torch.cat([u.g for u in usages], dim=1), first.scale)
 
     def _materialise_weight(self) -> bool:
@@ -810,3 +810,124 @@ class PerExampleUsage(Usage):
 
     def per_example(self, p: torch.nn.Parameter) -> torch.Tensor:
         return self.grads[id(p)][1]
+
+
+class TransposedLinearUsage(LinearUsage):
+    """y = x W + b with the weight stored transposed, W of shape (d, p) (the ``Conv1D`` of
+    Hugging Face's GPT-2): the linear map of :class:`LinearUsage` with g_i(W) =
+    sum_t x_{i,t} gy_{i,t}^T, the transpose of the nn.Linear gradient. Norms are those of
+    :class:`LinearUsage` (a transpose keeps the Frobenius norm); the per-example gradients and
+    the clipped sum are formed in the (d, p) layout directly."""
+
+    def _weight_per_example(self) -> torch.Tensor:
+        import torch
+
+        if self._per_example_weight is None:
+            self._per_example_weight = torch.bmm(self.a.transpose(1, 2), self.g)  # (B, d, p)
+        return self._per_example_weight
+
+    def _clipped_product(self, p: torch.nn.Parameter,
+                         factors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        product = super()._clipped_product(p, factors)
+        if product is None:
+            return None
+        m1, m2 = product  # m1 @ m2 = sum_i c_i g_i(W)^T, (p, d): transpose both factors
+        return m2.t(), m1.t()
+
+    def clipped_sum(self, p: torch.nn.Parameter, factors: torch.Tensor) -> torch.Tensor:
+        import torch
+
+        if (p is self.bias or self.g.dtype in (torch.float32, torch.float64)
+                or self._per_example_weight is not None):
+            return super().clipped_sum(p, factors)
+        # float16 / bfloat16 stored tensors: sum_i c_i A_i^T G_i in float32
+        c = (factors * self.scale).to(self.g.dtype)[:, None, None]
+        d, pdim = self.a.shape[2], self.g.shape[2]
+        return ((self.a * c).reshape(-1, d).t() @ self.g.reshape(-1, pdim)).reshape(p.shape)
+
+
+class BlockUsage(Usage):
+    """One call of a layer made of several linear maps whose weights and biases are disjoint
+    blocks of rows of a few parameters (the packed query / key / value projection of
+    nn.MultiheadAttention applied to different inputs, or its separate projection weights
+    sharing one packed bias).
+
+    Each part is a :class:`LinearUsage` whose ``weight`` / ``bias`` are stand-ins (views of the
+    blocks) mapped to ``(parameter, rows)``, rows a slice of the parameter's dimension 0 (None:
+    all of it). The blocks of one parameter are disjoint, so an example's gradient is the
+    blocks' gradients side by side:
+
+        ||g_i(P)||^2 = sum_blocks ||g_i(block)||^2,   sum_i c_i g_i(P) = [sum_i c_i g_i(block)]
+
+    (each block's norm a ghost norm of its linear map, each block's clipped sum one
+    book-keeping contraction). Parts arrive one by one during the backward pass (:meth:`add`);
+    the clipper reads the usage only once the backward pass has finished.
+    """
+
+    def __init__(self) -> None:
+        self.parts: list[tuple[Usage, dict[int, tuple[Any, Any]]]] = []
+        self.batch_size = -1
+        self._params: list[Any] = []
+
+    def add(self, usage: Usage, targets: dict[int, tuple[Any, Any]]) -> bool:
+        """Add one part: ``targets`` maps id(stand-in) -> (parameter, rows) for the part's
+        trainable stand-ins. Returns True for the first part (the caller records the usage)."""
+        first = not self.parts
+        if first:
+            self.batch_size = usage.batch_size
+        self.parts.append((usage, targets))
+        for param, _ in targets.values():
+            if all(param is not q for q in self._params):
+                self._params.append(param)
+        return first
+
+    def params(self) -> list[torch.nn.Parameter]:
+        return list(self._params)
+
+    def _blocks(self, p: torch.nn.Parameter) -> list[tuple[Usage, Any, Any]]:
+        """(part, stand-in, rows) for every block of ``p``."""
+        out = []
+        for usage, targets in self.parts:
+            for stand_in in usage.params():
+                param, rows = targets.get(id(stand_in), (None, None))
+                if param is p:
+                    out.append((usage, stand_in, rows))
+        return out
+
+    def sq_norm(self, p: torch.nn.Parameter) -> torch.Tensor:
+        total: torch.Tensor | None = None
+        for usage, stand_in, _ in self._blocks(p):
+            sq = usage.sq_norm(stand_in)
+            total = sq if total is None else total + sq
+        assert total is not None
+        return total
+
+    def per_example(self, p: torch.nn.Parameter) -> torch.Tensor:
+        import torch
+
+        blocks = self._blocks(p)
+        if len(blocks) == 1 and blocks[0][2] is None:
+            usage, stand_in, _ = blocks[0]
+            return usage.per_example(stand_in).reshape((self.batch_size, *p.shape))
+        out: torch.Tensor | None = None
+        for usage, stand_in, rows in blocks:
+            pe = usage.per_example(stand_in)
+            if out is None:
+                out = torch.zeros((self.batch_size, *p.shape), dtype=pe.dtype, device=pe.device)
+            out[:, rows if rows is not None else slice(None)] = pe.reshape(
+                (self.batch_size, *stand_in.shape))
+        assert out is not None
+        return out
+
+    def clipped_sum(self, p: torch.nn.Parameter, factors: torch.Tensor) -> torch.Tensor:
+        import torch
+
+        blocks = self._blocks(p)
+        if len(blocks) == 1 and blocks[0][2] is None:
+            usage, stand_in, _ = blocks[0]
+            return usage.clipped_sum(stand_in, factors).reshape(p.shape)
+        out = torch.zeros(p.shape, dtype=p.dtype, device=p.device)
+        for usage, stand_in, rows in blocks:
+            part = usage.clipped_sum(stand_in, factors)
+            out[rows if rows is not None else slice(None)] = part.reshape(stand_in.shape)
+        return out
