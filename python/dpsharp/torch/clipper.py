@@ -203,7 +203,8 @@ class PerSampleClipper:
     """
 
     def __init__(self, module: nn.Module, *, max_grad_norm: float | Sequence[float],
-                 clipping: str = "flat", loss_reduction: str = "mean") -> None:
+                 clipping: str = "flat", loss_reduction: str = "mean",
+                 rule: Any = None) -> None:
         from torch import nn
 
         from dpsharp.torch.layers import LayerHandle, patch_module
@@ -217,6 +218,12 @@ class PerSampleClipper:
         self._module = module
         self._clipping = clipping
         self._loss_reduction = loss_reduction
+        # A clip-factor rule (dpsharp.torch.clipping: automatic, adaptive quantile) in place of
+        # min(1, C / ||g_i||); None: that standard rule.
+        if rule is not None and getattr(rule, "structure", None) != clipping:
+            raise ValueError(f"rule {rule!r} clips {getattr(rule, 'structure', None)!r}, "
+                             f"but clipping={clipping!r}")
+        self._rule = rule
 
         seen: set[int] = set()
         self._params: list[nn.Parameter] = []
@@ -310,6 +317,22 @@ class PerSampleClipper:
     def overall_bound(self) -> float:
         """C of the noise std sigma * C: the flat bound or sqrt(sum_l C_l^2)."""
         return self._overall_bound
+
+    @property
+    def rule(self) -> Any:
+        """The clip-factor rule (dpsharp.torch.clipping), or None for min(1, C / ||g_i||)."""
+        return self._rule
+
+    def set_max_grad_norm(self, bound: float) -> None:
+        """Change the flat bound C between releases (adaptive clipping): the factors and the
+        noise std sigma C of the next release use it. Refused mid-release."""
+        if self._clipping != "flat":
+            raise ValueError("set_max_grad_norm needs clipping='flat'")
+        if self._batches or self._armed is not None or self._pending:
+            raise RuntimeError("the bound can only change between releases")
+        c = require_positive_finite("max_grad_norm", bound)
+        self._bounds = [c]
+        self._overall_bound = c
 
     @property
     def clipping(self) -> str:
@@ -491,6 +514,9 @@ class PerSampleClipper:
             # One factors tensor for every parameter (a usage reuses work between its weight
             # and bias when it is handed the same factors).
             norms, flat_factors = clipped
+            if self._rule is not None:
+                self._rule.observe(norms, self._bounds[0])
+                flat_factors = self._rule.factors(norms, self._bounds[0])
             self._last_norms = norms
         else:
             sq = torch.zeros(batch, len(self._params), dtype=torch.float64,
@@ -500,7 +526,11 @@ class PerSampleClipper:
             self._require_finite(sq)
             norms = sq.sqrt()
             bounds = torch.tensor(self._bounds, dtype=torch.float64, device=norms.device)
-            factors_all = self._factors(norms, bounds)
+            if self._rule is not None:
+                self._rule.observe(norms, bounds)
+                factors_all = self._rule.factors(norms, bounds)
+            else:
+                factors_all = self._factors(norms, bounds)
             self._last_norms = norms
 
         accumulators = self._accumulators
@@ -693,6 +723,8 @@ class PerSampleClipper:
         self._released_in_backward = False
         self._input_batches = set()
         self._output_batches = set()
+        if self._rule is not None:
+            self._rule.reset()
 
     def remove(self) -> None:
         """Restore the module's original forwards and drop all state."""

@@ -63,7 +63,20 @@ class DPOptimizer(torch.optim.Optimizer):
         sigma >= 0: the noise std divided by the clipping bound C (0 disables noise and gives
         no privacy).
     max_grad_norm:
-        C > 0, or one bound per parameter tensor with ``clipping="per_layer"``.
+        C > 0, or one bound per parameter tensor with ``clipping="per_layer"``. With adaptive
+        clipping, the initial bound.
+    clipping:
+        How each example's gradient is scaled (:mod:`dpsharp.torch.clipping`): ``"flat"``
+        (min(1, C / ||g_i||) over all parameters; Abadi et al. 2016), ``"per_layer"`` (the
+        same per parameter tensor), ``"automatic"`` (C / (||g_i|| + ``stability``); Bu, Wang,
+        Zha, Karypis 2023), ``"adaptive"`` (flat clipping at a bound that tracks a quantile of
+        the norms; Andrew et al. 2021), or a :class:`~dpsharp.torch.clipping.ClipRule`
+        (e.g. ``AdaptiveQuantileClipping(target_quantile=0.7)``). With adaptive clipping
+        ``noise_multiplier`` is the *total* per-step noise multiplier, the one the accountant
+        is charged (the gradient and the count of unclipped examples together, as one
+        Gaussian mechanism): the gradient gets :attr:`gradient_noise_multiplier`.
+    stability:
+        gamma >= 0 of ``clipping="automatic"`` (default 0.01).
     expected_batch_size:
         The public normaliser B of the noisy sum (q * n under Poisson sampling).
     module, clipper:
@@ -103,13 +116,14 @@ class DPOptimizer(torch.optim.Optimizer):
         expected_batch_size: float,
         module: torch.nn.Module | None = None,
         clipper: Any = None,
-        clipping: str = "flat",
+        clipping: Any = "flat",
         loss_reduction: str = "mean",
         noise: Any = None,
         seed: int | None = None,
         secure: bool = False,
         distributed: bool = False,
         process_group: Any = None,
+        stability: float = 0.01,
     ) -> None:
         if isinstance(optimizer, DPOptimizer):
             raise TypeError("optimizer is already a DPOptimizer")
@@ -122,13 +136,24 @@ class DPOptimizer(torch.optim.Optimizer):
         self._expected_batch_size = require_positive_finite("expected_batch_size", expected_batch_size)
         if (module is None) == (clipper is None):
             raise ValueError("give exactly one of module (a clipper is built for it) and clipper")
+        from dpsharp.torch.clipping import AdaptiveQuantileClipping, resolve_clipping
+
+        structure, rule = resolve_clipping(clipping, stability=stability)
         if clipper is None:
             from dpsharp.torch.clipper import PerSampleClipper
 
             clipper = PerSampleClipper(
-                module, max_grad_norm=self.max_grad_norm, clipping=clipping, loss_reduction=loss_reduction
+                module, max_grad_norm=self.max_grad_norm, clipping=structure,
+                loss_reduction=loss_reduction, rule=rule,
             )
         else:
+            given_rule = getattr(clipper, "rule", None)
+            if rule is not None and given_rule is not rule:
+                raise ValueError(
+                    f"clipping={clipping!r} asks for a clip rule the given clipper does not use; "
+                    "build the clipper with that rule (PerSampleClipper(..., rule=...))"
+                )
+            rule = given_rule
             bound = getattr(clipper, "max_grad_norm", None)
             if bound is not None and bound != self.max_grad_norm:
                 raise ValueError(
@@ -136,6 +161,15 @@ class DPOptimizer(torch.optim.Optimizer):
                     f"{bound!r}; the noise must be calibrated to the bound actually used"
                 )
         self.clipper = clipper
+        self.clip_rule = rule
+        self._adaptive_clipping = isinstance(rule, AdaptiveQuantileClipping)
+        if self._adaptive_clipping:
+            if isinstance(self.max_grad_norm, list):
+                raise ValueError("adaptive clipping needs one max_grad_norm (flat clipping)")
+            if distributed:
+                raise ValueError("adaptive clipping is not supported with distributed=True")
+            rule.bind(self.max_grad_norm, self._expected_batch_size)
+            rule.gradient_noise_multiplier(self._noise_multiplier)  # 2 sigma_b > sigma?
         handled = {id(p) for p in clipper.parameters}
         for group_index, group in enumerate(optimizer.param_groups):
             for param in group["params"]:
@@ -254,6 +288,15 @@ class DPOptimizer(torch.optim.Optimizer):
         return self._expected_batch_size
 
     @property
+    def gradient_noise_multiplier(self) -> float:
+        """The noise multiplier the clipped gradient sum is released with: ``noise_multiplier``,
+        or with adaptive clipping the larger z_grad = (z^-2 - (2 sigma_b)^-2)^(-1/2) that
+        leaves room for the count's release (:mod:`dpsharp.torch.clipping`)."""
+        if self._adaptive_clipping:
+            return float(self.clip_rule.gradient_noise_multiplier(self._noise_multiplier))
+        return self._noise_multiplier
+
+    @property
     def releases(self) -> int:
         """Noisy gradients released so far (= optimizer steps taken)."""
         return self._releases
@@ -330,24 +373,36 @@ class DPOptimizer(torch.optim.Optimizer):
         return None
 
     def _release_and_step(self) -> None:
+        # Validated before the charge: a sigma the count's noise leaves no room for is refused
+        # before anything is charged or released.
+        gradient_sigma = self.gradient_noise_multiplier
         for charge in self._charge_hooks:
             charge(self)  # may raise: then nothing has been released
+        examples = int(getattr(self.clipper, "accumulated_examples", 0))
         if self.distributed:
             from dpsharp.torch.distributed import distributed_release
 
             distributed_release(
                 self.clipper,
-                noise_multiplier=self._noise_multiplier,
+                noise_multiplier=gradient_sigma,
                 expected_batch_size=self._expected_batch_size,
                 noise=self.noise,
                 group=self.process_group,
             )
         else:
             self.clipper.release(
-                noise_multiplier=self._noise_multiplier,
+                noise_multiplier=gradient_sigma,
                 expected_batch_size=self._expected_batch_size,
                 noise=self.noise,
             )
+        if self._adaptive_clipping:
+            # The count of unclipped examples of this lot, noised, moves the bound for the
+            # next lot (Andrew et al. 2021, Algorithm 1); charged with the gradient above.
+            bound = self.clip_rule.release(noise=self.noise,
+                                           expected_batch_size=self._expected_batch_size,
+                                           realised_batch_size=examples)
+            self.clipper.set_max_grad_norm(bound)
+            self.max_grad_norm = bound
         self._releases += 1
         self._lot_pending = False
         for hook in self._release_hooks:
@@ -395,6 +450,8 @@ class DPOptimizer(torch.optim.Optimizer):
             "noise_chosen_online": self._noise_chosen_online,
             "expected_batch_size": self._expected_batch_size,
         }
+        if self.clip_rule is not None:
+            state["dpsharp"]["clipping"] = self.clip_rule.state_dict()
         return state
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
@@ -412,6 +469,12 @@ class DPOptimizer(torch.optim.Optimizer):
             self._expected_batch_size = require_positive_finite(
                 "expected_batch_size", private["expected_batch_size"]
             )
+            clipping_state = private.get("clipping")
+            if clipping_state is not None and self.clip_rule is not None:
+                self.clip_rule.load_state_dict(clipping_state)
+                if self._adaptive_clipping:
+                    self.clipper.set_max_grad_norm(self.clip_rule.bound)
+                    self.max_grad_norm = self.clip_rule.bound
 
 
 class _Algorithm2Adam(torch.optim.Optimizer):
@@ -458,19 +521,23 @@ def _build(
     noise_multiplier: float,
     max_grad_norm: float | Sequence[float],
     expected_batch_size: float,
-    clipping: str,
+    clipping: Any,
     loss_reduction: str,
     noise: Any,
     seed: int | None,
     secure: bool,
+    stability: float = 0.01,
 ) -> DPOptimizer:
     from dpsharp.torch.clipper import PerSampleClipper
+    from dpsharp.torch.clipping import resolve_clipping
 
     norm = _require_max_grad_norm(max_grad_norm)
     _require_noise_multiplier(noise_multiplier)
     require_positive_finite("expected_batch_size", expected_batch_size)
+    structure, rule = resolve_clipping(clipping, stability=stability)
     clipper = PerSampleClipper(
-        module, max_grad_norm=norm, clipping=clipping, loss_reduction=loss_reduction
+        module, max_grad_norm=norm, clipping=structure, loss_reduction=loss_reduction,
+        rule=rule,
     )
     return DPOptimizer(
         make_optimizer(list(clipper.parameters)),
@@ -493,11 +560,12 @@ def NoisySGD(  # noqa: N802 - named after the algorithm
     expected_batch_size: float,
     momentum: float = 0.0,
     weight_decay: float = 0.0,
-    clipping: str = "flat",
+    clipping: Any = "flat",
     loss_reduction: str = "mean",
     noise: Any = None,
     seed: int | None = None,
     secure: bool = False,
+    stability: float = 0.01,
 ) -> DPOptimizer:
     """NoisySGD (Bu et al. 2020, Algorithm 1; Abadi et al. 2016, Algorithm 1):
 
@@ -519,6 +587,7 @@ def NoisySGD(  # noqa: N802 - named after the algorithm
         noise=noise,
         seed=seed,
         secure=secure,
+        stability=stability,
     )
 
 
@@ -532,11 +601,12 @@ def NoisyAdam(  # noqa: N802
     betas: tuple[float, float] = (0.9, 0.999),
     eps: float = 1e-8,
     bias_correction: bool = True,
-    clipping: str = "flat",
+    clipping: Any = "flat",
     loss_reduction: str = "mean",
     noise: Any = None,
     seed: int | None = None,
     secure: bool = False,
+    stability: float = 0.01,
 ) -> DPOptimizer:
     """NoisyAdam (Bu et al. 2020, Algorithm 2): the moments are computed only from the
     privatised gradient v~_t = (sum clip_R(g_i) + sigma R N(0, I)) / B:
@@ -568,6 +638,7 @@ def NoisyAdam(  # noqa: N802
         noise=noise,
         seed=seed,
         secure=secure,
+        stability=stability,
     )
 
 
@@ -579,11 +650,12 @@ def NoisyAdaGrad(  # noqa: N802
     max_grad_norm: float | Sequence[float],
     expected_batch_size: float,
     eps: float = 1e-10,
-    clipping: str = "flat",
+    clipping: Any = "flat",
     loss_reduction: str = "mean",
     noise: Any = None,
     seed: int | None = None,
     secure: bool = False,
+    stability: float = 0.01,
 ) -> DPOptimizer:
     """NoisyAdaGrad: :class:`torch.optim.Adagrad` on the privatised gradient
     v~_t = (sum clip_R(g_i) + sigma R N(0, I)) / B, i.e. G_t = G_{t-1} + v~_t * v~_t,
@@ -602,5 +674,6 @@ def NoisyAdaGrad(  # noqa: N802
         noise=noise,
         seed=seed,
         secure=secure,
+        stability=stability,
     )
 
