@@ -382,3 +382,27 @@ def test_bad_arguments() -> None:
         DPOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), noise_multiplier=1.0,
                     max_grad_norm=1.0, expected_batch_size=4.0, clipper=clipper,
                     clipping="automatic")
+
+
+def test_make_private_automatic_clipping_with_stability() -> None:
+    """make_private(clipping="automatic", stability=gamma) at sigma = 0 over a full batch
+    (q = 1): the step is -lr * sum_i C g_i / (||g_i|| + gamma) / B."""
+    torch.manual_seed(8)
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2)).double()
+    x = torch.randn(5, 3, dtype=torch.float64)
+    y = torch.randn(5, 2, dtype=torch.float64)
+    grads = per_example(model, x, y)
+    factors = 0.4 / (flat_norms(grads) + 0.3)
+    before = [p.detach().clone() for p in model.parameters()]
+    model, optimizer, loader = PrivacyEngine(accountant="rdp").make_private(
+        model, torch.optim.SGD(model.parameters(), lr=0.5),
+        PoissonDataLoader(TensorDataset(x, y), sample_rate=1.0, seed=0),
+        noise_multiplier=0.0, max_grad_norm=0.4, delta=1e-5, clipping="automatic",
+        stability=0.3)
+    assert isinstance(optimizer.clip_rule, AutomaticClipping)
+    for xb, yb in loader:
+        optimizer.zero_grad()
+        F.mse_loss(model(xb), yb).backward()
+        optimizer.step()
+    for p, p0, s in zip(model.parameters(), before, weighted(grads, [factors] * 4)):
+        torch.testing.assert_close(p.detach(), p0 - 0.5 * s / 5.0, rtol=1e-12, atol=1e-14)

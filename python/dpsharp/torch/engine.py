@@ -394,7 +394,8 @@ class PrivacyEngine:
         target_epsilon: float | None = None,
         delta: float | None = None,
         epochs: int | None = None,
-        clipping: str = "flat",
+        clipping: Any = "flat",
+        stability: float = 0.01,
         loss_reduction: str = "mean",
         budget: PrivacyBudget | None = None,
         sampling: str = "poisson",
@@ -419,6 +420,13 @@ class PrivacyEngine:
             of this loader cost at most ``target_epsilon``.
         delta:
             The delta at which epsilon is reported (default: the budget's delta).
+        clipping, stability:
+            How per-example gradients are clipped (:class:`~dpsharp.torch.DPOptimizer`):
+            ``"flat"``, ``"per_layer"``, ``"automatic"`` (c_i = C / (||g_i|| + ``stability``);
+            Bu, Wang, Zha, Karypis 2023), ``"adaptive"`` (a bound that tracks a quantile of the
+            norms; Andrew et al. 2021), or a :mod:`dpsharp.torch.clipping` rule. With adaptive
+            clipping sigma is the total per-step noise multiplier of the gradient and the count
+            releases together, which is what the accountant is charged.
         budget:
             A :class:`PrivacyBudget` that no release may exceed.
         allow_approximation:
@@ -548,6 +556,7 @@ class PrivacyEngine:
             expected_batch_size=loader.expected_batch_size,
             module=_distributed.unwrap_ddp(module),
             clipping=clipping,
+            stability=stability,
             loss_reduction=loss_reduction,
             seed=seed,
             secure=self.secure_mode,
