@@ -348,3 +348,37 @@ def test_lstm_classifier_trains_with_the_engine_until_the_budget_stops_it() -> N
     assert engine.steps == optimizer.releases == 11  # dpsharp.calibrate.steps for this budget
     assert 0.0 < engine.epsilon(1e-5) <= 3.0
     assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+@pytest.mark.filterwarnings("ignore:LSTM with projections is not supported with oneDNN")
+@pytest.mark.parametrize("kind", KINDS)
+def test_float32_error_is_within_a_small_multiple_of_plain_float32_autograd(kind: str) -> None:
+    """float32: the clipped sums' largest deviation from the float64 reference is at most 8x
+    that of plain float32 batch-size-1 autograd on the original module (same weights)."""
+    torch.manual_seed(9)
+    model64 = build(kind, input_size=3, hidden=6, layers=2, bidirectional=True,
+                    batch_first=True, bias=True)
+    x64 = torch.randn(6, 7, 3, dtype=torch.float64)
+    y64 = torch.randn(6, 2, dtype=torch.float64)
+    bound = 0.3
+
+    def clipped(grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        wide = {n: g.double() for n, g in grads.items()}
+        norms = sum((g.reshape(g.shape[0], -1) ** 2).sum(1) for g in wide.values()).sqrt()
+        factors = torch.clamp(bound / norms, max=1.0)
+        return {n: (factors.reshape(-1, *[1] * (g.dim() - 1)) * g).sum(0)
+                for n, g in wide.items()}
+
+    reference64 = clipped(reference(model64, x64, y64, None))
+    model32 = copy.deepcopy(model64).float()
+    x32, y32 = x64.float(), y64.float()
+    plain32 = clipped(reference(model32, x32, y32, None))
+    names = {id(p): n for n, p in model32.named_parameters()}
+    private = convert_recurrent(model32)
+    clipper = PerSampleClipper(private, max_grad_norm=bound)
+    F.mse_loss(private(x32), y32).backward()
+    clipper.release(noise_multiplier=0.0, expected_batch_size=1.0, noise=NoiseGenerator(0))
+    ours = {names[id(p)]: p.grad.double() for p in clipper.parameters}
+    err_ours = max(float((ours[n] - reference64[n]).abs().max()) for n in reference64)
+    err_plain = max(float((plain32[n] - reference64[n]).abs().max()) for n in reference64)
+    assert err_ours <= 8 * err_plain, (err_ours, err_plain)
