@@ -305,3 +305,96 @@ def test_canary_contributes_exactly_the_clipping_bound_per_sampled_step():
     q, t = 0.05, 100
     band = 5 * math.sqrt(q * (1 - q) * t / sampled.size)
     assert abs(sampled.mean() - q * t) < band and sampled.max() <= t
+
+
+# ---------------------------------------------------------------------------- input canaries
+#: Black-box audit: canaries are records in input space, scored by the final model alone.
+#: sigma 8 is claimed (eps_upper 0.378 at delta 1e-5 under dp-accounting's PLD for q 0.05,
+#: 300 steps), so that the weaker black-box score can show a run that adds no noise.
+INPUT_SETTINGS = dict(noise_multiplier=8.0, max_grad_norm=1.0, steps=300, sample_rate=0.05,
+                      canaries=200, optimizer=2.0, progress=False, canary_type="input")
+
+
+def _wide_mlp():
+    return nn.Sequential(nn.Linear(64, 256), nn.Tanh(), nn.Linear(256, 10))
+
+
+def _digits():
+    from sklearn.datasets import load_digits
+
+    images, labels = load_digits(return_X_y=True)
+    return (torch.tensor(images / 16.0 - 0.25, dtype=torch.float32),
+            torch.tensor(labels, dtype=torch.long))
+
+
+def _input_audit(seed: int, **overrides):
+    import dpsharp.torch
+
+    pytest.importorskip("sklearn")
+    x, y = _digits()
+    return dpsharp.torch.audit(_wide_mlp, x, y, **{**INPUT_SETTINGS, "seed": seed, **overrides})
+
+
+@pytest.mark.torch
+def test_input_canaries_correct_run_passes_and_no_noise_is_caught(monkeypatch):
+    """The same seed, the real code and then the code without noise: the black-box score
+    finds no violation in the first and shows eps_lower > eps_upper in the second."""
+    dp_accounting = pytest.importorskip("dp_accounting")
+    reference = dp_accounting.pld.PLDAccountant()
+    event = dp_accounting.PoissonSampledDpEvent(0.05, dp_accounting.GaussianDpEvent(8.0))
+    reference.compose(event, 300)
+    correct = _input_audit(0)
+    assert correct.canary_type == "input" and set(correct.scores) == {"loss_drop"}
+    assert correct.epsilon_upper == pytest.approx(reference.get_epsilon(1e-5), rel=2e-3)
+    assert correct.passed, correct.summary()
+    _no_noise(monkeypatch)
+    mutant = _input_audit(0)
+    assert not mutant.passed, mutant.summary()
+    assert mutant.epsilon_lower > mutant.epsilon_upper
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_input_canaries_correct_run_passes_over_seeds():
+    results = [_input_audit(200 + seed) for seed in range(10)]
+    assert all(r.passed for r in results), [r.epsilon_lower for r in results]
+
+
+@pytest.mark.torch
+def test_input_canaries_default_records_and_bad_input():
+    import dpsharp.torch
+    from dpsharp.torch.audit import _input_canaries
+
+    x, y = _data()
+    rng = np.random.default_rng(0)
+    cx, cy = _input_canaries(x, y, 50, None, None, rng)
+    amplitude = 4.0 * float(x.abs().max())
+    assert cx.shape == (50, *x.shape[1:]) and cy.shape == (50,)
+    assert torch.allclose(cx.abs(), torch.full_like(cx, amplitude))
+    assert int(cy.min()) >= 0 and int(cy.max()) <= int(y.max())
+    settings = {**SETTINGS, "seed": 0}
+    with pytest.raises(ValueError, match="canary_type"):
+        dpsharp.torch.audit(_mlp, x, y, **settings, canary_type="blackbox")
+    with pytest.raises(ValueError, match="canary_inputs"):
+        dpsharp.torch.audit(_mlp, x, y, **settings, canary_inputs=cx, canary_targets=cy)
+    with pytest.raises(ValueError, match="together"):
+        dpsharp.torch.audit(_mlp, x, y, **settings, canary_type="input", canary_inputs=cx)
+    with pytest.raises(ValueError, match="canaries=.* records"):
+        dpsharp.torch.audit(_mlp, x, y, **{**settings, "canaries": 40}, canary_type="input",
+                            canary_inputs=cx, canary_targets=cy)
+    with pytest.raises(ValueError, match="integer class"):
+        dpsharp.torch.audit(_mlp, x, y.to(torch.float32), **settings, canary_type="input")
+
+
+@pytest.mark.torch
+def test_cli_audit_input_canaries(capsys):
+    import json
+
+    pytest.importorskip("sklearn")
+    from dpsharp import cli
+
+    status = cli.main(["audit", "--canary-type", "input", "--steps", "20", "--canaries", "50",
+                       "--json", "--no-progress"])
+    report = json.loads(capsys.readouterr().out)
+    assert status == 0 and report["passed"]
+    assert report["best"]["score"] == "loss_drop" and report["canaries"] == 50

@@ -69,10 +69,21 @@ Where this differs from the paper
   normaliser 1 / B (B = q * n with n the size of the training set, canaries included), so the
   guesses are a function of the noisy clipped sums: the Poisson-sampled Gaussian mechanism
   the accountant composes, with a sampling rate q fixed before the canaries are drawn.
-* Input-space (black-box) canaries are not implemented: the canaries test the clipper, the
-  noise and the sampling, not layers of the user's model that mix examples. A model that sees
-  the batch in another dimension than 0 is refused by the clipper, and the audit raises that
-  refusal.
+* Input-space canaries (``canary_type="input"``, for black-box use) are the paper's
+  black-box setting with one change: each canary is a record (default: a random sign vector
+  far outside the data with a random label, :func:`_input_canaries`) trained on like any other,
+  and the auditor sees only the final model, scoring each canary by how much training lowered
+  its loss, loss(initial model) - loss(final model) (``loss_drop``). The paper scores by the
+  final loss alone; subtracting the initial loss removes most of the spread between canaries,
+  and the initial model is independent of which canaries are included, so the guesses remain
+  a function of the output and of public randomness and Theorem 5.2 applies unchanged.
+  Black-box scores are far weaker than gradient canaries (the paper, section 7): at the
+  defaults of tests/test_audit.py a run with no noise reaches eps_lower about 0.85, enough to
+  refute a claimed sigma of 8 (eps_upper 0.38) but not sigma 2. Input canaries pass through
+  every layer of the user's model, so they also see what the gradient canaries cannot: layers
+  that mix examples or leak an example through another's gradient.
+* A model that sees the batch in another dimension than 0 is refused by the clipper, and the
+  audit raises that refusal.
 
 Power. With m canaries and all r = 2k guesses right, eps_lower is about log(p / (1 - p))
 with p^r = beta / K: at confidence 0.95 and delta 1e-5 the largest value the default guess
@@ -211,6 +222,7 @@ class AuditResult:
     candidates: list[tuple[str, int, int, float]] = field(default_factory=list)
     scores: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
     membership: np.ndarray | None = field(default=None, repr=False)
+    canary_type: str = "gradient"
 
     def summary(self) -> str:
         """One paragraph for people."""
@@ -309,6 +321,67 @@ def _canary_model(model: Any, canaries: int, norm: float) -> Any:
     return CanaryModel()
 
 
+def _input_canaries(inputs: Any, targets: Any, m: int, canary_inputs: Any,
+                    canary_targets: Any, rng: np.random.Generator) -> tuple[Any, Any]:
+    """The m input-space canaries (records): the user's, or random inputs with random labels.
+
+    Default: canary j is a random sign vector at 4 times the largest absolute training value,
+    x_j = 4 max|x| s_j with s_j uniform on {-1, 1}^d, and a label drawn uniformly from
+    {0, ..., max(targets)}. Mislabelled records far outside the data are what a model memorises
+    most visibly (the black-box canaries of Jagielski, Ullman, Oprea 2020, "Auditing
+    Differentially Private Machine Learning: How Private is Private SGD?"), and random sign
+    vectors are nearly orthogonal to each other, so one canary's training moves its own loss
+    more than the others'."""
+    import torch
+
+    if (canary_inputs is None) != (canary_targets is None):
+        raise ValueError("canary_inputs and canary_targets must be given together")
+    if canary_inputs is not None:
+        if not isinstance(canary_inputs, torch.Tensor) or not isinstance(canary_targets,
+                                                                          torch.Tensor):
+            raise TypeError("canary_inputs and canary_targets must be torch tensors")
+        if (canary_inputs.shape[0] != m or canary_targets.shape[0] != m
+                or canary_inputs.shape[1:] != inputs.shape[1:]
+                or canary_targets.shape[1:] != targets.shape[1:]):
+            raise ValueError(
+                f"canary_inputs / canary_targets must hold canaries={m} records shaped like "
+                f"inputs / targets, got {tuple(canary_inputs.shape)} and "
+                f"{tuple(canary_targets.shape)}")
+        return canary_inputs, canary_targets
+    if not inputs.is_floating_point():
+        raise ValueError("canary_type='input' without canary_inputs needs floating-point inputs "
+                         "(random canary inputs are drawn in the training values' range)")
+    if targets.ndim != 1 or targets.is_floating_point() or targets.numel() == 0:
+        raise ValueError("canary_type='input' without canary_targets needs integer class "
+                         "targets of shape (n,): pass canary_inputs and canary_targets")
+    amplitude = 4.0 * float(inputs.abs().max())
+    if not (math.isfinite(amplitude) and amplitude > 0.0):
+        raise ValueError("canary_type='input' without canary_inputs needs finite, not all-zero "
+                         "inputs: pass canary_inputs and canary_targets")
+    drawn = amplitude * (2.0 * rng.integers(0, 2, size=(m, *inputs.shape[1:])) - 1.0)
+    classes = int(targets.max()) + 1
+    labels = rng.integers(0, max(classes, 2), size=m)
+    return (torch.as_tensor(drawn, dtype=inputs.dtype),
+            torch.as_tensor(labels, dtype=targets.dtype))
+
+
+def _final_losses(model: Any, loss_fn: Callable[[Any, Any], Any], x: Any, y: Any) -> np.ndarray:
+    """Score of each input-space canary from the final model alone: minus its loss (a member
+    was trained on, so its loss tends to be lower)."""
+    import torch
+
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            parameter = next(model.parameters(), None)
+            device = parameter.device if parameter is not None else torch.device("cpu")
+            losses = loss_fn(model(x.to(device)), y.to(device)).reshape(-1)
+    finally:
+        model.train(was_training)
+    return -losses.to(torch.float64).cpu().numpy()
+
+
 def audit(
     model_factory: Callable[[], Any],
     inputs: Any,
@@ -328,6 +401,9 @@ def audit(
     accountant: str = "pld",
     seed: int | None = None,
     progress: bool = True,
+    canary_type: str = "gradient",
+    canary_inputs: Any = None,
+    canary_targets: Any = None,
 ) -> AuditResult:
     """Audit one DP-SGD run of ``model_factory()`` on ``(inputs, targets)`` with canaries.
 
@@ -362,6 +438,14 @@ def audit(
         Seeds canary membership, initialisation, sampling and noise (None: fresh randomness).
     progress:
         A tqdm progress bar on stderr.
+    canary_type:
+        ``"gradient"`` (white-box Dirac gradient canaries scored from every released gradient,
+        the default and the most powerful) or ``"input"`` (input-space canaries scored from the
+        final model alone, for black-box use; see the module docstring).
+    canary_inputs, canary_targets:
+        For ``canary_type="input"``: the m canary records (dimension 0: canaries). Default:
+        random sign vectors at 4 max|inputs| with labels drawn uniformly from the classes of
+        ``targets`` (integer class targets, floating-point inputs).
 
     Returns
     -------
@@ -425,19 +509,36 @@ def audit(
         def loss_fn(output: Any, target: Any) -> Any:
             return torch.nn.functional.cross_entropy(output, target, reduction="none")
 
+    if canary_type not in ("gradient", "input"):
+        raise ValueError(f"canary_type must be 'gradient' or 'input', got {canary_type!r}")
+    if canary_type == "gradient" and (canary_inputs is not None or canary_targets is not None):
+        raise ValueError("canary_inputs / canary_targets are for canary_type='input' only")
+
     rng = np.random.default_rng(seed)
     membership = rng.random(m) < 0.5
     included = np.flatnonzero(membership)
     if seed is not None:
         torch.manual_seed(seed)
+    if canary_type == "input":
+        canary_x, canary_y = _input_canaries(inputs, targets, m, canary_inputs, canary_targets,
+                                             rng)
     user_model = model_factory()
     if not isinstance(user_model, torch.nn.Module):
         raise TypeError("model_factory() must return a torch.nn.Module")
-    model = _canary_model(user_model, m, scale * clip)
+    if canary_type == "input":  # the initial model is independent of the canaries' membership
+        initial_losses = _final_losses(user_model, loss_fn, canary_x.to(inputs.dtype),
+                                       canary_y.to(targets.dtype))
 
     n_real, n_canary = inputs.shape[0], included.size
-    x = torch.cat([inputs, inputs[:1].new_zeros((n_canary, *inputs.shape[1:]))])
-    y = torch.cat([targets, targets[:1].repeat(n_canary, *([1] * (targets.ndim - 1)))])
+    if canary_type == "gradient":
+        model: Any = _canary_model(user_model, m, scale * clip)
+        x = torch.cat([inputs, inputs[:1].new_zeros((n_canary, *inputs.shape[1:]))])
+        y = torch.cat([targets, targets[:1].repeat(n_canary, *([1] * (targets.ndim - 1)))])
+    else:
+        model = user_model
+        chosen = torch.as_tensor(included, dtype=torch.long)
+        x = torch.cat([inputs, canary_x[chosen].to(inputs.dtype)])
+        y = torch.cat([targets, canary_y[chosen].to(targets.dtype)])
     ids = torch.cat([torch.full((n_real,), -1, dtype=torch.long),
                      torch.as_tensor(included, dtype=torch.long)])
     loader_seed = None if seed is None else seed + 1
@@ -449,30 +550,44 @@ def audit(
         noise_multiplier=sigma, delta=delta, seed=None if seed is None else seed + 2,
     )
     released: list[np.ndarray] = []
-    weight = model.canary.weight
+    if canary_type == "gradient":
+        weight = model.canary.weight
 
-    def record(_: Any) -> None:
-        released.append(weight.grad.detach().reshape(-1).to(torch.float64).cpu().numpy().copy())
+        def record(_: Any) -> None:
+            released.append(
+                weight.grad.detach().reshape(-1).to(torch.float64).cpu().numpy().copy())
 
-    opt.add_release_hook(record)
+        opt.add_release_hook(record)
     bar = tqdm(total=steps, desc="audit", unit="step", disable=not progress, leave=False)
+    taken = 0
     try:
         for xb, yb, ib in loader:
             opt.zero_grad()
             if len(ib):  # an empty Poisson batch is still a step (pure noise)
-                out, canary_out = model(xb, ib)
-                real = (ib < 0).to(canary_out.dtype)
-                per = loss_fn(out, yb).reshape(-1)
-                loss = (per * real + canary_out * (1.0 - real)).mean()
+                if canary_type == "gradient":
+                    out, canary_out = model(xb, ib)
+                    real = (ib < 0).to(canary_out.dtype)
+                    per = loss_fn(out, yb).reshape(-1)
+                    loss = (per * real + canary_out * (1.0 - real)).mean()
+                else:
+                    loss = loss_fn(model(xb), yb).reshape(-1).mean()
                 loss.backward()
             opt.step()
+            taken += 1
             bar.update(1)
     finally:
         bar.close()
-    if len(released) != steps:
-        raise RuntimeError(f"the run released {len(released)} gradients, expected {steps}")
-    g = np.stack(released)  # (T, m)
-    scores = {"sum": g.sum(axis=0), "dispersion": ((g - g.mean(axis=0)) ** 2).sum(axis=0)}
+    if canary_type == "gradient":
+        if len(released) != steps:
+            raise RuntimeError(f"the run released {len(released)} gradients, expected {steps}")
+        g = np.stack(released)  # (T, m)
+        scores = {"sum": g.sum(axis=0), "dispersion": ((g - g.mean(axis=0)) ** 2).sum(axis=0)}
+    else:
+        if taken != steps:
+            raise RuntimeError(f"the run took {taken} steps, expected {steps}")
+        final_losses = _final_losses(model, loss_fn, canary_x.to(inputs.dtype),
+                                     canary_y.to(targets.dtype))
+        scores = {"loss_drop": final_losses - initial_losses}
     beta = 1.0 - confidence
     candidates = evaluate_scores(scores, membership, delta=delta, beta=beta,
                                  guess_sizes=sizes, rng=rng)
@@ -485,18 +600,18 @@ def audit(
         confidence=confidence, delta=delta, canaries=m, included=int(n_canary), steps=steps,
         noise_multiplier=sigma, max_grad_norm=clip, sample_rate=q,
         certified=bool(report.certified), best=best, candidates=candidates, scores=scores,
-        membership=membership,
+        membership=membership, canary_type=canary_type,
     )
 
 
 def audit_digits(*, noise_multiplier: float = 2.0, max_grad_norm: float = 1.0, steps: int = 100,
                  sample_rate: float = 0.05, delta: float = 1e-5, canaries: int = 1000,
                  confidence: float = 0.95, lr: float = 0.5, seed: int | None = 0,
-                 progress: bool = True) -> AuditResult:
+                 progress: bool = True, canary_type: str = "gradient") -> AuditResult:
     """:func:`audit` of the built-in model, a 64-32-10 tanh MLP, on scikit-learn's bundled
     digits (1797 images, pixels mapped to x / 16 - 0.25), trained with plain SGD. The defaults
     (sigma 2, q 0.05, 100 steps: eps_upper 1.10 at delta 1e-5 under PLD) are what
-    ``dpsharp audit`` runs."""
+    ``dpsharp audit`` runs; ``canary_type="input"`` audits it black-box."""
     import torch
     from sklearn.datasets import load_digits
 
@@ -510,7 +625,8 @@ def audit_digits(*, noise_multiplier: float = 2.0, max_grad_norm: float = 1.0, s
 
     return audit(model, x, y, noise_multiplier=noise_multiplier, max_grad_norm=max_grad_norm,
                  steps=steps, sample_rate=sample_rate, delta=delta, optimizer=lr,
-                 canaries=canaries, confidence=confidence, seed=seed, progress=progress)
+                 canaries=canaries, confidence=confidence, seed=seed, progress=progress,
+                 canary_type=canary_type)
 
 
 class _CallableModule(types.ModuleType):
