@@ -398,3 +398,32 @@ def test_cli_audit_input_canaries(capsys):
     report = json.loads(capsys.readouterr().out)
     assert status == 0 and report["passed"]
     assert report["best"]["score"] == "loss_drop" and report["canaries"] == 50
+
+
+class _BatchCentred(nn.Module):
+    """Subtracts the batch mean from its input: parameter-free, so the clipper sees only the
+    Linear layers, yet every example's gradient depends on the others of its batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = _mlp()
+
+    def forward(self, x):
+        return self.body(x - x.mean(dim=0, keepdim=True))
+
+
+@pytest.mark.torch
+def test_batch_mixing_model_is_flagged():
+    import dpsharp.torch
+    from dpsharp.torch.audit import cross_example_leak
+
+    x, y = _data()
+    assert cross_example_leak(_mlp(), x) is None
+    assert "record 0's output changed" in cross_example_leak(_BatchCentred(), x)
+    # The canaries alone would not see it (they never pass through the user's layers): the
+    # verdict fails on the probe, whatever eps_lower is.
+    result = dpsharp.torch.audit(_BatchCentred, x, y, **{**SETTINGS, "seed": 0})
+    assert not result.passed and result.cross_example is not None
+    assert result.summary().startswith("FAIL: examples leak")
+    correct = _audit(0)
+    assert correct.cross_example is None and correct.passed

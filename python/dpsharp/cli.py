@@ -640,6 +640,7 @@ def _run_audit(args: argparse.Namespace) -> int:
             "confidence": result.confidence, "delta": result.delta,
             "canaries": result.canaries, "included": result.included, "steps": result.steps,
             "best": {"score": score, "k": k, "correct": correct, "guesses": 2 * k},
+            "canary_type": result.canary_type, "cross_example": result.cross_example,
         }))
     else:
         print(result.summary())

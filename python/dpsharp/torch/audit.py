@@ -114,7 +114,8 @@ from dpsharp._validation import (
     require_probability,
 )
 
-__all__ = ["AuditResult", "audit", "audit_digits", "one_run_epsilon_lower", "one_run_p_value"]
+__all__ = ["AuditResult", "audit", "audit_digits", "cross_example_leak", "one_run_epsilon_lower",
+           "one_run_p_value"]
 
 _SCORES = ("sum", "dispersion")
 
@@ -202,8 +203,12 @@ class AuditResult:
 
     ``epsilon_lower`` is the empirical lower bound at ``confidence``; ``epsilon_upper`` the
     engine accountant's epsilon at ``delta`` (``certified`` says whether it is proven);
-    ``passed`` is ``epsilon_lower <= epsilon_upper``. ``candidates`` lists every
-    (score, k, correct guesses out of 2k, bound) that was tried, each at level beta / K.
+    ``passed`` is ``epsilon_lower <= epsilon_upper`` and no cross-example leak was found.
+    ``candidates`` lists every (score, k, correct guesses out of 2k, bound) that was tried, each
+    at level beta / K. ``cross_example`` is None when the batch-independence probe (see
+    :func:`cross_example_leak`) found nothing (or could not run), else what it found: one
+    example's output depends on the other examples of its batch, so clipping per example does
+    not bound its influence and no noise multiplier makes the run private as accounted.
     """
 
     epsilon_lower: float
@@ -223,12 +228,16 @@ class AuditResult:
     scores: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
     membership: np.ndarray | None = field(default=None, repr=False)
     canary_type: str = "gradient"
+    cross_example: str | None = None
 
     def summary(self) -> str:
         """One paragraph for people."""
         verdict = "PASS" if self.passed else "FAIL"
         score, k, correct, _ = self.best
-        return (
+        leak = "" if self.cross_example is None else (
+            f"FAIL: examples leak into each other's outputs ({self.cross_example}); "
+            "per-example clipping does not bound one example's influence. ")
+        return leak + (
             f"{verdict}: eps_lower = {self.epsilon_lower:.3f} (confidence {self.confidence:g}, "
             f"{self.canaries} canaries, {self.included} included; best: {score} score, "
             f"{correct}/{2 * k} guesses right) vs eps_upper = {self.epsilon_upper:.3f} "
@@ -382,6 +391,63 @@ def _final_losses(model: Any, loss_fn: Callable[[Any, Any], Any], x: Any, y: Any
     return -losses.to(torch.float64).cpu().numpy()
 
 
+def _first_tensor(output: Any) -> Any:
+    """The model output's first tensor (a tensor, the first of a tuple / list, or ``logits`` /
+    the first value of a mapping such as a Hugging Face ModelOutput); None if there is none."""
+    import torch
+
+    if isinstance(output, torch.Tensor):
+        return output
+    if isinstance(output, dict) or hasattr(output, "values"):
+        if "logits" in output:
+            return output["logits"]
+        output = list(output.values())
+    if isinstance(output, (tuple, list)):
+        for item in output:
+            if isinstance(item, torch.Tensor):
+                return item
+    return None
+
+
+def cross_example_leak(model: Any, inputs: Any, *, probes: int = 4) -> str | None:
+    """Whether one example's output depends on the other examples in its batch.
+
+    Runs ``model`` (in eval mode, without gradients) on two batches of ``probes`` records that
+    share their first record and differ in all the others, records 0, 1, ..., probes - 1 and
+    0, probes, ..., 2 probes - 2, and compares the shared record's outputs. Per-example clipping
+    bounds an example's influence only if its gradient is a function of that example alone;
+    a layer that mixes examples (batch statistics, ``x - x.mean(0)``, attention across the batch)
+    breaks that, whatever the clipper sees, and is invisible to gradient canaries. Returns a
+    description of the difference when the outputs differ by more than 1e-4 relative to their
+    magnitude (float32 batch-size effects are about 1e-7), None when they agree or when the
+    probe cannot run (fewer than 2 probes - 1 records, or no tensor output).
+    """
+    import torch
+
+    needed = 2 * probes - 1
+    if inputs.shape[0] < needed or probes < 2:
+        return None
+    first = torch.arange(probes)
+    second = torch.cat([torch.zeros(1, dtype=torch.long), torch.arange(probes, needed)])
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            a = _first_tensor(model(inputs[first]))
+            b = _first_tensor(model(inputs[second]))
+    finally:
+        model.train(was_training)
+    if a is None or b is None or a.shape != b.shape or a.ndim == 0 or a.shape[0] != probes:
+        return None
+    row_a, row_b = a[0].to(torch.float64), b[0].to(torch.float64)
+    scale = float(torch.maximum(row_a.abs().max(), row_b.abs().max())) + 1e-30
+    difference = float((row_a - row_b).abs().max())
+    if difference <= 1e-4 * scale:
+        return None
+    return (f"record 0's output changed by {difference:.3g} (relative {difference / scale:.3g}) "
+            "when the other records of its batch changed")
+
+
 def audit(
     model_factory: Callable[[], Any],
     inputs: Any,
@@ -525,6 +591,7 @@ def audit(
     user_model = model_factory()
     if not isinstance(user_model, torch.nn.Module):
         raise TypeError("model_factory() must return a torch.nn.Module")
+    leak = cross_example_leak(user_model, inputs)
     if canary_type == "input":  # the initial model is independent of the canaries' membership
         initial_losses = _final_losses(user_model, loss_fn, canary_x.to(inputs.dtype),
                                        canary_y.to(targets.dtype))
@@ -596,7 +663,8 @@ def audit(
     upper = float(report.epsilon)
     lower = float(best[3])
     return AuditResult(
-        epsilon_lower=lower, epsilon_upper=upper, passed=bool(lower <= upper),
+        epsilon_lower=lower, epsilon_upper=upper,
+        passed=bool(lower <= upper) and leak is None, cross_example=leak,
         confidence=confidence, delta=delta, canaries=m, included=int(n_canary), steps=steps,
         noise_multiplier=sigma, max_grad_norm=clip, sample_rate=q,
         certified=bool(report.certified), best=best, candidates=candidates, scores=scores,
