@@ -48,6 +48,9 @@ _LAZY: dict[str, str] = {
     "attach_schedule": "dpsharp.torch.schedules",
     # scale-out: distributed data parallel
     "DistributedPoissonDataLoader": "dpsharp.torch.distributed",
+    # clip-factor rules: automatic (Bu et al. 2023) and adaptive quantile (Andrew et al. 2021)
+    "AutomaticClipping": "dpsharp.torch.clipping",
+    "AdaptiveQuantileClipping": "dpsharp.torch.clipping",
     # recurrent layers built from nn.Linear maps, for per-example clipping
     "convert_recurrent": "dpsharp.torch.layers.recurrent",
     "DPRNN": "dpsharp.torch.layers.recurrent",
