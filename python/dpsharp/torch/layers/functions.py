@@ -256,68 +256,148 @@ class _EmbeddingBagFn(torch.autograd.Function):
         return None, None, grad_psw, None
 
 
+class _FallbackCall:
+    """One call of a fallback module: its arguments and keyword arguments flattened
+    (torch.utils._pytree) into leaves, of which the tensors with the batch in dimension 0
+    (``batched``) are mapped over per example and every other leaf (non-tensors, tensors
+    without the batch dimension such as a shared (L, L) mask) is passed to each example as
+    is; and, after the forward, the output's structure."""
+
+    def __init__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        from torch.utils import _pytree
+
+        leaves, self.spec = _pytree.tree_flatten((args, kwargs))
+        batch = next((int(x.shape[0]) for x in leaves
+                      if isinstance(x, torch.Tensor) and x.dim() >= 1), None)
+        if batch is None:
+            raise ValueError("DP training needs batched inputs (a tensor argument whose "
+                             "dimension 0 is the batch)")
+        self.batch = batch
+        self.leaves = leaves
+        self.batched = [isinstance(x, torch.Tensor) and x.dim() >= 1 and x.shape[0] == batch
+                        for x in leaves]
+        for x, b in zip(leaves, self.batched):
+            if isinstance(x, torch.Tensor) and not b and x.requires_grad:
+                raise ValueError(
+                    "the per-example fallback needs every tensor argument that requires grad "
+                    f"to have the batch ({batch}) in dimension 0; got one of shape "
+                    f"{tuple(x.shape)}"
+                )
+        self.out_spec: Any = None
+        self.out_leaves: list[Any] = []
+        self.out_tensor_index: list[int] = []  # positions of the tensor leaves in out_leaves
+
+    def inputs(self) -> list[torch.Tensor]:
+        return [x for x, b in zip(self.leaves, self.batched) if b]
+
+    def rebuild(self, batched: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        from torch.utils import _pytree
+
+        it = iter(batched)
+        leaves = [next(it) if b else x for x, b in zip(self.leaves, self.batched)]
+        return _pytree.tree_unflatten(leaves, self.spec)
+
+
 class _FallbackFn(torch.autograd.Function):
     """Any other module with parameters: per-example gradients by torch.func (vmap of vjp),
     which also yields the input gradient. The module is run once more per example inside
-    the backward (a recomputation, not stored intermediates)."""
+    the backward (a recomputation, not stored intermediates); those per-example outputs must
+    equal the forward's (checked), so an argument mistaken for a batched one cannot give
+    wrong gradients silently. Keyword arguments, non-tensor arguments and nested outputs
+    (tuples, dicts, Hugging Face ModelOutput) pass through; every floating-point output with
+    the batch in dimension 0 is differentiated."""
 
     @staticmethod
-    def forward(ctx: Any, handle: LayerHandle, n_inputs: int, *tensors: torch.Tensor) -> Any:
+    def forward(ctx: Any, handle: LayerHandle, call: _FallbackCall, n_inputs: int,
+                *tensors: torch.Tensor) -> Any:
+        from torch.utils import _pytree
+
         inputs = tensors[:n_inputs]
         params = tensors[n_inputs:]
         ctx.handle = handle
-        ctx.save_for_backward(*inputs)
+        ctx.call = call
         names = handle.param_names  # type: ignore[attr-defined]
         with torch.no_grad():
-            out = torch.func.functional_call(handle.module, dict(zip(names, params)), inputs)
-        if not isinstance(out, torch.Tensor):
-            raise TypeError(
-                f"{type(handle.module).__name__} returns {type(out).__name__}; the per-example "
-                "fallback only supports modules that return one tensor"
-            )
-        return out
+            args, kwargs = call.rebuild(inputs)
+            out = torch.func.functional_call(handle.module, dict(zip(names, params)), args,
+                                             kwargs)
+        leaves, call.out_spec = _pytree.tree_flatten(out)
+        call.out_leaves = leaves
+        call.out_tensor_index = [k for k, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
+        outs = tuple(leaves[k] for k in call.out_tensor_index)
+        ctx.differentiable = [x.is_floating_point() and x.dim() >= 1
+                              and x.shape[0] == call.batch for x in outs]
+        ctx.mark_non_differentiable(*(x for x, d in zip(outs, ctx.differentiable) if not d))
+        ctx.save_for_backward(*inputs, *(x for x, d in zip(outs, ctx.differentiable) if d))
+        ctx.n_inputs = n_inputs
+        return outs
 
     @staticmethod
-    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:
-        inputs = ctx.saved_tensors
+    def backward(ctx: Any, *grad_outs: torch.Tensor | None) -> tuple[Any, ...]:
+        from torch.utils import _pytree
+
+        saved = ctx.saved_tensors
+        inputs, outputs = saved[:ctx.n_inputs], saved[ctx.n_inputs:]
         handle: LayerHandle = ctx.handle
+        call: _FallbackCall = ctx.call
         module = handle.module
         names: list[str] = handle.param_names  # type: ignore[attr-defined]
         params = tuple(p.detach() for p in handle.param_objects)  # type: ignore[attr-defined]
         float_mask = [x.is_floating_point() for x in inputs]
+        grads = tuple(g if g is not None else torch.zeros_like(o) for g, o in
+                      zip((g for g, d in zip(grad_outs, ctx.differentiable) if d), outputs))
+        tensor_index = call.out_tensor_index
+        differentiable = ctx.differentiable
 
         def one_example(params_: tuple[torch.Tensor, ...], float_inputs: tuple[torch.Tensor, ...],
-                        other_inputs: tuple[torch.Tensor, ...], g: torch.Tensor) -> Any:
-            def f(ps: tuple[torch.Tensor, ...], fx: tuple[torch.Tensor, ...]) -> torch.Tensor:
+                        other_inputs: tuple[torch.Tensor, ...],
+                        g: tuple[torch.Tensor, ...]) -> Any:
+            def f(ps: tuple[torch.Tensor, ...],
+                  fx: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
                 fi, oi = iter(fx), iter(other_inputs)
-                full = tuple((next(fi) if flt else next(oi)).unsqueeze(0) for flt in float_mask)
-                return torch.func.functional_call(module, dict(zip(names, ps)), full).squeeze(0)
+                full = [(next(fi) if flt else next(oi)).unsqueeze(0) for flt in float_mask]
+                args, kwargs = call.rebuild(full)
+                out = torch.func.functional_call(module, dict(zip(names, ps)), args, kwargs)
+                leaves = _pytree.tree_flatten(out)[0]
+                tensors = [leaves[k] for k in tensor_index]
+                return tuple(t.squeeze(0) for t, d in zip(tensors, differentiable) if d)
 
-            _, vjp_fn = torch.func.vjp(f, params_, float_inputs)
-            return vjp_fn(g)
+            out, vjp_fn = torch.func.vjp(f, params_, float_inputs)
+            return vjp_fn(g), out
 
         float_inputs = tuple(x for x, flt in zip(inputs, float_mask) if flt)
         other_inputs = tuple(x for x, flt in zip(inputs, float_mask) if not flt)
         handle.bypass = True  # type: ignore[attr-defined]
         try:
-            grad_params, grad_inputs = torch.func.vmap(
+            (grad_params, grad_inputs), recomputed = torch.func.vmap(
                 one_example, in_dims=(None, 0, 0, 0), randomness="error"
-            )(params, float_inputs, other_inputs, grad_out)
+            )(params, float_inputs, other_inputs, grads)
         finally:
             handle.bypass = False  # type: ignore[attr-defined]
-        b = grad_out.shape[0]
+        for again, original in zip(recomputed, outputs):
+            tol = 1e-9 if original.dtype == torch.float64 else 1e-3
+            if again.shape != original.shape or not torch.allclose(
+                    again, original, rtol=tol, atol=tol * float(original.abs().max().clamp_min(1))):
+                raise ValueError(
+                    f"the per-example fallback for {type(module).__name__} recomputed each "
+                    "example alone and got another output than the batched forward: an "
+                    "argument has the batch size in dimension 0 without being batched, or "
+                    "examples interact (the batch must be dimension 0 of every batched "
+                    "argument, and examples must not mix)"
+                )
+        b = call.batch
         scale = handle.scale_of(b)
-        grads = {}
+        per_param = {}
         for p, gp in zip(handle.param_objects, grad_params):  # type: ignore[attr-defined]
             if p.requires_grad:
-                grads[id(p)] = (p, gp * scale if scale != 1.0 else gp)
-        handle.record(PerExampleUsage(grads, b))
+                per_param[id(p)] = (p, gp * scale if scale != 1.0 else gp)
+        handle.record(PerExampleUsage(per_param, b))
         gi_iter = iter(grad_inputs)
         input_grads = []
-        for x, flt, needs in zip(inputs, float_mask, ctx.needs_input_grad[2:]):
+        for flt, needs in zip(float_mask, ctx.needs_input_grad[3:]):
             gi = next(gi_iter) if flt else None
             input_grads.append(gi if needs else None)
-        return (None, None, *input_grads, *([None] * len(names)))
+        return (None, None, None, *input_grads, *([None] * len(names)))
 
 
 def _any_trainable(params: Sequence[nn.Parameter | None]) -> bool:
@@ -444,12 +524,16 @@ def patch_module(module: nn.Module, kind: str, handle: LayerHandle) -> None:
                     or not torch.is_grad_enabled()
                     or not _any_trainable(handle.param_objects)):  # type: ignore[attr-defined]
                 return original(*args, **kwargs)
-            if kwargs or not all(isinstance(a, torch.Tensor) for a in args):
-                raise TypeError(
-                    f"the per-example fallback for {type(module).__name__} only supports "
-                    "positional tensor arguments with the batch in dimension 0"
-                )
-            return _FallbackFn.apply(handle, len(args), *args, *handle.param_objects)  # type: ignore[attr-defined]
+            from torch.utils import _pytree
+
+            call = _FallbackCall(args, kwargs)
+            inputs = call.inputs()
+            outs = _FallbackFn.apply(handle, call, len(inputs), *inputs,
+                                     *handle.param_objects)  # type: ignore[attr-defined]
+            leaves = list(call.out_leaves)
+            for k, t in zip(call.out_tensor_index, outs):
+                leaves[k] = t
+            return _pytree.tree_unflatten(leaves, call.out_spec)
     else:  # pragma: no cover - internal
         raise AssertionError(kind)
     module.forward = forward  # type: ignore[method-assign]
