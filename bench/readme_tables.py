@@ -79,6 +79,25 @@ def speed_table() -> str:
     return "\n".join(lines) + "\n"
 
 
+def _pld_lead() -> str:
+    """", against {lo}-{hi}x in this run": dp_accounting's PLD time / dpsharp.pld's over the T
+    sweep of speed.json (computed, so the sentence cannot go stale)."""
+    path = RESULTS / "speed" / "speed.json"
+    if not path.exists():
+        return ""
+    ratios = json.loads(path.read_text())["sweeps"]["T"]["ratio_to_dpsharp_pld"]
+    values = [r for r in ratios.get("dp_accounting.pld(interval=0.001)", []) if r is not None]
+    if not values:
+        return ""
+    return f", against {min(values):.2g}-{max(values):.2g}x in this run"
+
+
+def _budget() -> str:
+    path = RESULTS / "speed" / "speed.json"
+    seconds = json.loads(path.read_text()).get("budget_seconds") if path.exists() else None
+    return f"{seconds:g} s" if seconds is not None else "see speed.json"
+
+
 def training_table() -> str:
     path = RESULTS / "training_speed.md"
     if not path.exists():
@@ -101,7 +120,9 @@ def section() -> str:
              "are dpsharp's own, with an a-priori round-off bound proven from the floating-point "
              "model (python/dpsharp/accountants/_pld_numerics.py) and not yet vectorised; with "
              "pocketfft's transforms, whose round-off was only measured, and a grid twice as "
-             "coarse, the lead over dp_accounting's PLD was 32-72x instead of 4-8x.",
+             f"coarse, the lead over dp_accounting's PLD was 32-72x{_pld_lead()}. A '-' was "
+             "not timed: a smaller T already took longer than the run's budget per call "
+             f"({_budget()}).",
              "", speed_table()]
     training = training_table()
     if training:

@@ -649,6 +649,23 @@ def test_tradeoff_figure_says_which_curve_it_leaves_out(tmp_path: Path) -> None:
     legend = [text.get_text() for text in axes.get_legend().get_texts()]
     assert any("not drawn" in text and f"{mu:.3g}" in text for text in legend), legend
 
+    # without sampling, 10 steps at sigma 2 are exactly G_mu, mu = sqrt(10)/2 (drawn), and the
+    # (epsilon, delta) curves have epsilon > 7: their corner alpha = beta = (1 - delta) /
+    # (1 + e^epsilon) < 6e-4 lies on the axes, so they are named, not drawn
+    plots.tradeoff_curves = spy  # type: ignore[assignment]
+    try:
+        data = write_tradeoff_figure(DPSGDRun(100, 100, 10, 2.0), 1e-5, tmp_path / "q1.png")
+    finally:
+        plots.tradeoff_curves = original  # type: ignore[assignment]
+    axes = captured["figure"].axes[0]
+    drawn = [line.get_label() for line in axes.get_lines() if len(line.get_xdata())]
+    assert any("certified mu = 1.58" in label for label in drawn)
+    corner = (1 - 1e-5) / (1 + math.exp(data["epsilon_pld"]))
+    assert data["epsilon_pld"] > 7 and corner < 6e-4
+    assert not any("-DP" in label for label in drawn)
+    legend = [text.get_text() for text in axes.get_legend().get_texts()]
+    assert sum("-DP" in text and "not drawn, on the axes" in text for text in legend) == 2
+
 
 def test_precision_figure_gives_every_series_its_own_colour_and_marker() -> None:
     pytest.importorskip("matplotlib")

@@ -404,7 +404,8 @@ def write_tradeoff_figure(
 
     Where the certified mu is not informative (:func:`gdp_mu_is_informative`: for a
     Poisson-subsampled run it is sqrt(T)/sigma and G_mu would lie on the axes) it is not drawn,
-    and a line of the legend says so with its value.
+    and a line of the legend says so with its value; so is any other curve that lies on the
+    axes (:data:`dpsharp.plots.ON_AXES`).
     """
     from dpsharp import plots
 

@@ -128,6 +128,11 @@ def _auto_scale(columns: list[Any]) -> str:
     return "linear"
 
 
+#: :func:`tradeoff_curves` leaves out (and names in the legend) a curve other than the first
+#: whose every point lies this close to an axis: min(alpha, beta) < ON_AXES at every alpha.
+ON_AXES = 0.005
+
+
 def tradeoff_curves(
     curves: Mapping[str, Any],
     *,
@@ -158,7 +163,9 @@ def tradeoff_curves(
     -------
     matplotlib.figure.Figure
         One square axes with the identity line (perfect privacy, ``gid="identity"``) and one
-        line per curve with ``gid`` = its label; the first curve is drawn on top.
+        line per curve with ``gid`` = its label; the first curve is drawn on top. A curve
+        after the first that lies on the axes (:data:`ON_AXES`) is not drawn; its legend entry
+        says so.
     """
     alphas = require_real_array("alphas", alphas)
     if np.any((alphas < 0.0) | (alphas > 1.0)):
@@ -166,10 +173,18 @@ def tradeoff_curves(
     figure = _new_figure(5.6, 5.6)
     axes = figure.add_subplot()
     axes.plot([0.0, 1.0], [1.0, 0.0], color="0.7", linewidth=0.8, gid="identity", label="_perfect privacy")
+    not_drawn = list(not_drawn)
     for index, (label, betas) in enumerate(curves.items()):
+        betas = np.asarray(betas, dtype=float)
+        if index > 0 and float(np.max(np.minimum(alphas, betas))) < ON_AXES:
+            # within ON_AXES of the axes everywhere (an (epsilon, delta) curve of epsilon >= 5.3,
+            # whose corner is alpha = beta = (1 - delta) / (1 + e^epsilon); G_mu of a large mu),
+            # it would be indistinguishable from the axes and read as a statement: named instead
+            not_drawn.append(f"{label}: not drawn, on the axes")
+            continue
         # the first curve (the composition's own) is drawn on top, thicker, so that curves that
         # coincide with it (a good CLT approximation) do not hide it
-        axes.plot(alphas, np.asarray(betas, dtype=float), label=label, gid=label,
+        axes.plot(alphas, betas, label=label, gid=label,
                   linewidth=2.6 if index == 0 else 1.4, zorder=3 if index == 0 else 2,
                   alpha=0.8 if index == 0 else 1.0)
     axes.set_xlim(0.0, 1.0)
