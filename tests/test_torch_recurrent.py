@@ -237,6 +237,20 @@ def test_same_outputs_and_state_dicts_both_ways(kind: str, batch_first: bool) ->
         for a, b in zip(state_dp if isinstance(state_dp, tuple) else (state_dp,),
                         state_plain if isinstance(state_plain, tuple) else (state_plain,)):
             torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+    # a given initial state (batch in dim 1 of h_0 / c_0, as nn's)
+    batch = x.shape[0] if batch_first else x.shape[1]
+    out_size = 3 if kind == "lstm_proj" else 4
+    h0 = torch.randn(4, batch, out_size, dtype=torch.float64)
+    hx = (h0, torch.randn(4, batch, 4, dtype=torch.float64)) if kind.startswith("lstm") else h0
+    for inp in (x, packed):
+        out_plain, state_plain = plain(inp, hx)
+        out_dp, state_dp = private(inp, hx)
+        if inp is packed:
+            out_plain, out_dp = out_plain.data, out_dp.data
+        torch.testing.assert_close(out_dp, out_plain, rtol=0, atol=1e-12)
+        for a, b in zip(state_dp if isinstance(state_dp, tuple) else (state_dp,),
+                        state_plain if isinstance(state_plain, tuple) else (state_plain,)):
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
     # the DP module's state dict is nn's, key for key, and loads into a fresh nn module ...
     assert list(private.state_dict()) == list(plain.state_dict())
     fresh = make_recurrent(kind, 3, 4, layers=2, bidirectional=True, batch_first=batch_first)
@@ -382,3 +396,17 @@ def test_float32_error_is_within_a_small_multiple_of_plain_float32_autograd(kind
     err_ours = max(float((ours[n] - reference64[n]).abs().max()) for n in reference64)
     err_plain = max(float((plain32[n] - reference64[n]).abs().max()) for n in reference64)
     assert err_ours <= 8 * err_plain, (err_ours, err_plain)
+
+
+def test_dropout_between_layers_is_kept_and_off_in_eval() -> None:
+    torch.manual_seed(10)
+    plain = nn.GRU(3, 4, num_layers=3, dropout=0.4, batch_first=True, dtype=torch.float64)
+    private = convert_recurrent(copy.deepcopy(plain))
+    assert private.dropout == 0.4 and private.training
+    x = torch.randn(5, 6, 3, dtype=torch.float64)
+    plain.eval()
+    private.eval()
+    torch.testing.assert_close(private(x)[0], plain(x)[0], rtol=0, atol=1e-12)
+    private.train()
+    assert not torch.allclose(private(x)[0], plain(x)[0])  # dropped units in training
+    assert private.to_torch().dropout == 0.4
