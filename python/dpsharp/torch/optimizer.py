@@ -171,9 +171,15 @@ class DPOptimizer(torch.optim.Optimizer):
             rule.bind(self.max_grad_norm, self._expected_batch_size)
             rule.gradient_noise_multiplier(self._noise_multiplier)  # 2 sigma_b > sigma?
         handled = {id(p) for p in clipper.parameters}
+        # Frozen parameters (requires_grad=False: a frozen base under LoRA adapters) may stay
+        # in the optimizer, as optimizer(model.parameters()) puts them there: they get no
+        # gradient, so the optimizer skips them; every release checks that this still holds.
+        self._frozen_params: list[torch.Tensor] = []
         for group_index, group in enumerate(optimizer.param_groups):
             for param in group["params"]:
-                if id(param) not in handled:
+                if id(param) not in handled and not param.requires_grad:
+                    self._frozen_params.append(param)
+                elif id(param) not in handled:
                     raise ValueError(
                         f"optimizer.param_groups[{group_index}] holds a parameter of shape "
                         f"{tuple(param.shape)} that is not a trainable parameter of the private "
@@ -373,6 +379,13 @@ class DPOptimizer(torch.optim.Optimizer):
         return None
 
     def _release_and_step(self) -> None:
+        for param in self._frozen_params:
+            if param.requires_grad or param.grad is not None:
+                raise RuntimeError(
+                    f"a parameter of shape {tuple(param.shape)} was frozen when the model was "
+                    "made private and now has requires_grad=True or a gradient; its gradient "
+                    "is not clipped or noised. Unfreeze parameters before make_private"
+                )
         # Validated before the charge: a sigma the count's noise leaves no room for is refused
         # before anything is charged or released.
         gradient_sigma = self.gradient_noise_multiplier
