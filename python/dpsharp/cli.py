@@ -612,7 +612,7 @@ def _add_audit_command(commands: Any) -> None:
     audit.add_argument("--canary-type", choices=("gradient", "input"), default="gradient",
                        help="white-box gradient canaries, or input-space canaries scored from "
                        "the final model only (black-box; weaker) (default gradient)")
-    audit.add_argument("--confidence", type=_finite_float, default=0.95,
+    audit.add_argument("--confidence", type=_finite_float, default=0.95, metavar="P",
                        help="confidence of the lower bound, in (0, 1) (default 0.95)")
     audit.add_argument("--delta", type=_delta, default=1e-5, help="delta (default 1e-5)")
     audit.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
