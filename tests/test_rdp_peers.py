@@ -84,7 +84,10 @@ def test_curves_match_dp_accounting_on_integer_orders() -> None:
 @pytest.mark.parametrize(("q", "sigma", "steps"), [(0.01, 4.0, 10000), (0.001, 0.6, 50000)])
 def test_default_orders_match_dp_accounting_where_it_converges(q: float, sigma: float, steps: int) -> None:
     dp_accounting = pytest.importorskip("dp_accounting")
-    orders = [o for o in DEFAULT_ORDERS if o <= 512]
+    # dp-accounting's fractional-order series is off by ~2e-4 relative at orders such as 3.9
+    # (test_peer_fractional_orders_are_off), where the default grid's optimum can lie now:
+    # compare on the integer orders, where its binomial sum is exact
+    orders = [o for o in DEFAULT_ORDERS if o <= 512 and o == int(o)]
     theirs = dp_accounting.rdp.RdpAccountant(orders)
     theirs.compose(dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), steps)
     ours = RDPAccountant(orders).compose(PoissonSampled(Gaussian(sigma), q), steps)

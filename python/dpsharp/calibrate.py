@@ -3,14 +3,20 @@ rate that meets a target (epsilon, delta).
 
 Each function composes the run it is asked about (``steps`` times ``PoissonSampled(Gaussian(
 sigma), q)`` by default, ``Gaussian(sigma)`` when q = 1, or the events a caller's ``event``
-function builds) into a fresh accountant, reads the accountant's ``epsilon(delta)`` (its
-certified upper bound) and solves with Brent's method (``scipy.optimize.brentq``) in log space.
+function builds) into a fresh accountant and reads the accountant's ``epsilon(delta)`` (its
+certified upper bound). The default accountant is the tight one (``"pld"``): the RDP
+accountant's conversion asks for 3-8% more noise for the same target.
 
-Guarantee (conservative): the returned value achieves epsilon <= target, and for the
-continuous parameters (noise multiplier, sampling rate) also epsilon >= target * (1 - rtol)
-(default rtol = 1e-3): Brent is aimed at target * (1 - rtol/2), the middle of that window,
-and the answer is checked, moved in the safe direction if rounding left it outside, and an
-error is raised if that fails. Steps are integers: the largest count whose epsilon fits.
+Continuous parameters (noise multiplier, sampling rate) are solved in log space on
+log epsilon, which is close to linear there: the bracket grows by secant steps (at most a
+factor 16 each), then the Illinois variant of regula falsi (Dowell and Jarratt 1971) with a
+bisection fallback narrows it, and the search stops at the first value whose epsilon lies in
+the window [target (1 - rtol), target] (default rtol = 1e-4). Each parameter value is
+evaluated once (a cache): typically 5-8 accountant evaluations.
+
+Guarantee (conservative): the returned value is one whose epsilon was evaluated and found
+<= target (and >= target (1 - rtol) for the continuous parameters); an error is raised if the
+search cannot find one. Steps are integers: the largest count whose epsilon fits.
 An unreachable target raises ValueError saying why.
 
 An answer that is not a proven bound is refused: whether it is comes from the configured
@@ -28,8 +34,6 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
-
-from scipy.optimize import brentq
 
 from dpsharp._validation import (
     require_count,
@@ -91,8 +95,20 @@ class _Problem:
         self.event = event or _default_event
         self.allow_approximation = allow_approximation
         self._logged = False
+        self._cache: dict[tuple[float, float, int], float] = {}
+        #: Accountant evaluations made (distinct parameter values).
+        self.evaluations = 0
 
     def epsilon(self, noise: float, q: float, count: int) -> float:
+        """epsilon(delta) of ``count`` events at (noise, q); each distinct value computed once."""
+        key = (noise, q, count)
+        value = self._cache.get(key)
+        if value is None:
+            value = self._cache[key] = self._evaluate(noise, q, count)
+            self.evaluations += 1
+        return value
+
+    def _evaluate(self, noise: float, q: float, count: int) -> float:
         acc = self.factory()
         if not isinstance(acc, Accountant):
             raise TypeError(f"the accountant factory returned {acc!r}, not a dpsharp Accountant")
@@ -131,31 +147,116 @@ def _check_target(epsilon: float, delta: float, rtol: float) -> tuple[float, flo
     epsilon = require_positive_finite("epsilon", epsilon)
     delta = require_delta(delta)
     rtol = require_real("rtol", rtol)
-    if not 0.0 < rtol < 0.5:
-        raise ValueError(f"rtol must be in (0, 0.5), got {rtol!r}")
+    if not 1e-12 <= rtol < 0.5:
+        raise ValueError(f"rtol must be in [1e-12, 0.5), got {rtol!r}")
     return epsilon, delta, rtol
 
 
 def _solve_window(
-    eps_of: Callable[[float], float], lo: float, hi: float, target: float, rtol: float, *, increasing: bool
+    eps_of: Callable[[float], float],
+    start: float,
+    lo_limit: float,
+    hi_limit: float,
+    target: float,
+    rtol: float,
+    *,
+    increasing: bool,
+    unreachable: Callable[[], str],
+    nothing_to_do: Callable[[], str],
 ) -> float:
-    """x in [lo, hi] (log scale) with eps_of(x) in [target (1 - rtol), target], where eps_of is
-    monotone (``increasing`` in x or not) and eps_of(lo), eps_of(hi) bracket the window."""
+    """x in [lo_limit, hi_limit] with eps_of(x) in [target (1 - rtol), target], eps_of monotone
+    in x (``increasing`` or not). Works on y = log x against g(y) = log eps_of(e^y) - log aim,
+    aim = target (1 - rtol/2): bracket from ``start`` by secant steps clamped to a factor 16,
+    then Illinois regula falsi, bisection where a value is 0 or inf or the step stalls. Returns
+    the first evaluated x inside the window (or, if epsilon jumps across the window, the
+    nearest evaluated x below it, with a warning). ValueError with ``unreachable()`` if the
+    safe end of the range misses the target, with ``nothing_to_do()`` if the other end
+    already meets it.
+    """
+    floor = target * (1.0 - rtol)
     aim = target * (1.0 - 0.5 * rtol)
+    log_aim = math.log(aim)
+    sign = 1.0 if increasing else -1.0  # g grows with sign * y
+    y_lo_limit, y_hi_limit = math.log(lo_limit), math.log(hi_limit)
 
-    def gap(log_x: float) -> float:
-        value = eps_of(math.exp(log_x))
-        return min(value, 1e300) - aim
+    def g(y: float) -> float:
+        value = eps_of(math.exp(y))
+        if value <= 0.0:
+            return -math.inf
+        return math.log(value) - log_aim if math.isfinite(value) else math.inf
 
-    log_x = brentq(gap, math.log(lo), math.log(hi), xtol=1e-14, rtol=1e-15, maxiter=200)
-    x = math.exp(log_x)
-    # Rounding may leave x a hair on the wrong side: move towards safety.
-    step = 1.0 + rtol / 64.0
-    for _ in range(256):
-        if eps_of(x) <= target:
-            return x
-        x = x / step if increasing else x * step
-    raise RuntimeError("calibration failed to reach the target; the accountant is not monotone")
+    def inside(y: float) -> bool:
+        value = eps_of(math.exp(y))
+        return floor <= value <= target
+
+    # ---- bracket: y_bad has g > 0 (too much epsilon), y_good has g < 0 (safe)
+    y = min(max(math.log(start), y_lo_limit), y_hi_limit)
+    gy = g(y)
+    if inside(y):
+        return math.exp(y)
+    y_prev, g_prev = None, None
+    y_bad = y_good = None
+    g_bad = g_good = 0.0
+    for _ in range(200):
+        if gy > 0.0:
+            y_bad, g_bad = y, gy
+        else:
+            y_good, g_good = y, gy
+        if y_bad is not None and y_good is not None:
+            break
+        # step towards the other side: secant on the last two points, clamped to [log 2, log 16]
+        direction = -sign if gy > 0.0 else sign
+        step = math.log(4.0)
+        if y_prev is not None and math.isfinite(gy) and math.isfinite(g_prev) and gy != g_prev:
+            secant = abs(gy * (y - y_prev) / (gy - g_prev)) * 1.5
+            step = min(max(secant, math.log(2.0)), math.log(16.0))
+        y_next = y + direction * step
+        limit = y_hi_limit if direction > 0 else y_lo_limit
+        if (direction > 0 and y >= y_hi_limit) or (direction < 0 and y <= y_lo_limit):
+            raise ValueError(unreachable() if gy > 0.0 else nothing_to_do())
+        y_next = min(y_next, limit) if direction > 0 else max(y_next, limit)
+        y_prev, g_prev = y, gy
+        y, gy = y_next, g(y_next)
+        if inside(y):
+            return math.exp(y)
+    else:  # pragma: no cover - the range is finite, so the loop ends by the limits
+        raise RuntimeError("calibration failed to bracket the target")
+    assert y_bad is not None and y_good is not None
+    # ---- narrow: Illinois regula falsi on [y_good, y_bad]
+    side = 0  # which end was kept last time (for the Illinois halving)
+    for _ in range(200):
+        finite = math.isfinite(g_bad) and math.isfinite(g_good)
+        if finite and g_bad != g_good:
+            y = y_good - g_good * (y_bad - y_good) / (g_bad - g_good)
+        else:
+            y = 0.5 * (y_good + y_bad)
+        width = abs(y_bad - y_good)
+        # keep the new point off the ends (regula falsi can creep along one of them)
+        lo_y, hi_y = min(y_good, y_bad), max(y_good, y_bad)
+        y = min(max(y, lo_y + 0.01 * width), hi_y - 0.01 * width)
+        if not lo_y < y < hi_y:
+            break
+        gy = g(y)
+        if inside(y):
+            return math.exp(y)
+        if gy > 0.0:
+            y_bad, g_bad = y, gy
+            if side == 1:
+                g_good *= 0.5
+            side = 1
+        else:
+            y_good, g_good = y, gy
+            if side == -1:
+                g_bad *= 0.5
+            side = -1
+    # The bracket collapsed without a value inside the window: epsilon jumps across it (an
+    # accountant whose answer is piecewise constant in the parameter). The safe end is still
+    # conservative (epsilon <= target); say that the window was missed.
+    logger.warning(
+        "calibration: epsilon jumps across [%.10g, %.10g] near %.10g; returning the nearest "
+        "value found below the window", floor, target, math.exp(y_good),
+    )
+    return math.exp(y_good)
 
 
 def noise_multiplier(
@@ -164,18 +265,19 @@ def noise_multiplier(
     *,
     steps: int,
     sampling_probability: float = 1.0,
-    accountant: AccountantSpec = "rdp",
-    rtol: float = 1e-3,
+    accountant: AccountantSpec = "pld",
+    rtol: float = 1e-4,
     event: EventFactory | None = None,
     allow_approximation: bool = False,
     require_certified: bool = True,
 ) -> float:
     """The noise multiplier sigma at which ``steps`` steps sampled at rate q are
-    (epsilon, delta)-DP by ``accountant``: epsilon(sigma) in [target (1 - rtol), target].
+    (epsilon, delta)-DP by ``accountant`` (default the tight accountant, ``"pld"``):
+    epsilon(sigma) in [target (1 - rtol), target], default rtol = 1e-4.
 
-    epsilon(sigma) decreases in sigma; Brent's method on log sigma in [1e-3, 1e6] (bracket
-    found by doubling). Raises ValueError if no sigma <= 1e6 reaches the target (e.g. a
-    delta below what the accountant can certify) or if even sigma = 1e-3 is private enough.
+    epsilon(sigma) decreases in sigma; the search runs on log sigma in [1e-3, 1e6] from
+    sigma = 1 (module docstring). Raises ValueError if no sigma <= 1e6 reaches the target (e.g.
+    a delta below what the accountant can certify) or if even sigma = 1e-3 is private enough.
     ``event(sigma, q)`` overrides the event that one step is (default PoissonSampled(Gaussian)).
     An approximate answer (module docstring) is refused unless ``allow_approximation=True``.
     """
@@ -188,25 +290,18 @@ def noise_multiplier(
     def eps_of(sigma: float) -> float:
         return problem.epsilon(sigma, q, count)
 
-    hi = 1.0
-    while eps_of(hi) > epsilon:
-        if hi >= _SIGMA_MAX:
-            raise ValueError(
-                f"target (epsilon={epsilon!r}, delta={delta!r}) is unreachable for steps={count}, "
-                f"q={q!r}: even noise_multiplier={_SIGMA_MAX:g} gives epsilon={eps_of(_SIGMA_MAX):.6g}"
-            )
-        hi = min(hi * 4.0, _SIGMA_MAX)
-    if eps_of(hi) >= epsilon * (1.0 - rtol):
-        return hi
-    lo = hi / 4.0 if hi > 1.0 else 1.0
-    while eps_of(lo) <= epsilon * (1.0 - 0.5 * rtol):
-        if lo <= _SIGMA_MIN:
-            raise ValueError(
-                f"target epsilon={epsilon!r} is met by every noise_multiplier >= {_SIGMA_MIN:g} "
-                f"(steps={count}, q={q!r}); there is nothing to calibrate"
-            )
-        lo = max(lo / 4.0, _SIGMA_MIN)
-    return _solve_window(eps_of, lo, hi, epsilon, rtol, increasing=False)
+    return _solve_window(
+        eps_of, 1.0, _SIGMA_MIN, _SIGMA_MAX, epsilon, rtol, increasing=False,
+        unreachable=lambda: (
+            f"target (epsilon={epsilon!r}, delta={delta!r}) is unreachable for steps={count}, "
+            f"q={q!r}: even noise_multiplier={_SIGMA_MAX:g} gives "
+            f"epsilon={eps_of(_SIGMA_MAX):.6g}"
+        ),
+        nothing_to_do=lambda: (
+            f"target epsilon={epsilon!r} is met by every noise_multiplier >= {_SIGMA_MIN:g} "
+            f"(steps={count}, q={q!r}); there is nothing to calibrate"
+        ),
+    )
 
 
 def sampling_probability(
@@ -215,15 +310,16 @@ def sampling_probability(
     *,
     noise_multiplier: float,
     steps: int,
-    accountant: AccountantSpec = "rdp",
-    rtol: float = 1e-3,
+    accountant: AccountantSpec = "pld",
+    rtol: float = 1e-4,
     event: EventFactory | None = None,
     allow_approximation: bool = False,
     require_certified: bool = True,
 ) -> float:
     """The largest sampling rate q in (0, 1] at which ``steps`` steps with noise multiplier
-    sigma are (epsilon, delta)-DP: 1.0 if q = 1 already fits, else epsilon(q) in
-    [target (1 - rtol), target]. Raises ValueError if not even q = 1e-12 fits."""
+    sigma are (epsilon, delta)-DP (default accountant ``"pld"``): 1.0 if q = 1 already fits,
+    else epsilon(q) in [target (1 - rtol), target]. Raises ValueError if not even q = 1e-12
+    fits."""
     epsilon, delta, rtol = _check_target(epsilon, delta, rtol)
     sigma = require_positive_finite("noise_multiplier", noise_multiplier)
     count = require_count("steps", steps, minimum=1)
@@ -235,17 +331,14 @@ def sampling_probability(
 
     if eps_of(1.0) <= epsilon:
         return 1.0
-    lo = 0.5
-    while eps_of(lo) > epsilon:
-        if lo <= _Q_MIN:
-            raise ValueError(
-                f"target (epsilon={epsilon!r}, delta={delta!r}) is unreachable with "
-                f"noise_multiplier={sigma!r} and steps={count}: even q={_Q_MIN:g} is too much"
-            )
-        lo = max(lo / 8.0, _Q_MIN)
-    if eps_of(lo) >= epsilon * (1.0 - rtol):
-        return lo
-    return min(1.0, _solve_window(eps_of, lo, 1.0, epsilon, rtol, increasing=True))
+    return min(1.0, _solve_window(
+        eps_of, 0.5, _Q_MIN, 1.0, epsilon, rtol, increasing=True,
+        unreachable=lambda: (
+            f"target (epsilon={epsilon!r}, delta={delta!r}) is unreachable with "
+            f"noise_multiplier={sigma!r} and steps={count}: even q={_Q_MIN:g} is too much"
+        ),
+        nothing_to_do=lambda: "q = 1 fits",  # excluded above
+    ))
 
 
 def steps(
@@ -254,7 +347,7 @@ def steps(
     *,
     noise_multiplier: float,
     sampling_probability: float = 1.0,
-    accountant: AccountantSpec = "rdp",
+    accountant: AccountantSpec = "pld",
     max_steps: int = 10**7,
     event: EventFactory | None = None,
     allow_approximation: bool = False,

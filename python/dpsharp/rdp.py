@@ -14,6 +14,7 @@ a valid (useless) bound, never a smaller number.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Literal
 
@@ -46,18 +47,28 @@ Conversion = Literal["tight", "classic"]
 #: Largest order accepted (the integer-order sum costs O(alpha)).
 MAX_ORDER = 1e6
 
-#: Default orders of :class:`dpsharp.RDPAccountant`. Dense (step 0.25) in (1, 8], where the
-#: optimal order of typical DP-SGD runs at delta ~ 1e-5 lies and where the conversion is most
-#: sensitive to the grid; every half/whole order up to 20; then roughly geometric up to 10^4 for
-#: small-epsilon / large-noise regimes (the optimal order grows like sqrt(log(1/delta)) / (q ...)).
+#: Default orders of :class:`dpsharp.RDPAccountant` (203 orders). Every tenth in [1.1, 10.9]
+#: and every quarter in [1.25, 8] (large epsilon: the optimal order is small and the answer is
+#: sensitive to the grid there), 1.05 (epsilon in the hundreds), every half in [11, 20], every
+#: integer in [21, 64], then roughly geometric up to 10^4 (small epsilon / large noise: the
+#: optimal order grows like sqrt(log(1/delta)) / (q ...)). A superset of the default orders of
+#: Opacus (1.1..10.9 by 0.1, 12..63), so this grid is never the looser one. An accountant
+#: evaluates only the orders its answer needs (:func:`search_orders`), so the length costs
+#: little.
 DEFAULT_ORDERS: tuple[float, ...] = tuple(
-    [1.1]
-    + [1.25 + 0.25 * i for i in range(28)]  # 1.25 ... 8.0
-    + [8.5, 9.0, 9.5, 10.0]
-    + [float(v) for v in range(11, 21)]
-    + [24.0, 28.0, 32.0, 40.0, 48.0, 56.0, 64.0, 80.0, 96.0, 128.0, 160.0, 192.0, 256.0, 384.0]
-    + [512.0, 768.0, 1024.0, 1536.0, 2048.0, 3072.0, 4096.0, 6144.0, 8192.0, 10000.0]
+    sorted(
+        {1.05}
+        | {1 + x / 10.0 for x in range(1, 100)}  # 1.1 ... 10.9
+        | {1.25 + 0.25 * i for i in range(28)}  # 1.25 ... 8.0
+        | {11.0 + 0.5 * i for i in range(19)}  # 11.0 ... 20.0
+        | {float(v) for v in range(21, 65)}
+        | {72.0, 80.0, 96.0, 112.0, 128.0, 160.0, 192.0, 224.0, 256.0, 320.0, 384.0, 448.0}
+        | {512.0, 640.0, 768.0, 1024.0, 1280.0, 1536.0, 2048.0, 2560.0, 3072.0, 4096.0}
+        | {5120.0, 6144.0, 8192.0, 10000.0}
+    )
 )
+
+_DEFAULT_ORDER_ARRAY = np.array(DEFAULT_ORDERS, dtype=np.float64)
 
 _CONVERSIONS = {"classic": 0, "tight": 1}
 
@@ -65,6 +76,8 @@ _CONVERSIONS = {"classic": 0, "tight": 1}
 def validate_orders(orders: OrdersLike, name: str = "orders") -> npt.NDArray[np.float64]:
     """``orders`` as a 1-d float64 array of finite values in (1, MAX_ORDER]: TypeError for
     anything but real numbers (a bool, a string, an array of either), ValueError if not."""
+    if orders is DEFAULT_ORDERS:
+        return _DEFAULT_ORDER_ARRAY.copy()
     array = np.array(require_real_array(name, orders), ndmin=1)
     if array.ndim != 1 or array.size == 0:
         raise ValueError(f"{name} must be a non-empty 1-d sequence of orders in (1, {MAX_ORDER:g}]")
@@ -225,3 +238,295 @@ def delta_from_rdp(
     kind = _CONVERSIONS[validate_conversion(conversion)]
     delta, index = _core.rdp_delta(order_array, rdp_array, epsilon, kind)
     return float(delta), float(order_array[index])
+
+
+# --------------------------------------------------------------------------- lazy evaluation
+# An (epsilon, delta) answer needs the curve only at the optimal order: every other order only
+# has to be shown to be no better. The fractional orders of the Poisson-subsampled Gaussian are
+# integrated numerically and cost 20-40x an integer order, so an accountant evaluates them (and
+# the large integer orders) only where the answer needs them. The log moment
+# K(alpha) = (alpha - 1) D_alpha = log E_{mu_0}[(mu / mu_0)^alpha] is convex in alpha (Hoelder;
+# it is a log-moment generating function), K(1) = 0 and K >= 0, so K is non-decreasing on
+# [1, inf); a composition's K is a sum of such curves, hence one too. Between evaluated orders
+# a convex K lies above the extensions of the chords of its neighbouring evaluated pairs (on
+# either side) and above its left neighbour's value: lower bounds on K, hence on the per-order
+# epsilon or log-delta, which are non-decreasing in D_alpha. An order whose lower bound is no
+# better than the best evaluated order is never evaluated: the minimum over the grid, and the
+# order where it is attained, are those of the full curve.
+
+# A finite stand-in for +inf in the per-order scores: arithmetic on infinities and NaNs takes a
+# slow path in the floating-point unit, and these arrays are small and hot.
+_NO_BOUND = 1e300
+
+# Relative allowance for the rounding of the bounds: evaluated values carry <= 1e-10 relative
+# error, which a chord extended past its points amplifies by (extension / chord length).
+_BOUND_SLACK = 1e-7
+
+# Fractional orders evaluated per round of search_orders for a few curves: a round's
+# bookkeeping costs about as much as two quadratures, and the optimum's neighbours are usually
+# open together (with many curves a round costs little next to its quadratures: one per round).
+_FRACTIONAL_PER_ROUND = 2
+
+
+class OrderPlan:
+    """Where an accountant evaluates the curves of a grid of orders.
+
+    ``points`` are the grid and anchor integers around each fractional order (floor - 1 ..
+    floor + 2: the chords of the convexity bounds); ``eager_at`` are the points evaluated as
+    soon as a curve is created: 2, 3 and every integer point up to the largest fractional
+    order + 2 (a binomial sum costs about a microsecond); the rest on demand.
+    """
+
+    def __init__(self, orders: npt.NDArray[np.float64]) -> None:
+        self.orders = orders
+        self.key = orders.tobytes()
+        fractional = orders[orders != np.floor(orders)]
+        base = np.floor(fractional)
+        anchors = np.concatenate([[2.0, 3.0], base - 1.0, base, base + 1.0, base + 2.0])
+        anchors = anchors[(anchors >= 2.0) & (anchors <= MAX_ORDER)]
+        #: Sorted evaluation points: the grid and the anchors.
+        self.points = np.union1d(orders, anchors)
+        #: Index of each grid order in :attr:`points`.
+        self.grid_at = np.searchsorted(self.points, orders)
+        reach = float(base.max()) + 2.0 if base.size else 3.0
+        integer = self.points == np.floor(self.points)
+        #: Points evaluated at once.
+        self.eager_at = np.flatnonzero(integer & (self.points <= reach))
+        #: Whether each grid order is an integer (cheap to evaluate).
+        self.grid_integer = integer[self.grid_at]
+        self.points_minus_one = self.points - 1.0
+        # per-order constants of the conversions (per_order_score)
+        self.am1 = orders - 1.0
+        self.inv_am1 = 1.0 / self.am1
+        self.log_order = np.log(orders)
+        above = orders > 1.01  # the tight bounds hold above 1.01 only
+        log1p_minus_inv = np.log1p(-1.0 / orders)
+        #: log1p(-1/alpha) - log(alpha)/(alpha - 1), or _NO_BOUND
+        self.tight_offset = np.where(
+            above, log1p_minus_inv - self.log_order * self.inv_am1, _NO_BOUND
+        )
+        self.log1p_minus_inv = np.where(above, log1p_minus_inv, _NO_BOUND)
+
+
+_PLANS: dict[bytes, OrderPlan] = {}
+
+
+def order_plan(orders: npt.NDArray[np.float64]) -> OrderPlan:
+    """The (cached) :class:`OrderPlan` of validated ``orders``."""
+    key = orders.tobytes()
+    plan = _PLANS.get(key)
+    if plan is None:
+        if len(_PLANS) >= 64:
+            _PLANS.clear()
+        plan = _PLANS[key] = OrderPlan(np.array(orders, dtype=np.float64))
+    return plan
+
+
+class LazyPoissonGaussianCurve:
+    """D_alpha of the Poisson-subsampled Gaussian (:func:`poisson_gaussian_rdp`) at the points
+    of an :class:`OrderPlan`, computed on demand (``plan.eager_at`` at once, the rest when
+    :meth:`ensure` asks for them). Unknown values are NaN."""
+
+    __slots__ = ("q", "sigma", "plan", "values", "floor")
+
+    def __init__(
+        self, sampling_probability: float, noise_multiplier: float, plan: OrderPlan
+    ) -> None:
+        self.q = require_probability("sampling_probability", sampling_probability)
+        self.sigma = require_positive_finite("noise_multiplier", noise_multiplier)
+        self.plan = plan
+        self.values = np.full(plan.points.size, np.nan)
+        #: A lower bound on D_alpha at every order: D_alpha >= KL >= 2 TV^2 (Renyi divergences
+        #: grow with the order, van Erven and Harremoes 2014, Thm 3; Pinsker's inequality), with
+        #: TV = q TV(N(1, sigma^2), N(0, sigma^2)) = q erf(1 / (2 sqrt(2) sigma)) the total
+        #: variation of the mixture (1-q) N(0, sigma^2) + q N(1, sigma^2) from N(0, sigma^2).
+        self.floor = 2.0 * (self.q * math.erf(1.0 / (2.0 * math.sqrt(2.0) * self.sigma))) ** 2
+        self._evaluate(plan.eager_at)
+
+    def _evaluate(self, index: npt.NDArray[np.intp]) -> None:
+        if index.size:
+            points = self.plan.points[index]
+            self.values[index] = _core.rdp_poisson_gaussian(self.q, self.sigma, points)
+
+    def ensure(self, index: npt.NDArray[np.intp]) -> None:
+        """Evaluate the points ``index`` (indices into plan.points) not evaluated yet."""
+        self._evaluate(index[np.isnan(self.values[index])])
+
+    def grid(self) -> npt.NDArray[np.float64]:
+        """D_alpha at every grid order (evaluating what is missing)."""
+        self.ensure(self.plan.grid_at)
+        return self.values[self.plan.grid_at]
+
+
+# Curves already evaluated, shared by every accountant of the process (the values are functions
+# of (q, sigma, order) alone): a fresh accountant over events seen before (a calibration that
+# revisits a noise level, an adapter that rebuilds its accountant per query) reuses them.
+_CURVE_CACHE: dict[tuple[float, float, bytes], LazyPoissonGaussianCurve] = {}
+_CURVE_CACHE_SIZE = 4096
+
+
+def lazy_poisson_gaussian_curve(
+    sampling_probability: float, noise_multiplier: float, plan: OrderPlan
+) -> LazyPoissonGaussianCurve:
+    """The process-wide :class:`LazyPoissonGaussianCurve` of (q, sigma) on ``plan``."""
+    key = (sampling_probability, noise_multiplier, plan.key)
+    curve = _CURVE_CACHE.get(key)
+    if curve is None:
+        curve = LazyPoissonGaussianCurve(sampling_probability, noise_multiplier, plan)
+        if len(_CURVE_CACHE) >= _CURVE_CACHE_SIZE:
+            _CURVE_CACHE.clear()
+        _CURVE_CACHE[key] = curve
+    return curve
+
+
+def clear_curve_cache() -> None:
+    """Forget every cached curve (benchmarks of the first evaluation use this)."""
+    _CURVE_CACHE.clear()
+
+
+def convex_lower_bound(
+    points: npt.NDArray[np.float64],
+    log_moment: npt.NDArray[np.float64],
+    at: npt.NDArray[np.float64],
+) -> npt.NDArray[np.float64]:
+    """A lower bound on a convex, non-decreasing K with K(1) = 0 at the orders ``at`` (each
+    > 1 and not in ``points``), from its finite values ``log_moment`` at the sorted ``points``
+    (each > 1):
+
+    K(x) >= max{ K(l0), K(l0) + s(l1, l0) (x - l0), K(r0) - s(r0, r1) (r0 - x) },
+
+    with l1 < l0 < x < r0 < r1 the neighbouring points (1 counts as a point with K = 0) and
+    s(a, b) the chord slope (K(b) - K(a)) / (b - a): by convexity the chord of [l1, l0]
+    extended to the right and the chord of [r0, r1] extended to the left lie below K. A
+    missing neighbour contributes nothing.
+    """
+    # padded with (0, 0) and (1, 0) on the left (a slope-0 chord: its term is K(l0) >= 0) and
+    # two copies of the last value on the right (no chord: masked); all arithmetic stays finite
+    last = float(log_moment[-1]) if points.size else 0.0
+    top = max(float(points[-1]) if points.size else 1.0, float(at.max())) + 1.0
+    known_x = np.concatenate(((0.0, 1.0), points, (top, top + 1.0)))
+    known_k = np.concatenate(((0.0, 0.0), log_moment, (last, last)))
+    right = np.searchsorted(known_x, at)  # known_x[right - 1] < at < known_x[right]
+    left = right - 1
+    x_l0, k_l0 = known_x[left], known_k[left]
+    x_r0, k_r0 = known_x[right], known_k[right]
+    from_left = k_l0 + (k_l0 - known_k[left - 1]) / (x_l0 - known_x[left - 1]) * (at - x_l0)
+    from_right = k_r0 - (known_k[right + 1] - k_r0) / (known_x[right + 1] - x_r0) * (x_r0 - at)
+    from_right = np.where(right + 1 < known_x.size - 2, from_right, 0.0)
+    return np.maximum(np.maximum(k_l0, from_left), from_right)
+
+
+def per_order_score(
+    plan: OrderPlan, index: npt.NDArray[np.intp], rdp: npt.NDArray[np.float64], target: float,
+    kind: int, *, want_delta: bool,
+) -> npt.NDArray[np.float64]:
+    """The per-order epsilon (``want_delta=False``, ``target`` = delta) or log delta
+    (``target`` = epsilon) of the conversions of :func:`epsilon_from_rdp` /
+    :func:`delta_from_rdp` at the grid orders ``plan.orders[index]``, before the minimum over
+    orders, for finite ``rdp``; non-decreasing in each D_alpha. Used only to decide which
+    orders need not be evaluated (the reported answer comes from the compiled conversion)."""
+    if not want_delta:
+        log_delta = math.log(target)
+        if kind == 0:
+            return rdp - log_delta * plan.inv_am1[index]
+        # below the KL threshold (delta^2 + expm1(-D) > 0) the order certifies epsilon = 0
+        score = rdp + plan.tight_offset[index] - log_delta * plan.inv_am1[index]
+        return np.where(rdp < -math.log1p(-target * target), 0.0, score)
+    if kind == 0:
+        return plan.am1[index] * (rdp - target)
+    with np.errstate(divide="ignore"):
+        kl = 0.5 * np.log1p(-np.exp(-rdp))  # -inf at D = 0
+    bound = plan.am1[index] * (rdp - target + plan.log1p_minus_inv[index]) - plan.log_order[index]
+    return np.fmin(kl, bound)
+
+
+CurveTerm = tuple[int, "LazyPoissonGaussianCurve | npt.NDArray[np.float64]"]
+
+
+def search_orders(
+    plan: OrderPlan, terms: Sequence[CurveTerm], target: float, kind: int, *, want_delta: bool
+) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.float64]]:
+    """The grid orders an (epsilon, delta) answer needs, and the composed curve there.
+
+    ``terms`` are (count, curve) pairs in a canonical order: a curve is either an array over the
+    grid or a :class:`LazyPoissonGaussianCurve`. Returns a mask over the grid and the composed
+    D_alpha = sum count * curve at the masked orders (summed in the order of ``terms``, so
+    equal to the full curve there). Every unmasked order is proven (convexity bounds, module
+    notes above) to give an epsilon (``want_delta=False``, ``target`` = delta) or log delta
+    (``target`` = epsilon) no smaller than the best masked one, so the minimum over the masked
+    orders is the minimum over the grid. Each round evaluates, in every lazy curve, the open
+    integer orders (cheap binomial sums), or if there are none the few open fractional orders
+    with the smallest lower bounds.
+    """
+    lazy = [(count, curve) for count, curve in terms if isinstance(curve, LazyPoissonGaussianCurve)]
+    grid_at = plan.grid_at
+    fixed = np.zeros(plan.orders.size)
+    for count, curve in terms:
+        if not isinstance(curve, LazyPoissonGaussianCurve):
+            fixed = fixed + count * curve
+    floor = math.fsum(count * curve.floor for count, curve in lazy)
+    while True:
+        known_points = ~np.isnan(lazy[0][1].values) if lazy else np.ones(plan.points.size, bool)
+        for _, curve in lazy[1:]:
+            known_points &= ~np.isnan(curve.values)
+        known = known_points[grid_at]
+        at_known = grid_at[known]
+        total = np.zeros(at_known.size)
+        for count, curve in terms:
+            if isinstance(curve, LazyPoissonGaussianCurve):
+                total = total + count * curve.values[at_known]
+            else:
+                total = total + count * curve[known]
+        unknown = np.flatnonzero(~known)
+        if unknown.size == 0:
+            return known, total
+        finite = np.isfinite(total)
+        scores = per_order_score(
+            plan, np.flatnonzero(known)[finite], total[finite], target, kind, want_delta=want_delta
+        )
+        best = float(scores.min()) if scores.size else math.inf
+        if (best <= 0.0 and not want_delta) or best == -math.inf:
+            return known, total  # nothing beats a zero epsilon / a zero delta
+        at_points = np.flatnonzero(known_points)
+        log_moment = np.zeros(at_points.size)
+        for count, curve in lazy:  # bounds only: any order of summation
+            log_moment += count * curve.values[at_points]
+        usable = np.isfinite(log_moment)  # a failed (+inf) evaluation bounds nothing
+        at_points = at_points[usable]
+        log_moment = log_moment[usable] * plan.points_minus_one[at_points]
+        at = plan.orders[unknown]
+        lower_k = convex_lower_bound(plan.points[at_points], log_moment, at)
+        lower_rdp = np.maximum(lower_k * plan.inv_am1[unknown], floor) + fixed[unknown]
+        bounded = np.isfinite(lower_rdp)  # an order where a fixed curve is +inf: never better
+        lower = np.full(unknown.size, _NO_BOUND)
+        lower[bounded] = per_order_score(
+            plan, unknown[bounded], lower_rdp[bounded], target, kind, want_delta=want_delta
+        )
+        slack = _BOUND_SLACK * np.abs(lower_rdp) * (plan.am1[unknown] if want_delta else 1.0)
+        open_ = np.flatnonzero(lower - np.where(bounded, slack, 0.0) < best)
+        if open_.size == 0:
+            return known, total
+        candidates = unknown[open_]
+        cheap = candidates[plan.grid_integer[candidates]]
+        if cheap.size:  # every open integer order at once (about a microsecond each)
+            index = grid_at[cheap]
+        else:  # the fractional orders with the smallest lower bounds
+            # with many curves a round is cheap next to its quadratures: one order per round
+            per_round = _FRACTIONAL_PER_ROUND if len(lazy) <= 4 else 1
+            index = grid_at[candidates[np.argsort(lower[open_])[:per_round]]]
+        for _, curve in lazy:
+            curve.ensure(index)
+
+
+def convert_found(
+    orders: npt.NDArray[np.float64], rdp: npt.NDArray[np.float64], target: float, kind: int,
+    *, want_delta: bool,
+) -> tuple[float, float]:
+    """:func:`epsilon_from_rdp` / :func:`delta_from_rdp` (by ``want_delta``) of a curve that
+    :func:`search_orders` returned (already valid: no second validation); returns (value,
+    optimal order)."""
+    if want_delta:
+        value, index = _core.rdp_delta(orders, rdp, target, kind)
+    else:
+        value, index = _core.rdp_epsilon(orders, rdp, target, kind)
+    return float(value), float(orders[index])

@@ -109,7 +109,10 @@ class RDPAccountant(Accountant):
         super().__init__(neighbouring=neighbouring)
         self._orders = _rdp.validate_orders(_rdp.DEFAULT_ORDERS if orders is None else orders)
         self._conversion = _rdp.validate_conversion(conversion)
-        self._curves: dict[Event, npt.NDArray[np.float64]] = {}
+        self._plan = _rdp.order_plan(self._orders)
+        # A leaf's curve over the orders; PoissonSampled(Gaussian) curves are evaluated lazily
+        # (fractional orders only where an answer needs them: dpsharp.rdp.search_orders).
+        self._curves: dict[Event, npt.NDArray[np.float64] | _rdp.LazyPoissonGaussianCurve] = {}
 
     @property
     def orders(self) -> npt.NDArray[np.float64]:
@@ -128,7 +131,12 @@ class RDPAccountant(Accountant):
     def _on_compose(self, leaves: list[tuple[Event, int]]) -> None:
         for leaf, _ in leaves:
             if leaf not in self._curves:
-                self._curves[leaf] = self._leaf_curve(leaf)
+                if isinstance(leaf, PoissonSampled) and isinstance(leaf.event, Gaussian):
+                    self._curves[leaf] = _rdp.lazy_poisson_gaussian_curve(
+                        leaf.sampling_probability, leaf.event.noise_multiplier, self._plan
+                    )
+                else:
+                    self._curves[leaf] = self._leaf_curve(leaf)
 
     # -- selection / tuning events (dpsharp.tuning_events): a tuning leaf's curve is a function of the curves
     # of the events inside it (training runs), which this accountant computes itself.
@@ -159,17 +167,30 @@ class RDPAccountant(Accountant):
         """The composed RDP curve: sum over leaves of count * curve, one value per order."""
         total = np.zeros_like(self._orders)
         for leaf in sorted(self._counts, key=repr):
-            total = total + self._counts[leaf] * self._curves[leaf]
+            curve = self._curves[leaf]
+            if isinstance(curve, _rdp.LazyPoissonGaussianCurve):
+                curve = curve.grid()
+            total = total + self._counts[leaf] * curve
         return total
 
+    def _answer(self, target: float, *, want_delta: bool) -> tuple[float, float]:
+        """(epsilon or delta, optimal order) from the orders the answer needs
+        (dpsharp.rdp.search_orders: the others are proven no better, so the optimum over the
+        needed orders is the grid's)."""
+        leaves = sorted(self._counts, key=repr)
+        terms = [(self._counts[leaf], self._curves[leaf]) for leaf in leaves]
+        kind = 0 if self._conversion == "classic" else 1
+        known, curve = _rdp.search_orders(self._plan, terms, target, kind, want_delta=want_delta)
+        return _rdp.convert_found(self._orders[known], curve, target, kind, want_delta=want_delta)
+
     def _epsilon_and_order(self, delta: float) -> tuple[float, float]:
-        return _rdp.epsilon_from_rdp(self._orders, self.rdp(), delta, conversion=self._conversion)  # type: ignore[arg-type]
+        return self._answer(delta, want_delta=False)
 
     def _epsilon(self, delta: float) -> float:
         return self._epsilon_and_order(delta)[0]
 
     def _delta(self, epsilon: float) -> float:
-        return _rdp.delta_from_rdp(self._orders, self.rdp(), epsilon, conversion=self._conversion)[0]  # type: ignore[arg-type]
+        return self._answer(epsilon, want_delta=True)[0]
 
     def guarantee(self, delta: float) -> PrivacyGuarantee:
         """epsilon(delta) with details {"order": the optimal order, "conversion": ...}."""
