@@ -12,6 +12,7 @@ import math
 
 import numpy as np
 import pytest
+import scipy.fft
 
 from dpsharp import Gaussian, PLDAccountant, PoissonSampled
 from dpsharp._native import core as _core
@@ -69,7 +70,7 @@ def test_masses_are_the_inverse_transform_of_the_band() -> None:
     size, band = 4096, 40
     coefficients = band_of_a_smooth_distribution(size, band, centre=1000.0)
     spectrum = BandSpectrum(coefficients, size, 1e-3)
-    masses = _pld_numerics.inverse_transform(spectrum.full_spectrum(), size)
+    masses = scipy.fft.irfft(spectrum.full_spectrum(), size)
     np.testing.assert_allclose(
         masses, reference_masses(coefficients, size).astype(float), atol=1e-17
     )

@@ -7,7 +7,6 @@
 #include <string>
 
 #include "bindings.hpp"
-#include "dpsharp/fft_halves.hpp"
 #include "dpsharp/pld.hpp"
 
 namespace py = pybind11;
@@ -60,11 +59,6 @@ void require_entries(const ComplexArray& array, py::ssize_t entries, const char*
     throw py::value_error(std::string(name) + " must be one-dimensional with " +
                           std::to_string(entries) + " entries");
   }
-}
-
-void require_split_size(std::int64_t size, int threads) {
-  if (size < 4 || size % 4 != 0) throw py::value_error("size must be a positive multiple of 4");
-  if (threads < 1) throw py::value_error("threads must be >= 1");
 }
 
 }  // namespace
@@ -207,67 +201,37 @@ void bind_pld(py::module_& m) {
       py::arg("mechanism"), py::arg("parameter"), py::arg("sampling_rate"), py::arg("loss"),
       "log delta(eps = loss) of the continuous dominating pair (-inf when delta is 0).");
   m.def(
-      "fft_combine_halves",
-      [](const ComplexArray& even, const ComplexArray& odd, std::int64_t size, int threads) {
-        require_split_size(size, threads);
-        require_entries(even, size / 4 + 1, "even");
-        require_entries(odd, size / 4 + 1, "odd");
-        py::array_t<std::complex<double>> out(static_cast<py::ssize_t>(size / 2 + 1));
-        {
-          py::gil_scoped_release release;
-          fft::combine_halves(even.data(), odd.data(), size, out.mutable_data(), threads);
-        }
-        return out;
-      },
-      py::arg("even"), py::arg("odd"), py::arg("size"), py::arg("threads"),
-      "rfft(x, size) from even = rfft(x[0::2]) and odd = rfft(x[1::2]) (size a multiple of 4): "
-      "X[j] = E[j] + w^j O[j], X[size/2 - j] = conj(E[j] - w^j O[j]), w = exp(-2 pi i / size).");
-  m.def(
-      "fft_split_spectrum",
-      [](const ComplexArray& spectrum, std::int64_t size, int threads) {
-        require_split_size(size, threads);
-        require_entries(spectrum, size / 2 + 1, "spectrum");
-        py::array_t<std::complex<double>> even(static_cast<py::ssize_t>(size / 4 + 1));
-        py::array_t<std::complex<double>> odd(static_cast<py::ssize_t>(size / 4 + 1));
-        {
-          py::gil_scoped_release release;
-          fft::split_spectrum(spectrum.data(), size, even.mutable_data(), odd.mutable_data(),
-                              threads);
-        }
-        return py::make_tuple(even, odd);
-      },
-      py::arg("spectrum"), py::arg("size"), py::arg("threads"),
-      "(even, odd): the real spectra of length size / 2 whose inverse transforms are the even and "
-      "odd samples of irfft(spectrum, size) (the inverse of fft_combine_halves).");
-  m.def(
       "pld_certified_rfft",
-      [](py::array_t<double, py::array::c_style | py::array::forcecast> values, std::int64_t size) {
+      [](py::array_t<double, py::array::c_style | py::array::forcecast> values, std::int64_t size,
+         int threads) {
         if (values.ndim() != 1) throw py::value_error("values must be one-dimensional");
+        if (threads < 1) throw py::value_error("threads must be >= 1");
         py::array_t<std::complex<double>> out(static_cast<py::ssize_t>(size / 2 + 1));
         const auto length = static_cast<std::size_t>(values.shape(0));
         {
           py::gil_scoped_release release;
-          pld::certified_rfft(values.data(), length, size, out.mutable_data());
+          pld::certified_rfft(values.data(), length, size, out.mutable_data(), threads);
         }
         return out;
       },
-      py::arg("values"), py::arg("size"),
+      py::arg("values"), py::arg("size"), py::arg("threads") = 1,
       "rfft(values, size) by the transform of pld.hpp (certified_rfft) whose error has an a priori "
-      "componentwise bound.");
+      "componentwise bound; `threads` (>= 1) share the work, the bits do not depend on it.");
   m.def(
       "pld_certified_irfft",
-      [](const ComplexArray& spectrum, std::int64_t size) {
+      [](const ComplexArray& spectrum, std::int64_t size, int threads) {
         require_entries(spectrum, size / 2 + 1, "spectrum");
+        if (threads < 1) throw py::value_error("threads must be >= 1");
         py::array_t<double> out(static_cast<py::ssize_t>(size));
         {
           py::gil_scoped_release release;
-          pld::certified_irfft(spectrum.data(), size, out.mutable_data());
+          pld::certified_irfft(spectrum.data(), size, out.mutable_data(), threads);
         }
         return out;
       },
-      py::arg("spectrum"), py::arg("size"),
+      py::arg("spectrum"), py::arg("size"), py::arg("threads") = 1,
       "irfft(spectrum, size) by the transform of pld.hpp (certified_irfft) whose error has an a "
-      "priori normwise bound.");
+      "priori normwise bound; `threads` (>= 1) share the work, the bits do not depend on it.");
   m.def(
       "pld_certified_band_dft",
       [](py::array_t<double, py::array::c_style | py::array::forcecast> values, std::int64_t size,

@@ -6,14 +6,27 @@
 // structure: every stage is a set of butterflies whose coefficients are single unit-modulus
 // twiddles (so the componentwise bound of the whole transform is a product of per-stage
 // factors), and every twiddle is formed in a way whose error is bounded.
+//
+// Speed without changing a bound: the data are held as separate real and imaginary arrays, so
+// that the butterfly loops are plain element-wise loops the compiler vectorises (built for
+// AVX-512, AVX2 and the baseline, vector_width.hpp; -ffp-contract=off, so every width computes
+// the same bits); the radix-2 stages up to kBlock points run block by block while a block is
+// in cache, and the larger stages two at a time (the same butterflies, one pass over memory);
+// a real inverse transform of n points is a complex one of n / 2 points after one packing
+// step; the twiddle tables of a size are built once and kept (PlanCache).
 #include <algorithm>
 #include <cmath>
 #include <complex>
 #include <cstdint>
+#include <list>
+#include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <vector>
 
+#include "dpsharp/parallel.hpp"
 #include "dpsharp/pld.hpp"
+#include "dpsharp/vector_width.hpp"
 
 namespace dpsharp::pld {
 namespace {
@@ -58,46 +71,6 @@ Complex twiddle_at(std::int64_t j, std::int64_t size) noexcept {
   return {cos_theta, -sin_theta};
 }
 
-// w^j = e^{-2 pi i j / size} for 0 <= j < size. Up to kFullTableUpTo points a full table of
-// twiddle_at values (built from the size / 8 + 1 values of the first octant by the same exact
-// swaps and sign changes, so each entry is bit for bit twiddle_at(j)): error mu. Beyond, as
-// coarse[j / block] * fine[j % block], both factors from twiddle_at: error <= (1 + mu)^2 (1 +
-// sqrt(2) gamma_2) - 1, in O(sqrt(size)) memory.
-class TwiddleTable {
- public:
-  explicit TwiddleTable(std::int64_t size) : size_(size), full_(size <= kFullTableUpTo) {
-    if (full_) {
-      table_.resize(static_cast<std::size_t>(size));
-      for (std::int64_t j = 0; j < size; ++j) table_[static_cast<std::size_t>(j)] = twiddle_at(j, size);
-      return;
-    }
-    block_ = 1;
-    while (block_ * block_ < size) block_ *= 2;
-    fine_.resize(static_cast<std::size_t>(block_));
-    coarse_.resize(static_cast<std::size_t>((size + block_ - 1) / block_));
-    for (std::int64_t b = 0; b < block_; ++b) {
-      fine_[static_cast<std::size_t>(b)] = twiddle_at(b % size, size);
-    }
-    for (std::size_t a = 0; a < coarse_.size(); ++a) {
-      coarse_[a] = twiddle_at(static_cast<std::int64_t>(a) * block_, size);
-    }
-  }
-
-  Complex operator()(std::int64_t j) const noexcept {
-    if (full_) return table_[static_cast<std::size_t>(j)];
-    return times(coarse_[static_cast<std::size_t>(j / block_)],
-                 fine_[static_cast<std::size_t>(j % block_)]);
-  }
-
- private:
-  std::int64_t size_;
-  bool full_;
-  std::int64_t block_ = 1;
-  std::vector<Complex> table_;
-  std::vector<Complex> fine_;
-  std::vector<Complex> coarse_;
-};
-
 void check_size(std::int64_t size) {
   if (size < 8 || size % 8 != 0) throw std::invalid_argument("size must be a multiple of 8");
   std::int64_t odd = size;
@@ -107,93 +80,466 @@ void check_size(std::int64_t size) {
   }
 }
 
-// The DFT X_f = sum_s x_s e^{-2 pi i f s / n} of `data` (n = size entries, in place): stage 0
-// computes the direct DFTs of odd length m of the 2^k decimated sequences x[b + 2^k a] (b in
-// bit-reversed order), each output a recursive sum of m twiddled terms; then k radix-2
-// decimation-in-time stages X_f = E_f + w^f O_f, X_{f + L/2} = E_f - w^f O_f. Entries from
-// `nonzero` on are exact zeros (a zero-padded input).
-void transform(std::vector<Complex>& data, std::int64_t size, const TwiddleTable& twiddles,
-               std::int64_t nonzero) {
-  std::int64_t odd = size;
+// Radix-2 stages of half-length up to this many points run block by block (a block of 2^12
+// complex entries, 64 KiB as two arrays of doubles, stays in the L2 cache of every current
+// x86 core).
+constexpr std::int64_t kBlock = std::int64_t{1} << 12;
+
+// Everything a transform of one size needs that does not depend on the data, built once.
+// `size` is the circle n; the complex transform has `points` = n (sizes with an odd factor
+// times 8) or n / 2 (the real transform through a half-size complex one, when 16 | n).
+// Every twiddle is w^j = e^{-2 pi i j / n} taken from `quarter` (w^j for 0 <= j <= n / 4, each
+// a twiddle_at value) by an exact multiplication by a power of -i, so every twiddle is within
+// the error of one twiddle_at value.
+struct Plan {
+  std::int64_t size = 0;
+  std::int64_t points = 0;
+  std::int64_t odd = 1;
+  int levels = 0;
+  std::vector<double> quarter_re, quarter_im;      // w^j, 0 <= j <= n / 4
+  std::vector<std::uint32_t> reversed;              // bit reversal of p over `levels` bits
+  std::vector<double> coefficient_re, coefficient_im;  // odd x odd DFT matrix of stage 0
+  std::vector<std::int64_t> stage_offset;           // stage l (half-length odd 2^l) twiddles
+  std::vector<double> stage_re, stage_im;           // concatenated, stage l at stage_offset[l]
+
+  // w^j for any integer j >= 0 (reduced mod n), by an exact rotation of a quarter-table value.
+  Complex twiddle(std::int64_t j) const noexcept {
+    const std::int64_t q = size / 4;
+    j %= size;
+    const std::int64_t turn = j / q;
+    const std::int64_t r = j - turn * q;
+    const double re = quarter_re[static_cast<std::size_t>(r)];
+    const double im = quarter_im[static_cast<std::size_t>(r)];
+    switch (turn) {  // w^{t n/4} = (-i)^t
+      case 0: return {re, im};
+      case 1: return {im, -re};
+      case 2: return {-re, -im};
+      default: return {-im, re};
+    }
+  }
+
+  // w^j for 0 <= j < n, as twiddle(j) but without integer division (the direct sums of
+  // certified_band_dft take one per term): the quarter and the half turn by comparisons.
+  Complex twiddle_below(std::int64_t j) const noexcept {
+    const std::int64_t q = size / 4;
+    const bool half_turn = j >= 2 * q;
+    if (half_turn) j -= 2 * q;
+    const bool quarter_turn = j >= q;
+    if (quarter_turn) j -= q;
+    const double re = quarter_re[static_cast<std::size_t>(j)];
+    const double im = quarter_im[static_cast<std::size_t>(j)];
+    const double sign = half_turn ? -1.0 : 1.0;
+    return {sign * (quarter_turn ? im : re), sign * (quarter_turn ? -re : im)};
+  }
+
+  std::size_t bytes() const noexcept {
+    return 8 * (quarter_re.size() + quarter_im.size() + coefficient_re.size() +
+                coefficient_im.size() + stage_re.size() + stage_im.size()) +
+           4 * reversed.size();
+  }
+};
+
+std::shared_ptr<const Plan> build_plan(std::int64_t size, std::int64_t points) {
+  auto plan = std::make_shared<Plan>();
+  plan->size = size;
+  plan->points = points;
+  std::int64_t odd = points;
   int levels = 0;
   while (odd % 2 == 0) {
     odd /= 2;
     ++levels;
   }
-  const std::int64_t blocks = size / odd;  // 2^levels
-  std::vector<Complex> out(static_cast<std::size_t>(size));
-  std::vector<Complex> coefficient(static_cast<std::size_t>(odd * odd));
-  for (std::int64_t f = 0; f < odd; ++f) {
-    for (std::int64_t a = 0; a < odd; ++a) {
-      coefficient[static_cast<std::size_t>(f * odd + a)] = twiddles(((f * a) % odd) * blocks);
-    }
+  plan->odd = odd;
+  plan->levels = levels;
+  const std::int64_t quarter = size / 4;
+  plan->quarter_re.resize(static_cast<std::size_t>(quarter + 1));
+  plan->quarter_im.resize(static_cast<std::size_t>(quarter + 1));
+  for (std::int64_t j = 0; j <= quarter; ++j) {
+    const Complex w = twiddle_at(j % size, size);
+    plan->quarter_re[static_cast<std::size_t>(j)] = w.real();
+    plan->quarter_im[static_cast<std::size_t>(j)] = w.imag();
   }
+  const std::int64_t blocks = points / odd;
+  plan->reversed.resize(static_cast<std::size_t>(blocks));
   for (std::int64_t p = 0; p < blocks; ++p) {
     std::int64_t b = 0;
     for (int bit = 0; bit < levels; ++bit) b |= ((p >> bit) & 1) << (levels - 1 - bit);
-    if (b >= nonzero) {  // every input of this block is an exact zero: so are its outputs
-      for (std::int64_t f = 0; f < odd; ++f) out[static_cast<std::size_t>(p * odd + f)] = Complex(0.0, 0.0);
-      continue;
-    }
-    for (std::int64_t f = 0; f < odd; ++f) {
-      Complex sum = times(coefficient[static_cast<std::size_t>(f * odd)],
-                          data[static_cast<std::size_t>(b)]);
-      for (std::int64_t a = 1; a < odd; ++a) {
-        sum += times(coefficient[static_cast<std::size_t>(f * odd + a)],
-                     data[static_cast<std::size_t>(b + blocks * a)]);
-      }
-      out[static_cast<std::size_t>(p * odd + f)] = sum;
+    plan->reversed[static_cast<std::size_t>(p)] = static_cast<std::uint32_t>(b);
+  }
+  const std::int64_t ratio = size / points;  // w_points^j = w^{j ratio}
+  plan->coefficient_re.resize(static_cast<std::size_t>(odd * odd));
+  plan->coefficient_im.resize(static_cast<std::size_t>(odd * odd));
+  for (std::int64_t f = 0; f < odd; ++f) {
+    for (std::int64_t a = 0; a < odd; ++a) {
+      const Complex w = plan->twiddle(((f * a) % odd) * blocks * ratio);
+      plan->coefficient_re[static_cast<std::size_t>(f * odd + a)] = w.real();
+      plan->coefficient_im[static_cast<std::size_t>(f * odd + a)] = w.imag();
     }
   }
-  std::vector<Complex> stage(static_cast<std::size_t>(size / 2));
-  for (std::int64_t half = odd; half < size; half *= 2) {
-    const std::int64_t length = 2 * half;
-    const std::int64_t stride = size / length;
-    for (std::int64_t j = 0; j < half; ++j) stage[static_cast<std::size_t>(j)] = twiddles(j * stride);
-    for (std::int64_t start = 0; start < size; start += length) {
-      Complex* low = out.data() + start;
-      Complex* high = low + half;
-      for (std::int64_t j = 0; j < half; ++j) {
-        const Complex t = times(stage[static_cast<std::size_t>(j)], high[j]);
-        const Complex u = low[j];
-        low[j] = u + t;
-        high[j] = u - t;
-      }
+  std::int64_t total = 0;
+  for (std::int64_t half = odd; half < points; half *= 2) {
+    plan->stage_offset.push_back(total);
+    total += half;
+  }
+  plan->stage_re.resize(static_cast<std::size_t>(total));
+  plan->stage_im.resize(static_cast<std::size_t>(total));
+  int stage = 0;
+  for (std::int64_t half = odd; half < points; half *= 2, ++stage) {
+    const std::int64_t stride = size / (2 * half);  // w_{2 half}^j = w^{j stride}
+    const auto base = static_cast<std::size_t>(plan->stage_offset[static_cast<std::size_t>(stage)]);
+    for (std::int64_t j = 0; j < half; ++j) {
+      const Complex w = plan->twiddle(j * stride);
+      plan->stage_re[base + static_cast<std::size_t>(j)] = w.real();
+      plan->stage_im[base + static_cast<std::size_t>(j)] = w.imag();
     }
   }
-  data.swap(out);
+  return plan;
 }
+
+// Plans of the sizes used last (at most kCachedPlans, kCachedBytes in all; a plan of more than
+// half of that, 14 bytes per point, is built for its call only), so that a second
+// transform of a size costs no sine or cosine: an accountant composes on a handful of circle
+// sizes, and every query of a fresh accountant on them would otherwise pay the n / 4 twiddles
+// again. Guarded by a mutex: transforms run on several Python threads at once.
+class PlanCache {
+ public:
+  std::shared_ptr<const Plan> get(std::int64_t size, std::int64_t points) {
+    {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      for (auto it = plans_.begin(); it != plans_.end(); ++it) {
+        if ((*it)->size == size && (*it)->points == points) {
+          plans_.splice(plans_.begin(), plans_, it);
+          return plans_.front();
+        }
+      }
+    }
+    std::shared_ptr<const Plan> plan = build_plan(size, points);
+    if (plan->bytes() > kCachedBytes / 2) return plan;
+    const std::lock_guard<std::mutex> lock(mutex_);
+    plans_.push_front(plan);
+    std::size_t bytes = 0;
+    std::size_t kept = 0;
+    for (auto it = plans_.begin(); it != plans_.end(); ++it, ++kept) {
+      bytes += (*it)->bytes();
+      if (kept >= kCachedPlans || bytes > kCachedBytes) {
+        plans_.erase(it, plans_.end());
+        break;
+      }
+    }
+    return plan;
+  }
+
+ private:
+  static constexpr std::size_t kCachedPlans = 8;
+  static constexpr std::size_t kCachedBytes = std::size_t{160} << 20;  // a 2^22 plan: 58 MiB
+  std::mutex mutex_;
+  std::list<std::shared_ptr<const Plan>> plans_;
+};
+
+PlanCache& plan_cache() {
+  static PlanCache cache;
+  return cache;
+}
+
+// One radix-2 decimation-in-time stage on `count` butterflies: (low, high) <- (low + w high,
+// low - w high), w = (w_re, w_im)[j], each complex product as in `times`.
+inline __attribute__((always_inline)) void butterflies_body(
+    double* __restrict low_re, double* __restrict low_im, double* __restrict high_re,
+    double* __restrict high_im, const double* __restrict w_re, const double* __restrict w_im,
+    std::int64_t count) {
+  for (std::int64_t j = 0; j < count; ++j) {
+    const double hr = high_re[j];
+    const double hi = high_im[j];
+    const double tr = w_re[j] * hr - w_im[j] * hi;
+    const double ti = w_re[j] * hi + w_im[j] * hr;
+    const double ur = low_re[j];
+    const double ui = low_im[j];
+    low_re[j] = ur + tr;
+    low_im[j] = ui + ti;
+    high_re[j] = ur - tr;
+    high_im[j] = ui - ti;
+  }
+}
+DPSHARP_WIDTH_BUILDS(butterflies,
+                     (double* __restrict low_re, double* __restrict low_im,
+                      double* __restrict high_re, double* __restrict high_im,
+                      const double* __restrict w_re, const double* __restrict w_im,
+                      std::int64_t count),
+                     (low_re, low_im, high_re, high_im, w_re, w_im, count))
+
+// Two consecutive radix-2 stages (half-lengths `half` and 2 `half`) on one group of 4 `half`
+// entries, in one pass: for each j the same four butterflies, in the same order, as the two
+// stages one after the other (so the same bits).
+inline __attribute__((always_inline)) void double_stage_body(
+    double* __restrict r0, double* __restrict i0, double* __restrict r1, double* __restrict i1,
+    double* __restrict r2, double* __restrict i2, double* __restrict r3, double* __restrict i3,
+    const double* __restrict a_re, const double* __restrict a_im,
+    const double* __restrict b_re, const double* __restrict b_im,
+    const double* __restrict c_re, const double* __restrict c_im, std::int64_t half) {
+  for (std::int64_t j = 0; j < half; ++j) {
+    // stage 1: (x0, x1) and (x2, x3) with twiddle a_j
+    const double t1r = a_re[j] * r1[j] - a_im[j] * i1[j];
+    const double t1i = a_re[j] * i1[j] + a_im[j] * r1[j];
+    const double t3r = a_re[j] * r3[j] - a_im[j] * i3[j];
+    const double t3i = a_re[j] * i3[j] + a_im[j] * r3[j];
+    const double y0r = r0[j] + t1r;
+    const double y0i = i0[j] + t1i;
+    const double y1r = r0[j] - t1r;
+    const double y1i = i0[j] - t1i;
+    const double y2r = r2[j] + t3r;
+    const double y2i = i2[j] + t3i;
+    const double y3r = r2[j] - t3r;
+    const double y3i = i2[j] - t3i;
+    // stage 2: (y0, y2) with twiddle b_j, (y1, y3) with twiddle c_j = b_{j + half}
+    const double s2r = b_re[j] * y2r - b_im[j] * y2i;
+    const double s2i = b_re[j] * y2i + b_im[j] * y2r;
+    const double s3r = c_re[j] * y3r - c_im[j] * y3i;
+    const double s3i = c_re[j] * y3i + c_im[j] * y3r;
+    r0[j] = y0r + s2r;
+    i0[j] = y0i + s2i;
+    r2[j] = y0r - s2r;
+    i2[j] = y0i - s2i;
+    r1[j] = y1r + s3r;
+    i1[j] = y1i + s3i;
+    r3[j] = y1r - s3r;
+    i3[j] = y1i - s3i;
+  }
+}
+DPSHARP_WIDTH_BUILDS(double_stage,
+                     (double* __restrict r0, double* __restrict i0, double* __restrict r1,
+                      double* __restrict i1, double* __restrict r2, double* __restrict i2,
+                      double* __restrict r3, double* __restrict i3,
+                      const double* __restrict a_re, const double* __restrict a_im,
+                      const double* __restrict b_re, const double* __restrict b_im,
+                      const double* __restrict c_re, const double* __restrict c_im,
+                      std::int64_t half),
+                     (r0, i0, r1, i1, r2, i2, r3, i3, a_re, a_im, b_re, b_im, c_re, c_im, half))
+
+void stage_range(const Plan& plan, int stage, double* re, double* im, std::int64_t begin,
+                 std::int64_t end) {
+  const std::int64_t half = plan.odd << stage;
+  const auto base = static_cast<std::size_t>(plan.stage_offset[static_cast<std::size_t>(stage)]);
+  const double* w_re = plan.stage_re.data() + base;
+  const double* w_im = plan.stage_im.data() + base;
+  const Width width = vector_width();
+  for (std::int64_t start = begin; start < end; start += 2 * half) {
+    DPSHARP_WIDTH_DISPATCH(width, butterflies, re + start, im + start, re + start + half,
+                           im + start + half, w_re, w_im, half);
+  }
+}
+
+// The DFT Z_f = sum_s z_s w_P^{f s} (P = plan.points, w_P = e^{-2 pi i / P}) of the sequence
+// z_s = load(s) (z_s = 0 from `nonzero` on), into (re, im): stage 0 computes the direct DFTs
+// of odd length m of the 2^k decimated sequences z[b + 2^k a] (b in bit-reversed order), each
+// output a recursive sum of m twiddled terms; then k radix-2 decimation-in-time stages
+// Z_f = E_f + w^f O_f, Z_{f + L/2} = E_f - w^f O_f.
+template <typename Load>
+void complex_transform(const Plan& plan, Load&& load, std::int64_t nonzero, double* re,
+                       double* im, int threads) {
+  const std::int64_t odd = plan.odd;
+  const std::int64_t points = plan.points;
+  const std::int64_t blocks = points / odd;
+  const double* cr = plan.coefficient_re.data();
+  const double* ci = plan.coefficient_im.data();
+  // Stage 0 and the stages whose groups fit in a block of kBlock entries, block by block.
+  const std::int64_t block = std::min(points, std::max(kBlock, odd));  // a multiple of odd
+  std::int64_t block_points = odd;
+  int block_stages = 0;
+  while (block_points * 2 <= block && block_stages < plan.levels) {
+    block_points *= 2;
+    ++block_stages;
+  }
+  const std::int64_t chunks = points / block_points;
+  parallel_ranges<Threads::kOwnThreads>(chunks, 4, threads, [&](std::int64_t lo, std::int64_t hi) {
+    for (std::int64_t chunk = lo; chunk < hi; ++chunk) {
+      const std::int64_t first = chunk * block_points;
+      for (std::int64_t p = first / odd; p < (first + block_points) / odd; ++p) {
+        const std::int64_t b = plan.reversed[static_cast<std::size_t>(p)];
+        double* out_re = re + p * odd;
+        double* out_im = im + p * odd;
+        if (b >= nonzero) {  // every input of this group is an exact zero: so are its outputs
+          std::fill(out_re, out_re + odd, 0.0);
+          std::fill(out_im, out_im + odd, 0.0);
+          continue;
+        }
+        if (odd == 1) {  // the 1-point DFT: the entry itself
+          const Complex z = load(b);
+          out_re[0] = z.real();
+          out_im[0] = z.imag();
+          continue;
+        }
+        Complex column[kMaxOddFactor];
+        for (std::int64_t a = 0; a < odd; ++a) column[a] = load(b + blocks * a);
+        for (std::int64_t f = 0; f < odd; ++f) {
+          const std::size_t row = static_cast<std::size_t>(f * odd);
+          Complex sum = times({cr[row], ci[row]}, column[0]);
+          for (std::int64_t a = 1; a < odd; ++a) {
+            sum += times({cr[row + static_cast<std::size_t>(a)], ci[row + static_cast<std::size_t>(a)]},
+                         column[a]);
+          }
+          out_re[f] = sum.real();
+          out_im[f] = sum.imag();
+        }
+      }
+      for (int stage = 0; stage < block_stages; ++stage) {
+        stage_range(plan, stage, re, im, first, first + block_points);
+      }
+    }
+  });
+  // The larger stages over the whole array, two at a time where two remain.
+  int stage = block_stages;
+  while (stage < plan.levels) {
+    const std::int64_t half = odd << stage;
+    if (stage + 1 < plan.levels) {
+      const auto a = static_cast<std::size_t>(plan.stage_offset[static_cast<std::size_t>(stage)]);
+      const auto b = static_cast<std::size_t>(plan.stage_offset[static_cast<std::size_t>(stage + 1)]);
+      const std::int64_t groups = points / (4 * half);
+      // Split into groups x pieces of each group's `half` columns, so that even one group
+      // (the last two stages) is shared out.
+      const std::int64_t pieces = std::max<std::int64_t>(1, std::min<std::int64_t>(half / 1024, 64));
+      const std::int64_t piece = (half + pieces - 1) / pieces;
+      const Width width = vector_width();
+      parallel_ranges<Threads::kOwnThreads>(groups * pieces, 1, threads, [&](std::int64_t lo, std::int64_t hi) {
+        for (std::int64_t item = lo; item < hi; ++item) {
+          const std::int64_t start = (item / pieces) * 4 * half;
+          const std::int64_t j0 = (item % pieces) * piece;
+          const std::int64_t count = std::min(half, j0 + piece) - j0;
+          if (count <= 0) continue;
+          double* r = re + start + j0;
+          double* i = im + start + j0;
+          DPSHARP_WIDTH_DISPATCH(width, double_stage, r, i, r + half, i + half, r + 2 * half,
+                                 i + 2 * half, r + 3 * half, i + 3 * half,
+                                 plan.stage_re.data() + a + j0, plan.stage_im.data() + a + j0,
+                                 plan.stage_re.data() + b + j0, plan.stage_im.data() + b + j0,
+                                 plan.stage_re.data() + b + half + j0,
+                                 plan.stage_im.data() + b + half + j0, count);
+        }
+      });
+      stage += 2;
+    } else {
+      const auto a = static_cast<std::size_t>(plan.stage_offset[static_cast<std::size_t>(stage)]);
+      const std::int64_t pieces = std::max<std::int64_t>(1, std::min<std::int64_t>(half / 1024, 64));
+      const std::int64_t piece = (half + pieces - 1) / pieces;
+      const std::int64_t groups = points / (2 * half);
+      const Width width = vector_width();
+      parallel_ranges<Threads::kOwnThreads>(groups * pieces, 1, threads, [&](std::int64_t lo, std::int64_t hi) {
+        for (std::int64_t item = lo; item < hi; ++item) {
+          const std::int64_t start = (item / pieces) * 2 * half;
+          const std::int64_t j0 = (item % pieces) * piece;
+          const std::int64_t count = std::min(half, j0 + piece) - j0;
+          if (count <= 0) continue;
+          DPSHARP_WIDTH_DISPATCH(width, butterflies, re + start + j0, im + start + j0,
+                                 re + start + half + j0, im + start + half + j0,
+                                 plan.stage_re.data() + a + j0, plan.stage_im.data() + a + j0,
+                                 count);
+        }
+      });
+      stage += 1;
+    }
+  }
+}
+
+bool through_half(std::int64_t size) noexcept { return size % 16 == 0; }
 
 }  // namespace
 
-void certified_rfft(const double* values, std::size_t length, std::int64_t size, Complex* out) {
+void certified_rfft(const double* values, std::size_t length, std::int64_t size, Complex* out,
+                    int threads) {
   check_size(size);
   if (static_cast<std::int64_t>(length) > size) {
     throw std::invalid_argument("values must not be longer than size");
   }
-  const TwiddleTable twiddles(size);
-  std::vector<Complex> data(static_cast<std::size_t>(size), Complex(0.0, 0.0));
-  for (std::size_t s = 0; s < length; ++s) data[s] = Complex(values[s], 0.0);
-  transform(data, size, twiddles, static_cast<std::int64_t>(length));
-  for (std::int64_t f = 0; f <= size / 2; ++f) out[f] = data[static_cast<std::size_t>(f)];
+  // The complex transform of the real input on all n points. (Through a complex transform of
+  // n / 2 points, as certified_irfft does, would halve the work, but its componentwise bound
+  // is up to twice this one's: the unpacking adds the errors of Z_f and Z_{n/2-f}.)
+  const auto n_length = static_cast<std::int64_t>(length);
+  const std::shared_ptr<const Plan> plan = plan_cache().get(size, size);
+  std::vector<double> re(static_cast<std::size_t>(size)), im(static_cast<std::size_t>(size));
+  complex_transform(
+      *plan,
+      [values, n_length](std::int64_t s) {
+        return Complex(s < n_length ? values[s] : 0.0, 0.0);
+      },
+      n_length, re.data(), im.data(), threads);
+  for (std::int64_t f = 0; f <= size / 2; ++f) {
+    out[f] = Complex(re[static_cast<std::size_t>(f)], im[static_cast<std::size_t>(f)]);
+  }
+}
+
+void certified_rfft(const double* values, std::size_t length, std::int64_t size, Complex* out) {
+  certified_rfft(values, length, size, out, 1);
+}
+
+void certified_irfft(const Complex* spectrum, std::int64_t size, double* out, int threads) {
+  check_size(size);
+  const std::int64_t half = size / 2;
+  if (!through_half(size)) {
+    // x = (1/n) conj(DFT(conj(X))) with X the Hermitian extension of the half spectrum; x is
+    // real, so x = (1/n) Re DFT(conj(X)), and conj(X)_f = X_{n - f} for 0 < f < n.
+    const std::shared_ptr<const Plan> plan = plan_cache().get(size, size);
+    std::vector<Complex> data(static_cast<std::size_t>(size));
+    data[0] = Complex(spectrum[0].real(), 0.0);
+    data[static_cast<std::size_t>(half)] = Complex(spectrum[half].real(), 0.0);
+    for (std::int64_t f = 1; f < half; ++f) {
+      data[static_cast<std::size_t>(f)] = std::conj(spectrum[f]);
+      data[static_cast<std::size_t>(size - f)] = spectrum[f];
+    }
+    std::vector<double> re(static_cast<std::size_t>(size)), im(static_cast<std::size_t>(size));
+    complex_transform(
+        *plan, [&data](std::int64_t s) { return data[static_cast<std::size_t>(s)]; }, size,
+        re.data(), im.data(), 1);
+    const double scale = 1.0 / static_cast<double>(size);
+    for (std::int64_t j = 0; j < size; ++j) out[j] = re[static_cast<std::size_t>(j)] * scale;
+    return;
+  }
+  // The inverse of certified_rfft's unpacking: with A = X_f and B = X_{f+h} = conj X_{h-f},
+  // E_f = (A + B) / 2, O_f = (A - B) conj(w^f) / 2 and Z_f = E_f + i O_f (Z_{h-f} = conj E_f +
+  // i conj O_f); z = IDFT_h(Z) = (1/h) conj DFT_h(conj Z) holds x_{2j} + i x_{2j+1}.
+  const std::shared_ptr<const Plan> plan = plan_cache().get(size, half);
+  std::vector<double> zr(static_cast<std::size_t>(half)), zi(static_cast<std::size_t>(half));
+  const double* qr = plan->quarter_re.data();
+  const double* qi = plan->quarter_im.data();
+  for (std::int64_t f = 0; f <= half / 2; ++f) {
+    double ar = spectrum[f].real();
+    double ai = spectrum[f].imag();
+    double br = spectrum[half - f].real();
+    double bi = -spectrum[half - f].imag();  // conj X_{h-f}
+    if (f == 0) {
+      ai = 0.0;
+      bi = 0.0;
+    }
+    const double er = (ar + br) * 0.5;
+    const double ei = (ai + bi) * 0.5;
+    const double dr = ar - br;
+    const double di = ai - bi;
+    const double wr = qr[f];
+    const double wi = -qi[f];  // conj w^f
+    const double q_r = (wr * dr - wi * di) * 0.5;
+    const double q_i = (wr * di + wi * dr) * 0.5;
+    // conj of Z_f = E + i q (the transform below takes conj Z)
+    zr[static_cast<std::size_t>(f)] = er - q_i;
+    zi[static_cast<std::size_t>(f)] = -(ei + q_r);
+    if (f != 0 && f != half / 2) {
+      zr[static_cast<std::size_t>(half - f)] = er + q_i;
+      zi[static_cast<std::size_t>(half - f)] = -(q_r - ei);
+    }
+  }
+  std::vector<double> re(static_cast<std::size_t>(half)), im(static_cast<std::size_t>(half));
+  complex_transform(
+      *plan,
+      [&zr, &zi](std::int64_t s) {
+        return Complex(zr[static_cast<std::size_t>(s)], zi[static_cast<std::size_t>(s)]);
+      },
+      half, re.data(), im.data(), threads);
+  const double scale = 1.0 / static_cast<double>(half);
+  for (std::int64_t j = 0; j < half; ++j) {
+    out[2 * j] = re[static_cast<std::size_t>(j)] * scale;
+    out[2 * j + 1] = -im[static_cast<std::size_t>(j)] * scale;
+  }
 }
 
 void certified_irfft(const Complex* spectrum, std::int64_t size, double* out) {
-  check_size(size);
-  const TwiddleTable twiddles(size);
-  // x = (1/n) conj(DFT(conj(X))) with X the Hermitian extension of the half spectrum; x is
-  // real, so x = (1/n) Re DFT(conj(X)), and conj(X)_f = X_{n - f} for 0 < f < n.
-  std::vector<Complex> data(static_cast<std::size_t>(size));
-  const std::int64_t half = size / 2;
-  data[0] = Complex(spectrum[0].real(), 0.0);
-  data[static_cast<std::size_t>(half)] = Complex(spectrum[half].real(), 0.0);
-  for (std::int64_t f = 1; f < half; ++f) {
-    data[static_cast<std::size_t>(f)] = std::conj(spectrum[f]);
-    data[static_cast<std::size_t>(size - f)] = spectrum[f];
-  }
-  transform(data, size, twiddles, size);
-  const double scale = 1.0 / static_cast<double>(size);
-  for (std::int64_t j = 0; j < size; ++j) out[j] = data[static_cast<std::size_t>(j)].real() * scale;
+  certified_irfft(spectrum, size, out, 1);
 }
 
 void certified_band_dft(const double* values, std::size_t length, std::int64_t size,
@@ -203,7 +549,7 @@ void certified_band_dft(const double* values, std::size_t length, std::int64_t s
     throw std::invalid_argument("values must not be longer than size");
   }
   if (reach < 0 || reach > size / 2 + 1) throw std::invalid_argument("reach must be in [0, size/2 + 1]");
-  const TwiddleTable twiddles(size);
+  const std::shared_ptr<const Plan> plan = plan_cache().get(size, size);  // as certified_rfft's
   std::vector<Complex> partial;
   for (std::int64_t f = 0; f < reach; ++f) {
     // Blocks of kBandBlock terms summed in order, then the block sums pairwise.
@@ -213,7 +559,7 @@ void certified_band_dft(const double* values, std::size_t length, std::int64_t s
       const std::size_t stop = std::min(length, start + kBandBlock);
       Complex sum(0.0, 0.0);
       for (std::size_t s = start; s < stop; ++s) {
-        const Complex w = twiddles(angle);
+        const Complex w = plan->twiddle_below(angle);
         sum += Complex(w.real() * values[s], w.imag() * values[s]);
         angle += f;
         if (angle >= size) angle -= size;

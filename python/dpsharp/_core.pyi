@@ -46,18 +46,6 @@ def pld_discretize_many(
     values, with the work that does not depend on the parameter shared; ``threads`` split the
     grid points (the values do not depend on it)."""
 
-def fft_combine_halves(
-    even: npt.ArrayLike, odd: npt.ArrayLike, size: int, threads: int
-) -> np.ndarray:
-    """rfft(x, size) from even = rfft(x[0::2]) and odd = rfft(x[1::2]) (size a multiple of 4):
-    X[j] = E[j] + w^j O[j], X[size/2 - j] = conj(E[j] - w^j O[j]), w = exp(-2 pi i / size)."""
-
-def fft_split_spectrum(
-    spectrum: npt.ArrayLike, size: int, threads: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """(even, odd): the real spectra of length size / 2 whose inverse transforms are the even
-    and odd samples of irfft(spectrum, size) (the inverse of fft_combine_halves)."""
-
 def pld_log_mgf(
     mass: npt.ArrayLike, offset: int, grid_step: float, exponents: Sequence[float]
 ) -> np.ndarray:
@@ -82,13 +70,17 @@ def pld_delta_crossing(
     """(j, A, W): the smallest grid index j whose hockey-stick value A_j (1 + s) + constant -
     W_j (1 - s) is <= delta (-1 if none), with A and W at j - 1 when j > 0 (see pld.hpp)."""
 
-def pld_certified_rfft(values: npt.ArrayLike, size: int) -> npt.NDArray[np.complex128]:
+def pld_certified_rfft(
+    values: npt.ArrayLike, size: int, threads: int = 1
+) -> npt.NDArray[np.complex128]:
     """rfft(values, size) by the transform of pld.hpp (certified_rfft), with an a priori
-    componentwise error bound."""
+    componentwise error bound; ``threads`` share the work (the bits do not depend on it)."""
 
-def pld_certified_irfft(spectrum: npt.ArrayLike, size: int) -> npt.NDArray[np.float64]:
+def pld_certified_irfft(
+    spectrum: npt.ArrayLike, size: int, threads: int = 1
+) -> npt.NDArray[np.float64]:
     """irfft(spectrum, size) by the transform of pld.hpp (certified_irfft), with an a priori
-    normwise error bound."""
+    normwise error bound; ``threads`` share the work (the bits do not depend on it)."""
 
 def pld_certified_band_dft(values: npt.ArrayLike, size: int, reach: int) -> npt.NDArray[np.complex128]:
     """The first `reach` entries of rfft(values, size) by direct summation (pld.hpp:

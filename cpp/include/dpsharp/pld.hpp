@@ -186,7 +186,7 @@ CurveCrossing band_crossing(const BandTerms& terms, std::int64_t first, double c
 // Discrete Fourier transforms with a priori error bounds (pld_transforms.cpp; the analysis is in
 // python/dpsharp/accountants/_pld_numerics.py). `size` is m 2^k with m odd, m <= kMaxOddFactor
 // and 8 | size. Twiddles e^{-2 pi i j / size} are formed from the angle reduced to [0, pi / 4]
-// in integers and std::cos / std::sin, and as products of two such values.
+// in integers and std::cos / std::sin.
 //  * certified_rfft: X_f = sum_s x_s e^{-2 pi i f s / size} for f = 0 .. size / 2 (out has
 //    size / 2 + 1 entries), x zero-padded from `length` <= size values: stage 0 is the direct
 //    DFT of odd length m of each decimated sequence, then k radix-2 decimation-in-time stages.
@@ -194,13 +194,18 @@ CurveCrossing band_crossing(const BandTerms& terms, std::int64_t first, double c
 //    extension of the half spectrum (imaginary parts of X_0 and X_{size/2} ignored).
 //  * certified_band_dft: X_f for f < reach by direct summation (blocks of kBandBlock terms in
 //    order, the block sums pairwise), with the phase f s mod size formed in integers.
-// Up to kFullTableUpTo points every twiddle is one twiddle_at value; beyond, the product of two.
+// Every twiddle is one twiddle_at value times an exact power of -i. When 16 | size the real
+// transforms go through a complex transform of size / 2 points (pld_transforms.cpp).
 constexpr std::int64_t kMaxOddFactor = 15;
-constexpr std::int64_t kFullTableUpTo = std::int64_t{1} << 20;
 constexpr std::size_t kBandBlock = 16;
 void certified_rfft(const double* values, std::size_t length, std::int64_t size,
                     std::complex<double>* out);
 void certified_irfft(const std::complex<double>* spectrum, std::int64_t size, double* out);
+// The same on up to `threads` threads (the bits do not depend on the thread count).
+void certified_rfft(const double* values, std::size_t length, std::int64_t size,
+                    std::complex<double>* out, int threads);
+void certified_irfft(const std::complex<double>* spectrum, std::int64_t size, double* out,
+                     int threads);
 void certified_band_dft(const double* values, std::size_t length, std::int64_t size,
                         std::int64_t reach, std::complex<double>* out);
 

@@ -28,19 +28,22 @@ by ``u``. One assumption beyond the model: ``std::cos`` and ``std::sin`` are wit
 ``[0, pi / 4]`` (glibc documents at most 1 ulp). The stored masses of the leaf PLDs are the exact
 input (their own rounding in the discretisation is outside this bound, see ``pld.hpp``).
 
-1. *Leaf transforms, componentwise.* :func:`certified_forward` (C++ ``pld_transforms.cpp``) on
-   ``n = m 2^k`` points (m odd, at most 15) is a stage of direct DFTs of length m on the
-   decimated sequences, then k radix-2 decimation-in-time stages. Every twiddle is
-   ``twiddle_at`` (angle reduced to ``[0, pi / 4]`` in integers, then fl(fl(2 pi r) / n): within
-   ``0.79 gamma_3``, plus 2 ulp of cos and sin: ``mu = 10 u``), or beyond 2^20 points the
-   product of two (``(1 + mu)^2 (1 + sqrt(2) gamma_2) - 1``). Each computed stage is the exact
-   one with coefficients perturbed entrywise, ``|dA| <= eta |A|``: ``eta_0 = (1 + mu)(1 +
-   sqrt(2) gamma_2)(1 + gamma_{m-1}) - 1`` (a recursive sum of m products), ``eta_2 = (1 +
-   mu)(1 + sqrt(2) gamma_2)(1 + u) - 1`` (``x + w y``). So ``|X^ - X| <= ((1 + eta_0)(1 +
-   eta_2)^k - 1) |A_k| ... |A_0| |x|`` (Lemma 3.8). Every row of ``|A_l|`` holds exactly ``r_l``
-   entries of modulus 1 (r = m, then 2), so every row of the product sums to ``m 2^k = n``,
-   while the product dominates ``|DFT_n|``, whose n entries per row are 1: every entry of the
-   product is 1, and ``|X^_f - X_f| <= c_F(n) ||x||_1`` at every frequency
+1. *Leaf transforms, componentwise.* The complex transform of ``P = m 2^k`` points (m odd, at
+   most 15; C++ ``pld_transforms.cpp``) is a stage of direct DFTs of length m on the decimated
+   sequences, then k radix-2 decimation-in-time stages (computed block by block and two stages
+   per pass, which reorders independent operations only). Every twiddle is a ``twiddle_at``
+   value (angle reduced to ``[0, pi / 4]`` in integers, then fl(fl(2 pi r) / n): within
+   ``0.79 gamma_3``, plus 2 ulp of cos and sin: ``mu = 10 u``) times an exact power of -i.
+   Each computed stage is the exact one with coefficients perturbed entrywise, ``|dA| <= eta
+   |A|``: ``eta_0 = (1 + mu)(1 + sqrt(2) gamma_2)(1 + gamma_{m-1}) - 1`` (a recursive sum of m
+   products), ``eta_2 = (1 + mu)(1 + sqrt(2) gamma_2)(1 + u) - 1`` (``x + w y``). So ``|Z^ -
+   Z| <= ((1 + eta_0)(1 + eta_2)^k - 1) |A_k| ... |A_0| |z|`` (Lemma 3.8). Every row of
+   ``|A_l|`` holds exactly ``r_l`` entries of modulus 1 (r = m, then 2), so every row of the
+   product sums to ``m 2^k = P``, while the product dominates ``|DFT_P|``, whose P entries per
+   row are 1: every entry of the product is 1, and ``|Z^_f - Z_f| <= c_P ||z||_1`` at every
+   frequency. :func:`certified_forward` of real x on n points is that transform of x itself
+   (P = n, ``c_F = c_n``; through a complex transform of n / 2 points, as the inverse below,
+   the unpacking would add the errors of two entries and up to double the bound)
    (:func:`forward_error`). A leaf longer than the circle is folded first (``gamma_{rows-1}``
    relative). A pruned leaf (:func:`_pruned_reach`) is transformed below its reach by direct
    summation (:func:`certified_band`: one twiddle, one real product, blocks of 16 summed in
@@ -63,11 +66,21 @@ input (their own rounding in the discretisation is outside this bound, see ``pld
    ``noise = sum_f mult_f e_f s_f`` (mult_f = 1 at 0 and n/2, else 2;
    :func:`_frequency_weights`), for every epsilon at once. The roll onto the window is exact
    (dense) or a rotation of the band's coefficients (``_ROTATION`` relative, added to noise).
-   Formed masses: the inverse transform (:func:`certified_inverse`, the same stages on the
-   Hermitian extension) errs in the 2-norm by at most ``c_I ||G^||_2 / sqrt(n)``, ``c_I = (1 +
-   eta_0 sqrt(m))(1 + eta_H)^k (1 + u)^2 - 1`` with Higham's ``eta_H = mu + gamma_4 (sqrt(2) +
-   mu)`` per radix-2 stage (Theorem 24.2; ``||dA_0||_2 <= eta_0 m = eta_0 sqrt(m) ||A_0||_2``),
-   hence by ``c_I ||G^||_2`` in l1 (Cauchy-Schwarz; ``mass_noise``), and the masses' l1 error
+   Formed masses: the inverse complex transform of P points (the same stages on the conjugate,
+   then conjugated and scaled by 1/P) errs in the 2-norm by at most ``c_I(P) ||Z||_2 /
+   sqrt(P)``, ``c_I = (1 + eta_0 sqrt(m))(1 + eta_H)^k (1 + u)^2 - 1`` with Higham's ``eta_H =
+   mu + gamma_4 (sqrt(2) + mu)`` per radix-2 stage (Theorem 24.2; ``||dA_0||_2 <= eta_0 m =
+   eta_0 sqrt(m) ||A_0||_2``). :func:`certified_inverse` on n points is that transform of the
+   Hermitian extension (P = n) when n is 8 times an odd number, else (16 | n) a complex one on
+   ``h = n / 2`` points: with ``A = X_f``, ``B = X_{f+h} = conj X_{h-f}`` and ``w = e^{-2 pi i /
+   n}``, ``Z_f = (A + B) / 2 + i (A - B) conj(w^f) / 2`` is the transform of ``z_j = x_{2j} + i
+   x_{2j+1}`` (the even samples' spectrum plus i times the odd samples'), formed with two complex
+   sums, one product and exact halvings: with ``p = (1 + mu)(1 + sqrt(2) gamma_2)``, ``|Z^_f -
+   Z_f| <= eta_P (|A| + |B|)``, ``eta_P = (1 + u)(u + p (1 + u) - 1) / 2 + u``, so ``||dZ||_2 <=
+   sqrt(2) eta_P ||X||_2``; then ``z = IDFT_h(Z)``, and since ``||Z||_2 = ||X||_2 / sqrt(2)``
+   (Parseval), ``||x^ - x||_2 <= (c_I(h) (1 + 2 eta_P) + 2 eta_P) ||X||_2 / sqrt(n)``
+   (:func:`inverse_error`). So the masses err by at most ``c_I ||G^||_2`` in l1
+   (Cauchy-Schwarz; ``mass_noise``), and the masses' l1 error
    from the spectrum's is at most ``||e||_2`` (Parseval and Cauchy-Schwarz; with the inverse's:
    ``mass_error``). The sums over the formed masses (running suffix sums, the recursion of W,
    dot products with expm1 weights) err by at most ``gamma_{3n+8}`` relative to the sum of
@@ -103,9 +116,7 @@ A long composition of few distinct PLDs can be done in two stages, blocks of ste
 grid and the blocks on a coarser one (:func:`compose_staged`), each stage keeping its bound.
 
 The composition's transforms are :func:`certified_forward`, :func:`certified_inverse` and
-:func:`certified_band` (C++ core), whose structure the proof above needs; :func:`forward_transform`
-/ :func:`inverse_transform` (scipy.fft's pocketfft, from ``_SPLIT_FROM`` points on as two
-half-length transforms on two threads) remain for uses without a bound.
+:func:`certified_band` (C++ core), whose structure the proof above needs.
 """
 
 from __future__ import annotations
@@ -121,7 +132,6 @@ from functools import cached_property
 from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
-import scipy.fft
 import scipy.signal
 
 from dpsharp._native import core as _core
@@ -135,22 +145,12 @@ __all__ = [
     "compose",
     "compose_staged",
     "staging_pays",
-    "forward_transform",
-    "inverse_transform",
     "parallel_map",
     "threads_for_caller",
 ]
 
 #: Exponents t of the Chernoff bounds (both signs are used).
 _CHERNOFF_T = np.array([0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0])
-
-
-#: From this circle size on (and for sizes divisible by 4), a transform is computed as the two
-#: transforms of half the size of the even and odd samples, on two threads (pocketfft runs one
-#: 1-D transform on one thread), joined by one radix-2 step in the C++ core
-#: (``fft_halves.hpp``). Always so from this size, whatever the number of threads, so the bits
-#: do not depend on it.
-_SPLIT_FROM = 1 << 16
 
 
 _UNIT = 2.0**-53
@@ -163,19 +163,19 @@ def _gamma(k: float) -> float:
 
 #: Relative error of a complex product (Higham 2002, Lemma 3.5; no FMA contraction).
 _PRODUCT = math.sqrt(2.0) * _gamma(2)
-#: Error of one twiddle of ``twiddle_at`` (pld_transforms.cpp): the angle, reduced to [0, pi/4]
-#: in integers, is fl(fl(2 pi r) / n), within 0.79 gamma_3 of the true one, and cos and sin are
-#: assumed within 2 ulp (2^-51) each (glibc documents at most 1 ulp for both): 0.79 gamma_3 +
-#: 2 sqrt(2) 2^-51 < 8.1 u; 10 u is used.
+#: Error of one twiddle (pld_transforms.cpp: a ``twiddle_at`` value times an exact power of
+#: -i): the angle, reduced to [0, pi/4] in integers, is fl(fl(2 pi r) / n), within 0.79 gamma_3
+#: of the true one, and cos and sin are assumed within 2 ulp (2^-51) each (glibc documents at
+#: most 1 ulp for both): 0.79 gamma_3 + 2 sqrt(2) 2^-51 < 8.1 u; 10 u is used.
 _TWIDDLE = 10.0 * _UNIT
-#: Error of a twiddle formed as the product of two ``twiddle_at`` values (TwiddleTable beyond
-#: ``_FULL_TABLE_UP_TO`` points; up to there every twiddle is one ``twiddle_at`` value).
-_TABLE_TWIDDLE = (1.0 + _TWIDDLE) ** 2 * (1.0 + _PRODUCT) - 1.0
-_FULL_TABLE_UP_TO = 1 << 20
 
 
 def _twiddle_error(size: int) -> float:
-    return _TWIDDLE if size <= _FULL_TABLE_UP_TO else _TABLE_TWIDDLE
+    """Error of every twiddle of a transform on ``size`` points (the same at every size)."""
+    del size
+    return _TWIDDLE
+
+
 #: Relative margin on every bound below, for the rounding of the bound's own evaluation (a few
 #: dozen floating-point operations on positive numbers, each within 2^-53 relative).
 _MARGIN = 1.0 + 1e-9
@@ -190,14 +190,33 @@ def _size_factors(size: int) -> tuple[int, int]:
     return size >> levels, levels
 
 
-def forward_error(size: int) -> float:
-    """c with ``|X^_f - X_f| <= c ||x||_1`` at every frequency for :func:`certified_forward`
-    (the componentwise bound of the module docstring, part 1)."""
-    odd, levels = _size_factors(size)
-    twiddle = _twiddle_error(size)
+def _through_half(size: int) -> bool:
+    """Whether the inverse real transform on ``size`` points goes through a complex one on
+    size / 2 points (pld_transforms.cpp)."""
+    return size % 16 == 0
+
+
+def _complex_forward_error(points: int, twiddle: float) -> float:
+    """c_P with ``|Z^_f - Z_f| <= c_P ||z||_1`` for the complex transform on ``points``."""
+    odd, levels = _size_factors(points)
     first = (1.0 + twiddle) * (1.0 + _PRODUCT) * (1.0 + _gamma(odd - 1)) - 1.0
     butterfly = (1.0 + twiddle) * (1.0 + _PRODUCT) * (1.0 + _UNIT) - 1.0
-    return ((1.0 + first) * (1.0 + butterfly) ** levels - 1.0) * _MARGIN
+    return (1.0 + first) * (1.0 + butterfly) ** levels - 1.0
+
+
+def _complex_inverse_error(points: int, twiddle: float) -> float:
+    """c_I(P) with ``||z^ - z||_2 <= c_I ||Z||_2 / sqrt(P)`` for the inverse complex transform."""
+    odd, levels = _size_factors(points)
+    first = (1.0 + twiddle) * (1.0 + _PRODUCT) * (1.0 + _gamma(odd - 1)) - 1.0
+    butterfly = twiddle + _gamma(4) * (math.sqrt(2.0) + twiddle)
+    growth = (1.0 + first * math.sqrt(odd)) * (1.0 + butterfly) ** levels
+    return growth * (1.0 + _UNIT) ** 2 - 1.0
+
+
+def forward_error(size: int) -> float:
+    """c with ``|X^_f - X_f| <= c ||x||_1`` at every frequency for :func:`certified_forward`
+    (the componentwise bound of the module docstring, part 1: c_P with P = n)."""
+    return _complex_forward_error(size, _twiddle_error(size)) * _MARGIN
 
 
 def band_dft_error(length: int, size: int) -> float:
@@ -214,13 +233,15 @@ def band_dft_error(length: int, size: int) -> float:
 def inverse_error(size: int) -> float:
     """c with ``||x^ - x||_2 <= c ||X||_2 / sqrt(n)`` for :func:`certified_inverse`, i.e.
     ``||x^ - x||_1 <= c ||X||_2`` (Cauchy-Schwarz), ``||X||_2`` over the full Hermitian spectrum
-    (the normwise bound of the module docstring, part 3)."""
-    odd, levels = _size_factors(size)
+    (the normwise bound of the module docstring, part 3: c_I on n points, or through the
+    complex transform on n / 2 points)."""
     twiddle = _twiddle_error(size)
-    first = (1.0 + twiddle) * (1.0 + _PRODUCT) * (1.0 + _gamma(odd - 1)) - 1.0
-    butterfly = twiddle + _gamma(4) * (math.sqrt(2.0) + twiddle)
-    growth = (1.0 + first * math.sqrt(odd)) * (1.0 + butterfly) ** levels
-    return (growth * (1.0 + _UNIT) ** 2 - 1.0) * _MARGIN
+    if not _through_half(size):
+        return _complex_inverse_error(size, twiddle) * _MARGIN
+    product = (1.0 + twiddle) * (1.0 + _PRODUCT)
+    packing = (1.0 + _UNIT) * (_UNIT + product * (1.0 + _UNIT) - 1.0) / 2.0 + _UNIT
+    half = _complex_inverse_error(size // 2, twiddle)
+    return (half * (1.0 + 2.0 * packing) + 2.0 * packing) * _MARGIN
 
 
 def power_rounding(total_count: int) -> float:
@@ -240,16 +261,29 @@ def roundoff_floor(total_count: int) -> float:
         return 0.5 * power_rounding(total_count)
 
 
+#: From this many points a transform is split over the caller's threads
+#: (:func:`threads_for_caller`); the bits do not depend on the thread count.
+_THREADED_FROM = 1 << 16
+
+
+def _transform_threads(size: int) -> int:
+    return threads_for_caller() if size >= _THREADED_FROM else 1
+
+
 def certified_forward(values: np.ndarray, size: int) -> np.ndarray:
     """``rfft(values, size)`` by the transform of ``pld_transforms.cpp`` (error:
     :func:`forward_error`)."""
-    return _core.pld_certified_rfft(np.ascontiguousarray(values, dtype=float), size)
+    return _core.pld_certified_rfft(
+        np.ascontiguousarray(values, dtype=float), size, threads=_transform_threads(size)
+    )
 
 
 def certified_inverse(spectrum: np.ndarray, size: int) -> np.ndarray:
     """``irfft(spectrum, size)`` by the transform of ``pld_transforms.cpp`` (error:
     :func:`inverse_error`)."""
-    return _core.pld_certified_irfft(np.ascontiguousarray(spectrum, dtype=complex), size)
+    return _core.pld_certified_irfft(
+        np.ascontiguousarray(spectrum, dtype=complex), size, threads=_transform_threads(size)
+    )
 
 
 def certified_band(values: np.ndarray, size: int, reach: int) -> np.ndarray:
@@ -297,26 +331,6 @@ def _modulus_upper(transform: np.ndarray) -> np.ndarray:
     """An upper bound on ``|z|`` of each computed entry (sqrt(re^2 + im^2) in floating point is
     within 3 u of it)."""
     return np.abs(transform) * (1.0 + 4.0 * _UNIT)
-
-
-def forward_transform(values: np.ndarray, size: int) -> np.ndarray:
-    """Real FFT of ``values`` (already of length ``size``)."""
-    if size < _SPLIT_FROM or size % 4:
-        return scipy.fft.rfft(values, n=size, workers=1)
-    even, odd = _on_two_threads(lambda part: scipy.fft.rfft(part, workers=1), values[0::2], values[1::2])
-    return _core.fft_combine_halves(even, odd, size, _split_threads())
-
-
-def inverse_transform(spectrum: np.ndarray, size: int) -> np.ndarray:
-    """Inverse of :func:`forward_transform`."""
-    if size < _SPLIT_FROM or size % 4:
-        return scipy.fft.irfft(spectrum, n=size, workers=1)
-    halves = _core.fft_split_spectrum(spectrum, size, _split_threads())
-    even, odd = _on_two_threads(lambda part: scipy.fft.irfft(part, n=size // 2, workers=1), *halves)
-    out = np.empty(size)
-    out[0::2] = even
-    out[1::2] = odd
-    return out
 
 
 @dataclass(frozen=True)
@@ -1369,22 +1383,6 @@ def threads_for_caller() -> int:
     """Threads a C++ kernel called from this thread may use: one on a pool thread (the pool's
     other threads are busy with work of their own), else one per CPU."""
     return 1 if _in_pool_thread() else _WORKERS
-
-
-def _split_threads() -> int:
-    return min(threads_for_caller(), 2)
-
-
-def _on_two_threads(
-    function: Callable[[_Item], _Result], first: _Item, second: _Item
-) -> tuple[_Result, _Result]:
-    """``(function(first), function(second))``, the second on a pool thread while the calling
-    thread computes the first, unless the caller is itself a pool thread (then both in turn:
-    a pool thread waiting on the pool could wait forever) or there is one CPU."""
-    if _WORKERS < 2 or _in_pool_thread():
-        return function(first), function(second)
-    pending = _pool().submit(function, second)
-    return function(first), pending.result()
 
 
 def _pool() -> ThreadPoolExecutor:

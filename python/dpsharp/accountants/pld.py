@@ -62,6 +62,7 @@ from dpsharp._validation import (
     require_real,
     require_real_array,
 )
+from dpsharp.accountants import _pld_gaussian
 from dpsharp.accountants._pld_numerics import (
     ComposedPLD,
     DiscretePLD,
@@ -500,6 +501,7 @@ class PLDAccountant(Accountant):
         self._leaf_variances: list[float] = []
         self._base_steps: dict[tuple[int, int], float] = {}
         self._laplace_seen: list[Any] = [0, set()]  # (leaves looked at, their Laplace losses)
+        self._gaussian_memo: list[Any] = []  # [(events, steps), _exact_gaussian's value]
 
     # ------------------------------------------------------------------ queries
     def _bounds_at(
@@ -512,6 +514,10 @@ class PLDAccountant(Accountant):
         return self._epsilon_side(delta, pessimistic=True, refinement=0)
 
     def _epsilon_side(self, delta: float, *, pessimistic: bool, refinement: int) -> float:
+        gaussian = self._exact_gaussian()
+        if gaussian is not None:  # exact: no grid, no FFT (_pld_gaussian)
+            lower, upper = _pld_gaussian.epsilon_bounds(delta, *gaussian)
+            return upper if pessimistic else lower
         if not self._bounded_loss_only():
             self._check_floor_up_front(2.0, delta)
         tail = _tail_for(delta, self._precision)
@@ -561,6 +567,31 @@ class PLDAccountant(Accountant):
             if coarse > best:
                 best = max(best, upper_value(self._composed(direction, True, step, tail)))
         return best
+
+    def _exact_gaussian(self) -> tuple[float, float] | None:
+        """(low, high) bounds on mu^2 = sum_i c_i / sigma_i^2 when every composed event is, in
+        every direction, a plain Gaussian mechanism (the pair N(1/sigma, 1), N(0, 1): Gaussian,
+        Poisson sampling with q = 1, a full sample without replacement); the composition is
+        then exactly mu-GDP (Dong, Roth, Su 2019, Cor. 3.3) and answered by the closed form of
+        :mod:`._pld_gaussian` instead of a grid and FFTs. None otherwise. A function of the
+        composed multiset only (memoised on its size)."""
+        key = (len(self._counts), self._steps())
+        memo = self._gaussian_memo
+        if memo and memo[0] == key:
+            return memo[1]
+        terms: dict[float, int] | None = {}
+        for direction in self._directions():
+            for leaf, count in zip(self._exact_keys(direction), self._counts.values()):
+                if leaf.mechanism != _GAUSSIAN or leaf.rate != 1.0:
+                    terms = None
+                    break
+                if direction == "remove":
+                    terms[leaf.parameter] = terms.get(leaf.parameter, 0) + count
+            if terms is None:
+                break
+        value = None if terms is None else _pld_gaussian.mu_squared_bounds(terms.items())
+        self._gaussian_memo = [key, value]
+        return value
 
     def _bounded_loss_only(self) -> bool:
         """Whether every composed event is a Laplace mechanism (bounded loss, whose support
@@ -625,6 +656,9 @@ class PLDAccountant(Accountant):
         just below a power of ten would otherwise move the second pass to a ten times smaller
         budget and another composition.)"""
         tail = _TAIL_BUDGET
+        gaussian = self._exact_gaussian()
+        if gaussian is not None:  # exact: no grid, no FFT (_pld_gaussian)
+            return _pld_gaussian.delta_bounds(epsilon, *gaussian)[1], tail
         best, best_tail = math.inf, tail
         for _ in range(2):
             upper = self._worst_direction(
@@ -674,6 +708,9 @@ class PLDAccountant(Accountant):
         epsilon = require_epsilon(epsilon)
         if self.is_empty:
             return 0.0, 0.0
+        gaussian = self._exact_gaussian()
+        if gaussian is not None:  # exact: no grid, no FFT (_pld_gaussian)
+            return _pld_gaussian.delta_bounds(epsilon, *gaussian)
         upper, tail = self._delta_upper(epsilon)
         lowers = self._bounds_at(0, tail, False)
         lower = max(r.delta(epsilon, pessimistic=False) for r in lowers)
@@ -742,6 +779,8 @@ class PLDAccountant(Accountant):
         if self.is_empty:
             return 0.0
         gaussian_mu = self._gaussian_mu()
+        if self._exact_gaussian() is not None:  # exactly gaussian_mu-GDP (_pld_gaussian)
+            return gaussian_mu
         results = self._bounds_at(0, _TAIL_BUDGET, True)
         curves = [r.delta_curve(pessimistic=True) for r in results]
         if any(r.infinity_mass + r.above > 0 for r in results):
