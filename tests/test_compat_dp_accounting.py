@@ -291,12 +291,19 @@ GAUSSIAN_CASES = [
 ]
 
 
-@pytest.mark.parametrize("family", ["pld", "rdp"])
-@pytest.mark.parametrize(("relation", "event", "count", "mu"),
-                         [case[1:] for case in GAUSSIAN_CASES],
-                         ids=[case[0] for case in GAUSSIAN_CASES])
+# The PLD adapter on compositions and on REPLACE_SPECIAL costs seconds a case: those run with
+# the slow sweeps; one case per relation and the RDP adapter on every case stay in the default.
+PLD_SLOW_CASES = {"add-composed", "replace-G(2)x5", "replace-composed", "replace-G(4)-count3",
+                  "special-composed"}
+
+
+@pytest.mark.parametrize(("relation", "event", "count", "mu", "family"), [
+    pytest.param(*case[1:], family, id=f"{case[0]}-{family}",
+                 marks=[pytest.mark.slow] if family == "pld" and case[0] in PLD_SLOW_CASES else [])
+    for family in ("pld", "rdp") for case in GAUSSIAN_CASES
+])
 def test_gaussian_events_keep_dp_accountings_sensitivity(
-    family: str, relation: object, event: object, count: int, mu: float
+    relation: object, event: object, count: int, mu: float, family: str
 ) -> None:
     """Never below dp-accounting's own PLD value nor the exact epsilon (Balle and Wang 2018)
     of the mechanism the event defines, and tight: PLDAccountant(REPLACE_ONE) with
@@ -635,6 +642,7 @@ def test_zcdp_events_are_their_definitions_rdp_curve(rho: float, xi: float) -> N
         compat.RdpAccountant().compose(dp.dp_event.ZCDpEvent(0.1, -1.0))
 
 
+@pytest.mark.slow
 def test_sampled_compositions_of_gaussians_are_one_gaussian() -> None:
     """PoissonSampledDpEvent(q, ComposedDpEvent([G(1), SelfComposed(G(2), 4)])) is the
     Poisson-sampled Gaussian of noise multiplier (1 + 4/4)^(-1/2) (mu-GDP composition, Dong,

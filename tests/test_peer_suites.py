@@ -17,7 +17,7 @@ import pytest
 
 pytest.importorskip("dp_accounting")
 
-pytestmark = pytest.mark.peers
+pytestmark = [pytest.mark.peers, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "peers"))

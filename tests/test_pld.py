@@ -501,6 +501,7 @@ _mechanism_events = st.one_of(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=12, deadline=None)
 @given(
     precision=st.sampled_from([1e-2, 1e-3]),
@@ -546,7 +547,8 @@ def test_random_compositions_keep_every_contract(
     ],
 )
 @pytest.mark.parametrize("pessimistic", [True, False])
-@pytest.mark.parametrize(("step", "threads"), [(2.0**-10, 1), (2.0**-10, 2), (2.0**-13, 3)])
+@pytest.mark.parametrize(("step", "threads"), [(2.0**-10, 1), (2.0**-10, 2),
+                                               pytest.param(2.0**-13, 3, marks=pytest.mark.slow)])
 def test_batched_discretisation_is_bit_identical(
     mechanism: int, rate: float, sigmas: object, pessimistic: bool, step: float, threads: int
 ) -> None:
@@ -584,7 +586,7 @@ def _flat_composition(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.parametrize("precision", [1e-2, 1e-3])
-@pytest.mark.parametrize(("count", "gap"), [(300, 1.0), (2000, 2.0)])
+@pytest.mark.parametrize(("count", "gap"), [(300, 1.0), pytest.param(2000, 2.0, marks=pytest.mark.slow)])
 def test_two_level_composition_brackets_exact_gaussians(precision: float, count: int, gap: float) -> None:
     """300 or 2,000 distinct Gaussians (well over the 64 that switch to the two-level
     composition): the certified bracket holds the exact Gaussian composition at several deltas.
@@ -606,6 +608,7 @@ def test_two_level_composition_brackets_exact_gaussians(precision: float, count:
         assert delta_lower <= delta * (1 + 1e-9) and delta_upper >= delta * (1 - 1e-9)
 
 
+@pytest.mark.slow
 def test_two_level_composition_agrees_with_the_flat_one(monkeypatch: pytest.MonkeyPatch) -> None:
     """The two-level composition of 1,000 distinct Poisson-subsampled Gaussians against the same
     discretised PLDs composed in one level: both are certified bounds of the same discretised
@@ -642,7 +645,8 @@ def test_composed_pld_excess_lowers_only_the_optimistic_side() -> None:
     assert slack.delta(0.2, pessimistic=False) == pytest.approx(plain.delta(0.2, pessimistic=False) - 1e-3, abs=1e-15)
 
 
-@pytest.mark.parametrize("group_tail", [0.3, 1e-1, 1e-2, 1e-3, None])
+@pytest.mark.parametrize("group_tail", [0.3, pytest.param(1e-1, marks=pytest.mark.slow),
+                                        pytest.param(1e-2, marks=pytest.mark.slow), 1e-3, None])
 @pytest.mark.parametrize("mechanism", [0, 2])
 def test_two_level_bookkeeping_keeps_each_side(group_tail: float | None, mechanism: int) -> None:
     """The two-level composition of 100 distinct PLDs with coarse first-level windows (tail up to

@@ -243,6 +243,7 @@ def test_adp_calibrated_meets_the_constant_runs_epsilon() -> None:
     assert acc.epsilon(delta) <= result.target * (1 + 1e-9)
 
 
+@pytest.mark.slow
 @needs_pld
 def test_adp_full_batch_matches_gaussian_closed_form() -> None:
     """q = 1: the run is the Gaussian mechanism with mu^2 = sum 1/sigma_t^2 (Dong, Roth, Su), so

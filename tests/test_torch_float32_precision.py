@@ -260,6 +260,7 @@ def test_linear_layer_on_a_large_batch_sums_in_blocks() -> None:
     check(model, x, t, linear_sum, clipped=True, floor=LONG_FLOOR)
 
 
+@pytest.mark.slow
 def test_linear_layer_on_long_sequences_gram_path_sums_in_blocks() -> None:
     # 2^16 examples of 16 positions: one clipped sum over 2^20 rows
     torch.manual_seed(7)
@@ -269,6 +270,7 @@ def test_linear_layer_on_long_sequences_gram_path_sums_in_blocks() -> None:
     check(model, x, t, linear_sum, clipped=True, floor=LONG_FLOOR)
 
 
+@pytest.mark.slow
 def test_convolution_gram_path_sums_in_blocks() -> None:
     torch.manual_seed(8)
     model = Pooled(nn.Conv1d(64, 128, 3, padding=1))
