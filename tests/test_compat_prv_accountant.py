@@ -1,14 +1,30 @@
-"""dpsharp.compat.prv_accountant: prv-accountant's ``Accountant`` on dpsharp's PLD accountant,
-checked against prv-accountant 0.2.0 on the same settings."""
+"""dpsharp.compat.prv_accountant: prv-accountant's module tree (``PRVAccountant``, the
+deprecated ``Accountant``, ``dpsgd``, the privacy random variables, ``compute-dp-epsilon``) on
+dpsharp's PLD accountant, checked against closed forms (the exact Gaussian curve, the PRVs'
+normalisation E[e^-Y] = 1) and against prv-accountant 0.2.0 on the same settings."""
 
 from __future__ import annotations
 
 import math
+import re
+import subprocess
+import sys
+import warnings
 
 import dpsharp
+import numpy as np
 import pytest
-from _gaussian_reference import exact_epsilon_lower
-from dpsharp.compat.prv_accountant import Accountant
+from _gaussian_reference import exact_delta, exact_epsilon_lower
+from dpsharp.compat import prv_accountant as compat
+from scipy.integrate import quad
+
+
+def Accountant(**kwargs):  # type: ignore[no-untyped-def]
+    """The deprecated ``Accountant``, whose prv-accountant DeprecationWarning is checked once in
+    test_deprecated_accountant_warns_as_prv_accountant_does."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "`Accountant` will be deprecated", DeprecationWarning)
+        return compat.Accountant(**kwargs)
 
 
 def built() -> None:
@@ -25,7 +41,8 @@ def test_semantics_bounds_and_max_compositions() -> None:
     pld = dpsharp.accountant("pld").compose(dpsharp.PoissonSampled(dpsharp.Gaussian(0.8), 5e-3), 1000)
     # eps_error = 0.05 is looser than the default precision: the bracket is the PLD's own
     assert (lower, upper) == tuple(pld.epsilon_bounds(1e-6))
-    assert estimate == 0.5 * (lower + upper)
+    # the estimate is dpsharp's one certified number for the composition
+    assert estimate == upper == pld.epsilon(1e-6)
     # fewer compositions after more: answered from a fresh composition, monotone in T
     small = acc.compute_epsilon(100)
     assert small[2] < upper and small[0] <= small[1] <= small[2]
@@ -87,3 +104,292 @@ def test_noise_multiplier_is_relative_to_the_add_remove_sensitivity(
     ).compute_epsilon(steps)
     assert lower <= exact <= upper
     assert upper <= exact * (1 + 1e-3)
+
+
+def test_deprecated_accountant_warns_as_prv_accountant_does() -> None:
+    built()
+    with pytest.deprecated_call(match="PRVAccountant"):
+        acc = compat.Accountant(noise_multiplier=0.8, sampling_probability=5e-3, delta=1e-6,
+                                eps_error=0.1, max_compositions=1000)
+    assert acc.compute_epsilon(num_compositions=10)[2] > 0.0
+
+
+def test_module_tree_mirrors_prv_accountant() -> None:
+    from dpsharp.compat.prv_accountant.accountant import PRVAccountant
+    from dpsharp.compat.prv_accountant.dpsgd import DPSGDAccountant, find_noise_multiplier
+    from dpsharp.compat.prv_accountant.privacy_random_variables import (
+        GaussianMechanism,
+        LaplaceMechanism,
+        PoissonSubsampledGaussianMechanism,
+    )
+
+    assert PRVAccountant is compat.PRVAccountant and issubclass(DPSGDAccountant, PRVAccountant)
+    assert find_noise_multiplier is compat.dpsgd.find_noise_multiplier
+    assert GaussianMechanism is compat.GaussianMechanism
+    assert LaplaceMechanism is compat.privacy_random_variables.LaplaceMechanism
+    assert PoissonSubsampledGaussianMechanism is compat.PoissonSubsampledGaussianMechanism
+
+
+def _normalisation(prv: compat.PrivacyRandomVariable, low: float, high: float) -> float:
+    """E[e^-Y] = sum over the pair's outputs of Q = 1 for a PRV Y = log(P/Q)(X), X ~ P, with no
+    mass at infinity: the integral of e^-t dF(t) = the integral of e^-t F(t) dt over [low, high]
+    plus the boundary term e^-high F(high) (F(low) = 0)."""
+    points = [p for p in (-1e-2, 0.0, 1e-2) if low < p < high]
+    body, _ = quad(lambda t: math.exp(-t) * prv.cdf(t), low, high, points=points, limit=500)
+    return body + math.exp(-high) * prv.cdf(high)
+
+
+@pytest.mark.parametrize(
+    "prv",
+    [
+        compat.PoissonSubsampledGaussianMechanism(1e-2, 1.0),
+        compat.PoissonSubsampledGaussianMechanism(0.3, 0.7),
+        compat.GaussianMechanism(2.0),
+        compat.LaplaceMechanism(0.5),
+        compat.PureDPMechanism(0.8),
+    ],
+    ids=repr,
+)
+def test_privacy_random_variables_are_normalised(prv: compat.PrivacyRandomVariable) -> None:
+    """Each PRV's cdf is the law of a privacy loss: E[e^-Y] = 1 (Gopi, Lee, Wutschitz 2021,
+    the PRV of a pair (P, Q) has E_P[Q/P] = 1)."""
+    assert _normalisation(prv, -40.0, 40.0) == pytest.approx(1.0, abs=1e-7)
+
+
+@pytest.mark.peers
+def test_privacy_random_variables_match_prv_accountant() -> None:
+    peer = pytest.importorskip("prv_accountant")
+    ts = np.array([math.log1p(-1e-2) - 1, math.log1p(-1e-2) / 2, 0.0, 1e-3, 0.5, 3.0, 100.0])
+    pairs = [
+        (compat.PoissonSubsampledGaussianMechanism(1e-2, 1.0),
+         peer.PoissonSubsampledGaussianMechanism(1e-2, 1.0)),
+        (compat.PoissonSubsampledGaussianMechanism(0.2, 3.0),
+         peer.PoissonSubsampledGaussianMechanism(0.2, 3.0)),
+        (compat.GaussianMechanism(8.0, l2_sensitivity=2.0),
+         peer.GaussianMechanism(8.0, l2_sensitivity=2.0)),
+        (compat.PureDPMechanism(0.3), peer.PureDPMechanism(0.3)),
+    ]
+    for ours, theirs in pairs:
+        np.testing.assert_allclose(ours.cdf(ts), theirs.cdf(ts), rtol=1e-9, atol=1e-15)
+    # the Laplace PRV: the same away from its atoms; at the atom -mu the cdf here is right-
+    # continuous (P(Y <= -mu) = e^-mu / 2), prv-accountant's gives the left limit 0
+    mu = 0.5
+    laplace, peer_laplace = compat.LaplaceMechanism(mu), peer.LaplaceMechanism(mu)
+    away = np.array([-1.0, -0.3, 0.0, 0.2, 0.6])
+    np.testing.assert_allclose(laplace.cdf(away), peer_laplace.cdf(away), rtol=1e-12)
+    assert laplace.cdf(-mu) == pytest.approx(0.5 * math.exp(-mu)) and peer_laplace.cdf(-mu) == 0
+    for alpha in (1.5, 2.0, 8.0, 32.0):
+        assert compat.PoissonSubsampledGaussianMechanism(1e-2, 1.0).rdp(alpha) == pytest.approx(
+            peer.PoissonSubsampledGaussianMechanism(1e-2, 1.0).rdp(alpha), rel=1e-6)
+        assert laplace.rdp(alpha) == pytest.approx(float(peer_laplace.rdp(alpha)), rel=1e-9)
+
+
+def test_gaussian_composition_brackets_the_exact_curve() -> None:
+    """q = 1 is the Gaussian mechanism: after T steps mu = sqrt(T) / sigma, whose exact
+    delta(eps) and eps(delta) every certified bracket contains (Dong, Roth, Su 2019)."""
+    built()
+    sigma, steps = 10.0, 400
+    acc = compat.PRVAccountant(
+        prvs=[compat.PoissonSubsampledGaussianMechanism(sampling_probability=1.0,
+                                                        noise_multiplier=sigma)],
+        max_self_compositions=[steps], eps_error=0.01, delta_error=1e-10)
+    mu = math.sqrt(steps) / sigma
+    for eps in (0.1, 1.0, 5.0):
+        low, estimate, high = acc.compute_delta(eps, [steps])
+        exact = exact_delta(eps, mu)
+        assert low <= exact <= high and estimate == high
+        assert high - low <= 1e-3 * exact + 1e-12
+    low, estimate, high = acc.compute_epsilon(delta=1e-6, num_self_compositions=[steps])
+    exact = exact_epsilon_lower(1e-6, mu)
+    assert low <= exact <= high <= exact + 2 * 0.01 and estimate == high
+
+
+def test_heterogeneous_gaussians_compose_to_one_gaussian() -> None:
+    """N(0, 10^2) 50 times and N(0, 5^2) 50 times: one Gaussian with
+    mu = sqrt(50/100 + 50/25)."""
+    built()
+    acc = compat.PRVAccountant(
+        prvs=[compat.GaussianMechanism(10.0), compat.GaussianMechanism(5.0)],
+        max_self_compositions=[50, 50], eps_error=0.01, delta_error=1e-10)
+    low, _, high = acc.compute_delta(4.0, [50, 50])
+    exact = exact_delta(4.0, math.sqrt(50 / 100 + 50 / 25))
+    assert low <= exact <= high
+    lo, _, hi = acc.compute_epsilon(1e-5, [50, 50])
+    assert lo <= exact_epsilon_lower(1e-5, math.sqrt(2.5)) <= hi
+
+
+def test_growing_compositions_reuse_the_accountant() -> None:
+    """Asking for more compositions composes only the new ones into the same PLD accountant,
+    with the numbers of a fresh composition (its answers depend on the multiset only)."""
+    built()
+    prv = compat.PoissonSubsampledGaussianMechanism(sampling_probability=0.01,
+                                                    noise_multiplier=1.0)
+    acc = compat.DPSGDAccountant(noise_multiplier=1.0, sampling_probability=0.01,
+                                 max_steps=2000)
+    acc.compute_epsilon(delta=1e-5, num_steps=500)
+    inner = acc._accountant
+    grown = acc.compute_epsilon(delta=1e-5, num_steps=2000)
+    assert acc._accountant is inner
+    fresh = dpsharp.accountant("pld").compose(prv.event, 2000)  # type: ignore[arg-type]
+    assert grown[2] == fresh.epsilon(1e-5) and grown[0] == fresh.epsilon_bounds(1e-5)[0]
+    assert acc.compute_epsilon(delta=1e-5, num_steps=500)[2] < grown[2]
+    with pytest.raises(ValueError, match="exceeds the maximum number of compositions"):
+        acc.compute_epsilon(delta=1e-5, num_steps=2001)
+
+
+@pytest.mark.peers
+@pytest.mark.slow
+def test_readme_composition_agrees_with_prv_accountant() -> None:
+    """prv-accountant's own heterogeneous example: a Poisson-subsampled Gaussian, a Gaussian and
+    a Laplace mechanism. Both brackets contain the optimal epsilon, so they overlap; dpsharp's
+    is certified and within 2 eps_error."""
+    peer = pytest.importorskip("prv_accountant")
+    built()
+
+    def bracket(lib):  # type: ignore[no-untyped-def]
+        prvs = [lib.PoissonSubsampledGaussianMechanism(noise_multiplier=0.8,
+                                                       sampling_probability=5e-3),
+                lib.GaussianMechanism(noise_multiplier=8.0), lib.LaplaceMechanism(mu=0.1)]
+        acc = lib.PRVAccountant(prvs=prvs, max_self_compositions=[1_000] * 3, eps_error=0.1,
+                                delta_error=1e-10)
+        return acc.compute_epsilon(delta=1e-6, num_self_compositions=[100, 200, 100])
+
+    mine, theirs = bracket(compat), bracket(peer)
+    assert mine[0] <= theirs[2] and theirs[0] <= mine[2]
+    assert mine[2] - mine[0] <= 0.2 and mine[2] <= theirs[2]
+    # prv-accountant's own PRV objects are read by their parameters
+    prvs = [peer.PoissonSubsampledGaussianMechanism(noise_multiplier=0.8,
+                                                    sampling_probability=5e-3),
+            peer.GaussianMechanism(noise_multiplier=8.0), peer.LaplaceMechanism(mu=0.1)]
+    acc = compat.PRVAccountant(prvs=prvs, max_self_compositions=[1_000] * 3, eps_error=0.1,
+                               delta_error=1e-10)
+    assert acc.compute_epsilon(1e-6, [100, 200, 100]) == mine
+
+
+def test_refusals_name_the_privacy_random_variable() -> None:
+    class OwnCdf:
+        def cdf(self, t: float) -> float:
+            return float(t >= 0)
+
+    with pytest.raises(dpsharp.UnsupportedEventError, match=r"prvs\[0\].*prvs\[1\].*replace-one"):
+        compat.PRVAccountant(prvs=[compat.PoissonSubsampledGaussianMechanism(0.1, 1.0),
+                                   compat.ApproximateDPMechanism(0.1, 1e-6)],
+                             eps_error=0.1, delta_error=1e-9)
+    with pytest.raises(dpsharp.UnsupportedEventError, match=r"prvs\[0\].*given only by its CDF"):
+        compat.PRVAccountant(prvs=OwnCdf(), eps_error=0.1, delta_error=1e-9)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="max_self_compositions must have one entry per PRV"):
+        compat.PRVAccountant(prvs=[compat.GaussianMechanism(1.0)], eps_error=0.1,
+                             delta_error=1e-9, max_self_compositions=[1, 2])
+    for kwargs, name in (({"eps_error": 0.0}, "eps_error"), ({"delta_error": 1.0}, "delta_error")):
+        arguments = {"prvs": compat.GaussianMechanism(1.0), "eps_error": 0.1, "delta_error": 1e-9}
+        arguments.update(kwargs)
+        with pytest.raises(ValueError, match=name):
+            compat.PRVAccountant(**arguments)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="sampling_probability"):
+        compat.PoissonSubsampledGaussianMechanism(1.5, 1.0)
+    with pytest.raises(ValueError, match="noise_multiplier"):
+        compat.GaussianMechanism(0.0)
+    # a PRV whose loss is 0 (q = 0, eps = 0) composes to nothing
+    null = compat.PRVAccountant(prvs=[compat.PoissonSubsampledGaussianMechanism(0.0, 1.0),
+                                      compat.PureDPMechanism(0.0)],
+                                eps_error=0.1, delta_error=1e-9, max_self_compositions=[5, 5])
+    assert null.compute_epsilon(1e-5, [5, 5]) == (0.0, 0.0, 0.0)
+
+
+def test_find_noise_multiplier_is_conservative() -> None:
+    """The certified epsilon at the returned sigma is <= the target and within eps_error of
+    it (prv-accountant's search may overshoot by eps_error); the exact Gaussian curve at
+    q = 1 checks it independently."""
+    built()
+    target, delta, steps = 2.0, 1e-5, 50
+    sigma = compat.dpsgd.find_noise_multiplier(sampling_probability=1.0, num_steps=steps,
+                                                target_epsilon=target, target_delta=delta,
+                                                eps_error=0.05)
+    exact = exact_epsilon_lower(delta, math.sqrt(steps) / sigma)
+    assert target - 0.05 - 1e-3 <= exact <= target
+    upper = compat.DPSGDAccountant(sigma, 1.0, max_steps=steps).compute_epsilon(delta, steps)[2]
+    assert upper <= target
+    with pytest.raises(RuntimeError, match="mu_max"):
+        compat.dpsgd.find_noise_multiplier(0.5, 1000, 0.01, 1e-10, mu_max=2.0)
+
+
+@pytest.mark.peers
+@pytest.mark.slow
+def test_find_noise_multiplier_agrees_with_prv_accountant() -> None:
+    peer_dpsgd = pytest.importorskip("prv_accountant.dpsgd")
+    built()
+    args = {"sampling_probability": 2e-3, "num_steps": 2000, "target_epsilon": 2.0,
+            "target_delta": 1e-6}
+    mine = compat.dpsgd.find_noise_multiplier(**args)
+    theirs = peer_dpsgd.find_noise_multiplier(**args)
+    # both within the 0.1 epsilon tolerance of the target: the sigmas agree to a few percent
+    assert mine == pytest.approx(theirs, rel=0.05)
+    low, _, high = peer_dpsgd.DPSGDAccountant(mine, 2e-3, max_steps=2000).compute_epsilon(
+        delta=1e-6, num_steps=2000)
+    assert low <= 2.0 and high >= 2.0 - 0.1 - 0.2
+
+
+def test_compute_dp_epsilon_command(capsys: pytest.CaptureFixture[str]) -> None:
+    """``python -m dpsharp.compat.prv_accountant`` takes compute-dp-epsilon's flags and prints
+    its lines; the PRV line is dpsharp's certified PLD bracket."""
+    built()
+    out = subprocess.run([sys.executable, "-m", "dpsharp.compat.prv_accountant", "-p", "5e-3",
+                          "-s", "0.8", "-d", "1e-6", "-i", "1000"], capture_output=True,
+                         text=True, check=True, timeout=300).stdout
+    lines = {line.split(":", 1)[0]: line for line in out.splitlines() if "eps_upper" in line}
+    assert set(lines) == {"PRV Accountant", "RDP Accountant"}
+    fields = dict(re.findall(r"(eps_\w+) = +([-+.\deinf]+)", lines["PRV Accountant"]))
+    event = dpsharp.PoissonSampled(dpsharp.Gaussian(0.8), 5e-3)
+    lower, upper = dpsharp.accountant("pld").compose(event, 1000).epsilon_bounds(1e-6)
+    # prv-accountant's format, 3 significant digits
+    assert float(fields["eps_upper"]) == float(f"{upper:6.3}")
+    assert float(fields["eps_lower"]) == float(f"{lower:6.3}")
+    # the long flags, in process
+    assert compat.main(["--sampling-probability", "5e-3", "--noise-multiplier", "0.8",
+                        "--delta", "1e-6", "--num-compositions", "1000"]) == 0
+    assert capsys.readouterr().out == out
+    with pytest.raises(SystemExit) as exit_info:
+        compat.main(["-p", "5e-3"])
+    assert exit_info.value.code == 2 and "--noise-multiplier" in capsys.readouterr().err
+
+
+def _binary_composition_delta(eps: float, delta: float, count: int, at: float) -> float:
+    """The exact delta(at) of ``count`` (eps, delta)-DP mechanisms composed: the mass
+    D = 1 - (1 - delta)^count at +inf, and binary randomized response's losses
+    eps (2B - count), B ~ Binomial(count, e^eps / (1 + e^eps)) (Kairouz, Oh, Viswanath 2015),
+    summed in mpmath."""
+    import mpmath
+
+    with mpmath.workdps(40):
+        p = mpmath.exp(eps) / (1 + mpmath.exp(eps))
+        finite = mpmath.fsum(
+            mpmath.binomial(count, b) * p**b * (1 - p) ** (count - b)
+            * max(mpmath.mpf(0), 1 - mpmath.exp(at - eps * (2 * b - count)))
+            for b in range(count + 1))
+        infinity = 1 - (1 - mpmath.mpf(delta)) ** count
+        return float(infinity + (1 - infinity) * finite)
+
+
+@pytest.mark.parametrize(("eps", "delta", "count"), [(0.3, 1e-4, 20), (1.0, 0.0, 7), (0.0, 1e-6, 50)])
+def test_approximate_dp_composition_is_exact(eps: float, delta: float, count: int) -> None:
+    """ApproximateDPMechanism / PureDPMechanism: the certified bracket of the composition holds
+    the exact binomial answer, and a Gaussian composes alongside (a replace-one pair too)."""
+    built()
+    prv = (compat.ApproximateDPMechanism(eps, delta) if delta else compat.PureDPMechanism(eps))
+    acc = compat.PRVAccountant(prvs=[prv, compat.GaussianMechanism(3.0)], eps_error=0.01,
+                               delta_error=1e-12, max_self_compositions=[count, 4])
+    for at in (0.0, 0.5, 2.0):
+        exact = _binary_composition_delta(eps, delta, count, at)
+        low, estimate, high = acc.compute_delta(at, [count, 0])
+        assert low <= exact * (1 + 1e-12) and exact <= high * (1 + 1e-12) and estimate == high
+        assert high - low <= 1e-3 * exact + 1e-12
+        composed = acc.compute_composition([count, 0])
+        assert composed.compute_delta_estimate(at) == high
+    target = 1.5 * (1 - (1 - delta) ** count) + 1e-3
+    low, _, high = acc.compute_epsilon(target, [count, 0])
+    assert _binary_composition_delta(eps, delta, count, high) <= target * (1 + 1e-9)
+    if low > 0:
+        assert _binary_composition_delta(eps, delta, count, low) >= target * (1 - 1e-9)
+    # below the mass at +inf no epsilon exists
+    if delta:
+        assert acc.compute_epsilon(0.5 * (1 - (1 - delta) ** count), [count, 4])[2] == math.inf

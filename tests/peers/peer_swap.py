@@ -88,11 +88,46 @@ def _swap_opacus() -> None:
     _set("opacus.privacy_engine", "get_noise_multiplier", calibrate)
 
 
+def _swap_prv_accountant() -> None:
+    from dpsharp.compat import prv_accountant as adapter
+
+    classes = {
+        "PRVAccountant": adapter.PRVAccountant,
+        "Accountant": adapter.Accountant,
+        "PoissonSubsampledGaussianMechanism": adapter.PoissonSubsampledGaussianMechanism,
+        "GaussianMechanism": adapter.GaussianMechanism,
+        "LaplaceMechanism": adapter.LaplaceMechanism,
+        "PureDPMechanism": adapter.PureDPMechanism,
+        "ApproximateDPMechanism": adapter.ApproximateDPMechanism,
+    }
+    for cls in (*classes.values(), adapter.DPSGDAccountant, adapter.PrivacyRandomVariable,
+                adapter.ComposedPrivacyRandomVariable):
+        _flag_class(cls)
+    for name, cls in classes.items():
+        _set("prv_accountant", name, cls)
+    _set("prv_accountant.accountant", "PRVAccountant", adapter.PRVAccountant)
+    _set("prv_accountant.accountant", "Accountant", adapter.Accountant)
+    mechanisms = {
+        "poisson_subsampled_gaussian_mechanism": "PoissonSubsampledGaussianMechanism",
+        "gaussian_mechanism": "GaussianMechanism",
+        "laplace_mechanism": "LaplaceMechanism",
+        "pure_dp_mechanism": "PureDPMechanism",
+        "approximate_dp": "ApproximateDPMechanism",
+    }
+    for module, name in mechanisms.items():
+        _set("prv_accountant.privacy_random_variables", name, classes[name])
+        _set(f"prv_accountant.privacy_random_variables.{module}", name, classes[name])
+    _set("prv_accountant.dpsgd", "DPSGDAccountant", adapter.DPSGDAccountant)
+    _set("prv_accountant.dpsgd", "find_noise_multiplier",
+         _flagging(adapter.find_noise_multiplier))
+
+
 def pytest_configure(config: Any) -> None:
     if os.environ.get("DPSHARP_PEER_MODE", "adapter") != "adapter":
         return
     suite = os.environ["DPSHARP_PEER_SUITE"]
-    {"dp_accounting": _swap_dp_accounting, "opacus": _swap_opacus}[suite]()
+    {"dp_accounting": _swap_dp_accounting, "opacus": _swap_opacus,
+     "prv_accountant": _swap_prv_accountant}[suite]()
 
 
 def pytest_runtest_setup(item: Any) -> None:

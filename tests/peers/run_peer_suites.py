@@ -47,12 +47,66 @@ SUITES: dict[str, tuple[list[str], list[str]]] = {
         # about 5 minutes on two cores (a hypothesis search calibrates sigma 100 times)
         ["tests/accountants_test.py", "tests/accounting_noise_multiplier_test.py"],
     ),
+    # prv-accountant 0.2.0's tests folder, from its source (:func:`prv_sources`); relative to it
+    "prv_accountant": (["."], []),
 }
+
+#: suite -> the folder its files are relative to, where it is not the installed package's
+SOURCE_DIRS: dict[str, Path] = {}
+
+PRV_VERSION = "0.2.0"
+PRV_REPOSITORY = "https://github.com/microsoft/prv_accountant"
 
 
 def package_dir(suite: str) -> Path:
+    if suite in SOURCE_DIRS:
+        return SOURCE_DIRS[suite]
     module = __import__(suite)
     return Path(module.__file__).resolve().parent
+
+
+def prv_sources(work: Path) -> tuple[Path | None, str]:
+    """prv-accountant 0.2.0's ``tests`` folder under ``work`` and how it was found, or None and
+    why not. Tried in turn: its sdist (``pip download --no-binary :all:``; the 0.2.0 sdist
+    ships no tests), a git repository of it named by ``DPSHARP_PRV_ACCOUNTANT_GIT`` (tag
+    v0.2.0, read with ``git archive``), and a shallow ``git clone`` of the tag."""
+    notes = []
+    sdist = work / "sdist"
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "download", f"prv-accountant=={PRV_VERSION}",
+         "--no-binary", ":all:", "--no-deps", "-d", str(sdist), "-q"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )
+    archives = sorted(sdist.glob("*.tar.gz")) if sdist.exists() else []
+    if done.returncode == 0 and archives:
+        subprocess.run(["tar", "-xzf", str(archives[0]), "-C", str(sdist)], check=True)
+        found = sorted(sdist.glob("*/tests"))
+        if found:
+            return found[0], "its sdist (pip download)"
+        notes.append("the sdist (pip download) ships no tests")
+    else:
+        tail = (done.stderr or done.stdout).strip().splitlines()
+        notes.append("pip cannot fetch the sdist: " + (tail[-1] if tail else f"rc {done.returncode}"))
+    target = work / "git"
+    target.mkdir()
+    local = os.environ.get("DPSHARP_PRV_ACCOUNTANT_GIT", "")
+    if local:
+        archive = subprocess.run(["git", "-C", local, "archive", f"v{PRV_VERSION}", "tests"],
+                                 capture_output=True, check=False)
+        if archive.returncode == 0:
+            subprocess.run(["tar", "-x", "-C", str(target)], input=archive.stdout, check=True)
+            return target / "tests", f"git archive v{PRV_VERSION} of DPSHARP_PRV_ACCOUNTANT_GIT"
+        notes.append(f"DPSHARP_PRV_ACCOUNTANT_GIT={local} has no tag v{PRV_VERSION}")
+    clone = subprocess.run(
+        ["git", "clone", "-q", "--depth", "1", "--branch", f"v{PRV_VERSION}", PRV_REPOSITORY,
+         str(target / "clone")],
+        capture_output=True, text=True, timeout=300, check=False,
+    )
+    if clone.returncode == 0:
+        return target / "clone" / "tests", f"git clone of {PRV_REPOSITORY} v{PRV_VERSION}"
+    tail = clone.stderr.strip().splitlines()
+    notes.append("git clone failed: " + (tail[-1] if tail else f"rc {clone.returncode}"))
+    return None, "; ".join(notes)
 
 
 def run_suite(suite: str, mode: str, full: bool, extra: list[str] | None = None,
@@ -85,20 +139,6 @@ def run_suite(suite: str, mode: str, full: bool, extra: list[str] | None = None,
     return rows
 
 
-def prv_sdist_status() -> str:
-    """Whether pip can fetch prv-accountant 0.2.0's source distribution (with its tests)."""
-    with tempfile.TemporaryDirectory() as work:
-        done = subprocess.run(
-            [sys.executable, "-m", "pip", "download", "prv-accountant==0.2.0", "--no-binary",
-             ":all:", "--no-deps", "-d", work, "-q"],
-            capture_output=True, text=True, timeout=120, check=False,
-        )
-        if done.returncode == 0 and any(Path(work).iterdir()):
-            return "fetched"
-        tail = (done.stderr or done.stdout).strip().splitlines()
-        return "not fetchable here: " + (tail[-1] if tail else f"rc {done.returncode}")
-
-
 def summary(rows: list[dict]) -> dict[str, int]:
     counts = {"passed": 0, "failed": 0, "skipped": 0, "exercised": 0, "exercised_passed": 0}
     for row in rows:
@@ -119,8 +159,9 @@ def markdown(results: dict[str, Any], causes: dict[str, str]) -> str:
         "peer's accountant classes (adapter). *Exercised*: a dpsharp adapter was constructed or",
         "called during the test.",
         "",
-        f"prv-accountant 0.2.0 sdist (`pip download --no-binary :all:`): {results['prv_sdist']}"
-        " (its tests are not run yet: dpsharp does not mirror its classes).",
+        f"prv-accountant {PRV_VERSION}'s tests (its `tests` folder, run against the installed "
+        f"package): from {results['prv_sdist']}. Its tests are not in its sdist; set "
+        "DPSHARP_PRV_ACCOUNTANT_GIT to a clone of its repository where GitHub is unreachable.",
         "",
         *[f"* {suite}: {', '.join(data.get('files', []))}"
           for suite, data in results["suites"].items()],
@@ -237,19 +278,29 @@ def main(argv: list[str] | None = None) -> int:
         (RESULTS / "peer_suites.md").write_text(markdown(results, CAUSES))
         return 0
     full = os.environ.get("DPSHARP_PEER_FULL", "") not in ("", "0")
-    results: dict[str, Any] = {"full": full, "prv_sdist": prv_sdist_status(), "suites": {}}
+    results: dict[str, Any] = {"full": full, "prv_sdist": "", "suites": {}}
     if args.suite and (RESULTS / "peer_suites.json").exists():  # keep the other suites' rows
-        results["suites"] = json.loads((RESULTS / "peer_suites.json").read_text())["suites"]
-    for suite in args.suite or sorted(SUITES):
-        if not (SUITES[suite][0] or full):
-            continue
-        always, slow = SUITES[suite]
-        data: dict[str, Any] = {"seconds": {}, "files": always + (slow if full else [])}
-        for mode in ("peer", "adapter"):
-            start = time.perf_counter()
-            data[mode] = run_suite(suite, mode, full)
-            data["seconds"][mode] = time.perf_counter() - start
-        results["suites"][suite] = data
+        previous = json.loads((RESULTS / "peer_suites.json").read_text())
+        results["suites"] = previous["suites"]
+        results["prv_sdist"] = previous.get("prv_sdist", "")
+    with tempfile.TemporaryDirectory() as sources:
+        for suite in args.suite or sorted(SUITES):
+            if not (SUITES[suite][0] or full):
+                continue
+            if suite == "prv_accountant":
+                found, how = prv_sources(Path(sources))
+                results["prv_sdist"] = how if found else "not run: " + how
+                if found is None:
+                    results["suites"].pop(suite, None)
+                    continue
+                SOURCE_DIRS[suite] = found
+            always, slow = SUITES[suite]
+            data: dict[str, Any] = {"seconds": {}, "files": always + (slow if full else [])}
+            for mode in ("peer", "adapter"):
+                start = time.perf_counter()
+                data[mode] = run_suite(suite, mode, full)
+                data["seconds"][mode] = time.perf_counter() - start
+            results["suites"][suite] = data
     text = markdown(results, CAUSES)
     print(text)
     if args.write:
