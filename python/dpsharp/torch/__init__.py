@@ -56,6 +56,8 @@ _LAZY: dict[str, str] = {
     "DPRNN": "dpsharp.torch.layers.recurrent",
     "DPGRU": "dpsharp.torch.layers.recurrent",
     "DPLSTM": "dpsharp.torch.layers.recurrent",
+    # replace the layers per-example clipping cannot train (batch norms, running statistics)
+    "fix": "dpsharp.torch.fix",
     # one-run privacy audit with gradient canaries (Steinke, Nasr, Jagielski 2023)
     "audit": "dpsharp.torch.audit",
     "AuditResult": "dpsharp.torch.audit",

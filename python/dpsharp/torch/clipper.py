@@ -139,6 +139,22 @@ def _hugging_face_kind(module: nn.Module, names: set[str]) -> str | None:
     return None
 
 
+def _hugging_face_kind(module: nn.Module, names: set[str]) -> str | None:
+    """Hugging Face ``transformers`` layers with a fast path (only when transformers is already
+    imported: the clipper never imports it): GPT-2's Conv1D (a linear map with its weight
+    stored transposed, (in, out)) and LlamaRMSNorm (x / rms(x) in float32, times a weight)."""
+    import sys
+
+    pytorch_utils = sys.modules.get("transformers.pytorch_utils")
+    if pytorch_utils is not None and type(module) is getattr(pytorch_utils, "Conv1D", None):
+        return "hf_conv1d" if names <= {"weight", "bias"} else None
+    llama = sys.modules.get("transformers.models.llama.modeling_llama")
+    if (llama is not None and type(module) is getattr(llama, "LlamaRMSNorm", None)
+            and names <= {"weight"}):
+        return "llama_rmsnorm"
+    return None
+
+
 def _refuse_cross_example(module: nn.Module, name: str) -> None:
     from torch import nn
 
@@ -157,6 +173,13 @@ def _refuse_cross_example(module: nn.Module, name: str) -> None:
         )
     if isinstance(module, nn.modules.lazy.LazyModuleMixin) and module.has_uninitialized_params():
         raise ValueError(f"{label} has uninitialised (lazy) parameters; run one forward first")
+    if (isinstance(module, (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer))
+            and not module.self_attn.batch_first):
+        raise ValueError(
+            f"{label} is sequence-first (batch_first=False): its feed-forward and norm layers "
+            "see (seq, batch, ...) tensors and would be clipped per position, not per example; "
+            "build it with batch_first=True and feed it (batch, seq, ...) tensors"
+        )
     if (isinstance(module, (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer))
             and not module.self_attn.batch_first):
         raise ValueError(
@@ -259,14 +282,29 @@ class PerSampleClipper:
         # Plan: which module is handled how. Validate everything before patching anything.
         plan: list[tuple[nn.Module, str]] = []
 
+        # Every module that cannot be trained is collected first, so that one error names
+        # them all (what is wrong with each and what to do), before anything is patched.
+        problems: dict[str, str] = {}
+
+        def refuse(m: nn.Module, name: str) -> None:
+            try:
+                _refuse_cross_example(m, name)
+            except ValueError as error:
+                problems.setdefault(name, str(error))
+
         def walk(m: nn.Module, name: str) -> None:
-            _refuse_cross_example(m, name)
+            refuse(m, name)
             direct = list(m.named_parameters(recurse=False))
             if direct:
-                kind = _classify(m)
+                try:
+                    kind = _classify(m)
+                except ValueError as error:
+                    problems.setdefault(name, f"{type(m).__name__} ('{name or '<root>'}'): "
+                                              f"{error}")
+                    kind = "refused"
                 if kind is None:
                     for sub_name, sub in m.named_modules(prefix=name):
-                        _refuse_cross_example(sub, sub_name)
+                        refuse(sub, sub_name)
                     plan.append((m, "fallback"))
                     return
                 plan.append((m, kind))
@@ -274,6 +312,14 @@ class PerSampleClipper:
                 walk(child, f"{name}.{child_name}" if name else child_name)
 
         walk(module, "")
+        if problems:
+            count = len(problems)
+            raise ValueError(
+                f"{count} module{'s' if count > 1 else ''} of the model cannot be trained with "
+                "per-example clipping:\n" + "\n".join(f"- {p}" for p in problems.values())
+                + "\ndpsharp.torch.fix(model) replaces batch norms by group norms, drops "
+                "running statistics and converts recurrent layers, and returns what it changed"
+            )
         self._plan = plan
         self._handles: list[Any] = []
         for m, kind in plan:
@@ -385,6 +431,11 @@ class PerSampleClipper:
         batch = _leading_dim(output)
         if batch is not None:
             self._output_batches.add(batch)
+
+    def _forward_batch(self) -> int | None:
+        """Dimension 0 of the model's first input in the forward pass under way (None if not
+        one number)."""
+        return next(iter(self._input_batches)) if len(self._input_batches) == 1 else None
 
     def _forward_batch(self) -> int | None:
         """Dimension 0 of the model's first input in the forward pass under way (None if not
