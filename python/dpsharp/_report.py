@@ -261,22 +261,25 @@ def calibrate_noise(
 ) -> float:
     """The noise multiplier sigma with epsilon(delta) of ``count`` runs of ``event_for(sigma)``
     under accountant ``name`` in [target (1 - rtol), target], from
-    :func:`dpsharp.calibrate.noise_multiplier` (Brent's method on the accountant's reported
-    epsilon; conservative: achieved <= target). ``epsilon_tolerance`` is absolute (Opacus'
-    convention) and becomes rtol = tolerance / target (at most 0.25); default rtol 1e-3."""
+    :func:`dpsharp.calibrate.noise_multiplier` (conservative: achieved <= target), so that the
+    command and the API give one number for one question. ``epsilon_tolerance`` is absolute
+    (Opacus' convention) and becomes rtol = tolerance / target (at most 0.25); without it,
+    the API's default rtol."""
     from dpsharp import calibrate
 
     options = dict(options or {})
-    rtol = 1e-3 if epsilon_tolerance is None else min(0.25, epsilon_tolerance / target_epsilon)
+    tolerance: dict[str, float] = {}
+    if epsilon_tolerance is not None:
+        tolerance["rtol"] = min(0.25, epsilon_tolerance / target_epsilon)
     return float(
         calibrate.noise_multiplier(
             target_epsilon,
             delta,
             steps=count,
             accountant=lambda: accountant(name, **options),
-            rtol=rtol,
             event=lambda sigma, _q: event_for(sigma),
             require_certified=require_certified,
+            **tolerance,
         )
     )
 
