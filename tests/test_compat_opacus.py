@@ -318,3 +318,106 @@ def test_load_state_dict_refuses_a_malformed_history(history: object) -> None:
     with pytest.raises(ValueError, match="history"):
         acc.load_state_dict({"history": history, "mechanism": "dpsharp_pld"})
     assert acc.history == []
+
+
+@pytest.mark.parametrize("cls", ADAPTERS)
+def test_steps_are_composed_incrementally(cls: type[compat.OpacusAccountant],
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A training loop's step/get_epsilon cycle composes each new step into the same dpsharp
+    accountant (no rebuild from the whole history per query), with the numbers of composing
+    the whole history at once; an edited history is rebuilt."""
+    built(cls)
+    made: list[object] = []
+    factory = compat.accountant
+
+    def counting(*args, **kwargs):  # type: ignore[no-untyped-def]
+        made.append(args)
+        return factory(*args, **kwargs)
+
+    monkeypatch.setattr(compat, "accountant", counting)
+    acc = cls()
+    for step in range(60):
+        acc.step(noise_multiplier=1.0 if step < 40 else 1.5, sample_rate=0.02)
+        if step % 7 == 0:
+            acc.get_epsilon(1e-5)
+    assert acc.get_epsilon(1e-5) == ours(cls.family, [(1.0, 0.02, 40), (1.5, 0.02, 20)], 1e-5)
+    assert len(made) == 1  # the constructor's accountant, grown step by step
+    ledger = acc.dpsharp_accountant.ledger
+    assert [count for _, count in ledger] == [40, 20]
+    acc.history = [(1.0, 0.02, 10)]  # edited: rebuilt
+    assert acc.get_epsilon(1e-5) == ours(cls.family, [(1.0, 0.02, 10)], 1e-5)
+    assert len(made) == 2
+
+
+def _tiny_training(torch, engine, train_epochs: int, **make_private):  # type: ignore[no-untyped-def]
+    torch.manual_seed(3)
+    data = torch.utils.data.TensorDataset(torch.randn(100, 4), torch.randint(0, 2, (100,)))
+    model = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Tanh(), torch.nn.Linear(6, 2))
+    call = (engine.make_private_with_epsilon if "target_delta" in make_private
+            else engine.make_private)
+    model, optimizer, loader = call(
+        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        data_loader=torch.utils.data.DataLoader(data, batch_size=10), max_grad_norm=1.0,
+        **make_private,
+    )
+    for _ in range(train_epochs):
+        for x, y in loader:
+            optimizer.zero_grad()
+            if len(y):
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+            optimizer.step()
+    return model, optimizer, loader
+
+
+@pytest.mark.peers
+@pytest.mark.torch
+def test_privacy_engine_takes_opacus_make_private_with_epsilon() -> None:
+    """The call a porting Opacus user types first, on dpsharp's own PrivacyEngine:
+    PrivacyEngine(accountant="prv"), make_private_with_epsilon(module=, optimizer=,
+    data_loader=, target_epsilon=, target_delta=, epochs=, max_grad_norm=, poisson_sampling=),
+    get_epsilon(delta). "prv" is the tight accountant; the run ends within the target, and
+    Opacus' own PRV accountant on the same steps agrees within its error."""
+    torch = pytest.importorskip("torch")
+    prv = pytest.importorskip("opacus.accountants")
+    from dpsharp.torch import PrivacyEngine
+
+    engine = PrivacyEngine(accountant="prv")
+    assert engine.accountant_name == "pld"
+    _, optimizer, loader = _tiny_training(torch, engine, 3, target_epsilon=2.0,
+                                          target_delta=1e-5, epochs=3, poisson_sampling=True)
+    assert loader.sampling == "poisson" and loader.sample_rate == 0.1
+    epsilon = engine.get_epsilon(1e-5)
+    assert epsilon == engine.epsilon(1e-5) and 2.0 * (1 - 2e-3) <= epsilon <= 2.0
+    theirs = prv.PRVAccountant()
+    theirs.history = [(optimizer.noise_multiplier, 0.1, engine.steps)]
+    assert abs(theirs.get_epsilon(1e-5) - epsilon) <= 0.02
+    with pytest.raises(TypeError, match="noise_multiplier"):
+        PrivacyEngine().make_private_with_epsilon(
+            module=torch.nn.Linear(2, 2), optimizer=None, data_loader=None, target_epsilon=1.0,
+            target_delta=1e-5, epochs=1, max_grad_norm=1.0, noise_multiplier=1.0)
+
+
+@pytest.mark.torch
+def test_privacy_engine_make_private_needs_no_delta() -> None:
+    """Opacus' make_private(noise_multiplier=...) takes no delta: epsilon is asked later with
+    get_epsilon(delta); poisson_sampling=False is the shuffled loader, accounted as such."""
+    torch = pytest.importorskip("torch")
+    from dpsharp.torch import PrivacyEngine
+
+    built(compat.PLDAccountant)
+    engine = PrivacyEngine()
+    _tiny_training(torch, engine, 2, noise_multiplier=1.1, poisson_sampling=True)
+    assert engine.steps == 20
+    expected = ours("pld", [(1.1, 0.1, 20)], 1e-5)
+    assert engine.get_epsilon(1e-5) == expected and engine.report(1e-5).epsilon == expected
+    with pytest.raises(ValueError, match="delta is required"):
+        engine.epsilon()
+    shuffled = PrivacyEngine()
+    _, _, loader = _tiny_training(torch, shuffled, 1, noise_multiplier=1.1, poisson_sampling=False)
+    assert loader.sampling == "shuffle"
+    with pytest.raises(ValueError, match="poisson_sampling=True contradicts sampling='shuffle'"):
+        _tiny_training(torch, PrivacyEngine(), 0, noise_multiplier=1.1, poisson_sampling=True,
+                       sampling="shuffle")
+    with pytest.raises(ValueError, match="target_epsilon needs delta"):
+        _tiny_training(torch, PrivacyEngine(), 0, noise_multiplier=None, target_epsilon=1.0,
+                       epochs=1)

@@ -197,22 +197,35 @@ class OpacusAccountant:
 
     @property
     def dpsharp_accountant(self) -> Accountant:
-        """The dpsharp accountant holding exactly the recorded history (rebuilt lazily when the
-        history has changed since the last query)."""
+        """The dpsharp accountant holding exactly the recorded history (the steps recorded since
+        the last query are composed into it; rebuilt only when the history was edited)."""
         self._sync()
         return self._inner
 
     def _sync(self) -> None:
-        # Rebuilt from the whole history whenever it changed, so every answer is a function of
-        # the history alone (as with Opacus' own accountants, and so a checkpoint restored into
-        # a fresh adapter answers exactly as the live one): growing one accountant step by step
-        # could leave answers depending on when it was queried.
+        # Incremental: when the history only grew since the last query (the last entry's
+        # count, or new entries after it: what ``step`` does), only the new steps are composed
+        # into the same dpsharp accountant. Its answers are functions of the composed multiset
+        # alone (dpsharp.accountants: incremental, all-at-once and restored compositions give
+        # identical answers), so this equals a rebuild from the whole history, which is done
+        # only when the history was edited otherwise (an assignment, a checkpoint load).
         history = [_entry(*entry) for entry in self.history]
-        if history == self._synced:
+        synced = self._synced
+        if history == synced:
             return
-        inner = accountant(self.family, **self._accountant_options)
-        no_noise = False
-        for sigma, rate, steps in history:
+        grown = len(history) >= len(synced) and history[: max(len(synced) - 1, 0)] == synced[:-1]
+        if grown and synced:
+            last, now = synced[-1], history[len(synced) - 1]
+            grown = last[:2] == now[:2] and now[2] >= last[2]
+        if grown:
+            inner, no_noise = self._inner, self._no_noise
+            start = len(synced) - 1 if synced else 0
+            new = [(sigma, rate, steps - (synced[-1][2] if i == 0 and synced else 0))
+                   for i, (sigma, rate, steps) in enumerate(history[start:])]
+        else:
+            inner = accountant(self.family, **self._accountant_options)
+            no_noise, new = False, history
+        for sigma, rate, steps in new:
             if steps == 0:
                 continue
             if sigma == 0.0:

@@ -324,6 +324,11 @@ _FILTER_NAMES = {
 }
 
 
+#: Opacus' accountant names that are not dpsharp registry names: its "prv" (its default, the
+#: numerical composition of Gopi, Lee, Wutschitz 2021) is the tight accountant here
+_OPACUS_ACCOUNTANTS = {"prv": "pld"}
+
+
 def registered_class(name: str) -> type[Accountant]:
     try:
         return _REGISTRY[name]
@@ -340,7 +345,9 @@ class PrivacyEngine:
     ----------
     accountant:
         Registered accountant name (``dpsharp.available()``), "pld" by default. It is created
-        under the neighbouring relation of the loader's sampling.
+        under the neighbouring relation of the loader's sampling. Opacus' name ``"prv"`` (its
+        default, the PRV accountant of Gopi, Lee, Wutschitz 2021) means the tight accountant,
+        "pld".
     accountant_options:
         Keyword options for that accountant (e.g. ``{"precision": 1e-3}``).
     secure_mode:
@@ -356,6 +363,7 @@ class PrivacyEngine:
     ) -> None:
         if not isinstance(accountant, str):
             raise TypeError("accountant must be a registered accountant name (dpsharp.available())")
+        accountant = _OPACUS_ACCOUNTANTS.get(accountant, accountant)
         if accountant not in available():
             raise ValueError(
                 f"accountant must be one of {', '.join(map(repr, available()))}; got {accountant!r}"
@@ -405,6 +413,7 @@ class PrivacyEngine:
         adaptive_noise: bool = False,
         max_physical_batch_size: int | None = None,
         seed: int | None = None,
+        poisson_sampling: bool | None = None,
     ) -> tuple[torch.nn.Module, DPOptimizer, DPDataLoader]:
         """Return ``(module, dp_optimizer, dp_loader)``.
 
@@ -419,7 +428,14 @@ class PrivacyEngine:
             with :mod:`dpsharp.calibrate` on this engine's accountant so that ``epochs`` epochs
             of this loader cost at most ``target_epsilon``.
         delta:
-            The delta at which epsilon is reported (default: the budget's delta).
+            The delta at which epsilon is reported (default: the budget's delta). May be left
+            out with ``noise_multiplier`` and no budget, as in Opacus: then
+            :meth:`epsilon` / :meth:`get_epsilon` take it.
+        poisson_sampling:
+            Opacus' flag: True is ``sampling="poisson"``, False is ``sampling="shuffle"``
+            (Opacus keeps the loader's shuffled fixed-size batches and still accounts them as
+            Poisson; here they are accounted as what they are, under zero-out). Refused when it
+            contradicts ``sampling``.
         clipping, stability:
             How per-example gradients are clipped (:class:`~dpsharp.torch.DPOptimizer`):
             ``"flat"``, ``"per_layer"``, ``"automatic"`` (c_i = C / (||g_i|| + ``stability``);
@@ -478,11 +494,20 @@ class PrivacyEngine:
             require_count("epochs", epochs, minimum=1)
         if budget is not None and not isinstance(budget, PrivacyBudget):
             raise TypeError("budget must be a dpsharp.torch.PrivacyBudget")
-        if delta is None:
-            if budget is None:
-                raise ValueError("delta is required (the delta epsilon is reported at)")
+        if poisson_sampling is not None:
+            flag = _require_flag("poisson_sampling", poisson_sampling)
+            wanted = "poisson" if flag else "shuffle"
+            if sampling not in ("poisson", wanted):
+                raise ValueError(
+                    f"poisson_sampling={flag} contradicts sampling={sampling!r}; give one of them"
+                )
+            sampling = wanted
+        if delta is None and budget is not None:
             delta = budget.delta
-        delta = require_delta(delta)
+        if delta is None and sigma is None:
+            raise ValueError("target_epsilon needs delta (the delta the target is met at)")
+        if delta is not None:
+            delta = require_delta(delta)
         allow_approximation = _require_flag("allow_approximation", allow_approximation)
         adaptive_noise = _require_flag("adaptive_noise", adaptive_noise)
         if self.secure_mode and seed is not None:
@@ -546,7 +571,7 @@ class PrivacyEngine:
 
         if sigma is None:
             sigma = self._calibrate(  # type: ignore[arg-type]
-                main, loader, float(target_epsilon), delta, int(epochs), allow_approximation
+                main, loader, float(target_epsilon), delta, int(epochs), allow_approximation  # type: ignore[arg-type]
             )
 
         dp_optimizer = DPOptimizer(
@@ -575,6 +600,36 @@ class PrivacyEngine:
             self._adaptive = True
             self._adaptive_reason = "declared with adaptive_noise=True"
         return module, dp_optimizer, loader
+
+    def make_private_with_epsilon(
+        self,
+        *,
+        module: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        data_loader: Any,
+        target_epsilon: float,
+        target_delta: float,
+        epochs: int,
+        max_grad_norm: float | Sequence[float],
+        **options: Any,
+    ) -> tuple[torch.nn.Module, DPOptimizer, DPDataLoader]:
+        """Opacus' ``make_private_with_epsilon``: :meth:`make_private` with ``target_epsilon``
+        reached at ``target_delta`` after ``epochs`` epochs (sigma calibrated on this engine's
+        accountant, conservative: the certified epsilon after ``epochs`` epochs is at most
+        ``target_epsilon``). ``options`` are :meth:`make_private`'s (``poisson_sampling``,
+        ``clipping``, ``loss_reduction``, ``budget``, ...)."""
+        for name in ("noise_multiplier", "delta"):
+            if name in options:
+                raise TypeError(f"make_private_with_epsilon takes no {name!r} (it calibrates "
+                                "noise_multiplier for target_epsilon at target_delta)")
+        return self.make_private(
+            module, optimizer, data_loader, max_grad_norm=max_grad_norm,
+            target_epsilon=target_epsilon, delta=target_delta, epochs=epochs, **options,
+        )
+
+    def get_epsilon(self, delta: float) -> float:
+        """Opacus' name for :meth:`epsilon`: epsilon(delta) of everything released so far."""
+        return self.epsilon(delta)
 
     # ----------------------------------------------------------------- soundness checks
     def _approximation_refusal(
@@ -872,10 +927,17 @@ class PrivacyEngine:
         reading; :meth:`report` gives the guarantee and says whether it is certified."""
         ledger = self._ledger()
         self._require_consistent()
-        delta = require_delta(self.delta if delta is None else delta)
+        delta = require_delta(self._delta_or(delta))
         if ledger.non_private_releases:
             return math.inf
         return ledger.accountant.epsilon(delta)
+
+    def _delta_or(self, delta: float | None) -> float:
+        if delta is not None:
+            return delta
+        if self.delta is None:
+            raise ValueError("delta is required: make_private was given no delta (nor a budget)")
+        return self.delta
 
     def _statement(self, ledger: _Ledger, delta: float) -> tuple[float, bool, str | None]:
         """(epsilon, certified, warning) of ``ledger`` at ``delta``, before adaptivity."""
@@ -889,7 +951,7 @@ class PrivacyEngine:
         otherwise; each says whether it is a proven bound (``certified``)."""
         ledger = self._ledger()
         self._require_consistent()
-        delta = require_delta(self.delta if delta is None else delta)
+        delta = require_delta(self._delta_or(delta))
         epsilon, certified, warning = self._statement(ledger, delta)
         notes: list[str] = []
         if self._adaptive and not ledger.accountant.is_empty:
