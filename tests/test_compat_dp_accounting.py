@@ -465,10 +465,11 @@ def test_dp_accountings_edge_cases_answer_as_dp_accounting(family: str) -> None:
         acc.get_epsilon(1.5)
 
 
-def test_rdp_orders_outside_dpsharps_range_are_left_out_soundly() -> None:
-    """dp-accounting accepts orders 1 and inf; the adapter leaves them out of the minimum over
-    orders (a minimum over fewer orders is never smaller): the epsilon is finite and never
-    below the exact one (Balle and Wang 2018). It raised ValueError before."""
+def test_rdp_orders_outside_dpsharps_range_are_accepted_soundly() -> None:
+    """dp-accounting accepts orders 1 and inf: the Gaussian's order 1 (KL divergence,
+    10 / 2) and inf (unbounded loss) enter the minimum over orders without lowering it below
+    the exact epsilon (Balle and Wang 2018); orders 1 and inf alone are accepted too (they
+    were refused before)."""
     built("rdp")
     orders = [1.0, 2.0, 8.0, 32.0, math.inf]
     acc = compat.RdpAccountant(orders=orders).compose(dp.GaussianDpEvent(1.0), 10)
@@ -476,8 +477,13 @@ def test_rdp_orders_outside_dpsharps_range_are_left_out_soundly() -> None:
     assert order in (2.0, 8.0, 32.0)
     exact = exact_gaussian_epsilon(1e-5, math.sqrt(10))
     assert exact <= eps < 2 * exact
-    with pytest.raises(ValueError, match="at least one order"):
-        compat.RdpAccountant(orders=[1.0, math.inf])
+    only_extremes = compat.RdpAccountant(orders=[1.0, math.inf])
+    only_extremes.compose(dp.GaussianDpEvent(1.0), 10)
+    assert list(only_extremes._rdp) == [5.0, math.inf]
+    assert only_extremes.get_epsilon(1e-5) == math.inf  # no order certifies a finite one
+    # Bretagnolle-Huber at order 1: delta >= sqrt(1 - e^{-KL}) gives epsilon 0, as in
+    # dp-accounting
+    assert only_extremes.get_epsilon(math.sqrt(-math.expm1(-5.0)) * 1.0000001) == 0.0
     with pytest.raises(ValueError, match="orders must be >= 1"):
         compat.RdpAccountant(orders=[0.5, 2.0])
 
@@ -674,8 +680,8 @@ def test_sampled_compositions_of_gaussians_are_one_gaussian() -> None:
 
 def test_rdp_adapter_exposes_dp_accountings_curve() -> None:
     """``_orders`` and ``_rdp`` as dp-accounting's RdpAccountant has them (its tests read
-    them): the Gaussian curve count alpha / (2 sigma^2) (Mironov 2017, Proposition 7) at the
-    orders dpsharp bounds, inf at order 1 and inf (no bound claimed there)."""
+    them): the Gaussian curve count alpha / (2 sigma^2) (Mironov 2017, Proposition 7) at every
+    order, the KL divergence at order 1 and inf at inf (its limits)."""
     built("rdp")
     orders = [1.0, 2.0, 3.5, math.inf]
     acc = compat.RdpAccountant(orders).compose(dp.GaussianDpEvent(2.0), 3)
@@ -685,7 +691,9 @@ def test_rdp_adapter_exposes_dp_accountings_curve() -> None:
     for index in (1, 2):
         assert acc._rdp[index] == pytest.approx(expected[index], rel=1e-12)
         assert acc._rdp[index] == pytest.approx(theirs[index], rel=1e-12)
-    assert acc._rdp[0] == math.inf and acc._rdp[3] == math.inf
+    assert acc._rdp[0] == pytest.approx(3 / (2 * 2.0**2), rel=1e-15)
+    assert acc._rdp[0] == pytest.approx(theirs[0], rel=1e-12)
+    assert acc._rdp[3] == math.inf
     acc.compose(dp.NonPrivateDpEvent())
     assert all(value == math.inf for value in acc._rdp)
 
@@ -717,3 +725,153 @@ def test_fractional_order_rdp_is_exact_where_dp_accounting_overestimates() -> No
     theirs = dp.rdp.RdpAccountant([1.5, 2.0]).compose(event)._rdp[0]
     assert exact <= ours <= exact * (1 + 1e-9)
     assert ours < theirs * 0.97
+
+
+# --------------------------------------------------------------- randomized response and co.
+def rr_hockey_stick(p: float, k: int, neighbour: int | None, eps: float) -> float:
+    """delta(eps) of one k-ary randomized response, max over both directions, from its output
+    laws (neighbour None: the special record, whose output is uniform)."""
+    law = [(1 - p) * (o == 0) + p / k for o in range(k)]
+    other = [1 / k] * k if neighbour is None else [(1 - p) * (o == 1) + p / k for o in range(k)]
+    forward = sum(max(a - math.exp(eps) * b, 0.0) for a, b in zip(law, other))
+    backward = sum(max(b - math.exp(eps) * a, 0.0) for a, b in zip(law, other))
+    return max(forward, backward)
+
+
+@pytest.mark.parametrize(("relation", "neighbour"), [(REPLACE_ONE, 1), (REPLACE_SPECIAL, None)])
+@pytest.mark.parametrize(("p", "k"), [(0.3, 3), (0.05, 20), (0.01, 3)])
+def test_randomized_response_is_exact_and_at_least_as_tight_as_dp_accounting(
+    relation: object, neighbour: int | None, p: float, k: int
+) -> None:
+    """RandomizedResponseDpEvent under REPLACE_ONE and REPLACE_SPECIAL: the certified delta is
+    within 1e-5 of the exact one (never below) and not above dp-accounting's own (value
+    discretization 1e-4); it had no dpsharp counterpart before."""
+    event = dp.RandomizedResponseDpEvent(p, k)
+    mine = compat.PLDAccountant(relation).compose(event)
+    theirs = dp.pld.PLDAccountant(relation).compose(event)
+    for eps in (0.0, 0.5, 1.5, 3.0):
+        exact = rr_hockey_stick(p, k, neighbour, eps)
+        assert exact - 1e-12 <= mine.get_delta(eps) <= exact + 1e-5
+        assert mine.get_delta(eps) <= theirs.get_delta(eps) + 1e-12
+    epsilon = mine.get_epsilon(1e-6)
+    assert rr_hockey_stick(p, k, neighbour, epsilon) <= 1e-6
+    assert epsilon <= theirs.get_epsilon(1e-6) + 1e-5
+
+
+def test_randomized_response_rdp_matches_dp_accountings_closed_forms() -> None:
+    """dp-accounting's closed forms of randomized response's Renyi divergence (REPLACE_ONE and
+    REPLACE_SPECIAL) at orders 1.5 ... 1e3 and inf; dpsharp computes them from the loss atoms."""
+    orders = [1.5, 2.0, 10.0, 1000.0, math.inf]
+    for relation in (REPLACE_ONE, REPLACE_SPECIAL):
+        for p, k in ((0.3, 10), (0.05, 20), (0.01, 3)):
+            event = dp.RandomizedResponseDpEvent(p, k)
+            mine = compat.RdpAccountant(orders, relation).compose(event, 3)._rdp
+            theirs = dp.rdp.RdpAccountant(orders, relation).compose(event, 3)._rdp
+            assert mine == pytest.approx(theirs, rel=1e-12)
+
+
+def test_new_events_relations_and_edge_cases_answer_as_dp_accounting() -> None:
+    """dp-accounting's relation errors (in its words), one bucket = nothing released, noise
+    parameter 0 = no noise, mixtures of Gaussians that are (sampled) Gaussians."""
+    cases = [
+        (dp.RandomizedResponseDpEvent(0.1, 3), ADD_REMOVE, "`REPLACE_ONE` or `REPLACE_SPECIAL`"),
+        (dp.dp_event.DiscreteLaplaceDpEvent(0.1, 1), REPLACE_ONE,
+         "`ADD_OR_REMOVE_ONE` or `REPLACE_SPECIAL`"),
+        (dp.dp_event.MixtureOfGaussiansDpEvent(1.0, [0.0, 1.0], [0.5, 0.5]), REPLACE_ONE,
+         "`ADD_OR_REMOVE_ONE` or `REPLACE_SPECIAL`"),
+        (dp.dp_event.SingleEpochTreeAggregationDpEvent(1.0, 3), ADD_REMOVE, "`REPLACE_SPECIAL`"),
+    ]
+    for event, relation, words in cases:
+        for adapter in (compat.PLDAccountant, compat.RdpAccountant):
+            accountant = adapter(neighboring_relation=relation)
+            assert not accountant.supports(event)
+            with pytest.raises(dp.UnsupportedEventError, match=f"neighboring_relation must be {words}"):
+                accountant.compose(event)
+    for event, epsilon in (
+        (dp.RandomizedResponseDpEvent(0.0, 1), 0.0),
+        (dp.RandomizedResponseDpEvent(0.0, 3), math.inf),
+    ):
+        for relation in (REPLACE_ONE, REPLACE_SPECIAL):
+            assert compat.PLDAccountant(relation).compose(event).get_epsilon(1e-5) == epsilon
+            theirs = dp.pld.PLDAccountant(relation).compose(event).get_epsilon(1e-5)
+            assert theirs == epsilon
+    for event, epsilon in (
+        (dp.dp_event.DiscreteLaplaceDpEvent(0, 1), math.inf),
+        (dp.dp_event.MixtureOfGaussiansDpEvent(0, [1, 2], [0.5, 0.5]), math.inf),
+        (dp.dp_event.MixtureOfGaussiansDpEvent(0, [0], [1.0]), 0.0),
+        (dp.dp_event.MixtureOfGaussiansDpEvent(1, [0], [1.0]), 0.0),
+    ):
+        assert compat.PLDAccountant().compose(event).get_epsilon(1e-5) == epsilon
+    # one non-zero sensitivity c with probability q: the Poisson-sampled Gaussian s / c
+    mixture = dp.dp_event.MixtureOfGaussiansDpEvent(2.0, [0.0, 2.0], [0.9, 0.1])
+    assert compat.from_dp_event(mixture) == dpsharp.PoissonSampled(dpsharp.Gaussian(1.0), 0.1)
+    mine = compat.PLDAccountant().compose(mixture, 10).get_epsilon(1e-5)
+    theirs = dp.pld.PLDAccountant().compose(mixture, 10).get_epsilon(1e-5)
+    assert mine == pytest.approx(theirs, rel=2e-3)
+    several = dp.dp_event.MixtureOfGaussiansDpEvent(1.0, [0.0, 1.0, 2.0], [0.2, 0.6, 0.2])
+    with pytest.raises(dp.UnsupportedEventError, match="several non-zero sensitivities"):
+        compat.PLDAccountant().compose(several)
+    with pytest.raises(ValueError, match="non-negative"):
+        compat.RdpAccountant([2.0], REPLACE_SPECIAL).compose(
+            dp.dp_event.SingleEpochTreeAggregationDpEvent(-1, [3]))
+    with pytest.raises(ValueError, match="non-negative"):
+        compat.RdpAccountant([2.0], REPLACE_SPECIAL).compose(
+            dp.dp_event.SingleEpochTreeAggregationDpEvent(1, [-3]))
+
+
+def test_tree_aggregation_rdp_is_dp_accountings_at_every_order() -> None:
+    """SingleEpochTreeAggregationDpEvent: alpha d / (2 sigma^2) with d = ceil(log2(max steps
+    + 1)) (Kairouz et al. 2021, Appendix D), at orders 1 (KL) ... 1e8, in dp-accounting's
+    RDP and as the Gaussian of multiplier sigma / sqrt(d) in the PLD adapter."""
+    orders = [1.0, 1.5, 4.0, 64.0, 1e8]
+    event = dp.ComposedDpEvent([
+        dp.dp_event.SingleEpochTreeAggregationDpEvent(0.7, 400),
+        dp.dp_event.SingleEpochTreeAggregationDpEvent(0.7, [10, 390]),
+    ])
+    mine = compat.RdpAccountant(orders, REPLACE_SPECIAL).compose(event)
+    theirs = dp.rdp.RdpAccountant(orders, REPLACE_SPECIAL).compose(event)
+    assert mine._rdp == pytest.approx(theirs._rdp, rel=1e-13)
+    depth = math.ceil(math.log2(401))
+    mu = math.sqrt(2 * depth) / 0.7  # two trees, each a Gaussian of mu_i = sqrt(d) / sigma
+    pld = compat.PLDAccountant(REPLACE_SPECIAL).compose(event).get_epsilon(1e-5)
+    exact = exact_gaussian_epsilon(1e-5, mu)
+    assert exact <= pld <= exact * (1 + 1e-3)
+
+
+def test_laplace_rdp_at_order_1_and_above_1e6() -> None:
+    """Order 1 is the KL divergence eps + e^{-eps} - 1 of the Laplace mechanism (mpmath
+    integral of its privacy loss), order 1e10 its RDP (Mironov 2017, Proposition 6), within
+    1e-9 of eps; epsilon at delta 1e-10 from order 1e10 is the pure-DP count * eps, as in
+    dp-accounting."""
+    eps, count = 0.5, 3
+    orders = [1.0, 1.0 + 1e-6, 1e10, math.inf]
+    acc = compat.RdpAccountant(orders).compose(dp.LaplaceDpEvent(1 / eps), count)
+    # KL(Lap(0, b) || Lap(1, b)) = E[|X - 1| - |X|] / b with X ~ Lap(0, b), b = 1/eps
+    b = mpmath.mpf(1) / eps
+    kl = mpmath.quad(lambda x: mpmath.exp(-abs(x) / b) / (2 * b) * (abs(x - 1) - abs(x)) / b,
+                     [-mpmath.inf, 0, 1, mpmath.inf])
+    assert acc._rdp[0] == pytest.approx(count * float(kl), rel=1e-12)
+    assert acc._rdp[1] == pytest.approx(acc._rdp[0], rel=1e-5)
+    assert count * eps * (1 - 1e-9) <= acc._rdp[2] <= count * eps
+    assert acc._rdp[3] == count * eps
+    assert acc.get_epsilon(1e-10) == pytest.approx(count * eps, rel=1e-9)
+    theirs = dp.rdp.RdpAccountant(orders[:3]).compose(dp.LaplaceDpEvent(1 / eps), count)
+    assert acc._rdp[:3] == pytest.approx(theirs._rdp, rel=1e-9)
+    assert acc.get_delta(count * eps) == 0.0  # order inf: the loss never exceeds it
+
+
+def test_repeat_and_select_at_order_1_and_pure_dp_orders() -> None:
+    """RepeatAndSelect of a Laplace mechanism with only order 1e10: Papernot and Steinke
+    2022, Corollary 3, (2 + shape) eps; of a Gaussian with order 1 among others: the smallest
+    value over the larger orders (Renyi divergence is non-decreasing in the order), as
+    dp-accounting's monotonicity step gives."""
+    eps = 0.1
+    for shape in (0.0, 0.5, 1.0, 2.0):
+        event = dp.dp_event.RepeatAndSelectDpEvent(dp.LaplaceDpEvent(1 / eps), 2.0, shape)
+        acc = compat.RdpAccountant([1e10]).compose(event)
+        assert acc._rdp[0] == pytest.approx(eps * (2 + shape), rel=1e-7)
+        assert acc.get_epsilon(1e-10) == pytest.approx(eps * (2 + shape), rel=1e-7)
+    orders = [1.0, 1.1, 2.0, 3.0, 10.0, 100.0]
+    event = dp.dp_event.RepeatAndSelectDpEvent(dp.GaussianDpEvent(3.0), 5.0, 1.0)
+    acc = compat.RdpAccountant(orders).compose(event)
+    assert acc._rdp[0] == pytest.approx(min(acc._rdp[1:]), rel=1e-12)

@@ -28,7 +28,7 @@ D' against D); a zero-out pair is a replace-one pair whose new value is ⊥, so 
 guarantee (with its own multiplier, relative to 2C) also covers zero-out pairs.
 
 Which events are valid under which relation (``Event.neighbourings``)
---------------------------------------------------------------------
+---------------------------------------------------------------------
 * ``Gaussian``, ``Laplace`` (unsampled): valid under every relation; their analysis needs only
   the sensitivity under the relation, relative to which the noise is stated.
 * ``PoissonSampled``: add/remove and zero-out. Zero-out sketch: write D = R + {x} and
@@ -59,6 +59,7 @@ JSON-compatible form used by accountant checkpoints.
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import MISSING, dataclass, fields
 from typing import Any, ClassVar, Iterable, Mapping
 
@@ -71,15 +72,18 @@ from dpsharp._validation import (
 
 __all__ = [
     "Composed",
+    "DiscreteLaplace",
     "Event",
     "Gaussian",
     "Laplace",
     "Neighbouring",
     "PoissonSampled",
     "RELATION_WORDS",
+    "RandomizedResponse",
     "Repeated",
     "SampledWithoutReplacement",
     "Shuffled",
+    "SingleEpochTreeAggregation",
     "ZCDP",
     "event_from_dict",
     "event_to_dict",
@@ -499,7 +503,9 @@ def event_to_dict(event: Event) -> dict[str, Any]:
         if isinstance(value, Event):
             result[field.name] = event_to_dict(value)
         elif isinstance(value, tuple):
-            result[field.name] = [event_to_dict(item) for item in value]
+            result[field.name] = [
+                event_to_dict(item) if isinstance(item, Event) else item for item in value
+            ]
         else:
             result[field.name] = value
     return result
@@ -541,7 +547,9 @@ def event_from_dict(data: dict[str, Any]) -> Event:
         if isinstance(value, dict) and "type" in value:
             kwargs[field.name] = event_from_dict(value)
         elif isinstance(value, list):
-            kwargs[field.name] = tuple(event_from_dict(item) for item in value)
+            kwargs[field.name] = tuple(
+                event_from_dict(item) if isinstance(item, dict) else item for item in value
+            )
         else:
             kwargs[field.name] = value
     return cls(**kwargs)
@@ -571,3 +579,156 @@ class ZCDP(Event):
     def __post_init__(self) -> None:
         _freeze_float(self, "rho", _require_finite_non_negative("rho", self.rho))
         _freeze_float(self, "xi", _require_finite_non_negative("xi", self.xi))
+
+
+@register_event_type
+@dataclass(frozen=True)
+class RandomizedResponse(Event):
+    """k-ary randomized response: each record holds one of ``num_buckets`` = k buckets; with
+    probability ``noise_parameter`` = p the released bucket is drawn uniformly from the k
+    buckets, otherwise it is the record's own (Warner 1965; the k-ary form of Kairouz, Oh,
+    Viswanath 2014). P(own bucket) = 1 - p + p/k, P(any other) = p/k.
+
+    * replace one: the pair R(x), R(x') with x != x'. The privacy loss takes the values
+      +-log((1 - p + p/k) / (p/k)) (masses 1 - p + p/k and p/k) and 0 (mass (k - 2) p / k);
+      symmetric in the two directions.
+    * zero-out: the null record's released bucket is uniform (it ignores the record), so the
+      pairs are R(x) against U and U against R(x), with losses log(1 + (k - 1)(1 - p)) and
+      log(p) under R(x) (masses 1 - p + p/k, (k - 1) p / k), and their negatives under U
+      (masses 1/k, (k - 1)/k): asymmetric, both directions are accounted.
+
+    Not valid under add/remove one (a record's absence has no released bucket). p = 1 releases
+    nothing about the data (loss 0); p = 0 would release the data and is refused (it is not
+    differentially private).
+    """
+
+    noise_parameter: float
+    num_buckets: int
+
+    neighbourings: ClassVar[tuple[Neighbouring, ...] | None] = (
+        Neighbouring.REPLACE_ONE,
+        Neighbouring.ZERO_OUT,
+    )
+    neighbouring: ClassVar[Neighbouring | None] = Neighbouring.REPLACE_ONE
+    neighbouring_refusals: ClassVar[Mapping[Neighbouring, str]] = {
+        Neighbouring.ADD_REMOVE: (
+            "randomized response releases one bucket per record, so it is analysed when a "
+            "record's bucket is replaced (replace_one) or replaced by the null record whose "
+            "released bucket is uniform (zero_out)"
+        ),
+    }
+
+    def __post_init__(self) -> None:
+        _freeze_float(
+            self,
+            "noise_parameter",
+            require_probability("noise_parameter", self.noise_parameter),
+        )
+        object.__setattr__(
+            self, "num_buckets", require_count("num_buckets", self.num_buckets, minimum=2)
+        )
+
+
+#: Largest sensitivity of :class:`DiscreteLaplace` (its privacy loss has sensitivity + 1 atoms).
+MAX_DISCRETE_SENSITIVITY = 10**7
+
+
+@register_event_type
+@dataclass(frozen=True)
+class DiscreteLaplace(Event):
+    """The discrete Laplace mechanism: release the integer f(D) + Z with
+    P(Z = z) = (1 - e^{-a}) / (1 + e^{-a}) e^{-a |z|}, a = ``noise_parameter`` > 0, for an
+    integer-valued f of L1 sensitivity ``sensitivity`` = s under the relation of the enclosing
+    analysis (Ghosh, Roughgarden, Sundararajan 2009, the geometric mechanism; Canonne, Kamath,
+    Steinke 2020).
+
+    With X ~ Z and Y ~ Z + s the privacy loss log(P(X)/P(X - s)) is a s for X <= 0,
+    a (s - 2x) for 0 < x < s and -a s for x >= s: s + 1 atoms with masses 1/(1 + e^{-a}),
+    (1 - e^{-a}) e^{-a x} / (1 + e^{-a}) and e^{-a s} / (1 + e^{-a}); the pair is symmetric
+    (x -> s - x), so both directions have this distribution. It is (a s, 0)-DP. Valid under
+    every relation, with s the sensitivity under it.
+    """
+
+    noise_parameter: float
+    sensitivity: int
+
+    def __post_init__(self) -> None:
+        _freeze_float(
+            self,
+            "noise_parameter",
+            require_positive_finite("noise_parameter", self.noise_parameter),
+        )
+        sensitivity = require_count("sensitivity", self.sensitivity, minimum=1)
+        if sensitivity > MAX_DISCRETE_SENSITIVITY:
+            raise ValueError(
+                f"sensitivity must be an integer in [1, {MAX_DISCRETE_SENSITIVITY}], got "
+                f"{sensitivity}"
+            )
+        object.__setattr__(self, "sensitivity", sensitivity)
+
+
+@register_event_type
+@dataclass(frozen=True)
+class SingleEpochTreeAggregation(Event):
+    """Tree aggregation of a stream of Gaussian-noised sums, restarted after each epoch, every
+    record contributing to exactly one step of one epoch (Kairouz, McMahan, Song, Thakkar,
+    Thakurta, Xu 2021, "Practical and Private (Deep) Learning without Sampling or Shuffling",
+    Appendix D). Epoch j has ``step_counts[j]`` steps; every node of its binary tree releases
+    its sum plus Gaussian noise of standard deviation ``noise_multiplier`` times the node sum's
+    sensitivity under the relation of the analysis.
+
+    A record's step lies in at most d = ceil(log2(max_j step_counts[j] + 1)) released nodes of
+    its epoch's tree and in no node of another epoch, so the releases are an adaptive
+    composition of d Gaussian mechanisms of multiplier sigma for that record: the Gaussian
+    mechanism of noise multiplier sigma / sqrt(d) (mu-GDP with mu = sqrt(d) / sigma, Dong, Roth,
+    Su 2019, Corollary 3.3; RDP alpha d / (2 sigma^2), the value of Kairouz et al. 2021 that
+    dp-accounting 0.6.0 uses). :attr:`equivalent_noise_multiplier` is sigma / sqrt(d).
+
+    Valid under zero-out (the setting of Kairouz et al. 2021) and replace one (a replaced
+    record changes the same nodes); not under add/remove, where an added record is a new step
+    that shifts the tree.
+    """
+
+    noise_multiplier: float
+    step_counts: tuple[int, ...]
+
+    neighbourings: ClassVar[tuple[Neighbouring, ...] | None] = (
+        Neighbouring.ZERO_OUT,
+        Neighbouring.REPLACE_ONE,
+    )
+    neighbouring: ClassVar[Neighbouring | None] = Neighbouring.ZERO_OUT
+    neighbouring_refusals: ClassVar[Mapping[Neighbouring, str]] = {
+        Neighbouring.ADD_REMOVE: (
+            "tree aggregation is analysed with every record in one step of a stream of fixed "
+            "length (zero_out, or replace_one)"
+        ),
+    }
+
+    def __post_init__(self) -> None:
+        _freeze_float(
+            self,
+            "noise_multiplier",
+            require_positive_finite("noise_multiplier", self.noise_multiplier),
+        )
+        counts = self.step_counts
+        if isinstance(counts, (str, bytes)) or not isinstance(counts, Iterable):
+            counts = (counts,)  # type: ignore[assignment]
+        steps = tuple(
+            require_count(f"step_counts[{index}]", value) for index, value in enumerate(counts)
+        )
+        if not steps or max(steps) < 1:
+            raise ValueError(
+                "step_counts must hold at least one epoch with >= 1 step, got "
+                f"{self.step_counts!r}"
+            )
+        object.__setattr__(self, "step_counts", steps)
+
+    @property
+    def depth(self) -> int:
+        """d = ceil(log2(max step count + 1)): the most released nodes holding one step."""
+        return max(self.step_counts).bit_length()
+
+    @property
+    def equivalent_noise_multiplier(self) -> float:
+        """sigma / sqrt(d): the Gaussian mechanism this release is, per record."""
+        return self.noise_multiplier / math.sqrt(self.depth)

@@ -199,44 +199,30 @@ _PRIVATE = "reads dp-accounting's private state (`_rdp`, `_orders`) or internals
 
 #: known causes of adapter failures, matched (first match wins) as substrings of the test id
 CAUSES: dict[str, str] = {
-    "repeat_select_pure_negative_binomial": (
-        "orders [1e2, ..., 1e8] or inf: none in dpsharp's (1, 1e6] is usable for this test's "
-        "pure-DP check (refused: no order left)"
-    ),
     "repeat_and_select_": (
         "K ~ Poisson: the test requires the RDP to be at least Theorem 6's expression of "
         "Papernot and Steinke 2022 (an upper bound, not a lower one); dpsharp's PoissonTuning "
         "bound keeps the K = 0 term and is below it (derivation and brute-force checks in "
         "dpsharp.tuning_events), intended difference"
     ),
-    "repeat_select_gaussian_negative_binomial": (
-        "compares the RDP at order 1, which dpsharp does not bound (inf there)"
+    "rr_composition0": (
+        "PoissonSampledDpEvent under REPLACE_ONE inside the composition: refused (dpsharp has "
+        "no replace-one analysis of Poisson sampling), documented refusal"
     ),
-    "RdpPrivacyAccountantTest::test_supports": "RandomizedResponseDpEvent: " + _NOT_MIRRORED,
-    "zero_probability4": "MixtureOfGaussiansDpEvent: " + _NOT_MIRRORED,
-    "zero_probability5": "MixtureOfGaussiansDpEvent: " + _NOT_MIRRORED,
-    "randomized_response": "RandomizedResponseDpEvent: " + _NOT_MIRRORED,
-    "rr_composition": "RandomizedResponseDpEvent: " + _NOT_MIRRORED,
-    "tree": "SingleEpochTreeAggregationDpEvent: " + _NOT_MIRRORED + " (some use order 1 only)",
     "zcdp": "ZCDpEvent: compares dp-accounting's private RDP arrays",
-    "mixture_of_gaussians": "MixtureOfGaussiansDpEvent: " + _NOT_MIRRORED,
-    "discrete_laplace": "DiscreteLaplaceDpEvent: " + _NOT_MIRRORED,
-    "truncated": "TruncatedSubsampledGaussianDpEvent: " + _NOT_MIRRORED,
-    "zero_noise_multiplier": "DiscreteLaplace / MixtureOfGaussians: " + _NOT_MIRRORED,
-    "composition_errors_for_neighboring_relation": (
-        "the relation error is expected for an event type without a dpsharp counterpart "
-        "(RandomizedResponse, DiscreteLaplace, MixtureOfGaussians): refused by name instead"
+    "mixture_of_gaussians": (
+        "MixtureOfGaussiansDpEvent with several non-zero sensitivities (0, 1, 2): refused by "
+        "name (dpsharp reads a mixture with one non-zero sensitivity as the Poisson-sampled "
+        "Gaussian it is; a general mixture has no dpsharp counterpart yet)"
     ),
+    "truncated": "TruncatedSubsampledGaussianDpEvent: " + _NOT_MIRRORED,
     "supports_gaussian": (
         "PoissonSampledDpEvent under REPLACE_ONE: refused (dpsharp has no replace-one "
         "analysis of Poisson sampling), documented refusal"
     ),
     "poisson_subsampled_laplace": (
-        "Poisson-sampled Laplace: dpsharp's PLD analyses Poisson sampling of Gaussians only"
-    ),
-    "test_laplace_": (
-        "orders 1 and 1e10 (pure DP) are outside dpsharp's (1, 1e6]: left out, so epsilon is "
-        "larger (sound, less tight); also reads `_rdp`"
+        "Poisson-sampled Laplace: dpsharp's PLD analyses Poisson sampling of Gaussians only "
+        "(refused by name)"
     ),
     "compute_rdp_poisson_sampled_gaussian": (
         "pins dp-accounting's RDP at order 1.5 (6.7058e-4); the exact divergence is 6.50071e-4 "

@@ -62,6 +62,7 @@ from dpsharp._validation import (
     require_real,
     require_real_array,
 )
+from dpsharp.accountants import _pld_atoms as _atoms
 from dpsharp.accountants import _pld_gaussian
 from dpsharp.accountants._pld_numerics import (
     ComposedPLD,
@@ -84,6 +85,7 @@ from dpsharp.events import (
     PoissonSampled,
     SampledWithoutReplacement,
     Shuffled,
+    SingleEpochTreeAggregation,
 )
 
 __all__ = ["PLDAccountant"]
@@ -240,7 +242,7 @@ class PLDAccountant(Accountant):
     # ------------------------------------------------------------------ events
     def _leaf_unsupported_reason(self, leaf: Event) -> str | None:
         inner = leaf.event if isinstance(leaf, Shuffled) else leaf
-        if isinstance(inner, (Gaussian, Laplace)):
+        if isinstance(inner, (Gaussian, Laplace, SingleEpochTreeAggregation) + _atoms.ATOM_EVENTS):
             return None
         if isinstance(inner, PoissonSampled):
             if isinstance(inner.event, Gaussian):
@@ -259,6 +261,10 @@ class PLDAccountant(Accountant):
             return _Leaf(_GAUSSIAN, inner.noise_multiplier, 1.0)
         if isinstance(inner, Laplace):
             return _Leaf(_LAPLACE, inner.scale, 1.0)
+        if isinstance(inner, _atoms.ATOM_EVENTS):
+            return _Leaf(*_atoms.leaf_key(inner, self._neighbouring, direction))
+        if isinstance(inner, SingleEpochTreeAggregation):  # its Gaussian (events.py)
+            return _Leaf(_GAUSSIAN, inner.equivalent_noise_multiplier, 1.0)
         if isinstance(inner, PoissonSampled):
             sigma = inner.event.noise_multiplier  # type: ignore[attr-defined]
             q = inner.sampling_probability
@@ -276,7 +282,7 @@ class PLDAccountant(Accountant):
             isinstance(leaf.event if isinstance(leaf, Shuffled) else leaf, PoissonSampled)
             and self._leaves(leaf, "remove").mechanism == _REMOVE
             for leaf in self._counts
-        )
+        ) or _atoms.asymmetric(self._counts, self._neighbouring)
         return ["remove", "add"] if asymmetric else ["remove"]
 
     def _steps(self) -> int:
@@ -341,6 +347,8 @@ class PLDAccountant(Accountant):
             inner = leaf.event if isinstance(leaf, Shuffled) else leaf
             if isinstance(inner, Laplace):
                 seen[1].add(1.0 / inner.scale)
+            elif isinstance(inner, _atoms.ATOM_EVENTS):  # losses within 1e-12 of a dyadic value
+                seen[1].update(_atoms.alignment_losses(inner, self._neighbouring))
         seen[0] = len(self._counts)
         return sorted(seen[1])
 
@@ -808,8 +816,11 @@ class PLDAccountant(Accountant):
         total = 0.0
         for leaf, count in self._counts.items():
             inner = leaf.event if isinstance(leaf, Shuffled) else leaf
-            if isinstance(inner, Laplace):
+            if isinstance(inner, Laplace) or isinstance(inner, _atoms.ATOM_EVENTS):
                 return math.inf
+            if isinstance(inner, SingleEpochTreeAggregation):
+                total += count / inner.equivalent_noise_multiplier**2
+                continue
             sigma = inner.noise_multiplier if isinstance(inner, Gaussian) else inner.event.noise_multiplier  # type: ignore[attr-defined]
             total += count / sigma**2
         return math.sqrt(total)
@@ -876,6 +887,8 @@ def _discretize(
         return pld
 
     def one(key: _Leaf) -> list[DiscretePLD]:
+        if key.mechanism in _atoms.ATOM_MECHANISMS:  # finitely many losses (_pld_atoms)
+            return [finish(*_atoms.discretise_atoms(*key, grid_step, pessimistic))]
         return [
             finish(*_core.pld_discretize(
                 key.mechanism, key.parameter, key.rate, grid_step, tail, tail, pessimistic
@@ -932,7 +945,7 @@ def _quantized(leaves: list[_Leaf], precision: float, pessimistic: bool) -> list
     out: list[_Leaf] = []
     made: dict[tuple[int, float, float], _Leaf] = {}  # one object per distinct key
     for leaf, kind, noise, sampling in zip(leaves, grid.kind.tolist(), sigma, rate):
-        if leaf.mechanism == _LAPLACE:
+        if leaf.mechanism == _LAPLACE or leaf.mechanism in _atoms.ATOM_MECHANISMS:
             out.append(leaf)
             continue
         triple = (int(kind), noise, sampling)
@@ -980,7 +993,7 @@ class _RoundingGrid:
 
     @classmethod
     def of(cls, leaves: _LeafColumns, precision: float, pessimistic: bool) -> _RoundingGrid:
-        laplace = leaves.mechanism == _LAPLACE
+        laplace = np.isin(leaves.mechanism, (_LAPLACE,) + _atoms.ATOM_MECHANISMS)
         log_r = math.log1p(precision / 2.0)
         down, up = (np.floor, np.ceil) if pessimistic else (np.ceil, np.floor)
         sigma_index = np.where(laplace, leaves.parameter, down(leaves.log_parameter / log_r))
@@ -1041,6 +1054,10 @@ def _loss_variance(leaf: Event) -> float:
     inner = leaf.event if isinstance(leaf, Shuffled) else leaf
     if isinstance(inner, Laplace):
         return 1.0 / inner.scale**2
+    if isinstance(inner, _atoms.ATOM_EVENTS):
+        return _atoms.event_variance(inner)
+    if isinstance(inner, SingleEpochTreeAggregation):
+        return 1.0 / inner.equivalent_noise_multiplier**2
     if isinstance(inner, Gaussian):
         return 1.0 / inner.noise_multiplier**2
     rate = inner.sampling_probability if isinstance(inner, PoissonSampled) else inner.sampling_rate  # type: ignore[attr-defined]

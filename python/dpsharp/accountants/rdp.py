@@ -28,9 +28,11 @@ from dpsharp.events import (
     Neighbouring,
     PoissonSampled,
     SampledWithoutReplacement,
+    SingleEpochTreeAggregation,
     ZCDP,
     flatten,
 )
+from dpsharp.accountants._pld_atoms import ATOM_EVENTS, event_rdp
 from dpsharp.tuning_events import (
     TUNING_EVENT_TYPES,
     first_unsupported_leaf,
@@ -41,10 +43,19 @@ from dpsharp.tuning_events import (
 __all__ = ["MomentsAccountant", "RDPAccountant"]
 
 
-def leaf_rdp(leaf: Event, orders: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
-    """The RDP curve of one supported mechanism event at ``orders``."""
+def leaf_rdp(
+    leaf: Event,
+    orders: npt.NDArray[np.float64],
+    neighbouring: Neighbouring = Neighbouring.REPLACE_ONE,
+) -> npt.NDArray[np.float64]:
+    """The RDP curve of one supported mechanism event at ``orders`` (``neighbouring``: the
+    relation of the analysis, which randomized response's pair depends on)."""
     if isinstance(leaf, Gaussian):
         return _rdp.gaussian_rdp(leaf.noise_multiplier, orders)
+    if isinstance(leaf, ATOM_EVENTS):  # exact, from the loss's atoms (_pld_atoms.atoms_rdp)
+        return event_rdp(leaf, neighbouring, orders)
+    if isinstance(leaf, SingleEpochTreeAggregation):  # alpha d / (2 sigma^2), events.py
+        return _rdp.gaussian_rdp(leaf.equivalent_noise_multiplier, orders)
     if isinstance(leaf, Laplace):
         return _rdp.laplace_rdp(leaf.scale, orders)
     if isinstance(leaf, ZCDP):  # the curve of the definition (Bun and Steinke 2016, Def. 1.1)
@@ -60,8 +71,22 @@ def leaf_rdp(leaf: Event, orders: npt.NDArray[np.float64]) -> npt.NDArray[np.flo
     raise TypeError(f"no RDP analysis for {leaf!r}")  # unreachable after validation
 
 
+def monotone_envelope(
+    orders: npt.NDArray[np.float64], curve: npt.NDArray[np.float64]
+) -> npt.NDArray[np.float64]:
+    """min over the orders beta >= alpha of ``curve`` at beta, at every order alpha: still an
+    upper bound on the divergence, which is non-decreasing in the order (van Erven and
+    Harremoes 2014, Theorem 3); dp-accounting applies it to the selection bounds of Papernot
+    and Steinke 2022, whose log(E[K]) / (alpha - 1) term is loose at small orders."""
+    order = np.argsort(orders, kind="stable")
+    suffix = np.minimum.accumulate(np.asarray(curve, dtype=np.float64)[order][::-1])[::-1]
+    out = np.empty_like(suffix)
+    out[order] = suffix
+    return out
+
+
 def leaf_unsupported_reason(leaf: Event) -> str | None:
-    if isinstance(leaf, (Gaussian, Laplace, ZCDP)):
+    if isinstance(leaf, (Gaussian, Laplace, ZCDP, SingleEpochTreeAggregation) + ATOM_EVENTS):
         return None
     if isinstance(leaf, (PoissonSampled, SampledWithoutReplacement)):
         if isinstance(leaf.event, Gaussian):
@@ -144,8 +169,8 @@ class RDPAccountant(Accountant):
         if isinstance(leaf, TUNING_EVENT_TYPES):
             curve = rdp_of_leaf(leaf, self._orders, self._event_curve)
             assert curve is not None
-            return curve
-        return leaf_rdp(leaf, self._orders)
+            return monotone_envelope(self._orders, curve)
+        return leaf_rdp(leaf, self._orders, self._neighbouring)
 
     def _event_curve(self, event: Event) -> npt.NDArray[np.float64]:
         total = np.zeros_like(self._orders)

@@ -43,6 +43,15 @@ ZCDpEvent(rho, xi)                    ZCDP(rho, xi)                    the same
 RepeatAndSelectDpEvent(e, mean, k)    PoissonTuning(e', mean) (k inf)  the same
                                       or TruncatedNegativeBinomial-
                                       Tuning(e', k, gamma)
+RandomizedResponseDpEvent(p, k)       refused (as in dp-accounting)    RandomizedResponse(p, k)
+                                                                       (REPLACE_SPECIAL: its
+                                                                       zero-out pairs)
+DiscreteLaplaceDpEvent(a, s)          DiscreteLaplace(a, s)            refused (as in dp-acc.)
+SingleEpochTreeAggregationDpEvent     refused (as in dp-accounting)    refused under REPLACE_ONE;
+(s, steps)                                                             REPLACE_SPECIAL: Single-
+                                                                       EpochTreeAggregation
+MixtureOfGaussiansDpEvent(s, c, p)    PoissonSampled(Gaussian(s / c),  refused (as in dp-acc.)
+with one non-zero sensitivity c       sum of p where c)
 ====================================  ===============================  ===========================
 
 A Gaussian composition inside a sampled event (``PoissonSampledDpEvent(q, ComposedDpEvent(
@@ -78,16 +87,25 @@ side and are never less conservative than dp-accounting:
   zero to every released sum; Kairouz et al. 2021, Definition 1.1) is dpsharp's zero-out
   relation: the events convert as under ADD_OR_REMOVE_ONE (sensitivity C), as dp-accounting
   reads them there.
-* RDP orders outside (1, 1e6] (dp-accounting accepts 1 and inf) are left out of the minimum
-  over orders: never a smaller epsilon. ``get_epsilon(0)`` is inf unless nothing was released
-  (dpsharp certifies no pure-DP epsilon for its events); ``get_epsilon(1)`` is 0.
+* RDP orders outside (1, 1e6] (dp-accounting accepts 1 and inf): order 1 is the KL divergence
+  where it has a closed form (and otherwise bounded by order 1 + 2^-20), orders above 1e6 the
+  closed forms where they exist (at inf the largest privacy loss: randomized response,
+  Laplace, discrete Laplace) and inf otherwise (:func:`_extended_leaf_rdp`); they enter
+  ``get_epsilon`` by dp-accounting's conversion rule. ``get_epsilon(0)`` is inf unless nothing
+  was released (the PLD accountant certifies no pure-DP epsilon at delta 0);
+  ``get_epsilon(1)`` is 0.
+* REPLACE_SPECIAL for ``RandomizedResponseDpEvent`` is dpsharp's zero-out with the special
+  record's released bucket uniform, as in dp-accounting (both directions, R(x) against the
+  uniform law and the reverse, are accounted).
 
-Events with no dpsharp counterpart yet (Unsupported, RandomizedResponse, DiscreteLaplace,
-MixtureOfGaussians, TruncatedSubsampledGaussian, SingleEpochTreeAggregation)
+Events with no dpsharp counterpart yet (Unsupported, TruncatedSubsampledGaussian, a mixture of
+Gaussians with several non-zero sensitivities, a Poisson-sampled Laplace mechanism)
 raise :class:`UnsupportedEventError` naming the event. ``NonPrivateDpEvent``, a zero noise
 multiplier and a zero sampling probability are read as dp-accounting's accountants read them:
 the accountants then report epsilon = inf and delta = 1 (no noise), or nothing released
-(sampling probability 0). dpsharp events passed to the adapter accountants keep dpsharp's own
+(sampling probability 0); randomized response with one bucket and a mixture whose only
+sensitivity is 0 release nothing, and with noise parameter 0 nothing is private. dpsharp events
+passed to the adapter accountants keep dpsharp's own
 convention; dpsharp's ``Shuffled`` has no dp-accounting counterpart and :func:`to_dp_event`
 refuses it.
 
@@ -116,16 +134,20 @@ from dpsharp._validation import (
 from dpsharp.accountants import Accountant, accountant
 from dpsharp.events import (
     Composed,
+    DiscreteLaplace,
     Event,
     Gaussian,
     Laplace,
     Neighbouring,
     PoissonSampled,
+    RandomizedResponse,
     Repeated,
     SampledWithoutReplacement,
+    SingleEpochTreeAggregation,
     flatten,
 )
 from dpsharp.events import ZCDP
+from dpsharp import rdp as dpsharp_rdp
 from dpsharp.tuning_events import (
     PoissonTuning,
     TruncatedNegativeBinomialTuning,
@@ -263,6 +285,16 @@ def _from(event: Any, relation: Neighbouring, dp: Any) -> Event:
         return ZCDP(float(rho), float(xi))
     if isinstance(event, dp.dp_event.RepeatAndSelectDpEvent):
         return _repeat_and_select(event, _from(event.event, relation, dp))
+    if isinstance(event, dp.dp_event.RandomizedResponseDpEvent):
+        return _randomized_response(event, relation)
+    if isinstance(event, dp.dp_event.DiscreteLaplaceDpEvent):
+        _require_relation(event, relation, _ADD_OR_SPECIAL)
+        scale = _noise(event, "noise_parameter", event.noise_parameter)
+        return DiscreteLaplace(scale, _integer(event, "sensitivity", event.sensitivity, 1))
+    if isinstance(event, dp.dp_event.SingleEpochTreeAggregationDpEvent):
+        return _tree_aggregation(event, relation)
+    if isinstance(event, dp.dp_event.MixtureOfGaussiansDpEvent):
+        return _mixture_of_gaussians(event, relation)
     if isinstance(event, dp.NoOpDpEvent):
         return Composed(())
     if isinstance(event, dp.DpEvent):
@@ -270,6 +302,124 @@ def _from(event: Any, relation: Neighbouring, dp: Any) -> Event:
     raise TypeError(
         f"event must be a dp_accounting DpEvent, got {event!r} ({type(event).__name__})"
     )
+
+
+#: dp-accounting's relation requirements, in its own words
+_ADD_OR_SPECIAL = ("ADD_OR_REMOVE_ONE", "REPLACE_SPECIAL")
+_REPLACE_OR_SPECIAL = ("REPLACE_ONE", "REPLACE_SPECIAL")
+_SPECIAL_ONLY = ("REPLACE_SPECIAL",)
+_RELATION_NAMES = {
+    Neighbouring.ADD_REMOVE: "ADD_OR_REMOVE_ONE",
+    Neighbouring.REPLACE_ONE: "REPLACE_ONE",
+    Neighbouring.ZERO_OUT: "REPLACE_SPECIAL",
+}
+
+
+def _require_relation(event: Any, relation: Neighbouring, allowed: tuple[str, ...]) -> None:
+    """Refuse ``event`` under a relation dp-accounting does not analyse it under, with
+    dp-accounting's message ("neighboring_relation must be `A` or `B` for `Event`")."""
+    name = _RELATION_NAMES[relation]
+    if name in allowed:
+        return
+    names = " or ".join(f"`{value}`" for value in allowed)
+    raise _error_class()(
+        f"neighboring_relation must be {names} for `{type(event).__name__}`. Found "
+        f"NeighboringRelation.{name}."
+    )
+
+
+def _integer(event: Any, name: str, value: Any, minimum: int) -> int:
+    """A dp-accounting integer parameter (an integral float such as 3.0 is accepted, as
+    dp-accounting does)."""
+    if is_real_number(value) and math.isfinite(value) and float(value).is_integer():
+        if value >= minimum:
+            return int(value)
+    raise ValueError(
+        f"{type(event).__name__}.{name} must be an integer >= {minimum}, got {value!r}"
+    )
+
+
+def _randomized_response(event: Any, relation: Neighbouring) -> Event:
+    """``RandomizedResponseDpEvent(p, k)`` as :class:`~dpsharp.events.RandomizedResponse`
+    (REPLACE_SPECIAL is dpsharp's zero-out, whose null record's bucket is uniform, as in
+    dp-accounting's reading); one bucket releases nothing."""
+    _require_relation(event, relation, _REPLACE_OR_SPECIAL)
+    p = event.noise_parameter
+    if not is_real_number(p) or not 0 <= p <= 1:
+        raise ValueError(
+            f"RandomizedResponseDpEvent.noise_parameter must be in [0, 1], got {p!r}"
+        )
+    buckets = _integer(event, "num_buckets", event.num_buckets, 1)
+    if buckets == 1:
+        return Composed(())
+    return RandomizedResponse(float(p), buckets)
+
+
+def _tree_aggregation(event: Any, relation: Neighbouring) -> Event:
+    """``SingleEpochTreeAggregationDpEvent(sigma, step_counts)`` as
+    :class:`~dpsharp.events.SingleEpochTreeAggregation` (REPLACE_SPECIAL only, as in
+    dp-accounting); epochs without steps release nothing."""
+    _require_relation(event, relation, _SPECIAL_ONLY)
+    sigma = event.noise_multiplier
+    if not is_real_number(sigma) or math.isnan(sigma) or sigma < 0:
+        raise ValueError(
+            f"noise_multiplier must be non-negative. Got {sigma!r} "
+            f"(SingleEpochTreeAggregationDpEvent.noise_multiplier)"
+        )
+    counts = event.step_counts
+    steps = list(counts) if isinstance(counts, (list, tuple)) else [counts]
+    if not steps:
+        raise ValueError(
+            f"SingleEpochTreeAggregationDpEvent.step_counts must be a non-empty list or a "
+            f"scalar, got {counts!r}"
+        )
+    for value in steps:
+        if not is_real_number(value) or math.isnan(value) or value < 0:
+            raise ValueError(f"Steps must be non-negative. Got {counts!r}")
+    integers = [_integer(event, "step_counts", value, 0) for value in steps]
+    if max(integers) == 0:
+        return Composed(())
+    return SingleEpochTreeAggregation(float(sigma), tuple(integers))
+
+
+def _mixture_of_gaussians(event: Any, relation: Neighbouring) -> Event:
+    """``MixtureOfGaussiansDpEvent(s, sensitivities, probs)`` where it is a mechanism dpsharp
+    analyses: the released value is x + c N(0, s^2) ... with the sensitivity c drawn from
+    ``sensitivities`` (Choquette-Choo, Ganesh, Steinke, Thakurta 2023); the pair is
+    sum_i p_i N(c_i, s^2) against N(0, s^2) (and the reverse). When every non-zero c_i is the
+    same c, it is exactly the Poisson-sampled Gaussian of noise multiplier s / c and sampling
+    probability sum_{c_i = c} p_i (the Gaussian when that is 1); sensitivities all 0 release
+    nothing. Other mixtures are refused by name."""
+    _require_relation(event, relation, _ADD_OR_SPECIAL)
+    sensitivities = [float(value) for value in event.sensitivities]
+    probs = [float(value) for value in event.sampling_probs]
+    if len(sensitivities) != len(probs) or not sensitivities:
+        raise ValueError(
+            "MixtureOfGaussiansDpEvent.sensitivities and sampling_probs must be non-empty and "
+            f"of the same length, got {event.sensitivities!r} and {event.sampling_probs!r}"
+        )
+    if any(not math.isfinite(c) or c < 0 for c in sensitivities) or any(
+        not 0 <= p <= 1 for p in probs
+    ) or abs(math.fsum(probs) - 1.0) > 1e-9:
+        raise ValueError(
+            "MixtureOfGaussiansDpEvent needs sensitivities >= 0 and sampling_probs in [0, 1] "
+            f"summing to 1, got {event.sensitivities!r} and {event.sampling_probs!r}"
+        )
+    support = {c for c, p in zip(sensitivities, probs) if c > 0 and p > 0}
+    if not support:
+        return Composed(())
+    if len(support) > 1:
+        raise _error_class()(
+            f"{event!r}: a mixture of Gaussians with several non-zero sensitivities has no "
+            "dpsharp counterpart yet (one non-zero sensitivity c is a Poisson-sampled Gaussian)"
+        )
+    (sensitivity,) = support
+    sigma = require_positive_finite(
+        "MixtureOfGaussiansDpEvent.standard_deviation", event.standard_deviation
+    )
+    rate = math.fsum(p for c, p in zip(sensitivities, probs) if c == sensitivity)
+    inner = Gaussian(sigma / sensitivity)
+    return inner if rate >= 1.0 else PoissonSampled(inner, rate)
 
 
 def _effective_gaussian(event: Event) -> Event:
@@ -388,7 +538,9 @@ def _is_zero(value: Any) -> bool:
     return is_real_number(value) and value == 0
 
 
-def _strip_non_private(event: Any) -> tuple[Any, bool]:
+def _strip_non_private(
+    event: Any, relation: Neighbouring = Neighbouring.ADD_REMOVE
+) -> tuple[Any, bool]:
     """Remove the parts that dp-accounting's accountants read as releasing the data without
     noise (``NonPrivateDpEvent``, a Gaussian or Laplace event with noise multiplier 0, a sampled
     event around one of these with sampling probability > 0; the accountants then report
@@ -403,24 +555,50 @@ def _strip_non_private(event: Any) -> tuple[Any, bool]:
         return dp.NoOpDpEvent(), True
     if isinstance(event, dp.PoissonSampledDpEvent) and _is_zero(event.sampling_probability):
         return dp.NoOpDpEvent(), False
+    zero_noise = _zero_noise_event(event, relation, dp)
+    if zero_noise is not None:
+        return dp.NoOpDpEvent(), zero_noise
     if isinstance(event, dp.SampledWithoutReplacementDpEvent) and (
         _is_zero(event.sample_size) or _is_zero(event.source_dataset_size)
     ):
         return dp.NoOpDpEvent(), False  # an empty sample: nothing is released
     if isinstance(event, (dp.PoissonSampledDpEvent, dp.SampledWithoutReplacementDpEvent)):
-        _, found = _strip_non_private(event.event)
+        _, found = _strip_non_private(event.event, relation)
         return (dp.NoOpDpEvent(), True) if found else (event, False)
     if isinstance(event, dp.SelfComposedDpEvent):
-        inner, found = _strip_non_private(event.event)
+        inner, found = _strip_non_private(event.event, relation)
         return dp.SelfComposedDpEvent(inner, event.count), found and event.count > 0
     if isinstance(event, dp.ComposedDpEvent):
-        parts = [_strip_non_private(inner) for inner in event.events]
+        parts = [_strip_non_private(inner, relation) for inner in event.events]
         return dp.ComposedDpEvent([part for part, _ in parts]), any(found for _, found in parts)
     return event, False
 
 
-#: delta(inf) is answered by delta at this epsilon (an upper bound: delta decreases in epsilon)
-_LARGEST_EPSILON = 1e300
+def _zero_noise_event(event: Any, relation: Neighbouring, dp: Any) -> bool | None:
+    """For the events dp-accounting reads as releasing nothing or releasing the data without
+    noise, under a relation it accepts them under: False (nothing released: one bucket of
+    randomized response, a mixture whose only sensitivity is 0) or True (no noise: noise
+    parameter 0); None otherwise (including a relation the event is refused under, whose
+    conversion then raises dp-accounting's error)."""
+    name = _RELATION_NAMES[relation]
+    if isinstance(event, dp.dp_event.RandomizedResponseDpEvent) and name in _REPLACE_OR_SPECIAL:
+        if _is_zero(event.num_buckets - 1) if is_real_number(event.num_buckets) else False:
+            return False
+        return True if _is_zero(event.noise_parameter) else None
+    if isinstance(event, dp.dp_event.DiscreteLaplaceDpEvent) and name in _ADD_OR_SPECIAL:
+        return True if _is_zero(event.noise_parameter) else None
+    if isinstance(event, dp.dp_event.MixtureOfGaussiansDpEvent) and name in _ADD_OR_SPECIAL:
+        if list(event.sensitivities) == [0]:
+            return False
+        return True if _is_zero(event.standard_deviation) else None
+    if isinstance(event, dp.dp_event.SingleEpochTreeAggregationDpEvent) and name in _SPECIAL_ONLY:
+        return True if _is_zero(event.noise_multiplier) else None
+    return None
+
+
+#: delta(inf) is answered by delta at this epsilon (an upper bound: delta decreases in epsilon;
+#: beyond it e^{-epsilon} underflows, so no finite privacy loss contributes to delta there)
+_LARGEST_EPSILON = 1e4
 
 _RELATIONS = {
     "ADD_OR_REMOVE_ONE": Neighbouring.ADD_REMOVE,
@@ -497,7 +675,7 @@ class PrivacyAccountant:
             converted: Event = event
             non_private = False
         else:
-            event, non_private = _strip_non_private(event)
+            event, non_private = _strip_non_private(event, self._relation)
             try:
                 converted = from_dp_event(event, self._relation)
             except UnsupportedEventError as exc:
@@ -633,6 +811,35 @@ class PLDAccountant(PrivacyAccountant):
             require_positive_finite("value_discretization_interval", value_discretization_interval)
         super().__init__(neighboring_relation, **options)
 
+    def get_epsilon(self, target_delta: float) -> float:
+        """:meth:`PrivacyAccountant.get_epsilon`; at ``target_delta`` = 0 the largest loss of
+        the pessimistic composition where every composed loss is bounded (randomized response,
+        Laplace, discrete Laplace: delta is exactly 0 from there on, with no transform
+        involved), else inf, as dp-accounting's PLD answers."""
+        if (
+            is_real_number(target_delta) and target_delta == 0 and not self._non_private
+            and not self._accountant.is_empty
+        ):
+            return self._largest_loss()
+        return super().get_epsilon(target_delta)
+
+    def _largest_loss(self) -> float:
+        from dpsharp.accountants import pld as pld_module
+
+        def support(result: Any) -> float:
+            value = (
+                result.support_epsilon()
+                if isinstance(result, pld_module._Composition) else None
+            )
+            return math.inf if value is None else float(value)
+
+        try:
+            return float(self._accountant._worst_direction(  # type: ignore[attr-defined]
+                support, 0, pld_module._TAIL_BUDGET
+            ))
+        except ValueError:  # beyond what the composition can hold: no bound
+            return math.inf
+
     def get_epsilon_bounds(self, target_delta: float) -> tuple[float, float]:
         """Certified (lower, upper) epsilon; (inf, inf) once an event without noise was
         composed."""
@@ -647,23 +854,162 @@ class PLDAccountant(PrivacyAccountant):
 
 #: the largest RDP order dpsharp's RDP accountant bounds
 _MAX_ORDER = 1e6
+#: order 1 of a mechanism without a closed-form KL divergence is bounded by this order's RDP
+_NEAR_ONE = 1.0 + 2.0**-20
 
 
-def _usable_orders(orders: Sequence[float]) -> list[float]:
-    """The orders in (1, 1e6] of dp-accounting's ``orders`` (which may hold 1 and inf)."""
+def _split_orders(orders: Sequence[float]) -> tuple[list[float], list[float]]:
+    """(the orders in (1, 1e6], which dpsharp's RDP accountant bounds; the others, which
+    dp-accounting also accepts: 1 and (1e6, inf]). Orders must be real numbers >= 1."""
     values = list(orders)
+    if not values:
+        raise ValueError(f"orders must hold at least one order >= 1, got {orders!r}")
     for value in values:
         if not is_real_number(value) or math.isnan(value):
             raise ValueError(f"orders must be real numbers >= 1, got {orders!r}")
         if value < 1:
             raise ValueError(f"orders must be >= 1, got {value!r} in {orders!r}")
-    kept = [value for value in values if 1 < value <= _MAX_ORDER]
-    if not kept:
-        raise ValueError(
-            f"orders must hold at least one order in (1, {_MAX_ORDER:g}] (dpsharp's RDP "
-            f"accountant bounds no other order), got {orders!r}"
-        )
-    return kept
+    core = [float(value) for value in values if 1 < value <= _MAX_ORDER]
+    extra = [float(value) for value in values if not 1 < value <= _MAX_ORDER]
+    return core, extra
+
+
+def _laplace_rdp_any(scale: float, order: float) -> float:
+    """The Laplace mechanism's RDP (Mironov 2017, Proposition 6) at any order in [1, inf]:
+    eps + log1p((alpha - 1) expm1((1 - 2 alpha) eps) / (2 alpha - 1)) / (alpha - 1) with
+    eps = 1/scale; its limits eps + expm1(-eps) (KL) at 1 and eps at inf."""
+    eps = 1.0 / scale
+    if order == 1.0:
+        return eps + math.expm1(-eps)
+    if math.isinf(order):
+        return eps
+    return eps + math.log1p(
+        (order - 1.0) * math.expm1((1.0 - 2.0 * order) * eps) / (2.0 * order - 1.0)
+    ) / (order - 1.0)
+
+
+def _extended_leaf_rdp(
+    leaf: Event, orders: npt.NDArray[np.float64], relation: Neighbouring
+) -> npt.NDArray[np.float64]:
+    """An upper bound on the Renyi divergence of ``leaf`` at every order in [1, inf]:
+
+    * in (1, 1e6]: dpsharp's RDP accountant's curve (:func:`dpsharp.accountants.rdp.leaf_rdp`);
+    * the closed forms at every order where they exist (Gaussian and tree aggregation
+      alpha / (2 sigma^2), Mironov 2017 Prop. 7; Laplace, Prop. 6; (xi, rho)-zCDP
+      xi + rho alpha; randomized response and the discrete Laplace mechanism exactly from
+      their loss atoms, :func:`dpsharp.accountants._pld_atoms.atoms_rdp`), order 1 being the
+      KL divergence (their limit) and inf the largest privacy loss;
+    * otherwise: at order 1 the divergence at order 1 + 2^-20 (D_alpha is non-decreasing in
+      alpha, van Erven and Harremoes 2014, Theorem 3, so D_1 <= D_{1 + 2^-20}), and inf above
+      1e6 (a sampled Gaussian's privacy loss is unbounded: D_inf = inf);
+    * tuning leaves (Papernot and Steinke 2022): their formula over every finite order above 1
+      (:func:`dpsharp.tuning_events.rdp_of_leaf`, with the base's curve from this function),
+      each replaced by the smallest value at a larger order
+      (:func:`dpsharp.accountants.rdp.monotone_envelope`, as dp-accounting does), at order 1
+      the smallest of those values, inf at inf.
+    """
+    from dpsharp.accountants._pld_atoms import ATOM_EVENTS, event_rdp
+    from dpsharp.accountants.rdp import leaf_rdp, monotone_envelope
+    from dpsharp.tuning_events import TUNING_EVENT_TYPES, rdp_of_leaf
+
+    out = np.full(orders.shape, math.inf)
+    core = (orders > 1.0) & (orders <= _MAX_ORDER)
+    if isinstance(leaf, TUNING_EVENT_TYPES):
+        finite = np.isfinite(orders) & (orders > 1.0)
+        if finite.any():
+            alphas = orders[finite]
+
+            def base(event: Event) -> npt.NDArray[np.float64]:
+                total = np.zeros(alphas.shape)
+                for inner, count in flatten(event):
+                    total = total + count * _extended_leaf_rdp(inner, alphas, relation)
+                return total
+
+            values = rdp_of_leaf(leaf, alphas, base)
+            assert values is not None
+            if isinstance(leaf, TruncatedNegativeBinomialTuning) and (orders == 1.0).any():
+                # Theorem 2 of Papernot and Steinke 2022 also holds with lambda_hat = 1, where
+                # the base's epsilon_hat (its KL divergence, finite here) has coefficient
+                # 1 - 1/lambda_hat = 0: eps(lambda) + (1 + eta) log(1/gamma) + log(E[K]) /
+                # (lambda - 1), which dp-accounting uses when order 1 is given
+                kl = sum(count * float(_extended_leaf_rdp(inner, np.ones(1), relation)[0])
+                         for inner, count in flatten(leaf.base))
+                if math.isfinite(kl):
+                    mean = truncated_negative_binomial_mean(leaf.eta, leaf.gamma)
+                    at_one = (base(leaf.base) + (1.0 + leaf.eta) * math.log(1.0 / leaf.gamma)
+                              + math.log(mean) / (alphas - 1.0))
+                    values = np.minimum(values, at_one)
+            out[finite] = monotone_envelope(alphas, values)
+            out[orders == 1.0] = float(np.min(values))
+        return out
+    if core.any():
+        out[core] = leaf_rdp(leaf, orders[core], relation)
+    for index in np.flatnonzero(~core).tolist():
+        order = float(orders[index])
+        if isinstance(leaf, ATOM_EVENTS):
+            value = float(event_rdp(leaf, relation, [order])[0])
+        elif isinstance(leaf, (Gaussian, SingleEpochTreeAggregation)):
+            sigma = (
+                leaf.noise_multiplier if isinstance(leaf, Gaussian)
+                else leaf.equivalent_noise_multiplier
+            )
+            value = order / (2.0 * sigma**2)
+        elif isinstance(leaf, Laplace):
+            value = _laplace_rdp_any(leaf.scale, order)
+        elif isinstance(leaf, ZCDP):
+            value = leaf.xi + (leaf.rho * order if leaf.rho > 0 else 0.0)
+        elif order == 1.0:
+            value = float(leaf_rdp(leaf, np.array([_NEAR_ONE]), relation)[0])
+        else:
+            value = math.inf
+        out[index] = value
+    return out
+
+
+def _extended_epsilon(orders: npt.NDArray[np.float64], rdp: npt.NDArray[np.float64],
+                      delta: float) -> tuple[float, float]:
+    """(epsilon, order) from RDP values at orders outside (1, 1e6], by dp-accounting's rule
+    (the conversion of dpsharp's accountant; Canonne, Kamath, Steinke 2020, Prop. 12):
+    epsilon = 0 where delta >= sqrt(1 - e^{-D}) (Bretagnolle-Huber: the total variation is at
+    most sqrt(1 - e^{-KL}) and KL <= D_alpha); at finite alpha > 1e6
+    epsilon = D + log1p(-1/alpha) - (log delta + log alpha)/(alpha - 1); at alpha = inf
+    epsilon = D_inf (the privacy loss is at most D_inf: (D_inf, 0)-DP); (inf, nan) if none
+    applies."""
+    best, best_order = math.inf, math.nan
+    for order, value in zip(orders.tolist(), rdp.tolist()):
+        if value < 0 or math.isnan(value):
+            continue
+        if delta * delta + math.expm1(-value) > 0:
+            candidate = 0.0
+        elif math.isinf(order):
+            candidate = value
+        elif order > 1.01:
+            candidate = value + math.log1p(-1.0 / order) - (
+                math.log(delta) + math.log(order)) / (order - 1.0)
+        else:
+            continue
+        if candidate < best:
+            best, best_order = max(candidate, 0.0), order
+    return best, best_order
+
+
+def _extended_delta(orders: npt.NDArray[np.float64], rdp: npt.NDArray[np.float64],
+                    epsilon: float) -> float:
+    """delta(epsilon) from RDP values at orders outside (1, 1e6] (the inverse rule of
+    :func:`_extended_epsilon`); 1 if none applies."""
+    best = 1.0
+    for order, value in zip(orders.tolist(), rdp.tolist()):
+        if math.isnan(value) or math.isinf(value):
+            continue
+        best = min(best, math.sqrt(max(-math.expm1(-value), 0.0)))
+        if math.isinf(order):
+            if epsilon >= value:
+                best = 0.0
+        elif order > 1.01:
+            log_delta = (order - 1.0) * (value - epsilon + math.log1p(-1.0 / order)) - math.log(
+                order)
+            best = min(best, math.exp(min(log_delta, 0.0)))
+    return best
 
 
 class RDPAccountant(PrivacyAccountant):
@@ -673,11 +1019,13 @@ class RDPAccountant(PrivacyAccountant):
     Gaussian events with the replace-one sensitivity of their definition (module docstring),
     which dp-accounting's own RDP accountant does not.
 
-    dp-accounting accepts any order >= 1 (order 1 and inf included); dpsharp's RDP accountant
-    bounds orders in (1, 1e6]. Orders outside that range are left out of the minimum over
-    orders that gives epsilon: the minimum over fewer orders is never smaller, so the answer
-    stays an upper bound, at most less tight than with every order. ``orders`` with none in
-    (1, 1e6] is refused."""
+    Orders: dp-accounting accepts any order >= 1. The orders in (1, 1e6] are dpsharp's RDP
+    accountant's; order 1 (the KL divergence) and orders above 1e6 (inf: the pure-DP epsilon)
+    are bounded by :func:`_extended_leaf_rdp` (exact closed forms where they exist, else a
+    sound bound: order 1 by order 1 + 2^-20, inf above 1e6) and enter ``get_epsilon`` by
+    dp-accounting's conversion rule (:func:`_extended_epsilon`). Without any order in
+    (1, 1e6] dpsharp's accountant keeps its default orders for the ledger and only the
+    given orders answer."""
 
     family = "rdp"
 
@@ -685,13 +1033,40 @@ class RDPAccountant(PrivacyAccountant):
         self, orders: Sequence[float] | None = None, neighboring_relation: Any = None,
         **options: Any,
     ) -> None:
-        if orders is not None:
-            options["orders"] = orders if isinstance(orders, str) else _usable_orders(orders)
+        core: list[float] = []
+        extra: list[float] = []
+        if orders is not None and not isinstance(orders, str):
+            core, extra = _split_orders(orders)
+            if core:
+                options["orders"] = core
+        elif orders is not None:
+            options["orders"] = orders
         super().__init__(neighboring_relation, **options)
+        self._core_given = orders is None or isinstance(orders, str) or bool(core)
+        self._extra_orders = np.array(extra, dtype=np.float64)
+        self._extra_rdp = np.zeros(len(extra))
+        # with orders outside (1, 1e6], the whole curve at the given orders is also kept here
+        # (a tuning leaf's value at one order depends on its base's values at the others)
+        self._context_orders = np.unique(np.array(core + extra, dtype=np.float64))
+        self._context_rdp = np.zeros(self._context_orders.shape)
+        self._extra_index = np.searchsorted(self._context_orders, self._extra_orders)
+        self._core_index = np.flatnonzero(
+            (self._context_orders > 1.0) & (self._context_orders <= _MAX_ORDER))
         self._all_orders = np.asarray(
             self._accountant.orders if orders is None or isinstance(orders, str) else orders,
             dtype=np.float64,
         )
+
+    def compose(self, event: Any, count: int = 1) -> PrivacyAccountant:
+        super().compose(event, count)
+        if self._extra_orders.size and count > 0:
+            converted, _, _ = self._convert(event)
+            assert converted is not None
+            for leaf, total in flatten(converted, count):
+                curve = _extended_leaf_rdp(leaf, self._context_orders, self._relation)
+                self._context_rdp = self._context_rdp + total * curve
+            self._extra_rdp = self._context_rdp[self._extra_index]
+        return self
 
     @property
     def _orders(self) -> npt.NDArray[np.float64]:
@@ -700,32 +1075,76 @@ class RDPAccountant(PrivacyAccountant):
 
     @property
     def _rdp(self) -> npt.NDArray[np.float64]:
-        """dp-accounting's ``_rdp``: the composed RDP bound at each of :attr:`_orders`; inf at
-        the orders dpsharp does not bound (outside (1, 1e6]) and everywhere once an event
-        without noise was composed (as in dp-accounting)."""
+        """dp-accounting's ``_rdp``: the composed RDP bound at each of :attr:`_orders` (inf
+        everywhere once an event without noise was composed, as in dp-accounting)."""
         result = np.full(self._all_orders.shape, math.inf)
         if self._non_private:
             return result
         curve = dict(zip(self._accountant.orders.tolist(), self._accountant.rdp().tolist()))
+        if not self._core_given:
+            curve = {}
+        for order, value in zip(self._context_orders.tolist(), self._context_rdp.tolist()):
+            if self._extra_orders.size:  # both are upper bounds: the smaller holds
+                curve[order] = min(curve.get(order, math.inf), value)
         for index, order in enumerate(self._all_orders.tolist()):
             if order in curve:
                 result[index] = curve[order]
         return result
 
+    def get_epsilon(self, target_delta: float) -> float:
+        """epsilon(target_delta): the smallest over the given orders (dpsharp's accountant over
+        those in (1, 1e6], :func:`_extended_epsilon` over the others)."""
+        return self.get_epsilon_and_optimal_order(target_delta)[0]
+
+    def get_delta(self, target_epsilon: float) -> float:
+        """delta(target_epsilon) over the given orders (:meth:`get_epsilon`'s rules)."""
+        delta = super().get_delta(target_epsilon)  # validates; dp-accounting's edge cases
+        if self._non_private or self._accountant.is_empty:
+            return delta
+        if not self._core_given:
+            delta = 1.0
+        if self._extra_orders.size:
+            epsilon = float(target_epsilon)
+            delta = min(delta, _extended_delta(self._extra_orders, self._extra_rdp, epsilon))
+            if self._core_index.size and math.isfinite(epsilon):
+                kept, _ = dpsharp_rdp.delta_from_rdp(
+                    self._context_orders[self._core_index],
+                    self._context_rdp[self._core_index], epsilon,
+                    conversion=self._accountant.conversion,  # type: ignore[attr-defined]
+                )
+                delta = min(delta, float(kept))
+        return delta
+
     def get_epsilon_and_optimal_order(self, target_delta: float) -> tuple[float, float]:
         """(epsilon, the RDP order that attains it); (inf, nan) once an event without noise
         was composed; (0, nan) when nothing was released or at ``target_delta`` = 1; (inf, nan)
         at ``target_delta`` = 0 (as :meth:`get_epsilon`)."""
-        epsilon = self.get_epsilon(target_delta)
-        if self._non_private or self._accountant.is_empty or epsilon in (0.0, math.inf):
-            return (epsilon, math.nan)
-        guarantee = self._accountant.guarantee(target_delta)
-        order = next(
-            (guarantee.details[key] for key in ("order", "optimal_order", "best_order", "alpha")
-             if key in guarantee.details),
-            float("nan"),
-        )
-        return (float(guarantee.epsilon), float(order))
+        delta = require_real("target_delta", target_delta)
+        if self._non_private or self._accountant.is_empty or delta <= 0.0 or delta >= 1.0:
+            return (super().get_epsilon(target_delta), math.nan)  # edge cases, validation
+        best, best_order = math.inf, math.nan
+        if self._core_given:
+            guarantee = self._accountant.guarantee(target_delta)
+            best = float(guarantee.epsilon)
+            best_order = float(next(
+                (guarantee.details[key] for key in ("order", "optimal_order", "best_order",
+                                                    "alpha") if key in guarantee.details),
+                math.nan,
+            ))
+        if self._extra_orders.size:
+            extra, order = _extended_epsilon(self._extra_orders, self._extra_rdp,
+                                             float(target_delta))
+            if extra < best:
+                best, best_order = extra, order
+            if self._core_index.size:  # the curve kept here, at the orders in (1, 1e6]
+                kept, order = dpsharp_rdp.epsilon_from_rdp(
+                    self._context_orders[self._core_index],
+                    self._context_rdp[self._core_index], float(target_delta),
+                    conversion=self._accountant.conversion,  # type: ignore[attr-defined]
+                )
+                if kept < best:
+                    best, best_order = float(kept), float(order)
+        return (best, best_order)
 
 
 #: dp-accounting's name for :class:`RDPAccountant`

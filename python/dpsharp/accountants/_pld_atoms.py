@@ -1,0 +1,232 @@
+"""Mechanisms whose privacy loss takes finitely many values: their exact privacy-loss atoms, the
+certified discretisation of the atoms on a grid, and their exact Renyi divergences.
+
+Randomized response and the discrete Laplace mechanism have, for each pair (P, Q) of output
+laws on neighbouring datasets, a privacy loss L = log(P(o) / Q(o)), o ~ P, with finitely many
+values l_i and masses m_i (:func:`atoms`; derivations in :mod:`dpsharp.events`). From the atoms:
+
+* Renyi divergence, exactly, at every order (:func:`atoms_rdp`):
+  D_alpha(P || Q) = log(sum_i m_i e^{(alpha - 1) l_i}) / (alpha - 1) for alpha > 1
+  (Mironov 2017, Definition 3, written as an expectation under P), the Kullback-Leibler
+  divergence sum_i m_i l_i at alpha = 1 and max_i l_i at alpha = inf (its limits).
+* A privacy-loss distribution on the grid {k h} (:func:`discretise_atoms`):
+
+  - pessimistic: each atom l between the grid points a = floor(l / h) h and b = a + h is split
+    into masses at a and b with the same mass and the same E[e^{-L}]
+    (m_b = m (1 - e^{-(l - a)}) / (1 - e^{-h})). That is a mean-preserving spread of
+    Y = e^{-L}; delta(eps) = E[(1 - e^{eps} Y)_+] is convex in each independent factor Y_i of a
+    composition, so by Jensen's inequality every delta(eps) of every composition can only grow
+    (the "connect the dots" argument of Doroshenko, Ghazi, Kamath, Kumar, Manurangsi 2022,
+    applied to atoms). Its error is O(h^2) per atom.
+  - optimistic: each atom moved down to a = floor(l / h) h. delta(eps) is non-decreasing in
+    every loss, so every delta(eps) can only shrink: a certified lower bound (error O(h)).
+
+  A loss span wider than ``_MAX_POINTS`` grid points keeps the top of the support: lower atoms
+  are moved up to its bottom (pessimistic: losses only grow) or dropped (optimistic: a
+  non-negative term only leaves the sum).
+
+The masses are computed in double precision from closed forms (round-off about 1e-16
+relative, like the cell masses of the Gaussian discretisation in the compiled core).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import numpy as np
+import numpy.typing as npt
+from scipy.special import logsumexp
+
+from dpsharp.events import DiscreteLaplace, Event, Neighbouring, RandomizedResponse
+
+__all__ = [
+    "ATOM_EVENTS",
+    "ATOM_MECHANISMS",
+    "DISCRETE_LAPLACE",
+    "RR_REPLACE",
+    "RR_ZERO_ADD",
+    "RR_ZERO_REMOVE",
+    "atoms",
+    "atoms_rdp",
+    "atoms_variance",
+    "discretise_atoms",
+    "event_rdp",
+    "leaf_key",
+]
+
+#: Mechanism codes of the atom leaves (the compiled core's codes are 0-4). Each leaf is
+#: (code, parameter, rate) as the Gaussian-family leaves are: randomized response keeps
+#: (noise parameter p, number of buckets k), the discrete Laplace mechanism (a, sensitivity).
+RR_REPLACE, RR_ZERO_REMOVE, RR_ZERO_ADD, DISCRETE_LAPLACE = 16, 17, 18, 19
+ATOM_MECHANISMS = (RR_REPLACE, RR_ZERO_REMOVE, RR_ZERO_ADD, DISCRETE_LAPLACE)
+
+#: Largest loss span, in grid points, of one discretised atom leaf.
+_MAX_POINTS = 1 << 22
+
+
+def atoms(
+    mechanism: int, parameter: float, rate: float
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """(losses, masses) of the privacy loss under P of one atom leaf (masses sum to 1 up to
+    round-off; atoms of zero mass are left out)."""
+    if mechanism in (RR_REPLACE, RR_ZERO_REMOVE, RR_ZERO_ADD):
+        p, k = float(parameter), float(rate)
+        own = 1.0 - p * (k - 1.0) / k  # P(own bucket) = 1 - p + p/k
+        other = p / k
+        if mechanism == RR_REPLACE:
+            # log(own / other) = log(1 + k (1 - p) / p)
+            loss = math.log1p(k * (1.0 - p) / p)
+            values = [(loss, own), (-loss, other), (0.0, (k - 2.0) * other)]
+        else:
+            # R(x) against the uniform U: own * k = 1 + (k - 1)(1 - p), other * k = p
+            high, low = math.log1p((k - 1.0) * (1.0 - p)), math.log(p)
+            if mechanism == RR_ZERO_REMOVE:
+                values = [(high, own), (low, (k - 1.0) * other)]
+            else:
+                values = [(-high, 1.0 / k), (-low, (k - 1.0) / k)]
+    elif mechanism == DISCRETE_LAPLACE:
+        a, s = float(parameter), int(rate)
+        r = math.exp(-a)
+        x = np.arange(1, s, dtype=np.float64)
+        inner = -math.expm1(-a) / (1.0 + r) * np.exp(-a * x)
+        losses = np.concatenate(([a * s], a * (s - 2.0 * x), [-a * s]))
+        masses = np.concatenate(([1.0 / (1.0 + r)], inner, [math.exp(-a * s) / (1.0 + r)]))
+        keep = masses > 0.0
+        return losses[keep], masses[keep]
+    else:
+        raise ValueError(f"mechanism must be one of {ATOM_MECHANISMS}, got {mechanism!r}")
+    kept = [(loss, mass) for loss, mass in values if mass > 0.0]
+    return (
+        np.array([loss for loss, _ in kept], dtype=np.float64),
+        np.array([mass for _, mass in kept], dtype=np.float64),
+    )
+
+
+def atoms_variance(mechanism: int, parameter: float, rate: float) -> float:
+    """Var_P(L) of one atom leaf (for the grid step)."""
+    losses, masses = atoms(mechanism, parameter, rate)
+    mean = float(np.dot(masses, losses))
+    return max(float(np.dot(masses, (losses - mean) ** 2)), 0.0)
+
+
+def discretise_atoms(
+    mechanism: int, parameter: float, rate: float, grid_step: float, pessimistic: bool
+) -> tuple[int, npt.NDArray[np.float64], float]:
+    """(offset, masses, infinity mass) of the leaf on the grid {k grid_step}: mass[i] at loss
+    (offset + i) grid_step (module docstring: pessimistic split or optimistic round-down)."""
+    losses, masses = atoms(mechanism, parameter, rate)
+    h = float(grid_step)
+    scaled = losses / h
+    low = np.floor(scaled)
+    frac_loss = losses - low * h  # in [0, h), exact up to the rounding of low * h
+    if pessimistic:
+        upper_share = np.where(frac_loss > 0.0, np.expm1(-frac_loss) / math.expm1(-h), 0.0)
+        upper_share = np.clip(upper_share, 0.0, 1.0)
+        index = np.concatenate((low, low + 1.0))
+        weight = np.concatenate((masses * (1.0 - upper_share), masses * upper_share))
+        used = weight > 0.0  # an atom on a grid point has no upper part
+        index, weight = index[used], weight[used]
+    else:
+        index, weight = low, masses
+    top = float(index.max())
+    bottom = max(float(index.min()), top - (_MAX_POINTS - 1))
+    if pessimistic:
+        index = np.maximum(index, bottom)  # losses only grow
+    else:
+        keep = index >= bottom
+        index, weight = index[keep], weight[keep]  # non-negative terms leave the sum
+    offset = int(bottom)
+    out = np.zeros(int(top - bottom) + 1)
+    np.add.at(out, (index - bottom).astype(np.int64), weight)
+    return offset, out, 0.0
+
+
+def atoms_rdp(
+    mechanism: int, parameter: float, rate: float, orders: npt.ArrayLike
+) -> npt.NDArray[np.float64]:
+    """D_alpha(P || Q) of one atom leaf at each order alpha in [1, inf] (module docstring):
+    the Kullback-Leibler divergence at 1, the largest loss at inf."""
+    losses, masses = atoms(mechanism, parameter, rate)
+    log_masses = np.log(masses)
+    result = []
+    for order in np.atleast_1d(np.asarray(orders, dtype=np.float64)).tolist():
+        if order == 1.0:
+            result.append(max(float(np.dot(masses, losses)), 0.0))
+        elif math.isinf(order):
+            result.append(max(float(losses.max()), 0.0))
+        else:
+            t = (order - 1.0) * losses
+            if float(np.abs(t).max()) < 0.5:
+                # log1p(sum m (e^t - 1)) keeps its relative precision as alpha -> 1
+                value = math.log1p(float(np.dot(masses, np.expm1(t)))) / (order - 1.0)
+            else:
+                value = float(logsumexp(log_masses + t)) / (order - 1.0)
+            result.append(max(value, 0.0))
+    return np.array(result, dtype=np.float64)
+
+
+#: The event types whose privacy loss is one of these atom leaves.
+ATOM_EVENTS = (RandomizedResponse, DiscreteLaplace)
+
+
+def leaf_key(
+    event: RandomizedResponse | DiscreteLaplace, relation: Neighbouring, direction: str
+) -> tuple[int, float, float]:
+    """(mechanism code, parameter, rate) of ``event`` under ``relation`` in ``direction``
+    ("remove": P is the law on the dataset holding the record; "add": the reverse)."""
+    if isinstance(event, DiscreteLaplace):  # symmetric pair: one distribution
+        return (DISCRETE_LAPLACE, event.noise_parameter, float(event.sensitivity))
+    if relation is Neighbouring.ZERO_OUT:
+        code = RR_ZERO_REMOVE if direction == "remove" else RR_ZERO_ADD
+    else:  # replace one: symmetric
+        code = RR_REPLACE
+    return (code, event.noise_parameter, float(event.num_buckets))
+
+
+def asymmetric(leaves: Iterable[Event], relation: Neighbouring) -> bool:
+    """Whether an atom leaf among ``leaves`` has different remove and add distributions under
+    ``relation`` (randomized response under zero-out)."""
+    if relation is not Neighbouring.ZERO_OUT:
+        return False
+    return any(
+        isinstance(getattr(leaf, "event", leaf), RandomizedResponse)
+        and getattr(leaf, "event", leaf).noise_parameter < 1.0
+        for leaf in leaves
+    )
+
+
+def event_variance(event: RandomizedResponse | DiscreteLaplace) -> float:
+    """Var_P(L) of the event's (replace-one for randomized response) pair: the grid step's
+    proxy for the spread of its privacy loss."""
+    return atoms_variance(*leaf_key(event, Neighbouring.REPLACE_ONE, "remove"))
+
+
+def event_rdp(
+    event: RandomizedResponse | DiscreteLaplace, relation: Neighbouring, orders: npt.ArrayLike
+) -> npt.NDArray[np.float64]:
+    """The RDP curve of ``event`` under ``relation``: the larger of the two directions'
+    divergences at each order in [1, inf] (exact, :func:`atoms_rdp`)."""
+    curves = [
+        atoms_rdp(*leaf_key(event, relation, direction), orders)
+        for direction in ("remove", "add")
+    ]
+    return np.maximum(curves[0], curves[1])
+
+
+def alignment_losses(
+    event: RandomizedResponse | DiscreteLaplace, relation: Neighbouring
+) -> list[float]:
+    """The dyadic values m 2^-20 that the event's largest losses (both directions) are within
+    1e-12 relative of, for the grid's choice of step (``PLDAccountant._laplace_losses``): a grid
+    point there keeps the atom's split mass above it at the size of its round-off, so delta is
+    0 (to round-off) at an epsilon such as 1 or 4 that is exactly the largest loss. Only the
+    grid step depends on it; every discretisation stays pessimistic."""
+    found = []
+    for direction in ("remove", "add"):
+        losses, _ = atoms(*leaf_key(event, relation, direction))
+        top = float(losses.max())
+        snapped = round(top * 2.0**20) / 2.0**20
+        if top > 0.0 and snapped > 0.0 and abs(top - snapped) <= 1e-12 * top:
+            found.append(snapped)
+    return found
