@@ -149,7 +149,7 @@ class TruncatedNegativeBinomialTuning(Event):
     Theorem 2: if the base is (lambda, eps)-RDP and (lambda_hat, eps_hat)-RDP with
     lambda > 1, lambda_hat >= 1, the search is (lambda, eps')-RDP with
     eps' = eps + (1 + eta) (1 - 1/lambda_hat) eps_hat + (1 + eta) log(1/gamma) / lambda_hat
-           + log(E[K]) / (lambda - 1),
+    + log(E[K]) / (lambda - 1),
     E[K] = eta (1 - gamma) / (gamma (1 - gamma^eta))  (eta != 0; 1/gamma for eta = 1),
     E[K] = (1/gamma - 1) / log(1/gamma)               (eta = 0).
     The accountant minimises over lambda_hat in its own order grid. Special cases checked in

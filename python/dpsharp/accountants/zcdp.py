@@ -245,6 +245,8 @@ class ZCDPAccountant(Accountant):
           results carry ``certified=False`` and :data:`SAMPLING_WARNING`. Events outside
           q <= 1/(16 sigma) are refused.
 
+    Notes
+    -----
     :attr:`rho` is the composed rho (rho_hat of Theorem 3 when a sampled event was composed:
     then it bounds D_alpha / alpha only for alpha <= :attr:`alpha_max`).
     ``epsilon(delta)`` reports the better of the Bun-Steinke and the Canonne-Kamath-Steinke

@@ -173,6 +173,9 @@ class DistributedPoissonDataLoader(PoissonDataLoader):
     seed:
         Must be the same on every rank (the global mask is then identical on all ranks and
         equal to a single-process ``PoissonDataLoader`` with that seed).
+
+    Notes
+    -----
     Other parameters as :class:`~dpsharp.torch.data.PoissonDataLoader`.
     """
 

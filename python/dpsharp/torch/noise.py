@@ -71,6 +71,8 @@ class NoiseGenerator:
         Distributed rank in [0, 2^32): goes into the counter, so ranks sharing a seed never
         share noise.
 
+    Notes
+    -----
     Noise of element j, parameter p, release r: standard normal number j of the ChaCha8 stream
     with key K (the seed) and nonce (p, r, rank) (see :mod:`dpsharp.torch.kernels`).
     """

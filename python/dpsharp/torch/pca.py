@@ -86,7 +86,7 @@ class PCAProjection(torch.nn.Module):
     ``components`` (d x k, orthonormal columns) is stored as a buffer, not a parameter: it has
     ``requires_grad=False``, is not returned by ``parameters()`` (so neither an optimizer nor a
     per-sample clipper touches it) and travels with ``state_dict()`` / ``.to()``. Inputs of
-    shape (N, *) are flattened to (N, d); a single example of shape (d,) is also accepted.
+    shape ``(N, *)`` are flattened to (N, d); a single example of shape (d,) is also accepted.
     """
 
     components: torch.Tensor
@@ -137,6 +137,8 @@ class DPPCA:
         Seed of the sampling and noise generator; ``None`` takes a fresh key from the OS
         CSPRNG (``secrets``).
 
+    Notes
+    -----
     After :meth:`fit`: ``components`` (d x k, float64, orthonormal columns ordered by
     decreasing noisy eigenvalue), ``eigenvalues`` (the top-k noisy eigenvalues),
     ``sample_size`` (the realised Poisson sample size; not private, for diagnostics only) and
