@@ -38,9 +38,15 @@ def test_semantics_bounds_and_max_compositions() -> None:
                      eps_error=0.05, max_compositions=1000)
     lower, estimate, upper = acc.compute_epsilon(num_compositions=1000)
     assert lower <= estimate <= upper and upper - lower <= 2 * 0.05
-    pld = dpsharp.accountant("pld").compose(dpsharp.PoissonSampled(dpsharp.Gaussian(0.8), 5e-3), 1000)
-    # eps_error = 0.05 is looser than the default precision: the bracket is the PLD's own
-    assert (lower, upper) == tuple(pld.epsilon_bounds(1e-6))
+    # the PLD accountant's relative precision starts at eps_error, as prv-accountant's mesh
+    # follows it; at 0.05 the bracket is already narrower than 2 eps_error
+    assert acc.accountant.precision == 0.05
+    pld = dpsharp.accountant("pld", precision=0.05).compose(
+        dpsharp.PoissonSampled(dpsharp.Gaussian(0.8), 5e-3), 1000)
+    # the PLD's own bounds, the lower one unrefined (certified on the same grid, and within
+    # the asked width)
+    pld_lower, pld_upper = pld.epsilon_bounds(1e-6)
+    assert upper == pld_upper and lower <= pld_lower and upper - lower <= 2 * 0.05
     # the estimate is dpsharp's one certified number for the composition
     assert estimate == upper == pld.epsilon(1e-6)
     # fewer compositions after more: answered from a fresh composition, monotone in T
@@ -230,8 +236,8 @@ def test_growing_compositions_reuse_the_accountant() -> None:
     inner = acc._accountant
     grown = acc.compute_epsilon(delta=1e-5, num_steps=2000)
     assert acc._accountant is inner
-    fresh = dpsharp.accountant("pld").compose(prv.event, 2000)  # type: ignore[arg-type]
-    assert grown[2] == fresh.epsilon(1e-5) and grown[0] == fresh.epsilon_bounds(1e-5)[0]
+    fresh = dpsharp.accountant("pld", precision=acc.precision).compose(prv.event, 2000)  # type: ignore[arg-type]
+    assert grown[2] == fresh.epsilon(1e-5) and grown[0] <= fresh.epsilon_bounds(1e-5)[0]
     assert acc.compute_epsilon(delta=1e-5, num_steps=500)[2] < grown[2]
     with pytest.raises(ValueError, match="exceeds the maximum number of compositions"):
         acc.compute_epsilon(delta=1e-5, num_steps=2001)
@@ -339,8 +345,9 @@ def test_compute_dp_epsilon_command(capsys: pytest.CaptureFixture[str]) -> None:
     lines = {line.split(":", 1)[0]: line for line in out.splitlines() if "eps_upper" in line}
     assert set(lines) == {"PRV Accountant", "RDP Accountant"}
     fields = dict(re.findall(r"(eps_\w+) = +([-+.\deinf]+)", lines["PRV Accountant"]))
-    event = dpsharp.PoissonSampled(dpsharp.Gaussian(0.8), 5e-3)
-    lower, upper = dpsharp.accountant("pld").compose(event, 1000).epsilon_bounds(1e-6)
+    lower, _, upper = compat.DPSGDAccountant(
+        noise_multiplier=0.8, sampling_probability=5e-3, max_steps=1000, eps_error=0.1,
+        delta_error=1e-9).compute_epsilon(delta=1e-6, num_steps=1000)
     # prv-accountant's format, 3 significant digits
     assert float(fields["eps_upper"]) == float(f"{upper:6.3}")
     assert float(fields["eps_lower"]) == float(f"{lower:6.3}")
@@ -376,7 +383,7 @@ def test_approximate_dp_composition_is_exact(eps: float, delta: float, count: in
     the exact binomial answer, and a Gaussian composes alongside (a replace-one pair too)."""
     built()
     prv = (compat.ApproximateDPMechanism(eps, delta) if delta else compat.PureDPMechanism(eps))
-    acc = compat.PRVAccountant(prvs=[prv, compat.GaussianMechanism(3.0)], eps_error=0.01,
+    acc = compat.PRVAccountant(prvs=[prv, compat.GaussianMechanism(3.0)], eps_error=1e-3,
                                delta_error=1e-12, max_self_compositions=[count, 4])
     for at in (0.0, 0.5, 2.0):
         exact = _binary_composition_delta(eps, delta, count, at)

@@ -195,10 +195,19 @@ def markdown(results: dict[str, Any], causes: dict[str, str]) -> str:
 
 
 _NOT_MIRRORED = "event type without a dpsharp counterpart yet (refused by name)"
+
+#: prv-accountant's tests (their ids start with ``tests/``) whose failures have a known cause
+PRV_CAUSES: dict[str, str] = {
+    "test_dpsgd.py::TestFindNoiseMultiplier::test_robustness": (
+        "`pytest.warns(None)` is a TypeError in pytest >= 8: fails on the peer as well, before "
+        "reaching the adapter (not exercised)"
+    ),
+}
 _PRIVATE = "reads dp-accounting's private state (`_rdp`, `_orders`) or internals"
 
 #: known causes of adapter failures, matched (first match wins) as substrings of the test id
 CAUSES: dict[str, str] = {
+    **PRV_CAUSES,
     "repeat_and_select_": (
         "K ~ Poisson: the test requires the RDP to be at least Theorem 6's expression of "
         "Papernot and Steinke 2022 (an upper bound, not a lower one); dpsharp's PoissonTuning "
@@ -265,8 +274,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     full = os.environ.get("DPSHARP_PEER_FULL", "") not in ("", "0")
     results: dict[str, Any] = {"full": full, "prv_sdist": "", "suites": {}}
-    if args.suite and (RESULTS / "peer_suites.json").exists():  # keep the other suites' rows
+    previous: dict[str, Any] = {"suites": {}}
+    if (RESULTS / "peer_suites.json").exists():
         previous = json.loads((RESULTS / "peer_suites.json").read_text())
+    if args.suite:  # keep the other suites' rows
         results["suites"] = previous["suites"]
         results["prv_sdist"] = previous.get("prv_sdist", "")
     with tempfile.TemporaryDirectory() as sources:
@@ -277,7 +288,15 @@ def main(argv: list[str] | None = None) -> int:
                 found, how = prv_sources(Path(sources))
                 results["prv_sdist"] = how if found else "not run: " + how
                 if found is None:
-                    results["suites"].pop(suite, None)
+                    # keep the rows of the last run that could fetch the tests, and say so
+                    kept = previous["suites"].get(suite)
+                    if kept is None:
+                        results["suites"].pop(suite, None)
+                    else:
+                        results["suites"][suite] = kept
+                        results["prv_sdist"] += (
+                            "; its rows below are from the last run that fetched them ("
+                            + previous.get("prv_sdist", "").split("; its rows below")[0] + ")")
                     continue
                 SOURCE_DIRS[suite] = found
             always, slow = SUITES[suite]

@@ -9,9 +9,12 @@ and the answers keep prv-accountant's conventions, with certified numbers:
 
 * ``compute_epsilon(delta, num_self_compositions) -> (lower, estimate, upper)``: ``lower`` and
   ``upper`` are the PLD accountant's certified bounds on the optimal epsilon (not an estimate
-  plus or minus ``eps_error``), refined until ``upper - lower <= 2 * eps_error``; ``estimate``
-  is ``upper``, dpsharp's one certified number for the composition (the same float as
-  ``dpsharp.accountant("pld").compose(...).epsilon(delta)``).
+  plus or minus ``eps_error``), at most ``2 * eps_error`` apart: as prv-accountant's mesh
+  follows ``eps_error``, the PLD accountant's relative ``precision`` starts at ``eps_error``
+  (clamped to [1e-3, 0.1]) and is halved or more while the bracket is wider; ``estimate`` is
+  ``upper``, dpsharp's certified number for the composition (the same float as
+  ``dpsharp.accountant("pld", precision=...).compose(...).epsilon(delta)`` at the precision
+  used, :attr:`PRVAccountant.precision`).
 * ``compute_delta(epsilon, num_self_compositions) -> (lower, estimate, upper)``: certified
   bounds on delta(epsilon); ``estimate`` is ``upper``.
 * more compositions than ``max_self_compositions`` raise ``ValueError`` as in prv-accountant;
@@ -54,6 +57,8 @@ __all__ = ["Accountant", "ComposedPrivacyRandomVariable", "PRVAccountant"]
 
 #: the PLD accountant's default relative precision, the first one tried
 _DEFAULT_PRECISION = 1e-3
+#: the coarsest relative precision asked of the PLD accountant
+_COARSEST = 0.1
 _MAX_REFINEMENTS = 6
 
 
@@ -130,6 +135,24 @@ def _counts(name: str, value: Any, size: int) -> list[int]:
     return counts
 
 
+def _bounds(acc: _DpsharpAccountant, delta: float, width: float) -> tuple[float, float]:
+    """Certified (lower, upper) epsilon bounds at ``delta``, at most ``width`` apart where the
+    accountant's grid allows: the upper bound is the PLD accountant's one number
+    (``epsilon``); the lower one is first taken from the optimistic composition on the same
+    grid, and refined (``epsilon_bounds``) only when that is wider than ``width``."""
+    upper = float(acc.epsilon(delta))
+    side = getattr(acc, "_epsilon_side", None)
+    if side is not None and math.isfinite(upper):
+        try:
+            lower = min(float(side(delta, pessimistic=False, refinement=0)), upper)
+        except ValueError:  # below the optimistic side's round-off floor
+            lower = 0.0
+        if upper - lower <= width:
+            return (lower, upper)
+    lower, upper = acc.epsilon_bounds(delta)  # type: ignore[attr-defined]
+    return (float(lower), float(upper))
+
+
 class ComposedPrivacyRandomVariable:
     """The composition that :meth:`PRVAccountant.compute_composition` returns, in place of
     prv-accountant's discretised ``DiscretePrivacyRandomVariable``: dpsharp's PLD accountant
@@ -204,9 +227,17 @@ class PRVAccountant:
         if self.delta_error >= 1.0:
             raise ValueError(f"delta_error must be in (0, 1), got {delta_error!r}")
         self.eps_max = None if eps_max is None else require_positive_finite("eps_max", eps_max)
-        self._precision = _DEFAULT_PRECISION
+        # prv-accountant's mesh follows eps_error; here the PLD accountant's relative precision
+        # starts at eps_error (within [1e-3, 0.1]) and is refined while the bracket is wider
+        # than 2 eps_error
+        self._precision = min(_COARSEST, max(_DEFAULT_PRECISION, self.eps_error))
         self._accountant: _DpsharpAccountant = self._fresh(self._precision)
         self._composed = [0] * len(prvs)
+
+    @property
+    def precision(self) -> float:
+        """The relative precision of the PLD accountant the last answer came from."""
+        return self._precision
 
     def _fresh(self, precision: float) -> _DpsharpAccountant:
         return _make_accountant("pld", precision=precision, neighbouring=self._relation)
@@ -264,7 +295,7 @@ class PRVAccountant:
             acc = self._compose(counts, precision)
             if acc.is_empty:
                 return (0.0, 0.0, 0.0)
-            lower, upper = (float(v) for v in acc.epsilon_bounds(finite))  # type: ignore[attr-defined]
+            lower, upper = _bounds(acc, finite, 2.0 * self.eps_error)
             if upper - lower <= 2.0 * self.eps_error or not math.isfinite(upper):
                 return (lower, upper, upper)
             # the precision is the relative gap (upper - lower) / upper
@@ -349,4 +380,6 @@ def _accountant_for(owner: Accountant) -> PRVAccountant:
     )
     if owner.eps_error is None:  # the PLD accountant's default precision, never refined
         accountant.eps_error = math.inf
+        accountant._precision = _DEFAULT_PRECISION
+        accountant._accountant = accountant._fresh(_DEFAULT_PRECISION)
     return accountant
