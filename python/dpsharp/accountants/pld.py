@@ -373,8 +373,17 @@ class PLDAccountant(Accountant):
             for key, count in zip(self._exact_keys(direction), self._counts.values()):
                 leaves[key] = leaves.get(key, 0) + count
             order = sorted(leaves)
-            plds = _discretize(order, step, tail, True)
-            points = 1 + sum(leaves[key] * (pld.mass.size - 1) for key, pld in zip(order, plds))
+            # Each leaf's number of grid points at (step, tail), kept: an incremental run asks
+            # again at every step with the same leaves (a pure function of its key, so the
+            # answer is the same as discretising again).
+            sizes = self._leaf_points
+            if any(sizes.get(cell) is None for cell in ((key, step, tail) for key in order)):
+                if len(sizes) > 4 * _LEAF_BUDGET:
+                    sizes.clear()
+                missing = [key for key in order if (key, step, tail) not in sizes]
+                for key, pld in zip(missing, _discretize(missing, step, tail, True)):
+                    sizes[(key, step, tail)] = pld.mass.size
+            points = 1 + sum(leaves[key] * (sizes[(key, step, tail)] - 1) for key in order)
             support = max(support, points)
         if 2 * support > budget:
             return step
@@ -510,6 +519,7 @@ class PLDAccountant(Accountant):
         self._base_steps: dict[tuple[int, int], float] = {}
         self._laplace_seen: list[Any] = [0, set()]  # (leaves looked at, their Laplace losses)
         self._gaussian_memo: list[Any] = []  # [(events, steps), _exact_gaussian's value]
+        self._leaf_points: dict[tuple[_Leaf, float, float], int] = {}  # for _short_step
 
     # ------------------------------------------------------------------ queries
     def _bounds_at(
