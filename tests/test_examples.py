@@ -130,3 +130,13 @@ def test_dp_pca_digits_says_noise_multiplier_like_the_others(capsys, monkeypatch
         module.main(["--help"])
     text = capsys.readouterr().out
     assert "--noise-multiplier" in text and "--noise " not in text and "--pca-noise " not in text
+
+
+def test_finetune_transformer_example_quick(capsys) -> None:
+    """DP fine-tuning of a small transformer on generated sequences: within the budget, with
+    the privacy statement before the final JSON line."""
+    final, lines = run(capsys, "finetune_transformer",
+                       ["--epochs", "1", "--pretrain-steps", "5", "--target-epsilon", "2"])
+    check(final, lines, 2.0)
+    assert final["certified"] is True and final["steps"] >= 1
+    assert lines[-2].startswith("Privacy statement: the fine-tuning satisfies (")
