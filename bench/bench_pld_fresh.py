@@ -83,7 +83,10 @@ def main() -> None:
         f"# cold start (first query of the process, q=.01 s=1 T=1e3): {cold * 1e3:.1f} ms, "
         f"warm median {warm * 1e3:.1f} ms ({cold / warm:.1f}x)"
     )
-    header = f"{'setting':22} {'ours eps':>12} {'ours ms':>9} {'dpa1e-3 eps':>12} {'dpa ms':>9} {'x':>7}"
+    header = (
+        f"{'setting':22} {'ours eps':>12} {'ours ms':>9} {'dpa1e-3 eps':>12} {'dpa ms':>9} "
+        f"{'x':>7}"
+    )
     lines.append(header)
     print("\n".join(lines), flush=True)
     for name, q, sigma, steps in SETTINGS:
@@ -97,10 +100,15 @@ def main() -> None:
                 seconds, eps_peer = timed(peer, q, sigma, steps)
                 theirs.append(seconds)
         a, b = statistics.median(mine), statistics.median(theirs)
-        line = f"{name:22} {eps_ours:12.6f} {a * 1e3:9.2f} {eps_peer:12.6f} {b * 1e3:9.1f} {b / a:7.1f}"
+        line = (
+            f"{name:22} {eps_ours:12.6f} {a * 1e3:9.2f} {eps_peer:12.6f} {b * 1e3:9.1f} "
+            f"{b / a:7.1f}"
+        )
         lines.append(line)
         print(line, flush=True)
-    lines.append(f"{'transform':22} {'points':>12} {'ours ms':>9} {'pocketfft':>12} {'ms':>9} {'x':>7}")
+    lines.append(
+        f"{'transform':22} {'points':>12} {'ours ms':>9} {'pocketfft':>12} {'ms':>9} {'x':>7}"
+    )
     for size in (1 << 17, 1 << 20):
         values = np.random.default_rng(0).random(size)
         spectrum = scipy.fft.rfft(values)

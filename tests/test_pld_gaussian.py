@@ -101,15 +101,18 @@ def test_tiny_delta_and_huge_step_counts_need_no_fft() -> None:
     """No FFT round-off floor: delta = 1e-100, and 10^15 steps (whose FFT composition the
     accountant must refuse at any delta below 0.1, see test_pld_roundoff.py)."""
     exact = exact_epsilon(1e-100, mu_squared([(1.0, 1000)]))
-    assert exact <= PLDAccountant().compose(Gaussian(1.0), 1000).epsilon(1e-100) <= exact * (1 + 1e-12)
+    epsilon = PLDAccountant().compose(Gaussian(1.0), 1000).epsilon(1e-100)
+    assert exact <= epsilon <= exact * (1 + 1e-12)
     steps = 10**15
     exact = exact_epsilon(1e-5, mu_squared([(1e8, steps)]))
-    assert exact <= PLDAccountant().compose(Gaussian(1e8), steps).epsilon(1e-5) <= exact * (1 + 1e-12)
+    epsilon = PLDAccountant().compose(Gaussian(1e8), steps).epsilon(1e-5)
+    assert exact <= epsilon <= exact * (1 + 1e-12)
 
 
 def test_gdp_mu_is_exact() -> None:
     accountant = composed(CASES[2][0])
-    assert accountant.gdp_mu() == pytest.approx(float(mpmath.sqrt(mu_squared(CASES[2][1]))), rel=1e-15)
+    exact = float(mpmath.sqrt(mu_squared(CASES[2][1])))
+    assert accountant.gdp_mu() == pytest.approx(exact, rel=1e-15)
 
 
 def test_sampled_compositions_still_go_through_the_grid() -> None:
@@ -135,3 +138,4 @@ def test_against_dp_accounting(sigma: float, steps: int) -> None:
     assert ours <= theirs  # exact, against a pessimistic discretisation
     assert ours == pytest.approx(theirs, rel=1e-6)
     assert math.isclose(ours, exact_epsilon(1e-5, mu_squared([(sigma, steps)])), rel_tol=1e-12)
+

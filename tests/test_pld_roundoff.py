@@ -350,7 +350,8 @@ def test_accountant_upper_delta_above_its_discretised_composition() -> None:
             composed = mass
             for _ in range(steps - 1):
                 composed = np.convolve(composed, mass)
-            losses = (leaf.offset * steps + np.arange(composed.size)) * np.longdouble(leaf.grid_step)
+            grid = leaf.offset * steps + np.arange(composed.size)
+            losses = grid * np.longdouble(leaf.grid_step)
             infinity = 1 - (1 - np.longdouble(leaf.infinity_mass)) ** steps
             slack = 4 * steps * composed.size * unit  # convolution, weights and sum (mass 1)
             above = losses > eps

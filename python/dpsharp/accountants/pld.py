@@ -597,17 +597,15 @@ class PLDAccountant(Accountant):
         memo = self._gaussian_memo
         if memo and memo[0] == key:
             return memo[1]
-        terms: dict[float, int] | None = {}
+        terms: dict[float, int] = {}
         for direction in self._directions():
             for leaf, count in zip(self._exact_keys(direction), self._counts.values()):
                 if leaf.mechanism != _GAUSSIAN or leaf.rate != 1.0:
-                    terms = None
-                    break
+                    self._gaussian_memo = [key, None]
+                    return None
                 if direction == "remove":
                     terms[leaf.parameter] = terms.get(leaf.parameter, 0) + count
-            if terms is None:
-                break
-        value = None if terms is None else _pld_gaussian.mu_squared_bounds(terms.items())
+        value = _pld_gaussian.mu_squared_bounds(terms.items())
         self._gaussian_memo = [key, value]
         return value
 
