@@ -349,7 +349,8 @@ def test_steps_are_composed_incrementally(cls: type[compat.OpacusAccountant],
     assert len(made) == 2
 
 
-def _tiny_training(torch, engine, train_epochs: int, **make_private):  # type: ignore[no-untyped-def]
+def _tiny_training(  # type: ignore[no-untyped-def]
+        torch, engine, train_epochs: int, **make_private):
     torch.manual_seed(3)
     data = torch.utils.data.TensorDataset(torch.randn(100, 4), torch.randint(0, 2, (100,)))
     model = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Tanh(), torch.nn.Linear(6, 2))

@@ -236,7 +236,9 @@ def test_growing_compositions_reuse_the_accountant() -> None:
     inner = acc._accountant
     grown = acc.compute_epsilon(delta=1e-5, num_steps=2000)
     assert acc._accountant is inner
-    fresh = dpsharp.accountant("pld", precision=acc.precision).compose(prv.event, 2000)  # type: ignore[arg-type]
+    event = prv.event
+    assert event is not None
+    fresh = dpsharp.accountant("pld", precision=acc.precision).compose(event, 2000)
     assert grown[2] == fresh.epsilon(1e-5) and grown[0] <= fresh.epsilon_bounds(1e-5)[0]
     assert acc.compute_epsilon(delta=1e-5, num_steps=500)[2] < grown[2]
     with pytest.raises(ValueError, match="exceeds the maximum number of compositions"):
@@ -282,7 +284,8 @@ def test_refusals_name_the_privacy_random_variable() -> None:
                                    compat.ApproximateDPMechanism(0.1, 1e-6)],
                              eps_error=0.1, delta_error=1e-9)
     with pytest.raises(dpsharp.UnsupportedEventError, match=r"prvs\[0\].*given only by its CDF"):
-        compat.PRVAccountant(prvs=OwnCdf(), eps_error=0.1, delta_error=1e-9)  # type: ignore[arg-type]
+        compat.PRVAccountant(prvs=OwnCdf(),  # type: ignore[arg-type]
+                             eps_error=0.1, delta_error=1e-9)
     with pytest.raises(ValueError, match="max_self_compositions must have one entry per PRV"):
         compat.PRVAccountant(prvs=[compat.GaussianMechanism(1.0)], eps_error=0.1,
                              delta_error=1e-9, max_self_compositions=[1, 2])
@@ -377,7 +380,8 @@ def _binary_composition_delta(eps: float, delta: float, count: int, at: float) -
         return float(infinity + (1 - infinity) * finite)
 
 
-@pytest.mark.parametrize(("eps", "delta", "count"), [(0.3, 1e-4, 20), (1.0, 0.0, 7), (0.0, 1e-6, 50)])
+@pytest.mark.parametrize(("eps", "delta", "count"),
+                         [(0.3, 1e-4, 20), (1.0, 0.0, 7), (0.0, 1e-6, 50)])
 def test_approximate_dp_composition_is_exact(eps: float, delta: float, count: int) -> None:
     """ApproximateDPMechanism / PureDPMechanism: the certified bracket of the composition holds
     the exact binomial answer, and a Gaussian composes alongside (a replace-one pair too)."""

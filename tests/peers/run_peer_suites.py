@@ -86,7 +86,8 @@ def prv_sources(work: Path) -> tuple[Path | None, str]:
         notes.append("the sdist (pip download) ships no tests")
     else:
         tail = (done.stderr or done.stdout).strip().splitlines()
-        notes.append("pip cannot fetch the sdist: " + (tail[-1] if tail else f"rc {done.returncode}"))
+        reason = tail[-1] if tail else f"rc {done.returncode}"
+        notes.append("pip cannot fetch the sdist: " + reason)
     target = work / "git"
     target.mkdir()
     local = os.environ.get("DPSHARP_PRV_ACCOUNTANT_GIT", "")

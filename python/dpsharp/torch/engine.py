@@ -571,7 +571,8 @@ class PrivacyEngine:
 
         if sigma is None:
             sigma = self._calibrate(  # type: ignore[arg-type]
-                main, loader, float(target_epsilon), delta, int(epochs), allow_approximation  # type: ignore[arg-type]
+                main, loader, float(target_epsilon), delta,  # type: ignore[arg-type]
+                int(epochs), allow_approximation,
             )
 
         dp_optimizer = DPOptimizer(

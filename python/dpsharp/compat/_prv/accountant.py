@@ -316,7 +316,8 @@ class PRVAccountant:
         acc = self._compose(counts, self._precision)
         lower = upper = 0.0
         if not acc.is_empty:
-            lower, upper = (float(v) for v in acc.delta_bounds(epsilon))  # type: ignore[attr-defined]
+            bounds = acc.delta_bounds(epsilon)  # type: ignore[attr-defined]
+            lower, upper = float(bounds[0]), float(bounds[1])
         lower, upper = (infinity + (1.0 - infinity) * v for v in (lower, upper))
         return (lower, upper, upper)
 
