@@ -27,6 +27,9 @@ times then needs its transform only below a frequency that a certificate bounds 
 or a coarse certified grid), computed by direct sums over the PLD's masses
 (``_pld_numerics._pruned_reach``); with that, one stage is usually cheaper than two and the
 staging prediction says so.
+A composition of plain Gaussian mechanisms only (no sampling, any noise multipliers) is exactly
+mu-GDP with mu = sqrt(sum_i c_i / sigma_i^2) (Dong, Roth, Su 2019, Cor. 3.3) and is answered from
+that closed form, with no grid and no FFT (``_pld_gaussian``).
 The floating-point error of the composition (transforms, powers, inverse transform, sums) is
 covered by an a priori bound proven in ``_pld_numerics`` (ComposedPLD.noise), added to every
 upper delta and subtracted from every lower one; a composition whose bound alone exceeds the
