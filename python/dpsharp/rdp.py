@@ -455,8 +455,8 @@ def search_orders(
     notes above) to give an epsilon (``want_delta=False``, ``target`` = delta) or log delta
     (``target`` = epsilon) no smaller than the best masked one, so the minimum over the masked
     orders is the minimum over the grid. Each round evaluates, in every lazy curve, the open
-    integer orders (cheap binomial sums), or if there are none the few open fractional orders
-    with the smallest lower bounds.
+    integer orders (cheap binomial sums) and the few open fractional orders with the smallest
+    lower bounds.
     """
     lazy = [(count, curve) for count, curve in terms if isinstance(curve, LazyPoissonGaussianCurve)]
     grid_at = plan.grid_at
@@ -507,13 +507,14 @@ def search_orders(
         if open_.size == 0:
             return known, total
         candidates = unknown[open_]
-        cheap = candidates[plan.grid_integer[candidates]]
-        if cheap.size:  # every open integer order at once (about a microsecond each)
-            index = grid_at[cheap]
-        else:  # the fractional orders with the smallest lower bounds
-            # with many curves a round is cheap next to its quadratures: one order per round
-            per_round = _FRACTIONAL_PER_ROUND if len(lazy) <= 4 else 1
-            index = grid_at[candidates[np.argsort(lower[open_])[:per_round]]]
+        integer = plan.grid_integer[candidates]
+        # every open integer order (about a microsecond each) and the open fractional orders
+        # with the smallest lower bounds (with many curves a round is cheap next to its
+        # quadratures: one fractional order per round)
+        per_round = _FRACTIONAL_PER_ROUND if len(lazy) <= 4 else 1
+        fractional = np.flatnonzero(~integer)
+        best_fractional = fractional[np.argsort(lower[open_][fractional])[:per_round]]
+        index = grid_at[np.concatenate([candidates[integer], candidates[best_fractional]])]
         for _, curve in lazy:
             curve.ensure(index)
 
