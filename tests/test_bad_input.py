@@ -591,8 +591,8 @@ NON_NUMERIC: dict[str, set[str]] = {
     "rdp_of_leaf": {"leaf", "orders", "base_rdp"},  # hooks: orders come validated
     "zcdp_rho_of_leaf": {"leaf", "base_rho"},
     "unsupported_reason_of_leaf": {"leaf", "family", "base_reason"},
-    "plots.epsilon_vs_epochs": {"series", "certified", "title", "path"},
-    "plots.tradeoff_curves": {"curves", "title", "path", "note"},
+    "plots.epsilon_vs_epochs": {"series", "certified", "title", "path", "yscale"},
+    "plots.tradeoff_curves": {"curves", "title", "path", "note", "not_drawn"},
 }
 SHARED_NON_NUMERIC = {
     "event", "base", "accountant", "require_certified", "allow_approximation",

@@ -72,3 +72,11 @@ def test_committed_figure_data_is_what_the_script_computes(figures) -> None:
             assert committed[key][name] == pytest.approx(values, rel=1e-6), (key, name)
     for name in ("002_fig2.png", "000_fig2.png", "000_fig3.png", "004_fig2.png"):
         assert (path.parent / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_epsilon_plot_refuses_an_unknown_scale():
+    pytest.importorskip("matplotlib")
+    from dpsharp import plots
+
+    with pytest.raises(ValueError, match="yscale must be 'auto', 'linear' or 'log'"):
+        plots.epsilon_vs_epochs({"rdp": ([1, 2], [0.5, 0.7])}, delta=1e-5, yscale="symlog")
