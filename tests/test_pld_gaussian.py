@@ -139,3 +139,14 @@ def test_against_dp_accounting(sigma: float, steps: int) -> None:
     assert ours == pytest.approx(theirs, rel=1e-6)
     assert math.isclose(ours, exact_epsilon(1e-5, mu_squared([(sigma, steps)])), rel_tol=1e-12)
 
+
+
+@pytest.mark.parametrize("epsilon", [200.0, 1e4, 1e300])
+def test_delta_far_in_the_tail_is_the_smallest_double(epsilon):
+    """mu = sqrt(10): the exact delta at these epsilons is below Phi(-epsilon/mu + mu/2), at
+    most Phi(-61.7) < 1e-800 (mpmath), so the certified upper bound is the smallest positive
+    double; before, epsilon 1e300 raised OverflowError inside mpmath's erfc."""
+    accountant = PLDAccountant().compose(Gaussian(1.0), 10)
+    mu = mpmath.sqrt(10)
+    assert mpmath.ncdf(-mpmath.mpf(200.0) / mu + mu / 2) < mpmath.mpf("1e-800")
+    assert accountant.delta(epsilon) == math.nextafter(0.0, 1.0)

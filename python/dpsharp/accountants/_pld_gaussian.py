@@ -95,7 +95,15 @@ def epsilon_bounds(delta: float, mu2_low: float, mu2_high: float) -> tuple[float
 
 def delta_bounds(epsilon: float, mu2_low: float, mu2_high: float) -> tuple[float, float]:
     """(lower, upper) on the exact delta(epsilon) of a mu-GDP pair with mu^2 in
-    [mu2_low, mu2_high], each the 50-digit value rounded outwards to a double."""
+    [mu2_low, mu2_high], each the 50-digit value rounded outwards to a double.
+
+    Far in the tail, where -eps/mu + mu/2 <= -40 for mu^2 = mu2_high, the exact delta is below
+    Phi(-eps/mu + mu/2) <= Phi(-40) < 1e-349 (dropping the subtracted term), so (0, the
+    smallest positive double) brackets it; the 50-digit formula is not evaluated there (its
+    two terms agree to about mu^2 / eps relative, and mpmath's erfc overflows near eps 1e300)."""
+    mu_high = math.sqrt(mu2_high)
+    if -epsilon / mu_high + mu_high / 2.0 <= -40.0:
+        return 0.0, math.nextafter(0.0, 1.0)
     with mpmath.workdps(_DIGITS):
         high = _delta_exact(epsilon, mu2_high)
         low = _delta_exact(epsilon, mu2_low)
