@@ -422,3 +422,19 @@ def test_privacy_engine_make_private_needs_no_delta() -> None:
     with pytest.raises(ValueError, match="target_epsilon needs delta"):
         _tiny_training(torch, PrivacyEngine(), 0, noise_multiplier=None, target_epsilon=1.0,
                        epochs=1)
+
+
+def test_repeated_steps_are_merged_and_still_validated() -> None:
+    """The fast path of a repeated step (same values as the last entry) merges it as Opacus
+    does; anything else is validated as before."""
+    acc = compat.RDPAccountant()
+    for _ in range(5):
+        acc.step(noise_multiplier=1.5, sample_rate=0.04)
+    acc.step(noise_multiplier=3, sample_rate=0.04)  # an int is a real number
+    acc.step(noise_multiplier=3.0, sample_rate=0.04)
+    assert acc.history == [(1.5, 0.04, 5), (3.0, 0.04, 2)]
+    with pytest.raises(TypeError, match="noise_multiplier"):
+        acc.step(noise_multiplier=True, sample_rate=0.04)
+    with pytest.raises(ValueError, match="sample_rate"):
+        acc.step(noise_multiplier=3.0, sample_rate=float("nan"))
+    assert acc.history == [(1.5, 0.04, 5), (3.0, 0.04, 2)]
