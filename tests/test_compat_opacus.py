@@ -438,3 +438,28 @@ def test_repeated_steps_are_merged_and_still_validated() -> None:
     with pytest.raises(ValueError, match="sample_rate"):
         acc.step(noise_multiplier=3.0, sample_rate=float("nan"))
     assert acc.history == [(1.5, 0.04, 5), (3.0, 0.04, 2)]
+
+
+@pytest.mark.peers
+@pytest.mark.parametrize("family", ["rdp", "gdp"])
+@pytest.mark.parametrize("horizon", [{"epochs": 90}, {"steps": 2000}])
+def test_get_noise_multiplier_is_opacus_sigma_where_the_numbers_agree(
+    family: str, horizon: dict[str, int]
+) -> None:
+    """Opacus' own search (doubling from 20, then bisection to epsilon_tolerance) on dpsharp's
+    RDP and GDP accountants, whose epsilons agree with Opacus' to ~1e-10: the same sigma as
+    Opacus' get_noise_multiplier, bit for bit, on its test settings (q = 0.04, delta 1e-5)."""
+    utils = pytest.importorskip("opacus.accountants.utils")
+    if family not in dpsharp.available():
+        pytest.skip(f"the {family} accountant is not built in this checkout")
+    setting = dict(target_epsilon=8.0, target_delta=1e-5, sample_rate=0.04, accountant=family,
+                   **horizon)
+    import warnings
+
+    with warnings.catch_warnings():  # Opacus warns while its search tries large orders
+        warnings.simplefilter("ignore", UserWarning)
+        theirs = utils.get_noise_multiplier(**setting)
+    mine = compat.get_noise_multiplier(**setting)
+    assert mine == theirs
+    steps = horizon.get("steps") or int(90 / 0.04)
+    assert 8.0 - 0.01 <= ours(family, [(mine, 0.04, steps)], 1e-5) <= 8.0

@@ -57,7 +57,8 @@ from dpsharp._validation import (
     require_probability,
     require_real,
 )
-from dpsharp.accountants import Accountant, accountant
+from dpsharp.accountants import Accountant, accountant, available
+from dpsharp.accountants import accountant as _new_accountant
 from dpsharp.events import Gaussian, Neighbouring, PoissonSampled
 
 __all__ = [
@@ -353,6 +354,8 @@ def register_with_opacus() -> None:
 
 
 _OPACUS_NAMES = {"prv": "pld", "rdp": "rdp", "gdp": "gdp"}
+#: the largest noise multiplier Opacus' search tries
+_MAX_SIGMA = 1e6
 
 
 def get_noise_multiplier(
@@ -368,22 +371,23 @@ def get_noise_multiplier(
 ) -> float:
     """The noise multiplier for ``target_epsilon`` at ``target_delta`` after ``steps`` (or
     ``epochs``) Poisson-sampled steps at ``sample_rate``: Opacus' signature and semantics
-    (``steps = int(epochs / sample_rate)``; exactly one of ``epochs`` and ``steps``), computed
-    by :mod:`dpsharp.calibrate` with a dpsharp accountant.
+    (``steps = int(epochs / sample_rate)``; exactly one of ``epochs`` and ``steps``) and
+    Opacus' search, on a dpsharp accountant: sigma_high doubles from 20 until
+    epsilon(sigma_high) <= ``target_epsilon`` (refused beyond 1e6), then [0, sigma_high] is
+    bisected, every midpoint whose epsilon is below the target becoming sigma_high, until
+    ``target_epsilon - epsilon(sigma_high) <= epsilon_tolerance``; sigma_high is returned. The
+    result is conservative (its epsilon is below the target, within ``epsilon_tolerance``),
+    and where the accountant's numbers are Opacus' it is Opacus' own sigma.
 
     ``accountant`` is a dpsharp registry name ("pld", "rdp", "gdp", ...), an adapter mechanism
     ("dpsharp_pld", ...) or an Opacus name ("prv" -> "pld", "rdp", "gdp"); the default is
     Opacus' default, "rdp" (dpsharp's RDP accountant), so code that relies on Opacus' default
     calibrates on the same kind of accountant; pass ``accountant="pld"`` (or "prv") for the
-    tight accountant and a smaller noise multiplier. The result is
-    conservative: the achieved epsilon is <= ``target_epsilon`` and within
-    ``epsilon_tolerance`` of it (Opacus' tolerance). Extra keyword arguments are ignored, as in
-    Opacus. With ``accountant="gdp"`` the calibration is on the central-limit approximation,
-    as Opacus' own "gdp" calibration is (not a certified guarantee); every other accountant
-    must report a certified bound.
+    tight accountant and a smaller noise multiplier. Extra keyword arguments are ignored, as
+    in Opacus. With ``accountant="gdp"`` the calibration is on the central-limit
+    approximation, as Opacus' own "gdp" calibration is (not a certified guarantee); every other
+    accountant must report a certified bound.
     """
-    from dpsharp._report import calibrate_noise
-
     epsilon = require_positive_finite("target_epsilon", target_epsilon)
     delta = require_delta(target_delta, "target_delta")
     if (steps is None) == (epochs is None):
@@ -410,12 +414,31 @@ def get_noise_multiplier(
     tolerance = require_real("epsilon_tolerance", epsilon_tolerance)
     if tolerance <= 0:
         raise ValueError(f"epsilon_tolerance must be in (0, inf), got {tolerance!r}")
-    return calibrate_noise(
-        lambda sigma: PoissonSampled(Gaussian(sigma), rate),
-        steps,
-        name,
-        target_epsilon=epsilon,
-        delta=delta,
-        epsilon_tolerance=tolerance,
-        require_certified=name != "gdp",
-    )
+    if name not in available():
+        raise ValueError(f"accountant must be a dpsharp accountant name or one of Opacus' "
+                         f"('prv', 'rdp', 'gdp'), got {accountant!r}")
+    if name != "gdp" and not _new_accountant(name).certified:
+        raise ValueError(f"accountant {name!r} is not certified; calibrate on 'pld' or 'rdp'")
+
+    def epsilon_at(sigma: float) -> float:
+        inner = _new_accountant(name).compose(PoissonSampled(Gaussian(sigma), rate), steps)
+        return float(inner.epsilon(delta))
+
+    low, high, eps_high = 0.0, 10.0, math.inf
+    while eps_high > epsilon:
+        high *= 2.0
+        if high > _MAX_SIGMA:
+            raise ValueError(
+                f"target_epsilon={epsilon!r} is unreachable at target_delta={delta!r} after "
+                f"{steps} steps at sample_rate={rate!r}: even noise_multiplier={_MAX_SIGMA:g} "
+                "is not enough (the privacy budget is too low)"
+            )
+        eps_high = epsilon_at(high)
+    while epsilon - eps_high > tolerance:
+        middle = 0.5 * (low + high)
+        eps_middle = epsilon_at(middle)
+        if eps_middle < epsilon:
+            high, eps_high = middle, eps_middle
+        else:
+            low = middle
+    return high
