@@ -202,8 +202,12 @@ def _reused_noise(monkeypatch):
 
 
 @pytest.mark.torch
-@pytest.mark.parametrize("mutate", [_no_noise, _noise_on_mean, _no_clipping, _reused_noise],
-                         ids=["no_noise", "noise_on_mean", "no_clipping", "reused_noise"])
+@pytest.mark.parametrize("mutate", [
+    pytest.param(_no_noise, id="no_noise"),
+    pytest.param(_noise_on_mean, id="noise_on_mean"),
+    pytest.param(_no_clipping, id="no_clipping", marks=pytest.mark.slow),
+    pytest.param(_reused_noise, id="reused_noise", marks=pytest.mark.slow),
+])
 def test_mutant_is_caught(monkeypatch, mutate):
     mutate(monkeypatch)
     result = _audit(0)  # seed 0 passes unmutated (test_correct_implementation_passes)
@@ -250,6 +254,7 @@ def test_audit_bad_input():
 
 
 @pytest.mark.torch
+@pytest.mark.slow  # the README's `dpsharp audit` command runs the CLI audit by default
 def test_cli_audit_json(tmp_path):
     import json
     import subprocess

@@ -58,6 +58,7 @@ def test_noise_multiplier_any_accountant_basic(target: tuple[float, float], q: f
     assert eps * (1 - RTOL) <= got <= eps
 
 
+@pytest.mark.slow
 @settings(max_examples=6, deadline=None)
 @given(
     target=st.tuples(st.floats(min_value=0.5, max_value=10.0), st.sampled_from([1e-5, 1e-7])),

@@ -770,6 +770,7 @@ def test_randomized_response_rdp_matches_dp_accountings_closed_forms() -> None:
             assert mine == pytest.approx(theirs, rel=1e-12)
 
 
+@pytest.mark.slow
 def test_new_events_relations_and_edge_cases_answer_as_dp_accounting() -> None:
     """dp-accounting's relation errors (in its words), one bucket = nothing released, noise
     parameter 0 = no noise, mixtures of Gaussians that are (sampled) Gaussians."""

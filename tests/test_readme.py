@@ -55,7 +55,11 @@ def test_python_block_runs(index: int, tmp_path: Path, monkeypatch: pytest.Monke
     assert capsys.readouterr().out.strip(), "every README snippet prints something"
 
 
-@pytest.mark.parametrize("command", dpsharp_commands())
+# `dpsharp demo` runs with the slow tests: tests/test_demo.py runs the same demo in the default run.
+@pytest.mark.parametrize("command", [
+    pytest.param(command, marks=pytest.mark.slow) if command.startswith("dpsharp demo") else command
+    for command in dpsharp_commands()
+])
 def test_dpsharp_command_runs(command: str, tmp_path: Path) -> None:
     argv = shlex.split(command)[1:]
     if argv[:1] == ["demo"]:  # the full demo is the main job; here a one-epoch run (tests/test_demo.py)
