@@ -139,22 +139,6 @@ def _hugging_face_kind(module: nn.Module, names: set[str]) -> str | None:
     return None
 
 
-def _hugging_face_kind(module: nn.Module, names: set[str]) -> str | None:
-    """Hugging Face ``transformers`` layers with a fast path (only when transformers is already
-    imported: the clipper never imports it): GPT-2's Conv1D (a linear map with its weight
-    stored transposed, (in, out)) and LlamaRMSNorm (x / rms(x) in float32, times a weight)."""
-    import sys
-
-    pytorch_utils = sys.modules.get("transformers.pytorch_utils")
-    if pytorch_utils is not None and type(module) is getattr(pytorch_utils, "Conv1D", None):
-        return "hf_conv1d" if names <= {"weight", "bias"} else None
-    llama = sys.modules.get("transformers.models.llama.modeling_llama")
-    if (llama is not None and type(module) is getattr(llama, "LlamaRMSNorm", None)
-            and names <= {"weight"}):
-        return "llama_rmsnorm"
-    return None
-
-
 def _refuse_cross_example(module: nn.Module, name: str) -> None:
     from torch import nn
 
@@ -173,13 +157,6 @@ def _refuse_cross_example(module: nn.Module, name: str) -> None:
         )
     if isinstance(module, nn.modules.lazy.LazyModuleMixin) and module.has_uninitialized_params():
         raise ValueError(f"{label} has uninitialised (lazy) parameters; run one forward first")
-    if (isinstance(module, (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer))
-            and not module.self_attn.batch_first):
-        raise ValueError(
-            f"{label} is sequence-first (batch_first=False): its feed-forward and norm layers "
-            "see (seq, batch, ...) tensors and would be clipped per position, not per example; "
-            "build it with batch_first=True and feed it (batch, seq, ...) tensors"
-        )
     if (isinstance(module, (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer))
             and not module.self_attn.batch_first):
         raise ValueError(
@@ -431,11 +408,6 @@ class PerSampleClipper:
         batch = _leading_dim(output)
         if batch is not None:
             self._output_batches.add(batch)
-
-    def _forward_batch(self) -> int | None:
-        """Dimension 0 of the model's first input in the forward pass under way (None if not
-        one number)."""
-        return next(iter(self._input_batches)) if len(self._input_batches) == 1 else None
 
     def _forward_batch(self) -> int | None:
         """Dimension 0 of the model's first input in the forward pass under way (None if not
