@@ -23,7 +23,8 @@ dist = pytest.importorskip("torch.distributed")
 if not dist.is_available() or not dist.is_gloo_available():  # pragma: no cover
     pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
 
-pytestmark = pytest.mark.torch
+# Each test starts a 2-process gloo group (tens of seconds on 2 cores): run with the slow tests.
+pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
 WORLD = 2
 N, D, K = 64, 5, 3

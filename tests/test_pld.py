@@ -547,7 +547,8 @@ def test_random_compositions_keep_every_contract(
     ],
 )
 @pytest.mark.parametrize("pessimistic", [True, False])
-@pytest.mark.parametrize(("step", "threads"), [(2.0**-10, 1), (2.0**-10, 2),
+@pytest.mark.parametrize(("step", "threads"), [pytest.param(2.0**-10, 1, marks=pytest.mark.slow),
+                                               (2.0**-10, 2),
                                                pytest.param(2.0**-13, 3, marks=pytest.mark.slow)])
 def test_batched_discretisation_is_bit_identical(
     mechanism: int, rate: float, sigmas: object, pessimistic: bool, step: float, threads: int
