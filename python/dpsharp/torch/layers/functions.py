@@ -408,7 +408,12 @@ def patch_module(module: nn.Module, kind: str, handle: LayerHandle) -> None:
     """Replace ``module.forward`` (an instance attribute; ``del module.forward`` restores it)."""
     original = type(module).forward.__get__(module)
 
-    if kind == "linear":
+    if kind in ("linear", "hf_conv1d"):
+        # GPT-2's Conv1D is a linear map whose weight is stored transposed (in, out).
+        transposed = kind == "hf_conv1d"
+        if transposed:
+            handle.usage_type = TransposedLinearUsage  # type: ignore[attr-defined]
+
         def forward(x: torch.Tensor) -> torch.Tensor:
             weight, bias = module.weight, module.bias
             if not (torch.is_grad_enabled()
@@ -416,7 +421,7 @@ def patch_module(module: nn.Module, kind: str, handle: LayerHandle) -> None:
                 return original(x)
             if x.dim() < 2:
                 raise ValueError("DP training needs batched inputs (a leading batch dimension)")
-            return _LinearFn.apply(x, weight, bias, handle)
+            return _LinearFn.apply(x, weight.t() if transposed else weight, bias, handle)
     elif kind == "conv":
         def forward(x: torch.Tensor) -> torch.Tensor:
             if not torch.is_grad_enabled() or not _any_trainable([module.weight, module.bias]):
@@ -452,17 +457,6 @@ def patch_module(module: nn.Module, kind: str, handle: LayerHandle) -> None:
                     "the batch dimension; pad the bags to one length with padding_idx instead"
                 )
             return _EmbeddingBagFn.apply(x, module.weight, per_sample_weights, handle)
-    elif kind == "hf_conv1d":
-        handle.usage_type = TransposedLinearUsage  # type: ignore[attr-defined]
-
-        def forward(x: torch.Tensor) -> torch.Tensor:
-            weight, bias = module.weight, module.bias
-            if not (torch.is_grad_enabled()
-                    and (weight.requires_grad or (bias is not None and bias.requires_grad))):
-                return original(x)
-            if x.dim() < 2:
-                raise ValueError("DP training needs batched inputs (a leading batch dimension)")
-            return _LinearFn.apply(x, weight.t(), bias, handle)
     elif kind == "mha":
         from dpsharp.torch.layers.attention import multihead_attention_forward
 
