@@ -2,7 +2,8 @@
 torch's own OpenMP team, without it on std::threads, and in both cases the results are the
 same bits whatever the thread count. The sizes are chosen above the kernels' per-thread
 minimum (2^15 elements of noise, 2^18 of reductions), so a second thread really takes part;
-the bit-for-bit references are the pure-torch replays of python/dpsharp/torch/kernels.py."""
+the bit-for-bit references are the pure-torch replays of
+python/dpsharp/torch/kernel_references.py."""
 
 from __future__ import annotations
 
