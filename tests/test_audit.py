@@ -429,6 +429,43 @@ def test_batch_mixing_model_is_flagged():
     # verdict fails on the probe, whatever eps_lower is.
     result = dpsharp.torch.audit(_BatchCentred, x, y, **{**SETTINGS, "seed": 0})
     assert not result.passed and result.cross_example is not None
-    assert result.summary().startswith("FAIL: examples leak")
+    assert result.summary().startswith("FAIL: the examples are not independent")
     correct = _audit(0)
     assert correct.cross_example is None and correct.passed
+
+
+class _TransposedInside(nn.Module):
+    """Takes (batch, 8, 4) and runs its Linear sequence-first, on (8, batch, 4): with a batch
+    of 8 every layer input has 8 rows, so the clipper's batch-size checks pass and the Linear
+    would be clipped per position."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.layer(x.transpose(0, 1)).transpose(0, 1).mean(dim=1)
+
+
+@pytest.mark.torch
+def test_sequence_first_layer_hidden_by_equal_sizes_is_flagged():
+    from dpsharp.torch.audit import batch_dimension_leak
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(40, 8, 4, generator=g)
+    found = batch_dimension_leak(_TransposedInside(), x)
+    assert found is not None and "layer (Linear)" in found and "dimension 1" in found
+    assert batch_dimension_leak(_mlp(), _data()[0]) is None
+    assert batch_dimension_leak(nn.Sequential(nn.Linear(4, 3), nn.Tanh(), nn.Linear(3, 2)),
+                                x) is None  # (batch, 8, 4): rows are examples
+
+
+@pytest.mark.torch
+def test_audit_fails_a_model_clipped_per_position():
+    import dpsharp.torch
+
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(200, 8, 4, generator=g)
+    y = (x[:, 0, 0] > 0).long()
+    with pytest.raises(ValueError, match="layer \\(Linear\\) sees the examples in dimension 1"):
+        dpsharp.torch.audit(_TransposedInside, x, y, **{**SETTINGS, "seed": 0})

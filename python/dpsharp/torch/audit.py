@@ -114,8 +114,8 @@ from dpsharp._validation import (
     require_probability,
 )
 
-__all__ = ["AuditResult", "audit", "audit_digits", "cross_example_leak", "one_run_epsilon_lower",
-           "one_run_p_value"]
+__all__ = ["AuditResult", "audit", "audit_digits", "batch_dimension_leak", "cross_example_leak",
+           "one_run_epsilon_lower", "one_run_p_value"]
 
 _SCORES = ("sum", "dispersion")
 
@@ -205,10 +205,12 @@ class AuditResult:
     engine accountant's epsilon at ``delta`` (``certified`` says whether it is proven);
     ``passed`` is ``epsilon_lower <= epsilon_upper`` and no cross-example leak was found.
     ``candidates`` lists every (score, k, correct guesses out of 2k, bound) that was tried, each
-    at level beta / K. ``cross_example`` is None when the batch-independence probe (see
-    :func:`cross_example_leak`) found nothing (or could not run), else what it found: one
+    at level beta / K. ``cross_example`` is None when the batch-independence probe
+    (:func:`cross_example_leak`) found nothing (or could not run), else what it found: one
     example's output depends on the other examples of its batch, so clipping per example does
-    not bound its influence and no noise multiplier makes the run private as accounted.
+    not bound an example's influence and no noise multiplier makes the run private as
+    accounted. (A layer that sees the examples outside dimension 0,
+    :func:`batch_dimension_leak`, makes :func:`audit` raise before training.)
     """
 
     epsilon_lower: float
@@ -235,7 +237,7 @@ class AuditResult:
         verdict = "PASS" if self.passed else "FAIL"
         score, k, correct, _ = self.best
         leak = "" if self.cross_example is None else (
-            f"FAIL: examples leak into each other's outputs ({self.cross_example}); "
+            f"FAIL: the examples are not independent ({self.cross_example}); "
             "per-example clipping does not bound one example's influence. ")
         return leak + (
             f"{verdict}: eps_lower = {self.epsilon_lower:.3f} (confidence {self.confidence:g}, "
@@ -448,6 +450,70 @@ def cross_example_leak(model: Any, inputs: Any, *, probes: int = 4) -> str | Non
             "when the other records of its batch changed")
 
 
+def batch_dimension_leak(model: Any, inputs: Any) -> str | None:
+    """Whether a layer with parameters sees something other than the batch in dimension 0.
+
+    The clipper takes dimension 0 of every layer input as the examples and checks its size
+    against the batch; a model that transposes (batch, seq, ...) to (seq, batch, ...) inside
+    passes that check when seq happens to equal the batch size, and is then clipped per
+    position: one example's influence is bounded by seq * C, not C. This probe runs ``model``
+    (eval mode, no gradients) on ``inputs[:n]`` and on the same records with the first two
+    swapped, n = min(len(inputs), 8), and records the first tensor input of every module that
+    holds parameters: where that input has n rows, swapping two examples must swap exactly its
+    rows 0 and 1. Returns the first module that breaks this, described, or None (also when the
+    first two records are equal, or fewer than 2 records are given).
+    """
+    import torch
+
+    n = min(int(inputs.shape[0]), 8)
+    if n < 2 or torch.equal(inputs[0], inputs[1]):
+        return None
+    seen: dict[str, list[Any]] = {}
+    kinds: dict[str, str] = {}
+    handles = []
+    for name, module in model.named_modules():
+        if not any(True for _ in module.parameters(recurse=False)):
+            continue
+        kinds[name or "(model)"] = type(module).__name__
+
+        def record(_: Any, args: tuple[Any, ...], key: str = name or "(model)") -> None:
+            first = next((a for a in args if isinstance(a, torch.Tensor)), None)
+            if first is not None:
+                seen.setdefault(key, []).append(first.detach().clone())
+
+        handles.append(module.register_forward_pre_hook(record))
+    order = torch.arange(n)
+    order[0], order[1] = 1, 0
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            model(inputs[:n])
+            model(inputs[:n][order])
+    finally:
+        model.train(was_training)
+        for handle in handles:
+            handle.remove()
+    for key, calls in seen.items():
+        if len(calls) % 2:
+            continue
+        half = len(calls) // 2
+        for before, after in zip(calls[:half], calls[half:]):
+            if before.ndim == 0 or before.shape != after.shape:
+                continue
+            if before.shape[0] == n and torch.equal(before[order], after):
+                continue
+            moved = [k for k in range(before.ndim) if before.shape[k] == n
+                     and torch.equal(before.index_select(k, order), after)]
+            if before.shape[0] == n or moved:
+                where = f"dimension {moved[0]}" if moved else "no single dimension"
+                return (f"{key} ({kinds[key]}) sees the examples in {where} of its input, not "
+                        "in dimension 0: the clipper would clip it per row, not per example "
+                        "(a sequence-first layer whose sequence length equals the batch size "
+                        "passes the batch-size checks)")
+    return None
+
+
 def audit(
     model_factory: Callable[[], Any],
     inputs: Any,
@@ -591,6 +657,9 @@ def audit(
     user_model = model_factory()
     if not isinstance(user_model, torch.nn.Module):
         raise TypeError("model_factory() must return a torch.nn.Module")
+    misplaced = batch_dimension_leak(user_model, inputs)
+    if misplaced is not None:  # training would be clipped per row: refuse, as the clipper does
+        raise ValueError(f"the model cannot be audited or trained privately: {misplaced}")
     leak = cross_example_leak(user_model, inputs)
     if canary_type == "input":  # the initial model is independent of the canaries' membership
         initial_losses = _final_losses(user_model, loss_fn, canary_x.to(inputs.dtype),
