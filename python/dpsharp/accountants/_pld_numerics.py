@@ -594,6 +594,11 @@ class ComposedPLD:
         # A_j = sum_{k > j} m_k and W_j = sum_{k > j} m_k e^{-(l_k - l_j)}, and A, W at j - 1:
         # over the masses in the C++ core, or by a search over the band's closed forms.
         i0 = max(0, -self.start - 1)
+        if i0 >= self.size:
+            # The whole window lies at losses <= -h (an optimistic PLD whose rounding moved the
+            # composition below 0): every hockey-stick term vanishes for eps >= 0, so delta(0)
+            # is the constant alone (empty suffix sums said inf, an unsound lower bound).
+            return 0.0 if constant <= delta else float("inf")
         if self.spectral is not None:
             found = self.spectral.crossing(i0, constant, delta)
             if found is None:
