@@ -3,9 +3,13 @@ already composed, and its answer against a fresh accountant's."""
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import pytest
 
 from dpsharp import Gaussian, PLDAccountant, PoissonSampled
+from dpsharp.accountants import _pld_numerics as numerics
 from dpsharp.accountants import pld
 
 
@@ -29,3 +33,60 @@ def test_incremental_step_discretises_nothing_new(monkeypatch: pytest.MonkeyPatc
     assert sum(calls) == 0
     monkeypatch.setattr(pld, "_discretize", real)
     assert incremental == PLDAccountant().compose(event, 1801).epsilon(1e-5)
+
+
+def test_incremental_step_reuses_count_independent_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One more step on the same circle: the frequency weights of the round-off bound and the
+    logarithms of the leaf spectra's moduli (functions of the circle and the leaf only) are
+    not computed again, and the answer is still the fresh accountant's, bit for bit."""
+    event = PoissonSampled(Gaussian(1.0), 0.01)
+    accountant = PLDAccountant().compose(event, 1500)
+    accountant.epsilon(1e-5)
+    weights: list[int] = []
+    logs: list[int] = []
+    real_weights = numerics._frequency_weights_uncached
+    real_log = np.log
+
+    def counting_weights(*args, **kwargs):  # type: ignore[no-untyped-def]
+        weights.append(1)
+        return real_weights(*args, **kwargs)
+
+    def counting_log(values, *args, **kwargs):  # type: ignore[no-untyped-def]
+        logs.append(int(np.size(values)))
+        return real_log(values, *args, **kwargs)
+
+    monkeypatch.setattr(numerics, "_frequency_weights_uncached", counting_weights)
+    monkeypatch.setattr(numerics.np, "log", counting_log)
+    accountant.compose(event)
+    incremental = accountant.epsilon(1e-5)
+    monkeypatch.undo()
+    assert weights == []
+    # Only the band's logarithms are taken (a few hundred entries), not the circle's.
+    circle = max(r.size for r in accountant._bounds_at(0, 1e-12, True))
+    assert sum(logs) < circle // 4
+    assert incremental == PLDAccountant().compose(event, 1501).epsilon(1e-5)
+
+
+def test_product_error_skips_only_exact_zeros() -> None:
+    """The round-off bound of a product, evaluated only where e^upper is representable, equals
+    the formula e^upper - e^lower + g_T e^lower (computed entries) or e^upper (others), plus
+    the underflow slack, evaluated at every entry, bit for bit; on moduli from 1 down to far
+    below the smallest double."""
+    rng = np.random.default_rng(5)
+    for _ in range(50):
+        size = int(rng.integers(1, 3000))
+        lower = -rng.exponential(float(rng.choice([1.0, 100.0, 900.0])), size)
+        lower[rng.random(size) < 0.05] = -np.inf
+        upper = np.logaddexp(lower, math.log(1e-15)) * float(rng.integers(1, 5000))
+        lower = lower * 1.0
+        upper = np.maximum(upper, lower)
+        computed = rng.random(size) < 0.7
+        count = int(rng.integers(1, 10**5))
+        with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+            outer = np.exp(upper)
+            inner = np.exp(lower)
+            spread = outer * -np.expm1(np.minimum(lower - upper, 0.0))
+            rounding = numerics.power_rounding(count) * inner
+        expected = np.where(computed, spread + rounding, outer) * numerics._MARGIN + 1e-300
+        got = numerics._product_error(upper, lower, count, computed)
+        assert np.array_equal(got, expected)

@@ -299,7 +299,32 @@ def _frequency_weights(size: int, grid_step: float, count: int) -> tuple[np.ndar
     of f in the full spectrum (1 at 0 and n/2, else 2) and a bound on ``|W_f| / n`` for the DFT
     W of any hockey-stick weight vector ``w_k = (1 - c rho^{k-K})_+`` on the window (``0 <= c
     <= 1``, rho = e^{-h}): ``min(1, (2/n) (1/|1 - w^f| + 1/|1 - rho w^f|))`` (two finite
-    geometric series), 1 at f = 0."""
+    geometric series), 1 at f = 0.
+
+    A pure function of its arguments, kept for the last few (read-only arrays): an incremental
+    run asks for the same circle at every step."""
+    key = (size, grid_step, count)
+    cache = _FREQUENCY_WEIGHTS
+    hit = cache.get(key)
+    if hit is None:
+        hit = _frequency_weights_uncached(size, grid_step, count)
+        for array in hit:
+            array.flags.writeable = False
+        with _FREQUENCY_WEIGHTS_LOCK:
+            while len(cache) >= 8:
+                cache.pop(next(iter(cache)), None)
+            cache[key] = hit
+    return hit
+
+
+_FREQUENCY_WEIGHTS: dict[tuple[int, float, int], tuple[np.ndarray, np.ndarray]] = {}
+_FREQUENCY_WEIGHTS_LOCK = threading.Lock()
+
+
+def _frequency_weights_uncached(
+    size: int, grid_step: float, count: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_frequency_weights`, computed."""
     frequencies = np.arange(count)
     multiplicity = np.where((frequencies == 0) | (2 * frequencies == size), 1.0, 2.0)
     sine = np.sin((math.pi / size) * frequencies)
@@ -319,14 +344,29 @@ def _product_error(
     product of the computed ``F^_i`` (``|F^_i - F_i| <= E_i`` at every frequency) where
     ``computed`` holds, and ``G^ = 0`` elsewhere (part 2), from ``upper = sum_i c_i log(a_i +
     E_i)`` and ``lower = sum_i c_i log a_i`` (``a_i >= |F^_i|``, :class:`_LogModuli`):
-    ``e^upper - e^lower + g_T e^lower`` where computed, ``e^upper`` elsewhere."""
-    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
-        outer = np.exp(upper)
-        inner = np.exp(lower)
-        spread = outer * -np.expm1(np.minimum(lower - upper, 0.0))
-        rounding = power_rounding(total_count) * inner
-    bound = np.where(computed, spread + rounding, outer)
-    return bound * _MARGIN + _UNDERFLOW
+    ``e^upper - e^lower + g_T e^lower`` where computed, ``e^upper`` elsewhere.
+
+    Only the entries with ``upper > -746`` are evaluated: below, ``e^upper`` and ``e^lower``
+    (``lower <= upper``) are exactly 0 in double precision, so the bound is ``_UNDERFLOW``
+    there either way (a long composition's band is a small part of the circle)."""
+    bound = np.full(upper.shape, _UNDERFLOW)
+    live = np.flatnonzero(upper > _EXP_IS_ZERO)
+    if live.size:
+        live_upper = upper[live]
+        live_lower = lower[live]
+        with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+            outer = np.exp(live_upper)
+            inner = np.exp(live_lower)
+            spread = outer * -np.expm1(np.minimum(live_lower - live_upper, 0.0))
+            rounding = power_rounding(total_count) * inner
+        values = np.where(computed[live], spread + rounding, outer)
+        bound[live] = values * _MARGIN + _UNDERFLOW
+    return bound
+
+
+#: e^x rounds to exactly 0 in double precision for every x below this (e^-745.2 is less than
+#: half the smallest subnormal, 2^-1074 = e^-744.44).
+_EXP_IS_ZERO = -746.0
 
 
 def _modulus_upper(transform: np.ndarray) -> np.ndarray:
@@ -359,19 +399,34 @@ class DiscretePLD:
     def _coarse_cache(self) -> dict[int, tuple[int, np.ndarray] | None]:
         return {}
 
+    @cached_property
+    def _coarse_terms(self) -> tuple[float, float]:
+        """(an upper bound on the l1 mass, D = sum_s |s - c| m_s about the rounded mean c,
+        rounded up) of :meth:`coarse_moduli`, computed once per PLD."""
+        mass = self.mass
+        total = _l1(mass)
+        if total <= 0.0:
+            return total, 0.0
+        index = np.arange(mass.size)
+        centre = round(float((index * mass).sum()) / float(mass.sum()))
+        spread = float((np.abs(index - centre) * np.abs(mass)).sum())
+        return total, spread / (1.0 - _gamma(mass.size + 2))
+
+    @cached_property
+    def total_variation(self) -> float:
+        """``sum_s |m_s - m_{s-1}|`` with ``m_{-1} = m_S = 0``, rounded up (the relative
+        1e-12 covers the summation), computed once per PLD (:func:`_pruned_reach`)."""
+        return float(np.abs(np.diff(self.mass, prepend=0.0, append=0.0)).sum()) * (1.0 + 1e-12)
+
     def coarse_moduli(self, gap: float) -> tuple[int, np.ndarray] | None:
         """(N, b): ``b[j] >= |M(w)|`` for every w nearest to ``2 pi j / N`` on a grid of N points
         (``0 <= j <= N / 2``), where ``M(w) = sum_s mass_s e^{-i w s}``, with N chosen so that
         the grid's share ``D pi / N`` of b is at most ``gap / 4`` (see :func:`_pruned_reach`);
         None for an empty PLD. Memoised per N."""
         mass = self.mass
-        total = _l1(mass)
+        total, spread = self._coarse_terms
         if total <= 0.0:
             return None
-        index = np.arange(mass.size)
-        centre = round(float((index * mass).sum()) / float(mass.sum()))
-        spread = float((np.abs(index - centre) * np.abs(mass)).sum())
-        spread /= 1.0 - _gamma(mass.size + 2)
         points = _circle_size(max(mass.size, math.ceil(4.0 * math.pi * spread / gap)))
         cache = self._coarse_cache
         if points not in cache:
@@ -411,10 +466,30 @@ class LeafSpectrum:
     #: ``direct_error`` of the exact ones
     direct: int = 0
     direct_error: float = 0.0
+    _log_moduli: tuple[int, np.ndarray, np.ndarray] | None = dataclasses.field(
+        default=None, repr=False, compare=False
+    )
 
     def errors(self, count: int) -> np.ndarray:
         """The error bound of each of the first ``count`` entries."""
         return np.where(np.arange(count) < self.direct, self.direct_error, self.error)
+
+    def log_moduli(self, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """(log(a + E), log a) over the first ``count`` entries, with ``a`` the
+        :func:`_modulus_upper` of the transform and ``E`` :meth:`errors`: the terms of
+        :class:`_LogModuli` (read-only; kept until :meth:`refine` changes the transform, so that
+        recomposing after one more step does not take the logarithms again)."""
+        cached = self._log_moduli
+        if cached is not None and cached[0] == count:
+            return cached[1], cached[2]
+        modulus = _modulus_upper(self.transform[:count])
+        with np.errstate(divide="ignore"):
+            upper = np.log(modulus + self.errors(count))
+            lower = np.log(modulus)
+        upper.flags.writeable = False
+        lower.flags.writeable = False
+        self._log_moduli = (count, upper, lower)
+        return upper, lower
 
     def refine(self, pld: DiscretePLD, reach: int) -> None:
         """Recompute the first ``reach`` entries by direct summation (tighter than the whole
@@ -429,6 +504,7 @@ class LeafSpectrum:
             self.modulus_squared[:reach] = values.real * values.real + values.imag * values.imag
         self.direct = reach
         self.direct_error = band_dft_error(pld.mass.size, self.size) * _l1(pld.mass)
+        self._log_moduli = None
 
 
 @dataclass(frozen=True)
@@ -693,6 +769,7 @@ def compose(
     pessimistic: bool,
     spectra: dict[Any, LeafSpectrum] | None = None,
     keys: list[Any] | None = None,
+    refine: bool = True,
 ) -> ComposedPLD:
     """The composition of ``counts[i]`` copies of ``plds[i]``, on a circle (a 2-3-5-smooth size,
     fast for pocketfft; the folding argument holds for any size) just wide
@@ -708,6 +785,10 @@ def compose(
     the composed masses.) ``spectra`` caches a :class:`LeafSpectrum` per
     PLD (``keys[i]`` names ``plds[i]``; its position by default), so that recomposing after one
     more step only costs pointwise work and one inverse FFT.
+
+    ``refine`` False keeps the transforms' own round-off bound where the composed band would
+    be recomputed by direct sums for a tighter one (several times the cost of the transforms;
+    a caller whose delta is far above either bound can skip it).
 
     Without a cache and with more than ``_TWO_LEVEL_FROM`` PLDs (a heterogeneous schedule), the
     composition is done in two levels, see :func:`_compose_two_level`; ``pessimistic`` says which
@@ -745,7 +826,9 @@ def compose(
         # transforms: the bound is what the epsilon pays for).
         mass_size = plds[index].mass.size
         budget = 4.0 * size * math.log2(size)
-        if leaf.direct < top and mass_size <= size and _PRUNED_COST * mass_size * top < budget:
+        # (``refine`` False skips it: the stages' own, looser bound is kept, still certified.)
+        if (refine and leaf.direct < top and mass_size <= size
+                and _PRUNED_COST * mass_size * top < budget):
             leaf.refine(plds[index], top)
     # The product of integer powers (repeated squaring): T - 1 complex multiplications in the
     # tree of every entry, whose rounding power_rounding bounds.
@@ -757,11 +840,7 @@ def compose(
     spectrum[kept] = product
     computed = np.zeros(reach, dtype=bool)
     computed[kept] = True
-    logs = _LogModuli.of(
-        [leaf.transform[:reach] for leaf in leaf_spectra],
-        [leaf.errors(reach) for leaf in leaf_spectra],
-        counts,
-    )
+    logs = _LogModuli.of_leaves(leaf_spectra, counts, reach)
     # Every entry outside `kept` is exactly 0: the band ends at its last frequency.
     return _result_of_spectrum(
         window, spectrum, int(kept[-1]) + 1 if kept.size else 0, logs, computed,
@@ -789,6 +868,20 @@ class _LogModuli:
         out = cls(np.zeros(size), np.zeros(size), 0)
         for transform, error, count in zip(transforms, errors, counts):
             out.add(transform, error, count)
+        return out
+
+    @classmethod
+    def of_leaves(
+        cls, leaves: Sequence[LeafSpectrum], counts: Sequence[int], reach: int
+    ) -> _LogModuli:
+        """:meth:`of` the first ``reach`` entries of the leaves' transforms and errors, the
+        same values from each leaf's kept logarithms (:meth:`LeafSpectrum.log_moduli`)."""
+        out = cls(np.zeros(reach), np.zeros(reach), 0)
+        for leaf, count in zip(leaves, counts):
+            upper, lower = leaf.log_moduli(reach)
+            out.upper += count * upper
+            out.lower += count * lower
+            out.total += count
         return out
 
     def add(self, transform: np.ndarray, error: float | np.ndarray, count: int) -> None:
@@ -1321,7 +1414,7 @@ def _pruned_reach(pld: DiscretePLD, size: int, count: int) -> int | None:
     cost = size * math.log2(size)
     threshold = math.exp(-800.0 / count)
     reaches: list[int] = []
-    variation = float(np.abs(np.diff(mass, prepend=0.0, append=0.0)).sum()) * (1.0 + 1e-12)
+    variation = pld.total_variation
     if variation > 0.0 and math.log(0.5 * variation) + 800.0 / count < 0.0:
         sine = 0.5 * variation * math.exp(800.0 / count)
         reach = math.ceil(size / math.pi * math.asin(sine)) + 1
