@@ -199,11 +199,11 @@ def test_prv_accountant_script() -> None:
     for name in ("heterogeneous", "dpsgd"):
         low, estimate, high = mine[name]
         assert low <= estimate <= high <= low + 2 * 0.1
-    # the same certified upper bound as dpsharp's PLD accountant at a precision of eps_error
+    # the same certified upper bound as dpsharp's PLD accountant at a precision of 2 eps_error
     # or finer (prv-accountant's eps_error sets its mesh; the bracket must be <= 2 eps_error)
     exact = [dpsharp.accountant("pld", precision=p).compose(
         dpsharp.PoissonSampled(dpsharp.Gaussian(0.8), 5e-3), 1000).epsilon(1e-6)
-        for p in (0.1, 0.05, 0.025)]
+        for p in (0.2, 0.1, 0.05, 0.025)]
     assert mine["dpsgd"][2] in exact
 
 

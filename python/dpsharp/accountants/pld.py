@@ -401,12 +401,14 @@ class PLDAccountant(Accountant):
         tail: float,
         *,
         coarse: bool = False,
+        refine: bool = True,
     ) -> ComposedPLD:
         """The composition of one direction at one grid step and truncation budget. With more
         than ``_LEAF_BUDGET`` distinct events, noise multipliers and rates are rounded onto a
         geometric grid of ratio ``1 + quantum / 2`` (see :func:`_quantized`), with the finest
         quantum that brings the count within the budget (:meth:`_rounding_quantum`), or for the
-        ``coarse`` pass of :meth:`_worst_direction` at least ``_COARSE_QUANTUM``."""
+        ``coarse`` pass of :meth:`_worst_direction` at least ``_COARSE_QUANTUM``. ``refine``
+        False keeps the transforms' own round-off bound (see ``_pld_numerics.compose``)."""
         # Every discretisation parameter is a deterministic function of the composed multiset
         # (grid step, tail budget and the power-of-two bucket of the step count), so answers do
         # not depend on the order of compose() calls and queries, nor on a checkpoint restore:
@@ -418,7 +420,7 @@ class PLDAccountant(Accountant):
         quantum = self._rounding_quantum(direction, pessimistic)
         if coarse and quantum:
             quantum = max(quantum, _COARSE_QUANTUM)
-        cache_key = (direction, grid_step, tail, bucket, quantum)
+        cache_key = (direction, grid_step, tail, bucket, quantum, refine)
         cache = self._caches.get(cache_key)
         if cache is None:
             # Keep the caches of the last few grids only (each holds spectra of every leaf).
@@ -471,6 +473,7 @@ class PLDAccountant(Accountant):
                 pessimistic=pessimistic,
                 spectra=cache.spectra[pessimistic] if few_leaves else None,
                 keys=list(order),
+                refine=refine,
             )
         if pessimistic:
             result = _Composition.of(result, plds, counts)

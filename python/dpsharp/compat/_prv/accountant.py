@@ -9,14 +9,19 @@ and the answers keep prv-accountant's conventions, with certified numbers:
 
 * ``compute_epsilon(delta, num_self_compositions) -> (lower, estimate, upper)``: ``lower`` and
   ``upper`` are the PLD accountant's certified bounds on the optimal epsilon (not an estimate
-  plus or minus ``eps_error``), at most ``2 * eps_error`` apart: as prv-accountant's mesh
-  follows ``eps_error``, the PLD accountant's relative ``precision`` starts at ``eps_error``
-  (clamped to [1e-3, 0.1]) and is halved or more while the bracket is wider; ``estimate`` is
-  ``upper``, dpsharp's certified number for the composition (the same float as
-  ``dpsharp.accountant("pld", precision=...).compose(...).epsilon(delta)`` at the precision
-  used, :attr:`PRVAccountant.precision`).
+  plus or minus ``eps_error``), at most ``2 * eps_error`` apart. As prv-accountant's mesh
+  follows ``eps_error``, so do the grids here: ``upper`` is the PLD accountant's epsilon at the
+  relative ``precision`` 2 ``eps_error`` (clamped to [1e-3, 0.5]; the same float as
+  ``dpsharp.accountant("pld", precision=...).compose(...).epsilon(delta)``,
+  :attr:`PRVAccountant.precision`), whose pessimistic rounding errs at second order in the grid
+  step and lands within a few percent of the exact epsilon; ``lower`` comes from the optimistic
+  composition of one neighbouring direction on that grid halved until the bracket is at most
+  ``2 * eps_error`` wide (once from the start for Poisson sampling, whose optimistic rounding
+  errs far more), and the precision itself is refined only when that is not enough.
+  ``estimate`` is ``upper``, dpsharp's certified number for the composition.
 * ``compute_delta(epsilon, num_self_compositions) -> (lower, estimate, upper)``: certified
-  bounds on delta(epsilon); ``estimate`` is ``upper``.
+  bounds on delta(epsilon) (the lower one from the same optimistic grid as ``compute_epsilon``
+  first tries); ``estimate`` is ``upper``.
 * more compositions than ``max_self_compositions`` raise ``ValueError`` as in prv-accountant;
   ``delta_error`` and ``eps_max`` (prv-accountant's discretisation domain) are accepted and
   validated, and change nothing: the bounds are certified on any domain.
@@ -48,6 +53,7 @@ from dpsharp._validation import (
 from dpsharp.accountants import Accountant as _DpsharpAccountant
 from dpsharp.accountants import UnsupportedEventError
 from dpsharp.accountants import accountant as _make_accountant
+from dpsharp.accountants.pld import _MAX_SIZE, _tail_for
 from dpsharp.events import Event, PoissonSampled
 
 from dpsharp.compat._prv import privacy_random_variables as _prvs
@@ -55,11 +61,22 @@ from dpsharp.compat._prv.privacy_random_variables import PrivacyRandomVariable
 
 __all__ = ["Accountant", "ComposedPrivacyRandomVariable", "PRVAccountant"]
 
-#: the PLD accountant's default relative precision, the first one tried
+#: the PLD accountant's default relative precision (the deprecated ``Accountant`` without
+#: ``eps_error``), and the finest one a PRVAccountant starts from
 _DEFAULT_PRECISION = 1e-3
-#: the coarsest relative precision asked of the PLD accountant
-_COARSEST = 0.1
+#: the coarsest relative precision asked of the PLD accountant for the upper bound: its grid
+#: puts the upper bound within a few percent of the exact epsilon (about precision / 30 on
+#: bench/results/adapters.md's settings), and the bracket's width is met by the lower bound's
+#: finer grids (:func:`_bounds`)
+_COARSEST = 0.5
+#: the upper bound's precision is ``_PER_ERROR * eps_error`` within [1e-3, _COARSEST]
+_PER_ERROR = 2.0
+#: times the upper bound's precision is refined when the lower bounds cannot meet the width
 _MAX_REFINEMENTS = 6
+#: the lower bound's grid is at most 2^_MAX_LOWER_REFINEMENT times finer than the upper's
+_MAX_LOWER_REFINEMENT = 4
+#: the optimistic composition of a lower bound at delta truncates at most this times delta
+_LOWER_TAIL = 1e-4
 
 
 def _from_peer(prv: Any) -> PrivacyRandomVariable | None:
@@ -135,22 +152,152 @@ def _counts(name: str, value: Any, size: int) -> list[int]:
     return counts
 
 
+def _optimistic_epsilon(acc: _DpsharpAccountant, delta: float, refinement: int
+                       ) -> tuple[float, int]:
+    """(a certified lower bound on the optimal epsilon of ``acc``'s composition at ``delta``,
+    the circle it was composed on): the optimistic composition of its first neighbouring
+    direction alone, on the grid halved ``refinement`` times (the closed form of a plain
+    Gaussian composition, circle 0). Under add/remove the optimal epsilon is the larger of the
+    two directions' (the PLD accountant's upper bound takes the worse direction), so a lower
+    bound on one direction bounds it from below; the first, remove, is the one that usually
+    dominates. Raises ``ValueError`` below the optimistic side's round-off floor."""
+    if acc._exact_gaussian() is not None:  # type: ignore[attr-defined]
+        return float(acc._epsilon_side(delta, pessimistic=False,  # type: ignore[attr-defined]
+                                       refinement=0)), 0
+    if not acc._bounded_loss_only():  # type: ignore[attr-defined]
+        acc._check_floor_up_front(2.0, delta)  # type: ignore[attr-defined]
+    direction = acc._directions()[0]  # type: ignore[attr-defined]
+    result = acc._composed(  # type: ignore[attr-defined]
+        direction, False, acc._grid_step(refinement),  # type: ignore[attr-defined]
+        _lower_tail(delta, acc._precision),  # type: ignore[attr-defined]
+        refine=False,  # the direct sums tighten a round-off bound far below delta
+    )
+    acc._check_floor([result], delta)  # type: ignore[attr-defined]
+    return float(result.epsilon(delta, pessimistic=False)), int(result.size)
+
+
+def _pessimistic_epsilon(acc: _DpsharpAccountant, direction: str, grid_step: float,
+                        delta: float, *, coarse: bool, refine: bool = True) -> float:
+    """The PLD accountant's certified upper epsilon of one direction's pessimistic composition
+    on ``grid_step``, as its ``epsilon`` computes it (the truncation of ``_tail_for``, the
+    round-off floors, the support bound of a bounded composition below the floor); raises
+    ``ValueError`` where that refuses. ``refine`` False keeps the transforms' looser round-off
+    bound (still an upper bound, for a check that only compares)."""
+    if not acc._bounded_loss_only():  # type: ignore[attr-defined]
+        acc._check_floor_up_front(2.0, delta)  # type: ignore[attr-defined]
+    tail = _tail_for(delta, acc._precision)  # type: ignore[attr-defined]
+    result = acc._composed(direction, True, grid_step, tail,  # type: ignore[attr-defined]
+                           coarse=coarse, refine=refine)
+    try:
+        acc._check_floor([result], delta)  # type: ignore[attr-defined]
+    except ValueError:
+        exact = result.support_epsilon() if hasattr(result, "support_epsilon") else None
+        if exact is None:
+            raise
+        return float(exact)
+    return float(result.epsilon(delta, pessimistic=True))
+
+
+def _upper_epsilon(acc: _DpsharpAccountant, delta: float) -> float:
+    """``acc.epsilon(delta)``, the same float, with a cheaper skip of the second direction.
+
+    The PLD accountant's epsilon is the larger of the directions' pessimistic epsilons on its
+    grid h, and it skips the add direction when that direction's value on the grid 4h (a
+    mean-preserving spread of the one on h, so at least as large) is already at most the
+    remove direction's. On the coarse grids that ``eps_error`` allows, 4h is often too coarse
+    to decide and the add direction is composed on h; here it is first tried on 2h (again a
+    spread of h's, half the circle): when that is at most the remove direction's value, the
+    answer is the remove direction's value, exactly what ``acc.epsilon`` returns (its own skip
+    or its maximum, in which the add direction's value on h is at most the one on 2h).
+    Otherwise, or wherever a check refuses, ``acc.epsilon`` itself answers (reusing the remove
+    direction's composition)."""
+    directions = acc._directions()  # type: ignore[attr-defined]
+    if len(directions) < 2 or acc._exact_gaussian() is not None:  # type: ignore[attr-defined]
+        return float(acc.epsilon(delta))
+    step = acc._grid_step(0)  # type: ignore[attr-defined]
+    try:
+        first = _pessimistic_epsilon(acc, directions[0], step, delta, coarse=False)
+        if math.isfinite(first) and all(
+            _pessimistic_epsilon(acc, other, 2.0 * step, delta, coarse=True, refine=False)
+            <= first
+            for other in directions[1:]
+        ):
+            return first
+    except ValueError:
+        pass
+    return float(acc.epsilon(delta))
+
+
+def _lower_tail(delta: float, precision: float) -> float:
+    """The truncation budget of the optimistic composition behind a lower bound at ``delta``:
+    the mass it drops beyond its window (at most twice the budget) is subtracted from its
+    delta, which then moves the lower epsilon by a negligible amount as long as the budget is
+    far below ``delta``: a power of ten at most ``_LOWER_TAIL * delta``, and never below the
+    PLD accountant's own (``_tail_for``). A wider budget than the upper bound's shortens the
+    discretised PLDs and the circle (fewer terms in the transforms)."""
+    budget = max(_LOWER_TAIL * delta, _tail_for(delta, precision))
+    return float(10.0 ** math.floor(math.log10(budget)))
+
+
+def _first_refinement(acc: _DpsharpAccountant, width: float) -> int:
+    """The first lower-bound grid: the upper bound's own (refinement 0) for a composition
+    without Poisson sampling, one halving for a Poisson-subsampled one (asymmetric), whose
+    per-step losses pile up near log(1 - q), within a grid step or two of 0, where the
+    optimistic rounding moves a large part of each step's mass to smaller losses (on
+    bench/results/adapters.md's settings the same grid leaves the lower bound 0.18 to 1.0
+    below the exact epsilon); none when no width is asked (``width`` infinite)."""
+    if not math.isfinite(width):
+        return 0
+    return 1 if len(acc._directions()) > 1 else 0  # type: ignore[attr-defined]
+
+
 def _bounds(acc: _DpsharpAccountant, delta: float, width: float) -> tuple[float, float]:
     """Certified (lower, upper) epsilon bounds at ``delta``, at most ``width`` apart where the
-    accountant's grid allows: the upper bound is the PLD accountant's one number
-    (``epsilon``); the lower one is first taken from the optimistic composition on the same
-    grid, and refined (``epsilon_bounds``) only when that is wider than ``width``."""
-    upper = float(acc.epsilon(delta))
-    side = getattr(acc, "_epsilon_side", None)
-    if side is not None and math.isfinite(upper):
+    grids allow: the upper bound is the PLD accountant's one number (``epsilon``, on its grid);
+    the lower one comes from the optimistic composition of one direction
+    (:func:`_optimistic_epsilon`) on the grid halved :func:`_first_refinement` times, then
+    halved again (twice at once while the bracket is more than 3 times too wide) until the
+    width is met, the grid is 2^_MAX_LOWER_REFINEMENT times finer or the circle would exceed
+    the PLD accountant's largest; the largest lower bound found is kept (each is certified)."""
+    upper = _upper_epsilon(acc, delta)
+    if not math.isfinite(upper):
+        return (0.0, upper)
+    lower = 0.0
+    refinement = _first_refinement(acc, width)
+    while True:
+        circle = 0
         try:
-            lower = min(float(side(delta, pessimistic=False, refinement=0)), upper)
-        except ValueError:  # below the optimistic side's round-off floor
-            lower = 0.0
-        if upper - lower <= width:
+            value, circle = _optimistic_epsilon(acc, delta, refinement)
+            lower = max(lower, min(value, upper))
+        except ValueError:  # below the optimistic side's round-off floor on this grid
+            pass
+        gap = upper - lower
+        if gap <= width or refinement >= _MAX_LOWER_REFINEMENT or not math.isfinite(width):
             return (lower, upper)
-    lower, upper = acc.epsilon_bounds(delta)  # type: ignore[attr-defined]
-    return (float(lower), float(upper))
+        step = 2 if gap > 3.0 * width else 1
+        step = min(step, _MAX_LOWER_REFINEMENT - refinement)
+        if circle << step > _MAX_SIZE:
+            return (lower, upper)
+        refinement += step
+
+
+def _delta_bounds(acc: _DpsharpAccountant, epsilon: float, width: float
+                  ) -> tuple[float, float]:
+    """Certified (lower, upper) delta(epsilon): the upper bound is the PLD accountant's
+    (``delta``, on its grid, with the truncation it chose); the lower one the optimistic
+    composition of one direction (see :func:`_optimistic_epsilon`) with that truncation, on the
+    grid :func:`_first_refinement` asks for ``width``."""
+    if acc._exact_gaussian() is not None:  # type: ignore[attr-defined]
+        lower, upper = acc.delta_bounds(epsilon)  # type: ignore[attr-defined]
+        return float(lower), float(upper)
+    upper, tail = acc._delta_upper(epsilon)  # type: ignore[attr-defined]
+    result = acc._composed(  # type: ignore[attr-defined]
+        acc._directions()[0], False,  # type: ignore[attr-defined]
+        acc._grid_step(_first_refinement(acc, width)), tail,  # type: ignore[attr-defined]
+        refine=False,  # the direct sums tighten a round-off bound far below these deltas
+    )
+    lower = float(result.delta(epsilon, pessimistic=False))
+    return max(0.0, min(lower, float(upper))), float(upper)
 
 
 class ComposedPrivacyRandomVariable:
@@ -191,8 +338,8 @@ class PRVAccountant:
         One privacy random variable or a sequence of them (:mod:`.privacy_random_variables`,
         or prv-accountant's own objects).
     eps_error
-        Half-width allowed for the epsilon bracket: the PLD accountant's precision is refined
-        until ``upper - lower <= 2 * eps_error``, in (0, inf).
+        Half-width allowed for the epsilon bracket, in (0, inf): the grids are chosen from it
+        and refined until ``upper - lower <= 2 * eps_error`` (see the module docstring).
     delta_error
         prv-accountant's allowance on delta, in (0, 1); validated, unused (certified bounds).
     max_self_compositions
@@ -228,9 +375,10 @@ class PRVAccountant:
             raise ValueError(f"delta_error must be in (0, 1), got {delta_error!r}")
         self.eps_max = None if eps_max is None else require_positive_finite("eps_max", eps_max)
         # prv-accountant's mesh follows eps_error; here the PLD accountant's relative precision
-        # starts at eps_error (within [1e-3, 0.1]) and is refined while the bracket is wider
-        # than 2 eps_error
-        self._precision = min(_COARSEST, max(_DEFAULT_PRECISION, self.eps_error))
+        # (the upper bound's grid) starts at 2 eps_error (within [1e-3, 0.5]), the lower bound's
+        # grid is made finer until the bracket is at most 2 eps_error wide (_bounds), and the
+        # precision is refined only when that cannot reach the width
+        self._precision = min(_COARSEST, max(_DEFAULT_PRECISION, _PER_ERROR * self.eps_error))
         self._accountant: _DpsharpAccountant = self._fresh(self._precision)
         self._composed = [0] * len(prvs)
 
@@ -316,8 +464,7 @@ class PRVAccountant:
         acc = self._compose(counts, self._precision)
         lower = upper = 0.0
         if not acc.is_empty:
-            bounds = acc.delta_bounds(epsilon)  # type: ignore[attr-defined]
-            lower, upper = float(bounds[0]), float(bounds[1])
+            lower, upper = _delta_bounds(acc, epsilon, 2.0 * self.eps_error)
         lower, upper = (infinity + (1.0 - infinity) * v for v in (lower, upper))
         return (lower, upper, upper)
 
