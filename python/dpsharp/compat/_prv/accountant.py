@@ -76,7 +76,7 @@ _MAX_REFINEMENTS = 6
 #: the lower bound's grid is at most 2^_MAX_LOWER_REFINEMENT times finer than the upper's
 _MAX_LOWER_REFINEMENT = 4
 #: the optimistic composition of a lower bound at delta truncates at most this times delta
-_LOWER_TAIL = 1e-4
+_LOWER_TAIL = 1e-3
 
 
 def _from_peer(prv: Any) -> PrivacyRandomVariable | None:
