@@ -4,6 +4,7 @@ Usage (from the repository root)::
 
     python bench/bench_adapters.py            # every setting, 3 alternating rounds
     python bench/bench_adapters.py --rounds 1 --write   # and rewrite bench/results/adapters.md
+    python bench/bench_adapters.py --suite prv_accountant --write   # only those rows rewritten
 
 Each setting runs the same call through dpsharp's adapter and through the peer, in this
 process, alternating (adapter, peer, adapter, peer, ...); the table reports the median time of
@@ -204,6 +205,30 @@ def markdown(rows: list[dict[str, Any]], command: str, rounds: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+def merged(previous: str, rows: list[dict[str, Any]], suites: list[str], command: str,
+           rounds: int) -> str:
+    """``previous`` (the committed table) with the rows of ``suites`` replaced by ``rows``,
+    each in the place of the first old row of its suite (new suites at the end), and a note
+    saying which rows were rerun, by which command, when and at what load."""
+    fresh = markdown(rows, command, rounds).splitlines()
+    new_rows = {suite: [line for line in fresh if line.startswith(f"| {suite} |")]
+                for suite in suites}
+    lines: list[str] = []
+    for line in previous.splitlines():
+        suite = line.split("|")[1].strip() if line.startswith("| ") else ""
+        if suite in new_rows:
+            lines.extend(new_rows.pop(suite))  # the suite's rows, once, where they were
+        elif not (suite in suites or line.startswith("Rows of " + ", ".join(suites) + " ")):
+            if line or (lines and lines[-1]):  # no doubled blank line where a note was
+                lines.append(line)
+    for remaining in new_rows.values():
+        lines.extend(remaining)
+    note = fresh[2].replace("Command: ", f"Rows of {', '.join(suites)} rerun by ", 1)
+    at = next(i for i, line in enumerate(lines) if line.startswith("Command: ")) + 1
+    lines[at:at] = ["", note]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -225,7 +250,9 @@ def main(argv: list[str] | None = None) -> int:
     command = "python bench/bench_adapters.py " + " ".join(argv if argv is not None
                                                              else sys.argv[1:])
     text = markdown(rows, command.strip(), args.rounds)
-    if args.write:
+    if args.write and args.suite and RESULT.exists():  # the other suites' rows are kept
+        RESULT.write_text(merged(RESULT.read_text(), rows, suites, command.strip(), args.rounds))
+    elif args.write:
         RESULT.write_text(text)
     print(text)
     return 0
