@@ -325,6 +325,45 @@ def test_checkpoint_round_trip_matches_the_uninterrupted_run() -> None:
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
+def test_adaptive_clipping_bound_resumes_from_the_engine_checkpoint() -> None:
+    """The adaptive bound C_t (Andrew et al. 2021) is part of the run's state: the engine's
+    checkpoint alone resumes the uninterrupted run (bound, parameters, ledger), and an
+    optimizer state from an earlier checkpoint loaded first cannot leave a stale bound."""
+    def start(seed: int = 21):
+        loader = PoissonDataLoader(make_dataset(), sample_rate=0.25, seed=seed)
+        return private("rdp", sigma=1.0, seed=seed, clipping="adaptive", loader=loader)
+
+    engine, model, optimizer, loader = start()
+    run(optimizer, loader, model, steps=3)
+    early = copy.deepcopy(optimizer.state_dict())
+    run(optimizer, loader, model, steps=loader.steps_per_epoch)
+    checkpoint = copy.deepcopy({"engine": engine.state_dict(), "model": model.state_dict()})
+    bound_at_checkpoint = optimizer.max_grad_norm
+    assert bound_at_checkpoint != 1.0  # the bound moved
+    run(optimizer, loader, model, steps=5)
+    uninterrupted = (optimizer.max_grad_norm, [p.detach().clone() for p in model.parameters()],
+                     list(engine.accountant.ledger), engine.epsilon(1e-5))
+
+    for stale_optimizer in (False, True):
+        resumed_engine, resumed_model, resumed_opt, resumed_loader = start(seed=999)
+        resumed_model.load_state_dict(checkpoint["model"])
+        if stale_optimizer:
+            resumed_opt.load_state_dict(early)
+        resumed_engine.load_state_dict(checkpoint["engine"])
+        assert resumed_opt.max_grad_norm == bound_at_checkpoint
+        assert resumed_opt.clipper.max_grad_norm == bound_at_checkpoint
+        run(resumed_opt, resumed_loader, resumed_model, steps=5)
+        assert resumed_opt.max_grad_norm == uninterrupted[0]
+        for a, b in zip(resumed_model.parameters(), uninterrupted[1]):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+        assert list(resumed_engine.accountant.ledger) == uninterrupted[2]
+        assert resumed_engine.epsilon(1e-5) == uninterrupted[3]
+
+    flat_engine = private("rdp", sigma=1.0, seed=21)[0]
+    with pytest.raises(ValueError, match="differ in clip rule"):
+        flat_engine.load_state_dict(checkpoint["engine"])
+
+
 def test_calibrated_noise_meets_the_target_epsilon() -> None:
     pytest.importorskip("dpsharp.calibrate")
     name = next((n for n in ("pld", "rdp") if n in dpsharp.available()), None)

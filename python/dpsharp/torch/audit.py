@@ -393,24 +393,6 @@ def _final_losses(model: Any, loss_fn: Callable[[Any, Any], Any], x: Any, y: Any
     return -losses.to(torch.float64).cpu().numpy()
 
 
-def _first_tensor(output: Any) -> Any:
-    """The model output's first tensor (a tensor, the first of a tuple / list, or ``logits`` /
-    the first value of a mapping such as a Hugging Face ModelOutput); None if there is none."""
-    import torch
-
-    if isinstance(output, torch.Tensor):
-        return output
-    if isinstance(output, dict) or hasattr(output, "values"):
-        if "logits" in output:
-            return output["logits"]
-        output = list(output.values())
-    if isinstance(output, (tuple, list)):
-        for item in output:
-            if isinstance(item, torch.Tensor):
-                return item
-    return None
-
-
 def cross_example_leak(model: Any, inputs: Any, *, probes: int = 4) -> str | None:
     """Whether one example's output depends on the other examples in its batch.
 
@@ -426,19 +408,16 @@ def cross_example_leak(model: Any, inputs: Any, *, probes: int = 4) -> str | Non
     """
     import torch
 
+    from dpsharp.torch.batch_probe import _first_output, _quiet_run
+
     needed = 2 * probes - 1
     if inputs.shape[0] < needed or probes < 2:
         return None
     first = torch.arange(probes)
     second = torch.cat([torch.zeros(1, dtype=torch.long), torch.arange(probes, needed)])
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            a = _first_tensor(model(inputs[first]))
-            b = _first_tensor(model(inputs[second]))
-    finally:
-        model.train(was_training)
+    with _quiet_run(model):
+        a = _first_output(model(inputs[first]))
+        b = _first_output(model(inputs[second]))
     if a is None or b is None or a.shape != b.shape or a.ndim == 0 or a.shape[0] != probes:
         return None
     row_a, row_b = a[0].to(torch.float64), b[0].to(torch.float64)
@@ -456,62 +435,22 @@ def batch_dimension_leak(model: Any, inputs: Any) -> str | None:
     The clipper takes dimension 0 of every layer input as the examples and checks its size
     against the batch; a model that transposes (batch, seq, ...) to (seq, batch, ...) inside
     passes that check when seq happens to equal the batch size, and is then clipped per
-    position: one example's influence is bounded by seq * C, not C. This probe runs ``model``
-    (eval mode, no gradients) on ``inputs[:n]`` and on the same records with the first two
-    swapped, n = min(len(inputs), 8), and records the first tensor input of every module that
-    holds parameters: where that input has n rows, swapping two examples must swap exactly its
-    rows 0 and 1. Returns the first module that breaks this, described, or None (also when the
-    first two records are equal, or fewer than 2 records are given).
+    position: one example's influence is bounded by seq * C, not C. This probe
+    (:func:`dpsharp.torch.batch_probe.probe_batch`, the one the engine runs at the first
+    training step) runs ``model`` (eval mode, no gradients) on ``inputs[:n]`` and on the same
+    records with records 0 and b swapped (b the first record that differs from record 0),
+    n = min(len(inputs), 8), and records the first tensor input of every module that holds
+    parameters (and the model's output): where that input has n rows, swapping two examples
+    must swap exactly those two rows (dimension 1 for ``nn.MultiheadAttention`` with
+    ``batch_first=False``). Returns the first module that breaks this, described, or None
+    (also when all n records are equal, or fewer than 2 records are given).
     """
-    import torch
+    from dpsharp.torch.batch_probe import probe_batch
 
     n = min(int(inputs.shape[0]), 8)
-    if n < 2 or torch.equal(inputs[0], inputs[1]):
+    if n < 2:
         return None
-    seen: dict[str, list[Any]] = {}
-    kinds: dict[str, str] = {}
-    handles = []
-    for name, module in model.named_modules():
-        if not any(True for _ in module.parameters(recurse=False)):
-            continue
-        kinds[name or "(model)"] = type(module).__name__
-
-        def record(_: Any, args: tuple[Any, ...], key: str = name or "(model)") -> None:
-            first = next((a for a in args if isinstance(a, torch.Tensor)), None)
-            if first is not None:
-                seen.setdefault(key, []).append(first.detach().clone())
-
-        handles.append(module.register_forward_pre_hook(record))
-    order = torch.arange(n)
-    order[0], order[1] = 1, 0
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            model(inputs[:n])
-            model(inputs[:n][order])
-    finally:
-        model.train(was_training)
-        for handle in handles:
-            handle.remove()
-    for key, calls in seen.items():
-        if len(calls) % 2:
-            continue
-        half = len(calls) // 2
-        for before, after in zip(calls[:half], calls[half:]):
-            if before.ndim == 0 or before.shape != after.shape:
-                continue
-            if before.shape[0] == n and torch.equal(before[order], after):
-                continue
-            moved = [k for k in range(before.ndim) if before.shape[k] == n
-                     and torch.equal(before.index_select(k, order), after)]
-            if before.shape[0] == n or moved:
-                where = f"dimension {moved[0]}" if moved else "no single dimension"
-                return (f"{key} ({kinds[key]}) sees the examples in {where} of its input, not "
-                        "in dimension 0: the clipper would clip it per row, not per example "
-                        "(a sequence-first layer whose sequence length equals the batch size "
-                        "passes the batch-size checks)")
-    return None
+    return probe_batch(model, (inputs[:n],), mixing=False).batch_dimension
 
 
 def audit(
@@ -684,6 +623,9 @@ def audit(
     model, opt, loader = engine.make_private(
         model, make_optimizer(model.parameters()), loader, max_grad_norm=clip,
         noise_multiplier=sigma, delta=delta, seed=None if seed is None else seed + 2,
+        # The engine's first-step probe refuses a model that mixes examples; the audit found
+        # that already (cross_example_leak) and runs it anyway, to report eps_lower beside it.
+        batch_probe=leak is None,
     )
     released: list[np.ndarray] = []
     if canary_type == "gradient":

@@ -389,6 +389,10 @@ class PrivacyEngine:
         # for the release in progress (a release that failed after its charge is not re-charged)
         self._released = 0
         self._pending_charge: tuple[int, float] | None = None
+        #: What make_private's batch probe found at the first training batch it could probe
+        #: (dpsharp.torch.batch_probe.BatchProbeResult), None before that or without the probe.
+        self.batch_probe_result: Any = None
+        self._batch_probe_handle: Any = None
 
     # ----------------------------------------------------------------- make_private
     def make_private(
@@ -414,6 +418,7 @@ class PrivacyEngine:
         max_physical_batch_size: int | None = None,
         seed: int | None = None,
         poisson_sampling: bool | None = None,
+        batch_probe: bool = True,
     ) -> tuple[torch.nn.Module, DPOptimizer, DPDataLoader]:
         """Return ``(module, dp_optimizer, dp_loader)``.
 
@@ -461,6 +466,22 @@ class PrivacyEngine:
         seed:
             Seeds the noise stream, and the sampler when the loader is built here (seeded
             runs are for testing and reproducibility; refused in secure mode).
+        batch_probe:
+            Probe the first training batch (the first forward pass of ``module`` with
+            gradients enabled, before its backward pass and before anything is charged or
+            released) with :func:`dpsharp.torch.batch_probe.probe_batch`: three forward passes
+            without gradients, in eval mode, of the batch as given, with two examples swapped
+            and with one example replaced, checking that every clipped layer sees the examples
+            in its batch dimension (not, e.g., a sequence-first (L, B, ...) input with L = B,
+            which the batch-size checks pass and which would be clipped per position) and that
+            no layer's input mixes examples (``x - x.mean(0)``). A fault raises ValueError
+            naming the layer, from that forward pass, and again at every later one. The
+            training flags and the RNG state are restored, so the run is otherwise unchanged.
+            A batch of one example (or of equal examples, or an empty Poisson batch) has nothing
+            to swap: the probe waits for the next batch; inputs given as a ``PackedSequence``
+            are not probed (logged). ``batch_probe=False`` skips it (only
+            for a model checked by other means, e.g. one whose forward cannot run without
+            gradients); :attr:`batch_probe_result` holds what the probe found.
         """
         if self.optimizer is not None:
             raise RuntimeError("this PrivacyEngine already made a model private; use a new engine")
@@ -514,6 +535,7 @@ class PrivacyEngine:
             raise ValueError("seed must be None in secure mode")
         if seed is not None:
             require_count("seed", seed)
+        batch_probe = _require_flag("batch_probe", batch_probe)
 
         # Distributed data parallel (dpsharp.torch.distributed): clip on module.module, switch
         # DDP's own gradient all-reduce off, sample a distributed Poisson batch, all-reduce the
@@ -600,7 +622,58 @@ class PrivacyEngine:
         if adaptive_noise:
             self._adaptive = True
             self._adaptive_reason = "declared with adaptive_noise=True"
+        if batch_probe:
+            self._install_batch_probe(_distributed.unwrap_ddp(module), dp_optimizer)
         return module, dp_optimizer, loader
+
+    def _install_batch_probe(self, model: torch.nn.Module, optimizer: DPOptimizer) -> None:
+        """Run :func:`dpsharp.torch.batch_probe.probe_batch` on the clipped layers at the
+        first forward pass of ``model`` with gradients enabled and a batch of two different
+        examples or more (``make_private``'s ``batch_probe``)."""
+        from dpsharp.torch.batch_probe import clipped_layers, probe_batch
+
+        layers = clipped_layers(model, optimizer.clipper)
+        running = [False]
+
+        def probe(_: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            if running[0] or not torch.is_grad_enabled():
+                return
+            running[0] = True
+            try:
+                result = probe_batch(model, args, kwargs, layers=layers)
+            except Exception as error:
+                if hasattr(error, "add_note"):
+                    error.add_note(
+                        "(raised by make_private's batch probe, which runs the model's first "
+                        "training batch without gradients and in eval mode before training)")
+                raise
+            finally:
+                running[0] = False
+            if not result.checked:
+                if result.final:  # this model's inputs cannot be probed
+                    self.batch_probe_result = result
+                    handle.remove()
+                    logger.warning("batch probe: %s; not probed", result.reason)
+                else:
+                    logger.info("batch probe: %s; probing the next batch", result.reason)
+                return
+            self.batch_probe_result = result
+            problem = result.batch_dimension or result.cross_example
+            if problem is not None:
+                raise ValueError(
+                    f"the model cannot be trained with per-example clipping: {problem}. "
+                    "Keep the examples in dimension 0 from the model's input to every layer "
+                    "(build sequence layers with batch_first=True and feed them (batch, seq, "
+                    "...) tensors, or transpose back before the layer), and compute nothing "
+                    "across the examples of a batch (no batch statistics); nothing was charged "
+                    "or released")
+            handle.remove()
+            logger.info("batch probe: %d clipped layers see the examples of a batch of %d in "
+                        "their batch dimension and do not mix them", result.layers,
+                        result.batch_size)
+
+        handle = model.register_forward_pre_hook(probe, with_kwargs=True)
+        self._batch_probe_handle = handle
 
     def make_private_with_epsilon(
         self,
@@ -1042,8 +1115,9 @@ class PrivacyEngine:
 
     # ----------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
-        """Accountant ledger(s), sampler state, noise stream position and release count.
-        Save the model's and optimizer's own state_dicts beside it. Nothing derived from the
+        """Accountant ledger(s), sampler state, noise stream position, release count and the
+        clip rule's state (the adaptive clipping bound). Save the model's and optimizer's own
+        state_dicts beside it. Nothing derived from the
         ledger (such as the budget's allowance) is stored: it is recomputed after loading."""
         ledger = self._ledger()
         assert self.optimizer is not None and self.loader is not None
@@ -1063,6 +1137,11 @@ class PrivacyEngine:
             "lot_pending": self.optimizer._lot_pending,
             "budget": None if self.budget is None else [self.budget.epsilon, self.budget.delta],
             "adaptive": None if not self._adaptive else self._adaptive_reason,
+            # the clip rule's state (adaptive clipping: the bound C_t the next release clips
+            # at, itself a function of the released counts), so that the engine's checkpoint
+            # alone resumes the run exactly
+            "clipping": (None if self.optimizer.clip_rule is None
+                         else self.optimizer.clip_rule.state_dict()),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -1084,6 +1163,12 @@ class PrivacyEngine:
             raise ValueError(f"checkpoint budget {state['budget']!r} differs from this engine's {budget!r}")
         releases = require_count("releases", state["releases"])
         sigma = require_real("noise_multiplier", state["noise_multiplier"])
+        rule = self.optimizer.clip_rule
+        if "clipping" in state and (state["clipping"] is None) != (rule is None):
+            raise ValueError(
+                "the checkpoint and this engine differ in clip rule (the checkpoint "
+                f"{'has none' if state['clipping'] is None else 'has one'}, this optimizer's "
+                f"is {rule!r}); resume with the make_private arguments of the checkpointed run")
         adaptive = state.get("adaptive")
         if adaptive is not None and not self._adaptive and self.budget is not None:
             self._require_filter(ledger)
@@ -1107,6 +1192,8 @@ class PrivacyEngine:
         # A checkpoint holds no clipped sums: what was accumulated since it (e.g. a lot whose
         # release was refused) is dropped, unreleased, exactly as in a fresh process.
         self.optimizer.clipper.reset()
+        if state.get("clipping") is not None:
+            self.optimizer._load_clipping_state(state["clipping"])
         self._released = releases
         self._pending_charge = None
         self._allowance = None

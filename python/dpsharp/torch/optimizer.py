@@ -484,10 +484,15 @@ class DPOptimizer(torch.optim.Optimizer):
             )
             clipping_state = private.get("clipping")
             if clipping_state is not None and self.clip_rule is not None:
-                self.clip_rule.load_state_dict(clipping_state)
-                if self._adaptive_clipping:
-                    self.clipper.set_max_grad_norm(self.clip_rule.bound)
-                    self.max_grad_norm = self.clip_rule.bound
+                self._load_clipping_state(clipping_state)
+
+    def _load_clipping_state(self, state: Mapping[str, Any]) -> None:
+        """Restore the clip rule's state (an adaptive rule's bound C_t moves the clipper's
+        bound and :attr:`max_grad_norm` with it)."""
+        self.clip_rule.load_state_dict(dict(state))
+        if self._adaptive_clipping:
+            self.clipper.set_max_grad_norm(self.clip_rule.bound)
+            self.max_grad_norm = self.clip_rule.bound
 
 
 class _Algorithm2Adam(torch.optim.Optimizer):
