@@ -950,12 +950,12 @@ def _quantized(leaves: list[_Leaf], precision: float, pessimistic: bool) -> list
     optimistic side. Sound because the pair of (sigma', q') is a post-processing of the pair of
     (sigma, q) whenever sigma' >= sigma and q' <= q (map N(1/sigma, 1) to N(1/sigma', 1) by
     scaling and adding independent noise, and keep a sampled component with probability q'/q),
-    for both directions and the symmetrised pair. Laplace leaves are kept as they are. (Up to
-    the last bit of exp: the rounded value of a parameter that sits exactly on the grid can be an
-    ulp off, far below the uncertified round-off of the discretisation.)"""
+    for both directions and the symmetrised pair. Laplace leaves are kept as they are. (The
+    rounded value of a parameter within an ulp of a grid point can come out of exp an ulp past
+    it; :class:`_RoundingGrid` moves such a one a grid point on, so every value is on its side.)"""
     grid = _RoundingGrid.of(_LeafColumns.of(leaves), precision, pessimistic)
-    sigma = np.exp(grid.sigma_index * grid.log_r).tolist()
-    rate = np.exp(grid.rate_index * grid.log_r).tolist()
+    sigma = grid.sigma.tolist()
+    rate = grid.rate.tolist()
     out: list[_Leaf] = []
     made: dict[tuple[int, float, float], _Leaf] = {}  # one object per distinct key
     for leaf, kind, noise, sampling in zip(leaves, grid.kind.tolist(), sigma, rate):
@@ -1004,6 +1004,9 @@ class _RoundingGrid:
     sigma_index: np.ndarray
     rate_index: np.ndarray
     log_r: float
+    #: r^sigma_index and r^rate_index as computed (what :func:`_quantized` keys the leaves by)
+    sigma: np.ndarray
+    rate: np.ndarray
 
     @classmethod
     def of(cls, leaves: _LeafColumns, precision: float, pessimistic: bool) -> _RoundingGrid:
@@ -1013,8 +1016,26 @@ class _RoundingGrid:
         sigma_index = np.where(laplace, leaves.parameter, down(leaves.log_parameter / log_r))
         rate_index = np.where(leaves.rate < 1.0, np.minimum(up(leaves.log_rate / log_r), 0.0), 0.0)
         rate_index = np.where(laplace, leaves.rate, rate_index)
+        # The index comes from a rounded logarithm and the value from a rounded exp: for a
+        # parameter within a few ulp of a grid point, r^index can land past it, on the unsound
+        # side (a noise multiplier an ulp above the true one on the pessimistic side). Such an
+        # index moves one grid point on (the grid's spacing, precision / 2 relative, is far
+        # wider than the error of exp), so every rounded value is on its side exactly.
+        rounded = ~laplace
+        sigma = np.exp(sigma_index * log_r)
+        past = sigma > leaves.parameter if pessimistic else sigma < leaves.parameter
+        past &= rounded
+        if past.any():
+            sigma_index = np.where(past, sigma_index + (-1.0 if pessimistic else 1.0), sigma_index)
+            sigma = np.exp(sigma_index * log_r)
+        rate = np.exp(rate_index * log_r)
+        past = rate < leaves.rate if pessimistic else rate > leaves.rate
+        past &= rounded & (leaves.rate < 1.0)
+        if past.any():
+            rate_index = np.where(past, rate_index + (1.0 if pessimistic else -1.0), rate_index)
+            rate = np.exp(rate_index * log_r)
         kind = np.where(~laplace & (rate_index == 0.0), _GAUSSIAN, leaves.mechanism)
-        return cls(kind, sigma_index, rate_index, log_r)
+        return cls(kind, sigma_index, rate_index, log_r, sigma, rate)
 
     def distinct(self) -> int:
         """The number of distinct (kind, sigma index, rate index) rows (by sorting, not hashing
