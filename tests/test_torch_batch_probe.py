@@ -340,3 +340,22 @@ def test_packed_sequence_inputs_are_not_probed_and_train():
 
 def _fixed_of(data, batch_size: int):
     return ShuffledDataLoader(data, batch_size=batch_size, seed=1)
+
+
+class _MaskedInput(nn.Module):
+    """A layer whose input holds -inf where x <= 0 (and whose output holds NaN and inf)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.layer(torch.where(x > 0, x, torch.full_like(x, float("-inf"))))
+
+
+def test_infinite_and_nan_entries_follow_the_examples():
+    x = torch.randn(6, 4, generator=torch.Generator().manual_seed(3))
+    result = probe_batch(_MaskedInput(), (x,))
+    assert result.passed and result.layers == 1
+    found = probe_batch(TransposedInside(), (torch.randn(SEQ, SEQ, 4),), mixing=False)
+    assert "dimension 1" in found.batch_dimension and found.cross_example is None

@@ -115,9 +115,13 @@ def clipped_layers(model: Any, clipper: Any) -> list[tuple[str, Any, int]]:
     :class:`~dpsharp.torch.PerSampleClipper` of ``model``) clips: the patched modules with
     trainable parameters (a torch.func fallback subtree by its root, whose dimension 0 it maps
     over). Frozen layers are not clipped and not probed."""
+    handles = getattr(clipper, "_handles", None)
+    if handles is None:  # not a PerSampleClipper: every layer with a trainable parameter
+        return [(name, module, dim) for name, module, dim in probed_layers(model)
+                if any(p.requires_grad for p in module.parameters(recurse=False))]
     names = {id(m): name or "(model)" for name, m in model.named_modules()}
     return [(names.get(id(h.module), type(h.module).__name__), h.module,
-             batch_dimension(h.module)) for h in getattr(clipper, "_handles", ())]
+             batch_dimension(h.module)) for h in handles]
 
 
 def _first_tensor_input(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -161,18 +165,24 @@ def _holds_packed(value: Any) -> bool:
 
 
 def _close(a: Any, b: Any) -> bool:
-    """a equals b to _RELATIVE_TOLERANCE of their largest magnitude (exactly, for integers)."""
+    """a equals b to _RELATIVE_TOLERANCE of their largest finite magnitude (exactly, for
+    integers; equal infinities and NaN against NaN count as equal)."""
     import torch
 
     if a.shape != b.shape:
         return False
     if torch.equal(a, b):
         return True
-    if not (a.is_floating_point() or a.is_complex()):
+    if not a.is_floating_point():
         return False
     a64, b64 = a.to(torch.float64), b.to(torch.float64)
-    scale = float(torch.maximum(a64.abs().max(), b64.abs().max())) if a.numel() else 0.0
-    return float((a64 - b64).abs().max()) <= _RELATIVE_TOLERANCE * scale
+    same = (a64 == b64) | (torch.isnan(a64) & torch.isnan(b64))
+    difference = torch.where(same, torch.zeros_like(a64), (a64 - b64).abs())
+    if not bool(torch.isfinite(difference).all()):
+        return False
+    magnitude = torch.where(torch.isfinite(a64), a64.abs(), torch.zeros_like(a64))
+    scale = float(magnitude.max())
+    return float(difference.max()) <= _RELATIVE_TOLERANCE * scale
 
 
 @contextlib.contextmanager
