@@ -149,6 +149,119 @@ def test_tied_embedding_and_output_projection_summed_per_example():
     check(model, idx, y, ce, bound=0.5)
 
 
+class TiedUses(nn.Module):
+    """One weight used twice per example: ``emb-lin`` an embedding table that is also the
+    output projection over every position (a language model's tied wte / lm_head), ``emb-emb``
+    one table looked up by two index streams, ``lin-lin`` one weight in two linear layers with
+    their own biases."""
+
+    def __init__(self, kind: str, vocab: int = 11, dim: int = 5) -> None:
+        super().__init__()
+        self.kind = kind
+        self.emb = nn.Embedding(vocab, dim, padding_idx=0)
+        self.mix = nn.Linear(dim, dim)
+        if kind == "emb-lin":
+            self.second = nn.Linear(dim, vocab, bias=False)
+            self.second.weight = self.emb.weight
+        elif kind == "emb-emb":
+            self.second = nn.Embedding(vocab, dim, padding_idx=0)
+            self.second.weight = self.emb.weight
+        else:
+            self.second = nn.Linear(dim, dim)
+            self.second.weight = self.mix.weight
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.mix(self.emb(idx)))
+        if self.kind == "emb-lin":
+            return self.second(h)  # (B, T, vocab) logits
+        if self.kind == "emb-emb":
+            return h * self.second(idx.flip(1))
+        return self.second(torch.tanh(h))
+
+
+@pytest.mark.parametrize("kind", ["emb-lin", "emb-emb", "lin-lin"])
+@pytest.mark.parametrize("materialise", [False, True])
+def test_tied_weight_ghost_norm_forms_no_per_example_gradient(kind, materialise,
+                                                              monkeypatch):
+    """A tied weight's per-example norm is sum_u ||g_u||^2 + 2 sum_{u<v} <g_u, g_v> from the
+    stored activations (usages.tied_cross_dot), with each linear use on its Gram path or with
+    its own gradients materialised: no (B, V, d) sum of per-example gradients is formed, and
+    norms and clipped sums equal the float64 batch-size-1 autograd reference to 1e-10."""
+    from _clip_reference import check_model
+
+    from dpsharp.torch.layers import usages
+
+    def refuse(self, p):
+        raise AssertionError("a per-example gradient of a tied weight was materialised")
+
+    monkeypatch.setattr(usages.EmbeddingUsage, "per_example", refuse)
+    monkeypatch.setattr(usages.LinearUsage, "per_example", refuse)
+    monkeypatch.setattr(usages.LinearUsage, "_materialise_weight", lambda self: materialise)
+    model = TiedUses(kind).double()
+    idx = torch.randint(0, 11, (4, 7))
+    idx[0, :3] = torch.tensor([3, 3, 0])  # a repeated row and a padding position
+    target = torch.randn(4, 7, 11 if kind == "emb-lin" else 5, dtype=torch.float64)
+
+    def loss(out, i):
+        return ((out - target[i]) ** 2).sum()
+
+    check_model(model, idx, 4, loss, bound=0.4)
+
+
+def test_tied_weight_ghost_norm_float32_within_plain_autograd_error():
+    from _clip_reference import float32_error_ratio
+
+    model = TiedUses("emb-lin", vocab=40, dim=8).double()
+    idx = torch.randint(0, 40, (6, 30))
+    target = torch.randn(6, 30, 40, dtype=torch.float64)
+
+    def loss(out, i):
+        return ((out - target[i]) ** 2).sum()
+
+    ours, plain = float32_error_ratio(model, idx, 6, loss, bound=0.5)
+    assert ours <= 8 * plain + 1e-7, (ours, plain)
+
+
+def test_materialised_per_example_gradients_reuse_one_buffer_across_steps(monkeypatch):
+    """Materialised per-example gradients of linear layers live in one buffer kept between
+    clip steps (usages.arena_empty): a later step with the same shapes gets the same memory
+    back (no fresh pages to fault in), a larger batch grows it mid-step, and the tensors of
+    one step never overlap: the norms and clipped sums of every step equal the float64
+    batch-size-1 reference to 1e-10."""
+    from _clip_reference import check_model
+
+    from dpsharp.torch.layers import usages
+
+    handed: list[list[tuple[int, int]]] = []
+    original = usages.arena_empty
+
+    def recording(shape, dtype, device):
+        out = original(shape, dtype, device)
+        handed[-1].append((out.data_ptr(), out.data_ptr() + out.numel() * out.element_size()))
+        return out
+
+    monkeypatch.setattr(usages, "arena_empty", recording)
+    monkeypatch.setattr(usages.LinearUsage, "_materialise_weight", lambda self: True)
+    model = nn.Sequential(nn.Linear(3, 7), nn.Tanh(), nn.Linear(7, 5), nn.Tanh(),
+                          nn.Linear(5, 2)).double()
+    for batch in (2, 5, 5, 5, 3):
+        handed.append([])
+        x = torch.randn(batch, 6, 3, dtype=torch.float64)
+        y = torch.randn(batch, 6, 2, dtype=torch.float64)
+
+        def loss(out, i, y=y):
+            return ((out - y[i]) ** 2).sum()
+
+        check_model(model, x, batch, loss, bound=0.3)
+        spans = sorted(handed[-1])
+        assert len(spans) == 3
+        assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:]))
+    # batch 5 grew the buffer; from then on the same shapes get the same memory again, and a
+    # smaller batch the start of the same buffer
+    assert sorted(handed[3]) == sorted(handed[2])
+    assert min(handed[4])[0] == min(handed[3])[0]
+
+
 def test_layer_called_twice_is_summed_not_stacked():
     class Twice(nn.Module):
         def __init__(self):

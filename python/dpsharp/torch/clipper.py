@@ -449,11 +449,13 @@ class PerSampleClipper:
         import torch
 
         from dpsharp.torch.layers import LinearUsage
+        from dpsharp.torch.layers.usages import begin_backward_pass, tied_sq_norm
 
         self._callback_queued = False
         usages, self._pending = self._pending, []
         if not usages:
             return
+        begin_backward_pass()
         inputs, self._input_batches = self._input_batches, set()
         outputs, self._output_batches = self._output_batches, set()
         batch = usages[0].batch_size
@@ -517,7 +519,15 @@ class PerSampleClipper:
                 p = self._params[index[pid]]
                 if len(us) == 1:
                     columns[pid] = us[0].sq_norm(p)
-                else:  # tied weights: the example's gradient is the sum over uses
+                    continue
+                # Tied weights: the example's gradient is the sum over the uses. Ghost norm
+                # ||sum_u g_u||^2 = sum_u ||g_u||^2 + 2 sum_{u<v} <g_u, g_v> where the pairs
+                # allow it (embedding / linear: a language model's tied input embedding and
+                # output projection), else the per-example gradients materialised and summed.
+                ghost = tied_sq_norm(p, us)
+                if ghost is not None:
+                    columns[pid] = ghost
+                else:
                     total = us[0].per_example(p)
                     for u in us[1:]:
                         total = total + u.per_example(p)
@@ -570,14 +580,17 @@ class PerSampleClipper:
                                               base=out)
                 accumulators[k] = out
                 continue
-            if acc is not None:  # a later backward pass of the same release: add in place
-                us[0].add_clipped_sum(p, factors, acc)
-                continue
-            contribution = us[0].clipped_sum(p, factors)
-            if contribution.dtype == p.dtype and contribution.is_contiguous():
-                accumulators[k] = contribution
-            else:
-                accumulators[k] = contribution.to(p.dtype).contiguous()
+            if acc is None:
+                contribution = us[0].clipped_sum(p, factors)
+                if contribution.dtype == p.dtype and contribution.is_contiguous():
+                    accumulators[k] = contribution
+                else:
+                    accumulators[k] = contribution.to(p.dtype).contiguous()
+                rest = us[1:]  # the other uses of a tied weight (ghost path), added in place
+            else:  # a later backward pass of the same release: add in place
+                rest = us
+            for u in rest:
+                u.add_clipped_sum(p, factors, accumulators[k])
         self._examples += batch
         self._batches += 1
         armed, self._armed = self._armed, None

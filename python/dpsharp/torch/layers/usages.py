@@ -44,7 +44,9 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = ["AffineUsage", "BlockUsage", "ConvUsage", "EmbeddingUsage", "LinearUsage",
-           "PerExampleUsage", "TransposedLinearUsage", "Usage", "conv_patches", "weighted_sum"]
+           "PerExampleUsage", "TransposedLinearUsage", "Usage", "arena_empty",
+           "begin_backward_pass", "conv_patches", "tied_cross_dot", "tied_sq_norm",
+           "weighted_sum"]
 
 # Elements of the patch / Gram scratch built at once (per chunk of examples): 512 KiB of
 # float32, small enough to stay in cache between being written and read, and out of the
@@ -115,6 +117,53 @@ def _scaled_rows(rows: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         _SCRATCH.buffer = buffer
     out = buffer[:numel].view(rows.shape)
     return torch.mul(rows, weights[:, None], out=out)
+
+
+_ARENA = threading.local()
+_ARENA_ALIGN = 16  # elements: 64-byte alignment of every tensor handed out (float32)
+
+
+def begin_backward_pass() -> None:
+    """Mark the start of a clip step on this thread: the tensors :func:`arena_empty` handed
+    out during the previous one are no longer in use, their memory is handed out again."""
+    for entry in getattr(_ARENA, "buffers", {}).values():
+        entry[1] = 0
+
+
+def arena_empty(shape: tuple[int, ...], dtype: torch.dtype,
+                device: torch.device) -> torch.Tensor:
+    """An uninitialised tensor for a per-example gradient that lives only until the end of the
+    clip step (from its norms to its clipped sum), carved from a buffer kept on this thread
+    between steps (grown to the largest step seen).
+
+    Materialised per-example gradients are the largest transient tensors of a step (GPT-2 of
+    bench/bench_transformers.py: 40 MB per step). Freshly allocated, each step pays their page
+    faults again: blocks this large are returned to the system when freed (glibc's mmap
+    threshold, or the heap trimmed from its top) and every page is faulted in anew on first
+    write, which cost 3 microseconds per 4 KiB page on the 2-core bench machine (about 10 ms
+    per step for those 40 MB). Valid until :func:`begin_backward_pass` on this thread: the
+    clipper calls it when a backward pass ends, before the usages of that pass are read."""
+    import torch
+
+    if torch.device(device).type != "cpu":  # a caching allocator keeps device memory already
+        return torch.empty(shape, dtype=dtype, device=device)
+    numel = math.prod(shape)
+    buffers = getattr(_ARENA, "buffers", None)
+    if buffers is None:
+        buffers = _ARENA.buffers = {}
+    key = (dtype, device)
+    entry = buffers.get(key)
+    if entry is None:
+        entry = buffers[key] = [None, 0]
+    buffer, offset = entry
+    end = offset + numel
+    if buffer is None or end > buffer.numel():
+        # Too small: a new buffer for all of this step's tensors so far plus this one (those
+        # already handed out keep the old buffer alive until they are freed).
+        buffer = torch.empty(max(end, 2 * numel), dtype=dtype, device=device)
+        entry[0] = buffer
+    entry[1] = end + (-end) % _ARENA_ALIGN
+    return buffer[offset:end].view(shape)
 
 
 _MEMO = threading.local()
@@ -354,7 +403,9 @@ class LinearUsage(_WeightBiasUsage):
         import torch
 
         if self._per_example_weight is None:
-            self._per_example_weight = torch.bmm(self.g.transpose(1, 2), self.a)  # (B, p, d)
+            g, a = self.g, self.a
+            out = arena_empty((g.shape[0], g.shape[2], a.shape[2]), g.dtype, g.device)
+            self._per_example_weight = torch.bmm(g.transpose(1, 2), a, out=out)  # (B, p, d)
         return self._per_example_weight
 
     def _bias_per_example(self) -> torch.Tensor:
@@ -823,7 +874,9 @@ class TransposedLinearUsage(LinearUsage):
         import torch
 
         if self._per_example_weight is None:
-            self._per_example_weight = torch.bmm(self.a.transpose(1, 2), self.g)  # (B, d, p)
+            g, a = self.g, self.a
+            out = arena_empty((g.shape[0], a.shape[2], g.shape[2]), g.dtype, g.device)
+            self._per_example_weight = torch.bmm(a.transpose(1, 2), g, out=out)  # (B, d, p)
         return self._per_example_weight
 
     def _clipped_product(self, p: torch.nn.Parameter,
@@ -931,3 +984,117 @@ class BlockUsage(Usage):
             part = usage.clipped_sum(stand_in, factors)
             out[rows if rows is not None else slice(None)] = part.reshape(stand_in.shape)
         return out
+
+
+# ---------------------------------------------------------------------------- tied weights
+def _common(*tensors: torch.Tensor) -> list[torch.Tensor]:
+    """The tensors widened (float16 / bfloat16 -> float32) and promoted to one dtype."""
+    import torch
+
+    wide = [_wide(t) for t in tensors]
+    dtype = wide[0].dtype
+    for t in wide[1:]:
+        dtype = torch.promote_types(dtype, t.dtype)
+    return [t.to(dtype) for t in wide]
+
+
+def _plain_linear(u: Usage, p: torch.nn.Parameter) -> bool:
+    """u is a linear map y = x W^T (+ b) whose weight W is ``p`` (not a transposed-weight
+    layer, not a block of a packed parameter)."""
+    return type(u) is LinearUsage and u.weight is p
+
+
+def _cross_covered(u: Usage, v: Usage, p: torch.nn.Parameter) -> bool:
+    """Whether :func:`tied_cross_dot` covers the pair (u, v) of usages of ``p``."""
+    for w in (u, v):
+        if isinstance(w, EmbeddingUsage) and w.weight is p:
+            continue
+        if not _plain_linear(w, p):
+            return False
+        assert isinstance(w, LinearUsage)
+        if tuple(p.shape) != (w.g.shape[2], w.a.shape[2]):
+            return False
+    return True
+
+
+def tied_cross_dot(u: Usage, v: Usage, p: torch.nn.Parameter) -> torch.Tensor | None:
+    """<g_i^u(p), g_i^v(p)> (Frobenius inner product) for every example i, float64 (B,), for
+    two usages u, v of one tied parameter ``p``, without forming either per-example gradient;
+    None for a pair this does not cover (the caller then materialises the gradients).
+
+    A tied parameter's per-example gradient is the sum over its usages, so
+    ||g_i||^2 = sum_u ||g_i^u||^2 + 2 sum_{u < v} <g_i^u, g_i^v>: the norms come from each
+    usage's own ghost norm and the cross terms from here. Notation, for example i: a linear
+    usage y_s = W x_s (+ b) over positions s has input rows x_s and output gradients gy_s,
+    so g^lin = sum_s gy_s x_s^T (Goodfellow 2015); an embedding usage y_t = W[k_t] has
+    indices k_t and output gradients h_t (zero at padding positions), so
+    g^emb = sum_t e_{k_t} h_t^T, e_k the k-th unit vector. Then, by bilinearity of
+    <., .> and <e_k h^T, M> = h . M[k] (row k of M):
+
+    * embedding and linear (the tied input embedding and output projection of a language
+      model):
+      <g^emb, g^lin> = sum_t h_t . g^lin[k_t] = sum_t sum_s gy_s[k_t] (x_s . h_t),
+      i.e. the dot of the (S x T) matrix X H^T with the (S x T) matrix of output-gradient
+      entries gy_s[k_t] gathered at the looked-up rows: S T (d + 1) multiply-adds, no
+      (V x d) gradient. Where the linear usage has materialised g^lin already (its own cost
+      rule, LinearUsage._materialise_weight), the first form is used: its rows at k_t
+      against h_t (T d);
+    * two embeddings: <g^emb1, g^emb2> = sum_{t,t'} [k_t = k'_t'] (h_t . h'_t');
+    * two linear usages (one weight, other biases): <gy x^T, gy' x'^T> summed over s, s' is
+      sum_{s,s'} (gy_s . gy'_s') (x_s . x'_s'), the dot of G G'^T and X X'^T (the ghost norm
+      of Li et al., ICLR 2022, applied to two different usages).
+
+    Both usages' loss scales multiply the result. Sums of products are taken in float64
+    (:func:`dpsharp.torch.kernels.per_example_dots`) over operands in the stored tensors'
+    (widened) dtype.
+    """
+    import torch
+
+    if isinstance(v, EmbeddingUsage) and not isinstance(u, EmbeddingUsage):
+        u, v = v, u
+    scale = u.scale * v.scale
+    if isinstance(u, EmbeddingUsage) and u.weight is p:
+        idx = u.idx.to(torch.int64)
+        batch, positions = (int(n) for n in idx.shape)
+        if isinstance(v, EmbeddingUsage) and v.weight is p:
+            h, h2 = _common(u.g, v.g)
+            same = (idx.unsqueeze(2) == v.idx.to(torch.int64).unsqueeze(1)).to(h.dtype)
+            return kernels.per_example_dots(torch.bmm(h, h2.transpose(1, 2)), same) * scale
+        if not _plain_linear(v, p) or tuple(p.shape) != (v.g.shape[2], v.a.shape[2]):
+            return None
+        assert isinstance(v, LinearUsage)
+        if v._per_example_weight is not None:
+            h, m = _common(u.g, v._per_example_weight)
+            rows = torch.gather(m, 1, idx.unsqueeze(2).expand(batch, positions, m.shape[2]))
+            return kernels.per_example_dots(rows, h) * scale
+        h, x, gy = _common(u.g, v.a, v.g)
+        inner = torch.bmm(x, h.transpose(1, 2))  # (B, S, T): x_s . h_t
+        gathered = torch.gather(gy, 2, idx.unsqueeze(1).expand(batch, gy.shape[1], positions))
+        return kernels.per_example_dots(inner, gathered.contiguous()) * scale
+    if _plain_linear(u, p) and _plain_linear(v, p):
+        assert isinstance(u, LinearUsage) and isinstance(v, LinearUsage)
+        if u._per_example_weight is not None and v._per_example_weight is not None:
+            m1, m2 = _common(u._per_example_weight, v._per_example_weight)
+            return kernels.per_example_dots(m1, m2) * scale
+        x1, g1, x2, g2 = _common(u.a, u.g, v.a, v.g)
+        return kernels.per_example_dots(torch.bmm(g1, g2.transpose(1, 2)),
+                                        torch.bmm(x1, x2.transpose(1, 2))) * scale
+    return None
+
+
+def tied_sq_norm(p: torch.nn.Parameter, usages: list[Usage]) -> torch.Tensor | None:
+    """||sum_u g_i^u(p)||^2 for every example, float64 (B,), for a parameter used by several
+    usages: sum_u ||g_i^u||^2 + 2 sum_{u < v} <g_i^u, g_i^v> (:func:`tied_cross_dot`), clamped
+    at 0 against round-off (a NaN stays NaN). None when a pair is not covered."""
+    pairs = [(u, v) for k, u in enumerate(usages) for v in usages[k + 1:]]
+    if not all(_cross_covered(u, v, p) for u, v in pairs):
+        return None
+    norms = [u.sq_norm(p) for u in usages]  # first: a usage may materialise its gradients
+    crosses = [tied_cross_dot(u, v, p) for u, v in pairs]
+    total = norms[0]
+    for n in norms[1:]:
+        total = total + n
+    for c in crosses:
+        assert c is not None
+        total = total + 2.0 * c
+    return total.clamp_min(0.0)
