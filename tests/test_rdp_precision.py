@@ -72,3 +72,52 @@ def test_fractional_orders_fast_corners(q: float, sigma: float, alpha: float) ->
 )
 def test_fractional_orders_slow_corners(q: float, sigma: float, alpha: float) -> None:
     check(q, sigma, alpha)
+
+
+# Each quadrature the core may use for a fractional order, held to the goal on its own:
+# method 1 = the trapezoidal rule alone (NaN where it cannot certify), 2 = adaptive
+# Gauss-Kronrod alone, forced at integer orders where the reference is the exact 50-digit
+# binomial sum (method 0, the default, takes the trapezoidal rule where it certifies).
+QUADRATURE_SETTINGS = list(
+    itertools.product(
+        [1e-6, 0.004, 0.02, 0.1, 0.5, 0.999], [0.45, 0.8, 1.1, 4.0, 100.0], [2.0, 3.0, 9.0, 20.0]
+    )
+)
+
+
+def check_quadrature(q: float, sigma: float, alpha: float, method: int) -> None:
+    from dpsharp._native import core
+
+    log_am1 = core.rdp_poisson_gaussian_log_a_minus_one(q, sigma, alpha, True, method)
+    assert np.isfinite(log_am1), (q, sigma, alpha, method)  # each certifies on these settings
+    with mpmath.workdps(60):
+        ours = mpmath.log1p(mpmath.exp(mpmath.mpf(log_am1))) / (alpha - 1)
+    ref = reference_rdp(q, sigma, alpha)
+    assert abs(ours - ref) <= TOLERANCE * ref, (q, sigma, alpha, method, float(ours), ref)
+
+
+@pytest.mark.parametrize(("q", "sigma", "alpha"), QUADRATURE_SETTINGS)
+@pytest.mark.parametrize("method", [1, 2])
+def test_each_quadrature_against_the_binomial_sum(
+    q: float, sigma: float, alpha: float, method: int
+) -> None:
+    check_quadrature(q, sigma, alpha, method)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("q", "sigma", "alpha"),
+    [(256 / 60000, 1.1, 9.3), (0.02, 0.8, 2.25), (0.01, 4.0, 16.5), (0.1, 0.5, 19.5)],
+)
+@pytest.mark.parametrize("method", [1, 2])
+def test_each_quadrature_at_fractional_orders(
+    q: float, sigma: float, alpha: float, method: int
+) -> None:
+    check_quadrature(q, sigma, alpha, method)
+
+
+def test_quadrature_method_is_validated() -> None:
+    from dpsharp._native import core
+
+    with pytest.raises(ValueError, match="method"):
+        core.rdp_poisson_gaussian_log_a_minus_one(0.01, 1.0, 2.5, True, 3)

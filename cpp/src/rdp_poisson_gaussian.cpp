@@ -13,11 +13,16 @@
 // Integer alpha: the binomial expansion (MTZ Section 3.3) with the "- 1" folded into each term,
 //   A - 1 = sum_{k=2}^{alpha} C(alpha, k) (1-q)^(alpha-k) q^k expm1(k (k-1) / (2 sigma^2)),
 // all terms >= 0, summed in log space.
-// Fractional alpha: adaptive Gauss-Kronrod (7/15) quadrature in t = z / sigma of
+// Fractional alpha: quadrature in t = z / sigma of
 //   phi(t) g(u),  g(u) = beta * [(1+u) log(1+u) - u] + (1+u) * e1(beta log(1+u)),
 // beta = alpha - 1, e1(x) = expm1(x) - x. Both brackets are >= 0 for every u > -1, so g is
-// evaluated without cancellation (each bracket by its Taylor series near 0). The quadrature
-// carries its error estimate; if it cannot certify the target precision it returns +inf.
+// evaluated without cancellation (each bracket by its Taylor series near 0). First the
+// trapezoidal rule on the whole line (the integrand is analytic in the strip |Im t| < pi sigma
+// and decays like a Gaussian, so the rule converges geometrically in 1/h: Trefethen and
+// Weideman 2014, "The exponentially convergent trapezoidal rule", Section 5), truncated where
+// proven tail bounds are negligible; where it does not settle within a few halvings of the
+// step, adaptive Gauss-Kronrod (7/15) quadrature. Either carries its error estimate; if neither
+// can certify the target precision the order gets +inf.
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -221,9 +226,10 @@ std::vector<std::pair<double, double>> modes_of_envelope(const Integrand& f) {
   return modes;
 }
 
-// log(A - 1) by adaptive quadrature, or +inf if the precision cannot be certified.
-double log_a_minus_one_quadrature(double q, double sigma, double alpha) {
-  const Integrand f(q, sigma, alpha);
+// log(A - 1) by adaptive Gauss-Kronrod quadrature, or +inf if the precision cannot be
+// certified.
+double log_a_minus_one_kronrod(const Integrand& f) {
+  const double sigma = f.sigma, alpha = f.alpha;
   // The integrand is negligible outside [-40, alpha/sigma + 40]: left of t = 1/(2 sigma) it is
   // at most phi(t) alpha q; right of alpha/sigma it is below phi(t)(1+u)^alpha, whose log has
   // derivative <= alpha/sigma - t, so it falls by > 800 nats within 40 units.
@@ -285,6 +291,132 @@ double log_a_minus_one_quadrature(double q, double sigma, double alpha) {
     pieces[worst] = integrate_piece(f, split.a, mid);
     pieces.push_back(integrate_piece(f, mid, split.b));
   }
+}
+
+// log(A - 1) by the trapezoidal rule on a uniform grid t_k = k h, or NaN where the rule does
+// not certify the target precision here (the caller then integrates adaptively).
+//
+// Truncation, with proven bounds on what is left out (each must be below e^-40 of the sum):
+//  * left of t_L <= min(0, 1/(2 sigma)): there u in (-q, 0], and by Taylor's theorem
+//    (1+u)^alpha - 1 - alpha u = alpha (alpha-1)/2 (1+xi)^(alpha-2) u^2 for some xi in [u, 0],
+//    so the integrand is at most phi(t) C_L, C_L = alpha (alpha-1)/2 q^2 max(1, (1-q)^(alpha-2)),
+//    and the tail at most C_L Phi(t_L);
+//  * right of t_R >= 1/(2 sigma): there u > 0, the integrand is at most
+//    e^{h(t)} = phi(t) (1 - q + q e^{s(t)})^alpha, and log(1 - q + q e^s) grows with slope
+//    p <= 1 in s = t/sigma - 1/(2 sigma^2), so h(t_R + x) <= h(t_R) - x^2/2 + (alpha/sigma - t_R) x
+//    and the tail is at most e^{h(t_R)} sqrt(2 pi) e^{c^2/2} Phi(c), c = alpha/sigma - t_R.
+// The grid is walked outwards from 0 until both bounds are below e^-50 of the largest value seen
+// and every peak of the integrand's envelope (modes_of_envelope) is inside.
+//
+// Discretisation: the sums with steps 2h and h are compared; the rule's error falls like
+// e^{-2 pi d / h} (d: the half-width of the strip of analyticity), so halving h squares the
+// relative error, and a difference below 1e-10 of the sum leaves the finer sum ~1e-20 from the
+// integral. Otherwise h is halved (midpoints added) up to three times.
+double log_a_minus_one_trapezoid(const Integrand& f) {
+  constexpr std::size_t kMaxPoints = 1200;  // beyond, adaptive Gauss-Kronrod is cheaper
+  constexpr double kWalkMargin = 50.0;      // nats below the largest value: the tails' share
+  constexpr double kTailMargin = 40.0;      // what the tail bounds must be below at the end
+  constexpr double kSettled = 1e-10;        // relative difference of the 2h and h sums
+  const double sigma = f.sigma, alpha = f.alpha, q = f.q;
+  const double zero_at = f.shift * sigma;  // t = 1/(2 sigma): u = 0
+  double right_from = zero_at, left_from = std::min(0.0, zero_at);
+  for (const auto& mode : modes_of_envelope(f)) {
+    right_from = std::max(right_from, mode.first);
+    left_from = std::min(left_from, mode.first);
+  }
+  const double log_left_constant = std::log(alpha * (alpha - 1.0) * 0.5) + 2.0 * f.log_q +
+                                   std::max(0.0, (alpha - 2.0) * f.log_1mq);
+  auto log_left_tail = [&](double t) { return log_left_constant + log_normal_cdf(t); };
+  const double alpha_over_sigma = alpha / sigma;
+  auto log_right_tail = [&](double t) {
+    const double s = t * f.inv_sigma - f.shift;
+    const double log_mixture =
+        s < 0.0 ? std::log1p(q * std::expm1(s))
+                : s + f.log_q + std::log1p(std::exp(f.log_1mq - f.log_q - s));
+    const double c = alpha_over_sigma - t;
+    // h(t) + log(sqrt(2 pi) e^{c^2/2} Phi(c)); the two log(sqrt(2 pi)) cancel
+    return -0.5 * t * t + alpha * log_mixture + 0.5 * c * c + log_normal_cdf(c);
+  };
+  // The singularities nearest the real axis (1 - q + q e^s = 0) are at Im t = pi sigma; a step
+  // of 0.3 sigma (at most 0.4) makes the first comparison settle for the usual orders.
+  double h = std::min(0.3 * sigma, 0.4);
+  std::vector<double> right_values{f(0.0)};
+  std::vector<double> left_values;
+  double log_max = right_values[0];
+  for (long k = 1;; ++k) {
+    const double t = static_cast<double>(k) * h;
+    const double v = f(t);
+    right_values.push_back(v);
+    log_max = std::max(log_max, v);
+    if (t >= right_from && log_right_tail(t) < log_max - kWalkMargin) break;
+    if (right_values.size() > kMaxPoints) return kNaN;
+  }
+  for (long k = 1;; ++k) {
+    const double t = -static_cast<double>(k) * h;
+    const double v = f(t);
+    left_values.push_back(v);
+    log_max = std::max(log_max, v);
+    if (t <= left_from && log_left_tail(t) < log_max - kWalkMargin) break;
+    if (left_values.size() + right_values.size() > kMaxPoints) return kNaN;
+  }
+  if (!std::isfinite(log_max)) return kNaN;
+  const auto n_left = static_cast<long>(left_values.size());
+  const auto n_right = static_cast<long>(right_values.size()) - 1;
+  // sums of exp(v - log_max) on the grid of step h (fine) and on its even points (step 2h)
+  double fine = 0.0, coarse = 0.0;
+  for (std::size_t i = 0; i < right_values.size(); ++i) {
+    const double e = std::exp(right_values[i] - log_max);
+    fine += e;
+    if (i % 2 == 0) coarse += e;
+  }
+  for (std::size_t i = 0; i < left_values.size(); ++i) {
+    const double e = std::exp(left_values[i] - log_max);
+    fine += e;
+    if (i % 2 == 1) coarse += e;
+  }
+  double previous = 2.0 * h * coarse;
+  double current = h * fine;
+  double step = h;
+  std::size_t points = left_values.size() + right_values.size();
+  for (int halving = 0; !(std::fabs(current - previous) <= kSettled * current); ++halving) {
+    const long intervals = (n_left + n_right) << halving;
+    points += static_cast<std::size_t>(intervals);
+    if (halving == 3 || points > kMaxPoints) return kNaN;
+    const double start = -static_cast<double>(n_left) * h;
+    double midpoints = 0.0;
+    for (long i = 0; i < intervals; ++i) {
+      midpoints += std::exp(f(start + (static_cast<double>(i) + 0.5) * step) - log_max);
+    }
+    previous = current;
+    current = 0.5 * current + 0.5 * step * midpoints;
+    step *= 0.5;
+  }
+  if (!(current > 0.0) || !std::isfinite(current)) return kNaN;
+  const double log_sum = log_max + std::log(current);
+  const double log_tails = log_add_exp(log_left_tail(-static_cast<double>(n_left) * h),
+                                       log_right_tail(static_cast<double>(n_right) * h));
+  if (!(log_tails < log_sum - kTailMargin)) return kNaN;
+  return log_sum;
+}
+
+// log(A - 1) by quadrature: the trapezoidal rule where it certifies the precision, adaptive
+// Gauss-Kronrod elsewhere (QuadratureMethod::kAuto), or one of them alone.
+double log_a_minus_one_quadrature(double q, double sigma, double alpha,
+                                  QuadratureMethod method = QuadratureMethod::kAuto) {
+  const Integrand f(q, sigma, alpha);
+  // The walk of the trapezoidal rule spans about [-9, max(alpha, 1/2)/sigma + 9] with steps of
+  // 0.3 sigma (at most 0.4): where that is many points (small sigma, large alpha) the adaptive
+  // rule, which places its points where the mass is, is cheaper.
+  const double expected_points =
+      (std::max(alpha, 0.5) / sigma + 18.0) / std::min(0.3 * sigma, 0.4);
+  if (method == QuadratureMethod::kAuto && expected_points > 400.0) {
+    method = QuadratureMethod::kKronrod;
+  }
+  if (method != QuadratureMethod::kKronrod) {
+    const double value = log_a_minus_one_trapezoid(f);
+    if (!std::isnan(value) || method == QuadratureMethod::kTrapezoid) return value;
+  }
+  return log_a_minus_one_kronrod(f);
 }
 
 // log(A - 1) for integer alpha by the non-negative binomial sum.
@@ -398,13 +530,13 @@ void check_poisson(double q, double sigma) {
 }  // namespace
 
 double poisson_gaussian_log_a_minus_one(double q, double sigma, double order,
-                                        bool use_quadrature) {
+                                        bool use_quadrature, QuadratureMethod method) {
   check_poisson(q, sigma);
   check_order(order);
   if (q == 1.0) return log_expm1(order * (order - 1.0) * 0.5 / (sigma * sigma));
   if (!shift_is_finite(sigma)) return kInf;
   if (!use_quadrature && order == std::floor(order)) return log_a_minus_one_binomial(q, sigma, order);
-  return log_a_minus_one_quadrature(q, sigma, order);
+  return log_a_minus_one_quadrature(q, sigma, order, method);
 }
 
 void poisson_gaussian(double q, double sigma, const double* orders, std::size_t n, double* out) {

@@ -115,9 +115,34 @@ def rdp_poisson_gaussian(
     """RDP of the Poisson-subsampled Gaussian (add/remove one) at each order."""
 
 def rdp_poisson_gaussian_log_a_minus_one(
-    sampling_probability: float, noise_multiplier: float, order: float, use_quadrature: bool = False
+    sampling_probability: float,
+    noise_multiplier: float,
+    order: float,
+    use_quadrature: bool = False,
+    method: int = 0,
 ) -> float:
-    """log(A_alpha - 1) of the Poisson-subsampled Gaussian."""
+    """log(A_alpha - 1) of the Poisson-subsampled Gaussian; method (quadrature only): 0 = the
+    trapezoidal rule where it certifies, else Gauss-Kronrod; 1 = trapezoidal only (NaN where it
+    cannot certify); 2 = Gauss-Kronrod only."""
+
+def rdp_convex_lower_bound(
+    points: npt.ArrayLike, log_moment: npt.ArrayLike, at: npt.ArrayLike
+) -> np.ndarray:
+    """Lower bound on a convex, non-decreasing K with K(1) = 0 from its values at points."""
+
+def rdp_search_orders(
+    points: npt.ArrayLike,
+    grid_at: npt.ArrayLike,
+    orders: npt.ArrayLike,
+    integer: npt.ArrayLike,
+    terms: list[tuple[float, np.ndarray, float, float, float, bool]],
+    target: float,
+    kind: int,
+    want_delta: bool,
+    fractional_per_round: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(known mask over the grid, composed curve at the known orders) of an RDP answer; lazy
+    terms' values are evaluated in place where the answer needs them."""
 
 def rdp_gaussian(noise_multiplier: float, orders: npt.ArrayLike) -> np.ndarray:
     """RDP of the Gaussian mechanism."""

@@ -243,7 +243,7 @@ def delta_from_rdp(
 # --------------------------------------------------------------------------- lazy evaluation
 # An (epsilon, delta) answer needs the curve only at the optimal order: every other order only
 # has to be shown to be no better. The fractional orders of the Poisson-subsampled Gaussian are
-# integrated numerically and cost 20-40x an integer order, so an accountant evaluates them (and
+# integrated numerically and cost 10-40x an integer order, so an accountant evaluates them (and
 # the large integer orders) only where the answer needs them. The log moment
 # K(alpha) = (alpha - 1) D_alpha = log E_{mu_0}[(mu / mu_0)^alpha] is convex in alpha (Hoelder;
 # it is a log-moment generating function), K(1) = 0 and K >= 0, so K is non-decreasing on
@@ -254,17 +254,13 @@ def delta_from_rdp(
 # better than the best evaluated order is never evaluated: the minimum over the grid, and the
 # order where it is attained, are those of the full curve.
 
-# A finite stand-in for +inf in the per-order scores: arithmetic on infinities and NaNs takes a
-# slow path in the floating-point unit, and these arrays are small and hot.
-_NO_BOUND = 1e300
+# The rounds run in the compiled core (cpp/src/rdp_search.cpp: the bounds carry a relative
+# slack of 1e-7 for rounding, as evaluated values carry <= 1e-10 relative error, which a chord
+# extended past its points amplifies by extension / chord length).
 
-# Relative allowance for the rounding of the bounds: evaluated values carry <= 1e-10 relative
-# error, which a chord extended past its points amplifies by (extension / chord length).
-_BOUND_SLACK = 1e-7
-
-# Fractional orders evaluated per round of search_orders for a few curves: a round's
-# bookkeeping costs about as much as two quadratures, and the optimum's neighbours are usually
-# open together (with many curves a round costs little next to its quadratures: one per round).
+# Fractional orders evaluated per round of search_orders for a few curves: the optimum's
+# neighbours are usually open together (with many curves: one per round, each costing a
+# quadrature per curve).
 _FRACTIONAL_PER_ROUND = 2
 
 
@@ -294,18 +290,9 @@ class OrderPlan:
         self.eager_at = np.flatnonzero(integer & (self.points <= reach))
         #: Whether each grid order is an integer (cheap to evaluate).
         self.grid_integer = integer[self.grid_at]
-        self.points_minus_one = self.points - 1.0
-        # per-order constants of the conversions (per_order_score)
-        self.am1 = orders - 1.0
-        self.inv_am1 = 1.0 / self.am1
-        self.log_order = np.log(orders)
-        above = orders > 1.01  # the tight bounds hold above 1.01 only
-        log1p_minus_inv = np.log1p(-1.0 / orders)
-        #: log1p(-1/alpha) - log(alpha)/(alpha - 1), or _NO_BOUND
-        self.tight_offset = np.where(
-            above, log1p_minus_inv - self.log_order * self.inv_am1, _NO_BOUND
-        )
-        self.log1p_minus_inv = np.where(above, log1p_minus_inv, _NO_BOUND)
+        # the same for the compiled search (int64 indices, one byte per flag)
+        self.grid_at_int64 = np.ascontiguousarray(self.grid_at, dtype=np.int64)
+        self.grid_integer_uint8 = np.ascontiguousarray(self.grid_integer, dtype=np.uint8)
 
 
 _PLANS: dict[bytes, OrderPlan] = {}
@@ -398,46 +385,16 @@ def convex_lower_bound(
     with l1 < l0 < x < r0 < r1 the neighbouring points (1 counts as a point with K = 0) and
     s(a, b) the chord slope (K(b) - K(a)) / (b - a): by convexity the chord of [l1, l0]
     extended to the right and the chord of [r0, r1] extended to the left lie below K. A
-    missing neighbour contributes nothing.
+    missing neighbour contributes nothing. (The compiled core's bound, the one
+    :func:`search_orders` uses.)
     """
-    # padded with (0, 0) and (1, 0) on the left (a slope-0 chord: its term is K(l0) >= 0) and
-    # two copies of the last value on the right (no chord: masked); all arithmetic stays finite
-    last = float(log_moment[-1]) if points.size else 0.0
-    top = max(float(points[-1]) if points.size else 1.0, float(at.max())) + 1.0
-    known_x = np.concatenate(((0.0, 1.0), points, (top, top + 1.0)))
-    known_k = np.concatenate(((0.0, 0.0), log_moment, (last, last)))
-    right = np.searchsorted(known_x, at)  # known_x[right - 1] < at < known_x[right]
-    left = right - 1
-    x_l0, k_l0 = known_x[left], known_k[left]
-    x_r0, k_r0 = known_x[right], known_k[right]
-    from_left = k_l0 + (k_l0 - known_k[left - 1]) / (x_l0 - known_x[left - 1]) * (at - x_l0)
-    from_right = k_r0 - (known_k[right + 1] - k_r0) / (known_x[right + 1] - x_r0) * (x_r0 - at)
-    from_right = np.where(right + 1 < known_x.size - 2, from_right, 0.0)
-    return np.maximum(np.maximum(k_l0, from_left), from_right)
-
-
-def per_order_score(
-    plan: OrderPlan, index: npt.NDArray[np.intp], rdp: npt.NDArray[np.float64], target: float,
-    kind: int, *, want_delta: bool,
-) -> npt.NDArray[np.float64]:
-    """The per-order epsilon (``want_delta=False``, ``target`` = delta) or log delta
-    (``target`` = epsilon) of the conversions of :func:`epsilon_from_rdp` /
-    :func:`delta_from_rdp` at the grid orders ``plan.orders[index]``, before the minimum over
-    orders, for finite ``rdp``; non-decreasing in each D_alpha. Used only to decide which
-    orders need not be evaluated (the reported answer comes from the compiled conversion)."""
-    if not want_delta:
-        log_delta = math.log(target)
-        if kind == 0:
-            return rdp - log_delta * plan.inv_am1[index]
-        # below the KL threshold (delta^2 + expm1(-D) > 0) the order certifies epsilon = 0
-        score = rdp + plan.tight_offset[index] - log_delta * plan.inv_am1[index]
-        return np.where(rdp < -math.log1p(-target * target), 0.0, score)
-    if kind == 0:
-        return plan.am1[index] * (rdp - target)
-    with np.errstate(divide="ignore"):
-        kl = 0.5 * np.log1p(-np.exp(-rdp))  # -inf at D = 0
-    bound = plan.am1[index] * (rdp - target + plan.log1p_minus_inv[index]) - plan.log_order[index]
-    return np.fmin(kl, bound)
+    return np.asarray(
+        _core.rdp_convex_lower_bound(
+            np.asarray(points, dtype=np.float64),
+            np.asarray(log_moment, dtype=np.float64),
+            np.asarray(at, dtype=np.float64),
+        )
+    )
 
 
 CurveTerm = tuple[int, "LazyPoissonGaussianCurve | npt.NDArray[np.float64]"]
@@ -456,67 +413,25 @@ def search_orders(
     (``target`` = epsilon) no smaller than the best masked one, so the minimum over the masked
     orders is the minimum over the grid. Each round evaluates, in every lazy curve, the open
     integer orders (cheap binomial sums) and the few open fractional orders with the smallest
-    lower bounds.
+    lower bounds. The rounds run in the compiled core (cpp/src/rdp_search.cpp), which writes
+    what it evaluates into the lazy curves' values (so the process-wide cache keeps them).
     """
-    lazy = [(count, curve) for count, curve in terms if isinstance(curve, LazyPoissonGaussianCurve)]
-    grid_at = plan.grid_at
-    fixed = np.zeros(plan.orders.size)
+    core_terms = []
+    lazy = 0
     for count, curve in terms:
-        if not isinstance(curve, LazyPoissonGaussianCurve):
-            fixed = fixed + count * curve
-    floor = math.fsum(count * curve.floor for count, curve in lazy)
-    while True:
-        known_points = ~np.isnan(lazy[0][1].values) if lazy else np.ones(plan.points.size, bool)
-        for _, curve in lazy[1:]:
-            known_points &= ~np.isnan(curve.values)
-        known = known_points[grid_at]
-        at_known = grid_at[known]
-        total = np.zeros(at_known.size)
-        for count, curve in terms:
-            if isinstance(curve, LazyPoissonGaussianCurve):
-                total = total + count * curve.values[at_known]
-            else:
-                total = total + count * curve[known]
-        unknown = np.flatnonzero(~known)
-        if unknown.size == 0:
-            return known, total
-        finite = np.isfinite(total)
-        scores = per_order_score(
-            plan, np.flatnonzero(known)[finite], total[finite], target, kind, want_delta=want_delta
-        )
-        best = float(scores.min()) if scores.size else math.inf
-        if (best <= 0.0 and not want_delta) or best == -math.inf:
-            return known, total  # nothing beats a zero epsilon / a zero delta
-        at_points = np.flatnonzero(known_points)
-        log_moment = np.zeros(at_points.size)
-        for count, curve in lazy:  # bounds only: any order of summation
-            log_moment += count * curve.values[at_points]
-        usable = np.isfinite(log_moment)  # a failed (+inf) evaluation bounds nothing
-        at_points = at_points[usable]
-        log_moment = log_moment[usable] * plan.points_minus_one[at_points]
-        at = plan.orders[unknown]
-        lower_k = convex_lower_bound(plan.points[at_points], log_moment, at)
-        lower_rdp = np.maximum(lower_k * plan.inv_am1[unknown], floor) + fixed[unknown]
-        bounded = np.isfinite(lower_rdp)  # an order where a fixed curve is +inf: never better
-        lower = np.full(unknown.size, _NO_BOUND)
-        lower[bounded] = per_order_score(
-            plan, unknown[bounded], lower_rdp[bounded], target, kind, want_delta=want_delta
-        )
-        slack = _BOUND_SLACK * np.abs(lower_rdp) * (plan.am1[unknown] if want_delta else 1.0)
-        open_ = np.flatnonzero(lower - np.where(bounded, slack, 0.0) < best)
-        if open_.size == 0:
-            return known, total
-        candidates = unknown[open_]
-        integer = plan.grid_integer[candidates]
-        # every open integer order (about a microsecond each) and the open fractional orders
-        # with the smallest lower bounds (with many curves a round is cheap next to its
-        # quadratures: one fractional order per round)
-        per_round = _FRACTIONAL_PER_ROUND if len(lazy) <= 4 else 1
-        fractional = np.flatnonzero(~integer)
-        best_fractional = fractional[np.argsort(lower[open_][fractional])[:per_round]]
-        index = grid_at[np.concatenate([candidates[integer], candidates[best_fractional]])]
-        for _, curve in lazy:
-            curve.ensure(index)
+        if isinstance(curve, LazyPoissonGaussianCurve):
+            lazy += 1
+            core_terms.append((float(count), curve.values, curve.q, curve.sigma, curve.floor, True))
+        else:
+            values = np.ascontiguousarray(curve, dtype=np.float64)
+            core_terms.append((float(count), values, 0.0, 0.0, 0.0, False))
+    # with many curves a round is cheap next to its quadratures: one fractional order per round
+    per_round = _FRACTIONAL_PER_ROUND if lazy <= 4 else 1
+    known, total = _core.rdp_search_orders(
+        plan.points, plan.grid_at_int64, plan.orders, plan.grid_integer_uint8, core_terms,
+        float(target), kind, want_delta, per_round,
+    )
+    return np.asarray(known), np.asarray(total)
 
 
 def convert_found(

@@ -31,10 +31,16 @@ inline constexpr double kTargetRelativeError = 1e-10;
 void poisson_gaussian(double sampling_probability, double noise_multiplier, const double* orders,
                       std::size_t n, double* out);
 
+// Which quadrature integrates a fractional order: the trapezoidal rule where it certifies the
+// precision and adaptive Gauss-Kronrod elsewhere (kAuto, what poisson_gaussian uses), or one
+// of them alone (kTrapezoid returns NaN where it cannot certify).
+enum class QuadratureMethod { kAuto = 0, kTrapezoid = 1, kKronrod = 2 };
+
 // log(A_alpha - 1) for one order (the quantity both methods compute; exposed for testing).
 // `use_quadrature` forces the quadrature also for integer orders.
 double poisson_gaussian_log_a_minus_one(double sampling_probability, double noise_multiplier,
-                                        double order, bool use_quadrature);
+                                        double order, bool use_quadrature,
+                                        QuadratureMethod method = QuadratureMethod::kAuto);
 
 // Plain Gaussian mechanism: D_alpha = alpha / (2 sigma^2) (Mironov 2017, Proposition 7).
 void gaussian(double noise_multiplier, const double* orders, std::size_t n, double* out);
