@@ -359,3 +359,15 @@ def test_infinite_and_nan_entries_follow_the_examples():
     assert result.passed and result.layers == 1
     found = probe_batch(TransposedInside(), (torch.randn(SEQ, SEQ, 4),), mixing=False)
     assert "dimension 1" in found.batch_dimension and found.cross_example is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_models(dtype):
+    """Half precision rounds at 5e-4 / 4e-3: the comparison allows four units of it, which
+    still tells a sequence-first layer (its rows move by whole examples)."""
+    torch.manual_seed(0)
+    x = torch.randn(SEQ, SEQ, 4, generator=torch.Generator().manual_seed(4)).to(dtype)
+    assert "dimension 1" in probe_batch(TransposedInside().to(dtype), (x,)).batch_dimension
+    plain = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 2)).to(dtype)
+    assert probe_batch(plain, (x,)).passed
+    assert probe_batch(BatchCentred().to(dtype), (x[:, 0],)).cross_example is not None

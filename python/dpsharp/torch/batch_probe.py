@@ -37,8 +37,11 @@ transposes) has B entries:
   examples).
 
 Entries are compared to a relative tolerance of 1e-4 of the largest magnitude in the tensor
-(float32 results of one example can differ in the last bits with its place in the batch);
-a leak smaller than that goes unseen. An input without B entries in the batch dimension and
+(four units of rounding for float16 and bfloat16, whose results of one example can differ in
+the last bits with its place in the batch); a leak smaller than that goes unseen (in
+bfloat16, ``x - x.mean(0)`` moves the other examples' rows by about 1 / B of an example's
+spread, which is below the tolerance from B of about 64 on: half-precision models are best
+probed once in float32). An input without B entries in the batch dimension and
 with no other dimension following the swap is not about the examples and is skipped. If a
 tensor argument whose first two dimensions are both B (possibly a shared (B, B) mask) was
 permuted, a failure is confirmed by probing again with each such tensor (then all of them)
@@ -182,7 +185,9 @@ def _close(a: Any, b: Any) -> bool:
         return False
     magnitude = torch.where(torch.isfinite(a64), a64.abs(), torch.zeros_like(a64))
     scale = float(magnitude.max())
-    return float(difference.max()) <= _RELATIVE_TOLERANCE * scale
+    # half precision rounds at 4e-3 (bfloat16) / 5e-4 (float16): four units of it
+    tolerance = max(_RELATIVE_TOLERANCE, 4.0 * torch.finfo(a.dtype).eps)
+    return float(difference.max()) <= tolerance * scale
 
 
 @contextlib.contextmanager
