@@ -255,6 +255,7 @@ BAD_VALUES: dict[str, list[object]] = {
     "array_delta": COMMON_BAD + [0.0, 1.0] + ARRAY_FORMS + [[NAN]],  # (0, 1)
     "list_epsilon": [True, None, [True], ["0.5"], [None], [NAN], [-1.0], [INF]],
     "list_delta": [True, None, [True], ["0.5"], [None], [NAN], [-0.1], [1.0]],
+    "list_probability": [True, None, [True], ["0.5"], [None], [NAN], [-0.1], [1.5]],
     "list_count": [True, [True], ["1"], [2.5], [-1], [None]],
 }
 
@@ -329,6 +330,18 @@ ENTRIES: list[Entry] = [
     Entry("SingleEpochTreeAggregation", events.SingleEpochTreeAggregation,
           {"noise_multiplier": 1.0, "step_counts": (3, 4)},
           {"noise_multiplier": "positive", "step_counts": "count1"}),
+    Entry("GaussianMixture", events.GaussianMixture,
+          {"noise_multiplier": 1.0, "sensitivities": (1.0,), "probabilities": (1.0,)},
+          {"noise_multiplier": "positive", "sensitivities": "list_epsilon",
+           "probabilities": "list_probability"}),
+    Entry("ReplaceOnePoissonSampledGaussian", events.ReplaceOnePoissonSampledGaussian,
+          {"noise_multiplier": 1.0, "sampling_probability": 0.1},
+          {"noise_multiplier": "positive", "sampling_probability": "probability"}),
+    Entry("TruncatedPoissonSampledGaussian", events.TruncatedPoissonSampledGaussian,
+          {"noise_multiplier": 1.0, "sampling_probability": 0.1, "dataset_size": 100,
+           "max_batch_size": 10},
+          {"noise_multiplier": "positive", "sampling_probability": "probability",
+           "dataset_size": "count1", "max_batch_size": "count1"}),
     Entry("PureDP", dpsharp.PureDP, {"epsilon": 1.0}, {"epsilon": "positive"}),
     Entry("PoissonTuning", dpsharp.PoissonTuning, {"base": Gaussian(1.0), "mean": 3.0},
           {"mean": "positive"}),

@@ -316,7 +316,8 @@ def test_bad_queries_and_events() -> None:
     with pytest.raises(ValueError, match="alphas"):
         acc.tradeoff([0.5, 1.5])
     with pytest.raises(UnsupportedEventError):
-        acc.compose(PoissonSampled(Laplace(1.0), 0.1))
+        # Poisson sampling is analysed for an inner Gaussian or Laplace mechanism only
+        acc.compose(PoissonSampled(Repeated(Gaussian(1.0), 2), 0.1))
     with pytest.raises(UnsupportedEventError):
         acc.compose(SampledWithoutReplacement(Gaussian(1.0), 10, 100))  # needs replace_one
     with pytest.raises(TypeError):

@@ -46,6 +46,9 @@ Which events are valid under which relation (``Event.neighbourings``)
 * ``Shuffled`` (one epoch of random reshuffling): zero-out and replace one, never add/remove
   (see :class:`Shuffled` for the proof sketch and the counterexample).
 * ``Composed``, ``Repeated``: valid under every relation; children under the same relation.
+* ``GaussianMixture``: add/remove and zero-out; ``ReplaceOnePoissonSampledGaussian``: replace
+  one only (the replace-one analysis of Poisson sampling); ``TruncatedPoissonSampledGaussian``:
+  add/remove only (see each class for its pair and proof).
 
 An accountant stated under relation R accepts an event when R is in the ``neighbourings`` of
 the event and, recursively, of every sub-event under the relation its parent analyses it under
@@ -75,15 +78,18 @@ __all__ = [
     "DiscreteLaplace",
     "Event",
     "Gaussian",
+    "GaussianMixture",
     "Laplace",
     "Neighbouring",
     "PoissonSampled",
     "RELATION_WORDS",
     "RandomizedResponse",
     "Repeated",
+    "ReplaceOnePoissonSampledGaussian",
     "SampledWithoutReplacement",
     "Shuffled",
     "SingleEpochTreeAggregation",
+    "TruncatedPoissonSampledGaussian",
     "ZCDP",
     "event_from_dict",
     "event_to_dict",
@@ -732,3 +738,202 @@ class SingleEpochTreeAggregation(Event):
     def equivalent_noise_multiplier(self) -> float:
         """sigma / sqrt(d): the Gaussian mechanism this release is, per record."""
         return self.noise_multiplier / math.sqrt(self.depth)
+
+
+def _require_tuple(name: str, values: object) -> tuple[object, ...]:
+    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+        raise TypeError(f"{name} must be a sequence of real numbers, got {values!r}")
+    return tuple(values)
+
+
+@register_event_type
+@dataclass(frozen=True)
+class GaussianMixture(Event):
+    """The mixture-of-Gaussians mechanism: a release whose laws on neighbouring datasets are
+    (up to post-processing) P = sum_i p_i N(c_i, s^2) on the dataset holding the record and
+    Q = N(0, s^2) on the one without it, with s = ``noise_multiplier``, c_i = ``sensitivities``
+    (>= 0) and p_i = ``probabilities`` (summing to 1), all relative to the sensitivity of the
+    released query under the relation of the analysis (Choquette-Choo, Ganesh, Steinke,
+    Thakurta 2023, "Privacy Amplification for Matrix Mechanisms": a record that contributes
+    c_i times, with probability p_i independent of the data). Both orders (remove: P against Q;
+    add: Q against P) are accounted. With one non-zero c it is the Poisson-sampled Gaussian of
+    multiplier s / c and rate the total probability of c.
+
+    The privacy loss of the remove pair, log sum_i p_i e^{(c_i x - c_i^2 / 2) / s^2}, is
+    non-decreasing in x (c_i >= 0), so the tight accountant discretises it with a certified
+    bound (:mod:`dpsharp.accountants._pld_continuous`). Valid under add/remove and zero-out
+    (the null record contributes 0 whatever its participation, as for ``PoissonSampled``);
+    not under replace one.
+    """
+
+    noise_multiplier: float
+    sensitivities: tuple[float, ...]
+    probabilities: tuple[float, ...]
+
+    neighbourings: ClassVar[tuple[Neighbouring, ...] | None] = (
+        Neighbouring.ADD_REMOVE,
+        Neighbouring.ZERO_OUT,
+    )
+    neighbouring: ClassVar[Neighbouring | None] = Neighbouring.ADD_REMOVE
+    neighbouring_refusals: ClassVar[Mapping[Neighbouring, str]] = {
+        Neighbouring.REPLACE_ONE: (
+            "the mixture of Gaussians is analysed as the pair of a record's presence against "
+            "its absence (add/remove one, or zero-out)"
+        ),
+    }
+
+    def __post_init__(self) -> None:
+        _freeze_float(
+            self,
+            "noise_multiplier",
+            require_positive_finite("noise_multiplier", self.noise_multiplier),
+        )
+        raw_c = _require_tuple("sensitivities", self.sensitivities)
+        raw_p = _require_tuple("probabilities", self.probabilities)
+        if not raw_c or len(raw_c) != len(raw_p):
+            raise ValueError(
+                "sensitivities and probabilities must be non-empty and of the same length, got "
+                f"{len(raw_c)} and {len(raw_p)}"
+            )
+        sens = tuple(
+            _require_finite_non_negative(f"sensitivities[{i}]", c) for i, c in enumerate(raw_c)
+        )
+        if any(math.isinf(c) for c in sens):
+            raise ValueError(f"sensitivities must be finite, in [0, inf), got {raw_c!r}")
+        probs = tuple(
+            require_probability(f"probabilities[{i}]", p, allow_zero=True)
+            for i, p in enumerate(raw_p)
+        )
+        if abs(math.fsum(probs) - 1.0) > 1e-9:
+            raise ValueError(
+                f"probabilities must sum to 1 (within 1e-9), got sum {math.fsum(probs)!r}"
+            )
+        if not any(c > 0.0 and p > 0.0 for c, p in zip(sens, probs)):
+            raise ValueError(
+                "sensitivities must hold a value in (0, inf) with a probability in (0, 1]; a "
+                "mixture whose only sensitivity is 0 releases nothing"
+            )
+        object.__setattr__(self, "sensitivities", sens)
+        object.__setattr__(self, "probabilities", probs)
+
+
+@register_event_type
+@dataclass(frozen=True)
+class ReplaceOnePoissonSampledGaussian(Event):
+    """Poisson subsampling of a clipped sum under replace one: every record slot joins the
+    sample independently with probability q = ``sampling_probability``; the release is the sum
+    over the sample of per-record values of L2 norm at most C, plus N(0, (z 2C)^2 I), with
+    z = ``noise_multiplier`` relative to the replace-one sensitivity 2C (module docstring: a
+    sampled record contributes its value, an unsampled one 0).
+
+    Pair: condition on the other slots (the same in D and D'); the replaced slot is kept with
+    probability q and then contributes v or v' (||v||, ||v'|| <= C), so the laws are
+    (1 - q) N(0) + q N(v) against (1 - q) N(0) + q N(v'), dominated by the one-dimensional pair
+    P = (1 - q) N(0, z^2) + q N(-1/2, z^2), Q = (1 - q) N(0, z^2) + q N(1/2, z^2) (v = -v' of
+    norm C, in units of 2C; Zhu, Dong, Wang 2022, "Optimal Accounting of Differential Privacy
+    via Characteristic Function", Poisson subsampling under replace-one; Lebeda, Regehr,
+    Kamath, Steinke 2024, "Avoiding Pitfalls for Privacy Accounting of Subsampled Mechanisms
+    under Composition"). The pair is symmetric (x -> -x swaps P and Q), so one direction is
+    accounted; q = 1 is ``Gaussian(z)`` under replace one. dp-accounting 0.6.0's PLD accountant
+    analyses ``PoissonSampledDpEvent(q, GaussianDpEvent(2 z))`` under REPLACE_ONE with this pair.
+    Its privacy loss is non-increasing in x, and the tight accountant discretises it with a
+    certified bound (:mod:`dpsharp.accountants._pld_continuous`). Valid under replace one only.
+    """
+
+    noise_multiplier: float
+    sampling_probability: float
+
+    neighbourings: ClassVar[tuple[Neighbouring, ...] | None] = (Neighbouring.REPLACE_ONE,)
+    neighbouring: ClassVar[Neighbouring | None] = Neighbouring.REPLACE_ONE
+    neighbouring_refusals: ClassVar[Mapping[Neighbouring, str]] = {
+        Neighbouring.ADD_REMOVE: (
+            "this is the replace-one analysis of Poisson sampling; under add/remove one use "
+            "PoissonSampled(Gaussian(...), q)"
+        ),
+        Neighbouring.ZERO_OUT: (
+            "this is the replace-one analysis of Poisson sampling; under zero-out use "
+            "PoissonSampled(Gaussian(...), q)"
+        ),
+    }
+
+    def __post_init__(self) -> None:
+        _freeze_float(
+            self,
+            "noise_multiplier",
+            require_positive_finite("noise_multiplier", self.noise_multiplier),
+        )
+        _freeze_float(
+            self,
+            "sampling_probability",
+            require_probability("sampling_probability", self.sampling_probability),
+        )
+
+
+@register_event_type
+@dataclass(frozen=True)
+class TruncatedPoissonSampledGaussian(Event):
+    """Truncated Poisson subsampling of a clipped sum (Chua, Ghazi, Kamath, Kumar, Manurangsi,
+    Sinha, Zhang 2024, "Scalable DP-SGD: Shuffling vs. Poisson Subsampling"): each of the
+    ``dataset_size`` = n records joins the batch independently with probability q =
+    ``sampling_probability``; a batch larger than ``max_batch_size`` = B is cut to B records
+    chosen uniformly; the release is the batch's sum of values of L2 norm at most C plus
+    N(0, (sigma C)^2 I), sigma = ``noise_multiplier`` (relative to C, the add/remove
+    sensitivity). Analysed under add/remove one, with n the size of the dataset holding the
+    record.
+
+    Let K be the number of the other n - 1 records that join, K ~ Binom(n - 1, q), the same
+    law on both datasets and independent of the record. On K < B no truncation can involve
+    the record and the pair is the Poisson-sampled Gaussian's, ((1 - q) N(0) + q N(1), N(0))
+    in units of C (and the reverse). On K >= B, with probability t = P(K >= B), the record,
+    when kept, replaces another record of the batch, with q' = P(Binom(n, q) > B) B / (t n)
+    the probability that it is in the cut batch given K >= B; that branch is bounded by the
+    replace-one pair ((1 - q') N(0, (sigma/2)^2) + q' N(-1, (sigma/2)^2), (1 - q') N(0,
+    (sigma/2)^2) + q' N(1, (sigma/2)^2)) (Chua et al. 2024; the pair dp-accounting 0.6.0 uses).
+
+    Revealed-branch mixture. Let M' output (1[K >= B], M's output). M is a post-processing of
+    M' (drop the first coordinate), so every hockey-stick divergence of M is at most M''s
+    (the data-processing inequality), for one release and, releasing the branch of every step,
+    for every adaptive composition. The branch has the same law on both datasets, so M''s
+    privacy-loss distribution is the mixture with weights (1 - t, t) of the two branches'
+    loss distributions: its delta(eps) = (1 - t) delta_1(eps) + t delta_2(eps). The tight
+    accountant discretises that mixture with a certified bound
+    (:mod:`dpsharp.accountants._pld_continuous`). Valid under add/remove one only (under
+    zero-out the null record takes a place in the batch, a different pair).
+    """
+
+    noise_multiplier: float
+    sampling_probability: float
+    dataset_size: int
+    max_batch_size: int
+
+    neighbourings: ClassVar[tuple[Neighbouring, ...] | None] = (Neighbouring.ADD_REMOVE,)
+    neighbouring: ClassVar[Neighbouring | None] = Neighbouring.ADD_REMOVE
+    neighbouring_refusals: ClassVar[Mapping[Neighbouring, str]] = {
+        Neighbouring.ZERO_OUT: (
+            "truncated Poisson sampling is analysed under add/remove one (a null record "
+            "would take a place in the truncated batch)"
+        ),
+        Neighbouring.REPLACE_ONE: (
+            "truncated Poisson sampling is analysed under add/remove one here"
+        ),
+    }
+
+    def __post_init__(self) -> None:
+        _freeze_float(
+            self,
+            "noise_multiplier",
+            require_positive_finite("noise_multiplier", self.noise_multiplier),
+        )
+        _freeze_float(
+            self,
+            "sampling_probability",
+            require_probability("sampling_probability", self.sampling_probability),
+        )
+        object.__setattr__(
+            self, "dataset_size", require_count("dataset_size", self.dataset_size, minimum=1)
+        )
+        object.__setattr__(
+            self,
+            "max_batch_size",
+            require_count("max_batch_size", self.max_batch_size, minimum=1),
+        )

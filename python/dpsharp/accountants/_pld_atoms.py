@@ -51,6 +51,7 @@ __all__ = [
     "atoms_rdp",
     "atoms_variance",
     "discretise_atoms",
+    "place_atoms",
     "event_rdp",
     "leaf_key",
 ]
@@ -116,6 +117,24 @@ def discretise_atoms(
     """(offset, masses, infinity mass) of the leaf on the grid {k grid_step}: mass[i] at loss
     (offset + i) grid_step (module docstring: pessimistic split or optimistic round-down)."""
     losses, masses = atoms(mechanism, parameter, rate)
+    offset, out = place_atoms(losses, masses, grid_step, pessimistic)
+    return offset, out, 0.0
+
+
+def place_atoms(
+    losses: npt.NDArray[np.float64],
+    masses: npt.NDArray[np.float64],
+    grid_step: float,
+    pessimistic: bool,
+) -> tuple[int, npt.NDArray[np.float64]]:
+    """(offset, masses) of the finite atoms (``losses``, ``masses``) on the grid
+    {k grid_step}: mass[i] at loss (offset + i) grid_step. Pessimistic: each atom split
+    between its two neighbouring grid points with its mass and E[e^{-L}] kept (a
+    mean-preserving spread of e^{-L}); optimistic: each atom moved down to the grid point
+    below it (module docstring). Also used by :mod:`._pld_continuous` for the atoms it makes
+    of a continuous privacy loss."""
+    losses = np.asarray(losses, dtype=np.float64)
+    masses = np.asarray(masses, dtype=np.float64)
     h = float(grid_step)
     scaled = losses / h
     low = np.floor(scaled)
@@ -129,6 +148,8 @@ def discretise_atoms(
         index, weight = index[used], weight[used]
     else:
         index, weight = low, masses
+    if index.size == 0:
+        return 0, np.zeros(1)
     top = float(index.max())
     bottom = max(float(index.min()), top - (_MAX_POINTS - 1))
     if pessimistic:
@@ -137,9 +158,9 @@ def discretise_atoms(
         keep = index >= bottom
         index, weight = index[keep], weight[keep]  # non-negative terms leave the sum
     offset = int(bottom)
-    out = np.zeros(int(top - bottom) + 1)
-    np.add.at(out, (index - bottom).astype(np.int64), weight)
-    return offset, out, 0.0
+    size = int(top - bottom) + 1
+    out = np.bincount((index - bottom).astype(np.int64), weights=weight, minlength=size)
+    return offset, out
 
 
 def atoms_rdp(

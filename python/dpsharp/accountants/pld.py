@@ -66,6 +66,7 @@ from dpsharp._validation import (
     require_real_array,
 )
 from dpsharp.accountants import _pld_atoms as _atoms
+from dpsharp.accountants import _pld_continuous as _continuous
 from dpsharp.accountants import _pld_gaussian
 from dpsharp.accountants._pld_numerics import (
     ComposedPLD,
@@ -247,10 +248,12 @@ class PLDAccountant(Accountant):
         inner = leaf.event if isinstance(leaf, Shuffled) else leaf
         if isinstance(inner, (Gaussian, Laplace, SingleEpochTreeAggregation) + _atoms.ATOM_EVENTS):
             return None
+        if _continuous.is_leaf(inner):  # continuous monotone losses (_pld_continuous)
+            return None
         if isinstance(inner, PoissonSampled):
             if isinstance(inner.event, Gaussian):
                 return None
-            return "Poisson sampling is analysed for an inner Gaussian only"
+            return "Poisson sampling is analysed for an inner Gaussian or Laplace only"
         if isinstance(inner, SampledWithoutReplacement):
             if isinstance(inner.event, Gaussian):
                 return None
@@ -266,6 +269,8 @@ class PLDAccountant(Accountant):
             return _Leaf(_LAPLACE, inner.scale, 1.0)
         if isinstance(inner, _atoms.ATOM_EVENTS):
             return _Leaf(*_atoms.leaf_key(inner, self._neighbouring, direction))
+        if _continuous.is_leaf(inner):
+            return _Leaf(*_continuous.leaf_key(inner, self._neighbouring, direction))
         if isinstance(inner, SingleEpochTreeAggregation):  # its Gaussian (events.py)
             return _Leaf(_GAUSSIAN, inner.equivalent_noise_multiplier, 1.0)
         if isinstance(inner, PoissonSampled):
@@ -285,7 +290,9 @@ class PLDAccountant(Accountant):
             isinstance(leaf.event if isinstance(leaf, Shuffled) else leaf, PoissonSampled)
             and self._leaves(leaf, "remove").mechanism == _REMOVE
             for leaf in self._counts
-        ) or _atoms.asymmetric(self._counts, self._neighbouring)
+        ) or _atoms.asymmetric(self._counts, self._neighbouring) or _continuous.asymmetric(
+            self._counts, self._neighbouring
+        )
         return ["remove", "add"] if asymmetric else ["remove"]
 
     def _steps(self) -> int:
@@ -832,6 +839,8 @@ class PLDAccountant(Accountant):
             inner = leaf.event if isinstance(leaf, Shuffled) else leaf
             if isinstance(inner, Laplace) or isinstance(inner, _atoms.ATOM_EVENTS):
                 return math.inf
+            if _continuous.is_leaf(inner):
+                return math.inf
             if isinstance(inner, SingleEpochTreeAggregation):
                 total += count / inner.equivalent_noise_multiplier**2
                 continue
@@ -903,6 +912,8 @@ def _discretize(
     def one(key: _Leaf) -> list[DiscretePLD]:
         if key.mechanism in _atoms.ATOM_MECHANISMS:  # finitely many losses (_pld_atoms)
             return [finish(*_atoms.discretise_atoms(*key, grid_step, pessimistic))]
+        if key.mechanism in _continuous.CONTINUOUS_MECHANISMS:  # (_pld_continuous)
+            return [finish(*_continuous.discretise(*key, grid_step, tail, pessimistic))]
         return [
             finish(*_core.pld_discretize(
                 key.mechanism, key.parameter, key.rate, grid_step, tail, tail, pessimistic
@@ -942,6 +953,8 @@ def _discretize(
 
 #: Leaves per call of the batched discretisation (several batches keep both threads busy).
 _BATCH = 32
+#: Leaves whose parameters are never rounded by :func:`_quantized` (kept as they are).
+_KEPT_MECHANISMS = _atoms.ATOM_MECHANISMS + _continuous.CONTINUOUS_MECHANISMS
 
 
 def _quantized(leaves: list[_Leaf], precision: float, pessimistic: bool) -> list[_Leaf]:
@@ -959,7 +972,7 @@ def _quantized(leaves: list[_Leaf], precision: float, pessimistic: bool) -> list
     out: list[_Leaf] = []
     made: dict[tuple[int, float, float], _Leaf] = {}  # one object per distinct key
     for leaf, kind, noise, sampling in zip(leaves, grid.kind.tolist(), sigma, rate):
-        if leaf.mechanism == _LAPLACE or leaf.mechanism in _atoms.ATOM_MECHANISMS:
+        if leaf.mechanism == _LAPLACE or leaf.mechanism in _KEPT_MECHANISMS:
             out.append(leaf)
             continue
         triple = (int(kind), noise, sampling)
@@ -1010,7 +1023,7 @@ class _RoundingGrid:
 
     @classmethod
     def of(cls, leaves: _LeafColumns, precision: float, pessimistic: bool) -> _RoundingGrid:
-        laplace = np.isin(leaves.mechanism, (_LAPLACE,) + _atoms.ATOM_MECHANISMS)
+        laplace = np.isin(leaves.mechanism, (_LAPLACE,) + _KEPT_MECHANISMS)
         log_r = math.log1p(precision / 2.0)
         down, up = (np.floor, np.ceil) if pessimistic else (np.ceil, np.floor)
         sigma_index = np.where(laplace, leaves.parameter, down(leaves.log_parameter / log_r))
@@ -1091,6 +1104,8 @@ def _loss_variance(leaf: Event) -> float:
         return 1.0 / inner.scale**2
     if isinstance(inner, _atoms.ATOM_EVENTS):
         return _atoms.event_variance(inner)
+    if _continuous.is_leaf(inner):
+        return _continuous.event_variance(inner)
     if isinstance(inner, SingleEpochTreeAggregation):
         return 1.0 / inner.equivalent_noise_multiplier**2
     if isinstance(inner, Gaussian):

@@ -33,7 +33,10 @@ dp-accounting                         under ADD_OR_REMOVE_ONE          under REP
 ====================================  ===============================  ===========================
 GaussianDpEvent(s)                    Gaussian(s)                      Gaussian(s / 2)
 LaplaceDpEvent(b)                     Laplace(b)                       refused (see below)
-PoissonSampledDpEvent(q, e)           PoissonSampled(e', q)            refused (see below)
+PoissonSampledDpEvent(q, e)           PoissonSampled(e', q)            ReplaceOnePoissonSampled-
+(e Gaussian or Laplace)                                                Gaussian(s / 2, q) for e =
+                                                                       GaussianDpEvent(s); other
+                                                                       e refused (as in dp-acc.)
 SampledWithoutReplacementDpEvent      SampledWithoutReplacement(       the same
 (n, m, e)                             e'', m, dataset_size=n)
 SelfComposedDpEvent(e, k)             Repeated(e', k)                  Repeated(e', k)
@@ -52,6 +55,10 @@ SingleEpochTreeAggregationDpEvent     refused (as in dp-accounting)    refused u
                                                                        EpochTreeAggregation
 MixtureOfGaussiansDpEvent(s, c, p)    PoissonSampled(Gaussian(s / c),  refused (as in dp-acc.)
 with one non-zero sensitivity c       sum of p where c)
+MixtureOfGaussiansDpEvent(s, c, p)    GaussianMixture(s, c, p)         refused (as in dp-acc.)
+with several non-zero sensitivities
+TruncatedSubsampledGaussianDpEvent    TruncatedPoissonSampled-         refused (analysed under
+(n, q, B, s)                          Gaussian(s, q, n, B)             add/remove only here)
 ====================================  ===============================  ===========================
 
 A Gaussian composition inside a sampled event (``PoissonSampledDpEvent(q, ComposedDpEvent(
@@ -80,9 +87,17 @@ side and are never less conservative than dp-accounting:
   single meaning there. State the mechanism as ``dpsharp.Laplace(scale)`` (scale = Laplace
   scale / L1 sensitivity under replace-one) in ``dpsharp.accountant(..., neighbouring=
   "replace_one")``.
-* ``PoissonSampledDpEvent`` under REPLACE_ONE is refused: dpsharp analyses Poisson sampling
-  under add/remove only (dp-accounting's PLD has a replace-one analysis of a Poisson-sampled
-  Gaussian; dpsharp has none to translate it to).
+* ``PoissonSampledDpEvent(q, GaussianDpEvent(s))`` under REPLACE_ONE is dp-accounting's pair
+  (1 - q) N(0, s^2) + q N(-1, s^2) against (1 - q) N(0, s^2) + q N(1, s^2), dpsharp's
+  ``ReplaceOnePoissonSampledGaussian(s / 2, q)`` (accounted by the PLD adapter; the RDP
+  adapter has no replace-one analysis of Poisson sampling and refuses it). Any other sampled
+  event is refused under REPLACE_ONE, as dp-accounting refuses it.
+* The PLD adapter accounts the events whose privacy loss is continuous but not one of the
+  compiled core's (``GaussianMixture``, ``PoissonSampled(Laplace)``,
+  ``ReplaceOnePoissonSampledGaussian``, ``TruncatedPoissonSampledGaussian``) with the
+  certified discretisation of :mod:`dpsharp.accountants._pld_continuous`; the RDP adapter
+  refuses them (no RDP analysis of them here). ``TruncatedSubsampledGaussianDpEvent`` is
+  accepted under ADD_OR_REMOVE_ONE only (dp-accounting also takes the other relations).
 * ``NeighboringRelation.REPLACE_SPECIAL`` (a record replaced by a special record that adds
   zero to every released sum; Kairouz et al. 2021, Definition 1.1) is dpsharp's zero-out
   relation: the events convert as under ADD_OR_REMOVE_ONE (sensitivity C), as dp-accounting
@@ -98,9 +113,8 @@ side and are never less conservative than dp-accounting:
   record's released bucket uniform, as in dp-accounting (both directions, R(x) against the
   uniform law and the reverse, are accounted).
 
-Events with no dpsharp counterpart yet (Unsupported, TruncatedSubsampledGaussian, a mixture of
-Gaussians with several non-zero sensitivities, a Poisson-sampled Laplace mechanism)
-raise :class:`UnsupportedEventError` naming the event. ``NonPrivateDpEvent``, a zero noise
+Events with no dpsharp counterpart (``UnsupportedDpEvent``) raise
+:class:`UnsupportedEventError` naming the event. ``NonPrivateDpEvent``, a zero noise
 multiplier and a zero sampling probability are read as dp-accounting's accountants read them:
 the accountants then report epsilon = inf and delta = 1 (no noise), or nothing released
 (sampling probability 0); randomized response with one bucket and a mixture whose only
@@ -137,13 +151,16 @@ from dpsharp.events import (
     DiscreteLaplace,
     Event,
     Gaussian,
+    GaussianMixture,
     Laplace,
     Neighbouring,
     PoissonSampled,
     RandomizedResponse,
     Repeated,
+    ReplaceOnePoissonSampledGaussian,
     SampledWithoutReplacement,
     SingleEpochTreeAggregation,
+    TruncatedPoissonSampledGaussian,
     flatten,
 )
 from dpsharp.events import ZCDP
@@ -186,10 +203,10 @@ _LAPLACE_REPLACE_ONE = (
 )
 _POISSON_REPLACE_ONE = (
     "neighboring_relation must be `ADD_OR_REMOVE_ONE` or `REPLACE_SPECIAL` for "
-    "`PoissonSampledDpEvent`. Found NeighboringRelation.REPLACE_ONE. PoissonSampledDpEvent is "
-    "not analysed under REPLACE_ONE by dpsharp: Poisson sampling is "
-    "accounted under add/remove one (account the run with NeighboringRelation.ADD_OR_REMOVE_ONE), "
-    "and dpsharp has no replace-one analysis of Poisson sampling to translate dp-accounting's to"
+    "`PoissonSampledDpEvent` of a sub-event other than a Gaussian. Found "
+    "NeighboringRelation.REPLACE_ONE. Under REPLACE_ONE, Poisson sampling is analysed for a "
+    "Gaussian (or a composition of Gaussians) only, as in dp-accounting: "
+    "ReplaceOnePoissonSampledGaussian"
 )
 
 
@@ -243,8 +260,8 @@ def from_dp_event(event: Any, neighboring_relation: Any = None) -> Event:
     values of norm <= C, noise s C).
 
     Raises :class:`UnsupportedEventError` naming the first sub-event without a counterpart, or
-    without an unambiguous meaning under the relation (``LaplaceDpEvent`` and
-    ``PoissonSampledDpEvent`` under REPLACE_ONE), and ``ValueError`` / ``TypeError`` for an
+    without an unambiguous meaning under the relation (``LaplaceDpEvent`` and a sampled
+    non-Gaussian under REPLACE_ONE), and ``ValueError`` / ``TypeError`` for an
     invalid parameter (a noise multiplier must be a positive finite real number).
     """
     return _from(event, _relation(neighboring_relation), _dp())
@@ -265,8 +282,10 @@ def _from(event: Any, relation: Neighbouring, dp: Any) -> Event:
             event.sampling_probability,
         )
         if relation is Neighbouring.REPLACE_ONE:
-            raise _error_class()(f"{event!r}: {_POISSON_REPLACE_ONE}")
+            return _replace_one_poisson(event, rate, dp)
         return PoissonSampled(_effective_gaussian(_from(event.event, relation, dp)), rate)
+    if isinstance(event, dp.dp_event.TruncatedSubsampledGaussianDpEvent):
+        return _truncated_poisson(event, relation)
     if isinstance(event, dp.SampledWithoutReplacementDpEvent):
         # analysed under replace-one whatever the enclosing relation: the inner noise is read
         # relative to the replace-one sensitivity 2C
@@ -408,18 +427,51 @@ def _mixture_of_gaussians(event: Any, relation: Neighbouring) -> Event:
     support = {c for c, p in zip(sensitivities, probs) if c > 0 and p > 0}
     if not support:
         return Composed(())
-    if len(support) > 1:
-        raise _error_class()(
-            f"{event!r}: a mixture of Gaussians with several non-zero sensitivities has no "
-            "dpsharp counterpart yet (one non-zero sensitivity c is a Poisson-sampled Gaussian)"
-        )
-    (sensitivity,) = support
     sigma = require_positive_finite(
         "MixtureOfGaussiansDpEvent.standard_deviation", event.standard_deviation
     )
+    if len(support) > 1:
+        # the pair sum_i p_i N(c_i, s^2) against N(0, s^2): dpsharp's GaussianMixture
+        return GaussianMixture(sigma, tuple(sensitivities), tuple(probs))
+    (sensitivity,) = support
     rate = math.fsum(p for c, p in zip(sensitivities, probs) if c == sensitivity)
     inner = Gaussian(sigma / sensitivity)
     return inner if rate >= 1.0 else PoissonSampled(inner, rate)
+
+
+def _replace_one_poisson(event: Any, rate: float, dp: Any) -> Event:
+    """``PoissonSampledDpEvent(q, e)`` under REPLACE_ONE: for e a Gaussian (or a composition of
+    Gaussians, :func:`_effective_gaussian`) of multiplier s, dp-accounting's pair
+    (1 - q) N(0, s^2) + q N(-1, s^2) against (1 - q) N(0, s^2) + q N(1, s^2), which is
+    :class:`~dpsharp.events.ReplaceOnePoissonSampledGaussian` of multiplier s / 2 (relative to
+    the replace-one sensitivity 2C); q = 1 is the Gaussian. Any other inner event is refused,
+    as dp-accounting refuses it."""
+    inner = _effective_gaussian(_from(event.event, Neighbouring.REPLACE_ONE, dp))
+    if not isinstance(inner, Gaussian):
+        raise _error_class()(f"{event!r}: {_POISSON_REPLACE_ONE}")
+    if rate >= 1.0:
+        return inner
+    return ReplaceOnePoissonSampledGaussian(inner.noise_multiplier, rate)
+
+
+def _truncated_poisson(event: Any, relation: Neighbouring) -> Event:
+    """``TruncatedSubsampledGaussianDpEvent(n, q, B, s)`` as
+    :class:`~dpsharp.events.TruncatedPoissonSampledGaussian` (s, q, n, B), under
+    ADD_OR_REMOVE_ONE (the relation of its analysis here); a sampling probability, batch size
+    or dataset size of 0 releases nothing (as dp-accounting reads it)."""
+    _require_relation(event, relation, ("ADD_OR_REMOVE_ONE",))
+    n = _integer(event, "dataset_size", event.dataset_size, 0)
+    batch = _integer(event, "truncated_batch_size", event.truncated_batch_size, 0)
+    rate = event.sampling_probability
+    if not is_real_number(rate) or not 0 <= rate <= 1:
+        raise ValueError(
+            f"TruncatedSubsampledGaussianDpEvent.sampling_probability must be in [0, 1], got "
+            f"{rate!r}"
+        )
+    if n == 0 or batch == 0 or rate == 0:
+        return Composed(())
+    sigma = _noise(event, "noise_multiplier", event.noise_multiplier)
+    return TruncatedPoissonSampledGaussian(sigma, float(rate), n, batch)
 
 
 def _effective_gaussian(event: Event) -> Event:
@@ -509,6 +561,19 @@ def _to(event: Event, relation: Neighbouring, dp: Any) -> Any:
             raise _error_class()(f"{event!r} has no dp-accounting counterpart under REPLACE_ONE: "
                                  f"{_POISSON_REPLACE_ONE}")
         return dp.PoissonSampledDpEvent(event.sampling_probability, _to(event.event, relation, dp))
+    if isinstance(event, ReplaceOnePoissonSampledGaussian) and relation is Neighbouring.REPLACE_ONE:
+        return dp.PoissonSampledDpEvent(
+            event.sampling_probability, dp.GaussianDpEvent(event.noise_multiplier * shift)
+        )
+    if isinstance(event, GaussianMixture) and relation is not Neighbouring.REPLACE_ONE:
+        return dp.dp_event.MixtureOfGaussiansDpEvent(
+            event.noise_multiplier, list(event.sensitivities), list(event.probabilities)
+        )
+    if isinstance(event, TruncatedPoissonSampledGaussian) and relation is Neighbouring.ADD_REMOVE:
+        return dp.dp_event.TruncatedSubsampledGaussianDpEvent(
+            event.dataset_size, event.sampling_probability, event.max_batch_size,
+            event.noise_multiplier,
+        )
     if isinstance(event, SampledWithoutReplacement):
         return dp.SampledWithoutReplacementDpEvent(
             event.dataset_size, event.sample_size, _to(event.event, Neighbouring.REPLACE_ONE, dp)
@@ -592,6 +657,13 @@ def _zero_noise_event(event: Any, relation: Neighbouring, dp: Any) -> bool | Non
             return False
         return True if _is_zero(event.standard_deviation) else None
     if isinstance(event, dp.dp_event.SingleEpochTreeAggregationDpEvent) and name in _SPECIAL_ONLY:
+        return True if _is_zero(event.noise_multiplier) else None
+    if isinstance(event, dp.dp_event.TruncatedSubsampledGaussianDpEvent) and name == (
+        "ADD_OR_REMOVE_ONE"
+    ):
+        sizes = (event.sampling_probability, event.truncated_batch_size, event.dataset_size)
+        if any(_is_zero(value) for value in sizes):
+            return False
         return True if _is_zero(event.noise_multiplier) else None
     return None
 
