@@ -17,8 +17,10 @@ and the answers keep prv-accountant's conventions, with certified numbers:
   step and lands within a few percent of the exact epsilon; ``lower`` comes from the optimistic
   composition of one neighbouring direction on that grid halved until the bracket is at most
   ``2 * eps_error`` wide (once from the start for Poisson sampling, whose optimistic rounding
-  errs far more), and the precision itself is refined only when that is not enough.
-  ``estimate`` is ``upper``, dpsharp's certified number for the composition.
+  errs far more), and the precision itself is refined only when that is not enough (where
+  even the finest grids tried are not, the wider certified bracket comes with a
+  ``RuntimeWarning``). ``estimate`` is ``upper``, dpsharp's certified number for the
+  composition.
 * ``compute_delta(epsilon, num_self_compositions) -> (lower, estimate, upper)``: certified
   bounds on delta(epsilon) (the lower one from the same optimistic grid as ``compute_epsilon``
   first tries); ``estimate`` is ``upper``.
