@@ -371,3 +371,21 @@ def test_half_precision_models(dtype):
     plain = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 2)).to(dtype)
     assert probe_batch(plain, (x,)).passed
     assert probe_batch(BatchCentred().to(dtype), (x[:, 0],)).cross_example is not None
+
+
+class _InPlace(nn.Module):
+    """Writes into its input (x *= 2) before its layer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.layer(x.mul_(2.0))
+
+
+def test_a_forward_that_writes_into_its_input_sees_the_callers_batch_once():
+    x = torch.randn(5, 4, generator=torch.Generator().manual_seed(2))
+    given = x.clone()
+    assert probe_batch(_InPlace(), (x,)).passed
+    assert torch.equal(x, given)  # the three probe runs wrote into copies

@@ -294,7 +294,10 @@ def _run(model: Any, leaves: list[Any], spec: Any, batched: list[bool], n: int, 
     copy[other] = 0
 
     def rebuild(order: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        new = [x.index_select(0, order.to(x.device)) if b else x
+        # copies, also of the tensors not permuted: a forward that writes into its inputs
+        # must not change the caller's batch
+        new = [x.index_select(0, order.to(x.device)) if b
+               else x.clone() if isinstance(x, torch.Tensor) else x
                for x, b in zip(leaves, batched)]
         return _pytree.tree_unflatten(new, spec)
 
@@ -366,15 +369,14 @@ def _run(model: Any, leaves: list[Any], spec: Any, batched: list[bool], n: int, 
                 "x.mean(0), attention across the batch), so one example's gradient depends on "
                 "the others and clipping per example does not bound its influence")
 
-    def forward(order: Any | None) -> None:
-        call_args, call_kwargs = (rebuild(order) if order is not None
-                                  else _pytree.tree_unflatten(leaves, spec))
+    def forward(order: Any) -> None:
+        call_args, call_kwargs = rebuild(order)
         torch.manual_seed(seed)
         capture(OUTPUT, _first_output(model(*call_args, **call_kwargs)))
 
     try:
         with _quiet_run(model):
-            forward(None)
+            forward(torch.arange(n))
             phase["record"] = False
             phase["check"] = check_swap
             forward(swap)
