@@ -115,3 +115,22 @@ def test_rounded_schedule_brackets_an_independent_reference(
     assert lower <= reference_upper and reference_lower <= upper
     # The rounding is on: each side sits about 2.5% beyond the reference.
     assert upper >= 1.01 * reference_upper and lower <= 0.99 * reference_lower
+
+
+def test_rounding_quantum_follows_the_requested_gap() -> None:
+    """3,000 distinct noise multipliers (more than any quantum up to half the precision merges
+    into 512): the quantum is chosen from the bracket it is predicted to open. Noise
+    multipliers from 80 down to 2 (epsilon moves little with each) are rounded more coarsely
+    than the precision, those from 20 down to 0.5 more finely, and the certified bracket of
+    the coarse one stays within 2.5 times the precision."""
+    precision, q = 1e-2, 0.01
+    quanta = []
+    for high, low in ((80.0, 2.0), (20.0, 0.5)):
+        accountant = PLDAccountant(precision)
+        for sigma in np.geomspace(high, low, 3000):
+            accountant.compose(PoissonSampled(Gaussian(float(sigma)), q))
+        quanta.append(accountant._rounding_quantum("remove", True))
+        if high == 80.0:
+            lower, upper = accountant.epsilon_bounds(1e-5)
+            assert 0.0 < upper - lower <= 2.5 * precision * upper
+    assert quanta[0] > precision > quanta[1]
