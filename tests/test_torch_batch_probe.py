@@ -389,3 +389,24 @@ def test_a_forward_that_writes_into_its_input_sees_the_callers_batch_once():
     given = x.clone()
     assert probe_batch(_InPlace(), (x,)).passed
     assert torch.equal(x, given)  # the three probe runs wrote into copies
+
+
+def test_loop_that_feeds_the_batch_sequence_first_is_refused():
+    """A training loop feeding x.transpose(0, 1) to a model of per-position layers: with the
+    sequence length equal to the batch size every size check passes and swapping dimension 0
+    of the model's input (positions) moves every layer's rows alike; the probe compares the
+    input with the loader's batch instead."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
+    engine, model, optimizer, loader = _private(model, _fixed(64))
+    x, y = next(iter(loader))
+    with pytest.raises(ValueError, match="tensor input 0 of the model is the data loader's "
+                                         "batch with dimensions 0 and 1 swapped"):
+        model(x.transpose(0, 1))
+    assert engine.accountant.is_empty and optimizer.releases == 0
+    # the same loader and model fed batch-first train (and the loader is left as it was)
+    out = model(x)
+    assert engine.batch_probe_result.passed and "_fetch" not in vars(loader)
+    F.cross_entropy(out.sum(dim=1), y).backward()
+    optimizer.step()
+    assert optimizer.releases == 1

@@ -60,7 +60,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["BatchProbeResult", "batch_dimension", "clipped_layers", "probe_batch",
-           "probed_layers"]
+           "probed_layers", "transposed_input"]
 
 #: Relative tolerance (of the largest magnitude in a tensor) below which two results are equal.
 _RELATIVE_TOLERANCE = 1e-4
@@ -281,6 +281,45 @@ def probe_batch(model: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] |
             if retry.passed:
                 return retry
     return found
+
+
+def transposed_input(args: tuple[Any, ...], kwargs: dict[str, Any] | None,
+                     batch: Any) -> str | None:
+    """Whether the model's input is the data loader's ``batch`` with its examples moved out of
+    dimension 0: a tensor of the input equal to a tensor of the batch with dimensions 0 and k
+    swapped (k >= 1), and not to the tensor itself.
+
+    :func:`probe_batch` cannot see this: it swaps dimension 0 of the model's input, which then
+    holds positions, and every layer follows. A loop that feeds ``x.transpose(0, 1)`` (a
+    sequence-first model) with sequence length = batch size passes every size check and is
+    clipped per position. Returns a description, or None (also when the input was otherwise
+    transformed, which this comparison cannot follow).
+    """
+    import torch
+    from torch.utils import _pytree
+
+    given = [x for x in _pytree.tree_leaves((tuple(args), dict(kwargs or {})))
+             if isinstance(x, torch.Tensor) and x.dim() >= 2]
+    drawn = [x for x in _pytree.tree_leaves(batch)
+             if isinstance(x, torch.Tensor) and x.dim() >= 2]
+    for position, t in enumerate(given):
+        for u in drawn:
+            if t.dtype.is_floating_point != u.dtype.is_floating_point:
+                continue
+            square = [k for k in range(1, u.dim()) if u.shape[k] == u.shape[0]]
+            if t.shape != u.shape or not square:
+                continue
+            t_here = t.detach().to(device=u.device, dtype=u.dtype)
+            if _close(t_here, u):
+                continue
+            for k in square:
+                if _close(t_here, u.transpose(0, k)):
+                    return (f"tensor input {position} of the model is the data loader's batch "
+                            f"with dimensions 0 and {k} swapped: the model sees the examples "
+                            f"in dimension {k}, and every layer would be clipped per row of "
+                            "dimension 0, not per example (its size equals the batch size, "
+                            "so the size checks pass)")
+    return None
 
 
 def _run(model: Any, leaves: list[Any], spec: Any, batched: list[bool], n: int, other: int,

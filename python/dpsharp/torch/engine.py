@@ -474,7 +474,9 @@ class PrivacyEngine:
             and with one example replaced, checking that every clipped layer sees the examples
             in its batch dimension (not, e.g., a sequence-first (L, B, ...) input with L = B,
             which the batch-size checks pass and which would be clipped per position) and that
-            no layer's input mixes examples (``x - x.mean(0)``). A fault raises ValueError
+            no layer's input mixes examples (``x - x.mean(0)``); and that the model's input is
+            not the loader's batch with its examples moved out of dimension 0 (a loop feeding
+            ``x.transpose(0, 1)``, which the swap cannot see). A fault raises ValueError
             naming the layer, from that forward pass, and again at every later one. The
             training flags and the RNG state are restored, so the run is otherwise unchanged.
             A batch of one example (or of equal examples, or an empty Poisson batch) has nothing
@@ -623,17 +625,37 @@ class PrivacyEngine:
             self._adaptive = True
             self._adaptive_reason = "declared with adaptive_noise=True"
         if batch_probe:
-            self._install_batch_probe(_distributed.unwrap_ddp(module), dp_optimizer)
+            self._install_batch_probe(_distributed.unwrap_ddp(module), dp_optimizer, loader)
         return module, dp_optimizer, loader
 
-    def _install_batch_probe(self, model: torch.nn.Module, optimizer: DPOptimizer) -> None:
+    def _install_batch_probe(self, model: torch.nn.Module, optimizer: DPOptimizer,
+                             loader: Any) -> None:
         """Run :func:`dpsharp.torch.batch_probe.probe_batch` on the clipped layers at the
         first forward pass of ``model`` with gradients enabled and a batch of two different
-        examples or more (``make_private``'s ``batch_probe``)."""
-        from dpsharp.torch.batch_probe import clipped_layers, probe_batch
+        examples or more (``make_private``'s ``batch_probe``), and compare that input with the
+        loader's last batch (:func:`~dpsharp.torch.batch_probe.transposed_input`)."""
+        import dataclasses
+
+        from dpsharp.torch.batch_probe import clipped_layers, probe_batch, transposed_input
 
         layers = clipped_layers(model, optimizer.clipper)
         running = [False]
+        drawn: list[Any] = []  # the loader's last batch, until the probe has run
+        fetch = getattr(loader, "_fetch", None)
+        recording = callable(fetch) and "_fetch" not in vars(loader)
+        if recording:
+            def recording_fetch(indices: Any) -> Any:
+                batch = fetch(indices)
+                drawn[:] = [batch]
+                return batch
+
+            loader._fetch = recording_fetch
+
+        def done() -> None:
+            handle.remove()
+            if recording and vars(loader).get("_fetch") is recording_fetch:
+                del loader._fetch
+            drawn.clear()
 
         def probe(_: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             if running[0] or not torch.is_grad_enabled():
@@ -652,11 +674,15 @@ class PrivacyEngine:
             if not result.checked:
                 if result.final:  # this model's inputs cannot be probed
                     self.batch_probe_result = result
-                    handle.remove()
+                    done()
                     logger.warning("batch probe: %s; not probed", result.reason)
                 else:
                     logger.info("batch probe: %s; probing the next batch", result.reason)
                 return
+            if result.passed and drawn:
+                moved = transposed_input(args, kwargs, drawn[0])
+                if moved is not None:
+                    result = dataclasses.replace(result, batch_dimension=moved)
             self.batch_probe_result = result
             problem = result.batch_dimension or result.cross_example
             if problem is not None:
@@ -667,7 +693,7 @@ class PrivacyEngine:
                     "...) tensors, or transpose back before the layer), and compute nothing "
                     "across the examples of a batch (no batch statistics); nothing was charged "
                     "or released")
-            handle.remove()
+            done()
             logger.info("batch probe: %d clipped layers see the examples of a batch of %d in "
                         "their batch dimension and do not mix them", result.layers,
                         result.batch_size)
