@@ -126,6 +126,39 @@ struct Integrand {
     const double log_term2 = L + log_e1(beta * L);
     return -0.5 * t * t - kLogSqrt2Pi + log_add_exp(log_term1, log_term2);
   }
+
+  // phi(t) g(u(t)) e^{-log_scale}: the same integrand in linear arithmetic (half the
+  // transcendental calls), where that is exact to rounding: (1+u)^alpha well inside the double
+  // range and |u| far from underflow (u^2 is a factor of g); elsewhere exp of the log form.
+  double scaled(double t, double log_scale) const noexcept {
+    const double s = t * inv_sigma - shift;
+    if (s < 700.0) {
+      const double u = q * std::expm1(s);
+      const double L = std::log1p(u);
+      const double au = std::fabs(u);
+      if (alpha * L < 600.0 && au > 1e-100) {
+        double phi;  // (1+u) log(1+u) - u >= 0
+        if (au < 0.125) {
+          double sum = 0.0;
+          for (int i = 19; i >= 0; --i) sum = sum * -u + kInvKKm1[i];
+          phi = u * u * sum;
+        } else {
+          phi = (1.0 + u) * L - u;
+        }
+        const double x = beta * L;
+        double e1;  // e^x - 1 - x >= 0
+        if (std::fabs(x) < 0.125) {
+          double sum = 0.0;
+          for (int i = 19; i >= 0; --i) sum = sum * x + kInvFactorialTimes2[i];
+          e1 = 0.5 * x * x * sum;
+        } else {
+          e1 = std::expm1(x) - x;
+        }
+        return (beta * phi + (1.0 + u) * e1) * std::exp(-0.5 * t * t - kLogSqrt2Pi - log_scale);
+      }
+    }
+    return std::exp((*this)(t) - log_scale);
+  }
 };
 
 // Gauss-Kronrod 7/15 nodes and weights on [-1, 1] (QUADPACK qk15).
@@ -317,13 +350,21 @@ double log_a_minus_one_trapezoid(const Integrand& f) {
   constexpr double kWalkMargin = 50.0;      // nats below the largest value: the tails' share
   constexpr double kTailMargin = 40.0;      // what the tail bounds must be below at the end
   constexpr double kSettled = 1e-10;        // relative difference of the 2h and h sums
+  const double kSmall = std::exp(-30.0);    // the tail bounds are tried below this share
   const double sigma = f.sigma, alpha = f.alpha, q = f.q;
   const double zero_at = f.shift * sigma;  // t = 1/(2 sigma): u = 0
   double right_from = zero_at, left_from = std::min(0.0, zero_at);
+  // The values are computed as f(t) e^{-log_scale}, log_scale the largest log-integrand at 0
+  // and at the envelope's peaks: within a few hundred nats of the maximum, so the scaled values
+  // neither overflow nor lose what matters to underflow (if they do: NaN, and the caller falls
+  // back).
+  double log_scale = f(0.0);
   for (const auto& mode : modes_of_envelope(f)) {
     right_from = std::max(right_from, mode.first);
     left_from = std::min(left_from, mode.first);
+    log_scale = std::max(log_scale, f(mode.first));
   }
+  if (!std::isfinite(log_scale)) return kNaN;
   const double log_left_constant = std::log(alpha * (alpha - 1.0) * 0.5) + 2.0 * f.log_q +
                                    std::max(0.0, (alpha - 2.0) * f.log_1mq);
   auto log_left_tail = [&](double t) { return log_left_constant + log_normal_cdf(t); };
@@ -339,40 +380,47 @@ double log_a_minus_one_trapezoid(const Integrand& f) {
   };
   // The singularities nearest the real axis (1 - q + q e^s = 0) are at Im t = pi sigma; a step
   // of 0.3 sigma (at most 0.4) makes the first comparison settle for the usual orders.
-  double h = std::min(0.3 * sigma, 0.4);
-  std::vector<double> right_values{f(0.0)};
-  std::vector<double> left_values;
-  double log_max = right_values[0];
+  const double h = std::min(0.3 * sigma, 0.4);
+  std::vector<double> right_values{f.scaled(0.0, log_scale)};  // k = 0, 1, ...
+  std::vector<double> left_values;                              // k = -1, -2, ...
+  right_values.reserve(128);
+  left_values.reserve(64);
+  double largest = right_values[0];
+  // the bounds (a few transcendental calls) are tried once the integrand is small
+  auto walked_far = [&](double v, double t, bool right) {
+    if (!(v < kSmall * largest)) return false;
+    const double log_largest = log_scale + std::log(largest);
+    return right ? t >= right_from && log_right_tail(t) < log_largest - kWalkMargin
+                 : t <= left_from && log_left_tail(t) < log_largest - kWalkMargin;
+  };
   for (long k = 1;; ++k) {
     const double t = static_cast<double>(k) * h;
-    const double v = f(t);
+    const double v = f.scaled(t, log_scale);
     right_values.push_back(v);
-    log_max = std::max(log_max, v);
-    if (t >= right_from && log_right_tail(t) < log_max - kWalkMargin) break;
-    if (right_values.size() > kMaxPoints) return kNaN;
+    largest = std::max(largest, v);
+    if (walked_far(v, t, true)) break;
+    if (right_values.size() > kMaxPoints || !std::isfinite(v)) return kNaN;
   }
   for (long k = 1;; ++k) {
     const double t = -static_cast<double>(k) * h;
-    const double v = f(t);
+    const double v = f.scaled(t, log_scale);
     left_values.push_back(v);
-    log_max = std::max(log_max, v);
-    if (t <= left_from && log_left_tail(t) < log_max - kWalkMargin) break;
-    if (left_values.size() + right_values.size() > kMaxPoints) return kNaN;
+    largest = std::max(largest, v);
+    if (walked_far(v, t, false)) break;
+    if (left_values.size() + right_values.size() > kMaxPoints || !std::isfinite(v)) return kNaN;
   }
-  if (!std::isfinite(log_max)) return kNaN;
+  if (!(largest > 0.0) || !std::isfinite(largest)) return kNaN;
   const auto n_left = static_cast<long>(left_values.size());
   const auto n_right = static_cast<long>(right_values.size()) - 1;
-  // sums of exp(v - log_max) on the grid of step h (fine) and on its even points (step 2h)
+  // sums on the grid of step h (fine) and on its even points (step 2h)
   double fine = 0.0, coarse = 0.0;
   for (std::size_t i = 0; i < right_values.size(); ++i) {
-    const double e = std::exp(right_values[i] - log_max);
-    fine += e;
-    if (i % 2 == 0) coarse += e;
+    fine += right_values[i];
+    if (i % 2 == 0) coarse += right_values[i];
   }
   for (std::size_t i = 0; i < left_values.size(); ++i) {
-    const double e = std::exp(left_values[i] - log_max);
-    fine += e;
-    if (i % 2 == 1) coarse += e;
+    fine += left_values[i];
+    if (i % 2 == 1) coarse += left_values[i];
   }
   double previous = 2.0 * h * coarse;
   double current = h * fine;
@@ -385,14 +433,14 @@ double log_a_minus_one_trapezoid(const Integrand& f) {
     const double start = -static_cast<double>(n_left) * h;
     double midpoints = 0.0;
     for (long i = 0; i < intervals; ++i) {
-      midpoints += std::exp(f(start + (static_cast<double>(i) + 0.5) * step) - log_max);
+      midpoints += f.scaled(start + (static_cast<double>(i) + 0.5) * step, log_scale);
     }
     previous = current;
     current = 0.5 * current + 0.5 * step * midpoints;
     step *= 0.5;
   }
   if (!(current > 0.0) || !std::isfinite(current)) return kNaN;
-  const double log_sum = log_max + std::log(current);
+  const double log_sum = log_scale + std::log(current);
   const double log_tails = log_add_exp(log_left_tail(-static_cast<double>(n_left) * h),
                                        log_right_tail(static_cast<double>(n_right) * h));
   if (!(log_tails < log_sum - kTailMargin)) return kNaN;
@@ -447,13 +495,19 @@ double log_a_minus_one_binomial(double q, double sigma, double alpha) {
     return lgamma_alpha - std::lgamma(kd + 1.0) - std::lgamma(alpha - kd + 1.0);
   };
   // A lower bound on the largest term: a coarse sample (both ends, the binomial mode, 64 points).
-  double sampled_max = kNegInf;
-  const long stride = std::max(1L, n / 64);
-  for (long k = 2; k <= n; k += stride) sampled_max = std::max(sampled_max, term_at(k, exact_log_binom(k)));
-  sampled_max = std::max(sampled_max, term_at(n, exact_log_binom(n)));
-  const long mode = std::min(n, std::max(2L, static_cast<long>(q * alpha)));
-  sampled_max = std::max(sampled_max, term_at(mode, exact_log_binom(mode)));
-  const double threshold = sampled_max - kSkip;
+  // Up to 64 terms nothing is skipped (the sample would cost as much as the sum).
+  double threshold = kNegInf;
+  if (n > 64) {
+    double sampled_max = kNegInf;
+    const long stride = std::max(1L, n / 64);
+    for (long k = 2; k <= n; k += stride) {
+      sampled_max = std::max(sampled_max, term_at(k, exact_log_binom(k)));
+    }
+    sampled_max = std::max(sampled_max, term_at(n, exact_log_binom(n)));
+    const long mode = std::min(n, std::max(2L, static_cast<long>(q * alpha)));
+    sampled_max = std::max(sampled_max, term_at(mode, exact_log_binom(mode)));
+    threshold = sampled_max - kSkip;
+  }
   const double log_odds = q < 1.0 ? log_q - log_1mq : kInf;
 
   double running_max = kNegInf;
