@@ -225,9 +225,9 @@ def test_tied_weight_ghost_norm_float32_within_plain_autograd_error():
 def test_materialised_per_example_gradients_reuse_one_buffer_across_steps(monkeypatch):
     """Materialised per-example gradients of linear layers live in one buffer kept between
     clip steps (usages.arena_empty): a later step with the same shapes gets the same memory
-    back (no fresh pages to fault in), a larger batch grows it mid-step, and the tensors of
-    one step never overlap: the norms and clipped sums of every step equal the float64
-    batch-size-1 reference to 1e-10."""
+    back (no fresh pages to fault in), a larger batch takes fresh memory for what does not fit
+    and the next step a buffer of the new size, and the tensors of one step never overlap: the
+    norms and clipped sums of every step equal the float64 batch-size-1 reference to 1e-10."""
     from _clip_reference import check_model
 
     from dpsharp.torch.layers import usages
@@ -256,8 +256,8 @@ def test_materialised_per_example_gradients_reuse_one_buffer_across_steps(monkey
         spans = sorted(handed[-1])
         assert len(spans) == 3
         assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:]))
-    # batch 5 grew the buffer; from then on the same shapes get the same memory again, and a
-    # smaller batch the start of the same buffer
+    # batch 5 outgrew the buffer; from its second step on the same shapes get the same memory
+    # again, and a smaller batch the start of the same buffer
     assert sorted(handed[3]) == sorted(handed[2])
     assert min(handed[4])[0] == min(handed[3])[0]
 

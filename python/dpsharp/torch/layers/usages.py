@@ -125,8 +125,14 @@ _ARENA_ALIGN = 16  # elements: 64-byte alignment of every tensor handed out (flo
 
 def begin_backward_pass() -> None:
     """Mark the start of a clip step on this thread: the tensors :func:`arena_empty` handed
-    out during the previous one are no longer in use, their memory is handed out again."""
+    out during the previous one are no longer in use, and its memory is handed out again. A
+    buffer that was too small for the previous step is dropped here, and one of the size that
+    step needed is made at the next request (never two buffers alive at once)."""
     for entry in getattr(_ARENA, "buffers", {}).values():
+        buffer, used = entry[0], entry[1]
+        if buffer is None or used > buffer.numel():
+            entry[0] = None
+            entry[2] = max(entry[2], used)
         entry[1] = 0
 
 
@@ -134,35 +140,34 @@ def arena_empty(shape: tuple[int, ...], dtype: torch.dtype,
                 device: torch.device) -> torch.Tensor:
     """An uninitialised tensor for a per-example gradient that lives only until the end of the
     clip step (from its norms to its clipped sum), carved from a buffer kept on this thread
-    between steps (grown to the largest step seen).
+    between steps, sized to the largest step seen.
 
     Materialised per-example gradients are the largest transient tensors of a step (GPT-2 of
     bench/bench_transformers.py: 40 MB per step). Freshly allocated, each step pays their page
     faults again: blocks this large are returned to the system when freed (glibc's mmap
     threshold, or the heap trimmed from its top) and every page is faulted in anew on first
     write, which cost 3 microseconds per 4 KiB page on the 2-core bench machine (about 10 ms
-    per step for those 40 MB). Valid until :func:`begin_backward_pass` on this thread: the
-    clipper calls it when a backward pass ends, before the usages of that pass are read."""
+    per step for those 40 MB). A request that does not fit the buffer gets fresh memory (the
+    first step, or a larger batch), and the next step gets a buffer of the size this one
+    needed. Valid until :func:`begin_backward_pass` on this thread: the clipper calls it when a
+    backward pass ends, before the usages of that pass are read. CPU only: other devices'
+    caching allocators keep their memory already."""
     import torch
 
-    if torch.device(device).type != "cpu":  # a caching allocator keeps device memory already
+    if torch.device(device).type != "cpu":
         return torch.empty(shape, dtype=dtype, device=device)
     numel = math.prod(shape)
     buffers = getattr(_ARENA, "buffers", None)
     if buffers is None:
         buffers = _ARENA.buffers = {}
-    key = (dtype, device)
-    entry = buffers.get(key)
-    if entry is None:
-        entry = buffers[key] = [None, 0]
-    buffer, offset = entry
+    entry = buffers.setdefault((dtype, torch.device(device)), [None, 0, 0])
+    buffer, offset, wanted = entry
+    if buffer is None and wanted > 0:
+        buffer = entry[0] = torch.empty(wanted, dtype=dtype, device=device)
     end = offset + numel
-    if buffer is None or end > buffer.numel():
-        # Too small: a new buffer for all of this step's tensors so far plus this one (those
-        # already handed out keep the old buffer alive until they are freed).
-        buffer = torch.empty(max(end, 2 * numel), dtype=dtype, device=device)
-        entry[0] = buffer
     entry[1] = end + (-end) % _ARENA_ALIGN
+    if buffer is None or end > buffer.numel():
+        return torch.empty(shape, dtype=dtype, device=device)
     return buffer[offset:end].view(shape)
 
 
