@@ -112,8 +112,9 @@ def exact_delta_one(mix: Mix, eps: float) -> float:
 def _log_pdf(mix: Mix, x: np.ndarray, means, weights) -> np.ndarray:
     """log of sum_i w_i f(x - m_i) without the common normalising constant."""
     z = (np.asarray(x, dtype=float)[..., None] - np.asarray(means)) / mix.s
-    terms = -0.5 * z * z if mix.gaussian else -np.abs(z)
-    return special.logsumexp(terms, b=np.asarray(weights), axis=-1)
+    terms = (-0.5 * z * z if mix.gaussian else -np.abs(z)) + np.log(np.asarray(weights))
+    top = terms.max(axis=-1)
+    return top + np.log(np.exp(terms - top[..., None]).sum(axis=-1))
 
 
 def _sf(mix: Mix, x: np.ndarray, means, weights) -> np.ndarray:
@@ -140,7 +141,7 @@ def _end(mix: Mix, eps: np.ndarray) -> tuple[np.ndarray, bool]:
     lo, hi = lo - 40 * mix.s, hi + 40 * mix.s
     increasing = float(_loss(mix, np.array(hi))) > float(_loss(mix, np.array(lo)))
     a, b = np.full(np.shape(eps), lo), np.full(np.shape(eps), hi)
-    for _ in range(100):
+    for _ in range(72):
         mid = 0.5 * (a + b)
         right = (_loss(mix, mid) > eps) == increasing  # the end is left of mid
         b, a = np.where(right, mid, b), np.where(right, a, mid)
@@ -159,9 +160,14 @@ def _delta_one_vec(mix: Mix, eps: np.ndarray) -> np.ndarray:
     return np.maximum(value, 0.0)
 
 
+#: Gauss-Legendre pieces per noise scale (the two-release reference converges to 1e-10 relative
+#: at 4: 8 pieces move it by less than 1e-10 on the cases below)
+_PIECES = 4
+
+
 def exact_delta_two(first: Mix, second: Mix, eps: float) -> float:
     """delta(eps) of the first release's pair composed with the second's:
-    E_{x ~ P_1}[delta_2(eps - L_1(x))], by 24-point Gauss-Legendre on pieces of width s / 2
+    E_{x ~ P_1}[delta_2(eps - L_1(x))], by 24-point Gauss-Legendre on pieces of width s / 4
     between the kinks of the integrand (the means, and for a Laplace second release the points
     where eps - L_1 meets its constant losses)."""
     lo, hi = _span(first)
@@ -176,7 +182,7 @@ def exact_delta_two(first: Mix, second: Mix, eps: float) -> float:
     nodes, weights = np.polynomial.legendre.leggauss(24)
     xs, ws = [], []
     for a, b in zip(cuts[:-1], cuts[1:]):
-        pieces = max(int(math.ceil((b - a) / (first.s / 2))), 1)
+        pieces = max(int(math.ceil((b - a) / (first.s / _PIECES))), 1)
         edges = np.linspace(a, b, pieces + 1)
         half = 0.5 * np.diff(edges)[:, None]
         xs.append((0.5 * (edges[:-1] + edges[1:]))[:, None] + half * nodes[None, :])
@@ -250,7 +256,7 @@ def _pld_delta(offset: int, mass: np.ndarray, infinity: float, h: float, eps: fl
 
 # ---------------------------------------------------------------------------- tests
 @pytest.mark.parametrize("name", sorted(CASES))
-@pytest.mark.parametrize("eps", [0.05, 0.5, 1.5])
+@pytest.mark.parametrize("eps", [0.05, 1.5])
 def test_one_leaf_discretisation_brackets_the_mpmath_delta(name: str, eps: float) -> None:
     """Each direction's discretised leaf, on its own (no FFT): the pessimistic PLD's delta is
     >= the exact one-release delta (mpmath, 30 digits) and the optimistic one's <= it, and
@@ -271,7 +277,11 @@ def test_one_leaf_discretisation_brackets_the_mpmath_delta(name: str, eps: float
         assert exact - lower <= 5e-2 * exact + 1e-12  # the optimistic round-down is O(h)
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize(
+    "name",
+    # the truncated case's two-release reference has four pairs of branches (slower)
+    [pytest.param(n, marks=pytest.mark.slow) if n == "truncated" else n for n in sorted(CASES)],
+)
 def test_accountant_brackets_one_and_two_releases(name: str) -> None:
     """PLDAccountant's certified delta is >= the exact delta of one release (mpmath) and of
     two (quadrature of the composed loss) and within 1e-3 relative of it; the certified
@@ -307,7 +317,7 @@ def test_replace_one_at_rate_one_is_the_gaussian() -> None:
     Gaussian mechanism with mu = 1/z (Balle, Wang 2018, Theorem 8), whose delta the certified
     bounds bracket."""
     z = 0.8
-    accountant = PLDAccountant(neighbouring="replace_one").compose(
+    accountant = PLDAccountant(1e-2, neighbouring="replace_one").compose(
         ReplaceOnePoissonSampledGaussian(z, 1.0), 3
     )
     mu = math.sqrt(3) / z
@@ -315,7 +325,7 @@ def test_replace_one_at_rate_one_is_the_gaussian() -> None:
         exact = special.ndtr(mu / 2 - eps / mu) - math.exp(eps) * special.ndtr(-mu / 2 - eps / mu)
         lower, upper = accountant.delta_bounds(eps)
         assert lower <= exact <= upper
-        assert upper <= exact * (1 + 1e-3)
+        assert upper <= exact * (1 + 1e-2)
 
 
 def test_poisson_laplace_pure_dp_bound() -> None:
@@ -324,7 +334,7 @@ def test_poisson_laplace_pure_dp_bound() -> None:
     the certified epsilon at a tiny delta is within a grid step of it, never below it minus
     round-off."""
     bound = 3 * math.log1p(0.2 * math.expm1(2.0))
-    accountant = PLDAccountant().compose(LAPLACE, 3)
+    accountant = PLDAccountant(1e-2).compose(LAPLACE, 3)
     assert accountant.delta(bound + 1e-3) == 0.0
     epsilon = accountant.epsilon(1e-14)
     assert bound - 1e-9 <= epsilon <= bound + 1e-3
@@ -379,9 +389,9 @@ def test_events_round_trip_through_their_dict() -> None:
 def test_one_sensitivity_mixture_is_the_poisson_sampled_gaussian() -> None:
     """GaussianMixture(s, (0, c), (1 - q, q)) is PoissonSampled(Gaussian(s / c), q): the
     certified brackets of the two (different discretisations) overlap."""
-    mixture = PLDAccountant().compose(GaussianMixture(2.0, (0.0, 2.0), (0.9, 0.1)), 4)
-    sampled = PLDAccountant().compose(PoissonSampled(Gaussian(1.0), 0.1), 4)
+    mixture = PLDAccountant(1e-2).compose(GaussianMixture(2.0, (0.0, 2.0), (0.9, 0.1)), 4)
+    sampled = PLDAccountant(1e-2).compose(PoissonSampled(Gaussian(1.0), 0.1), 4)
     low_a, high_a = mixture.epsilon_bounds(1e-5)
     low_b, high_b = sampled.epsilon_bounds(1e-5)
     assert max(low_a, low_b) <= min(high_a, high_b)
-    assert high_a == pytest.approx(high_b, rel=1e-3)
+    assert high_a == pytest.approx(high_b, rel=1e-2)
