@@ -47,6 +47,12 @@ tensor argument whose first two dimensions are both B (possibly a shared (B, B) 
 permuted, a failure is confirmed by probing again with each such tensor (then all of them)
 left unchanged: the model passes if every layer follows one of these swaps.
 
+A third fault is outside the model: a training loop that feeds the loader's batch transposed
+(``x.transpose(0, 1)``, sequence length = batch size) to per-position layers. Dimension 0 of
+the model's input then holds positions and every layer follows a swap of them, so
+:func:`probe_batch` passes it; :func:`transposed_input` compares the model's input with the
+loader's batch instead (the engine runs both at the first training batch).
+
 A batch of fewer than two examples, or whose examples are all equal, has nothing to swap:
 the result says so (``checked`` False) and no verdict is given. Inputs given as a
 ``PackedSequence`` (whose rows are time steps of several examples) are not probed.
