@@ -208,6 +208,29 @@ def test_tied_weight_ghost_norm_forms_no_per_example_gradient(kind, materialise,
     check_model(model, idx, 4, loss, bound=0.4)
 
 
+@pytest.mark.parametrize("kind", ["emb-lin", "emb-emb", "lin-lin"])
+def test_tied_weight_ghost_path_accumulates_over_backward_passes(kind):
+    """Two backward passes into one release: each use of the tied weight adds its clipped sum
+    into the accumulator in place; the release equals the float64 batch-size-1 reference."""
+    from _clip_reference import clipped_sums, per_example_grads
+
+    model = TiedUses(kind).double()
+    idx = torch.randint(0, 11, (5, 6))
+    target = torch.randn(5, 6, 11 if kind == "emb-lin" else 5, dtype=torch.float64)
+
+    def loss(out, i):
+        return ((out - target[i]) ** 2).sum()
+
+    _, want = clipped_sums(per_example_grads(model, idx, 5, loss), 0.4)
+    clipper = PerSampleClipper(model, max_grad_norm=0.4, loss_reduction="sum")
+    for part in (slice(0, 2), slice(2, 5)):
+        loss(model(idx[part]), part).backward()
+    clipper.release(noise_multiplier=0.0, expected_batch_size=1.0, noise=NoiseGenerator(0))
+    for p, w in zip(clipper.parameters, want):
+        assert torch.allclose(p.grad, w, rtol=0, atol=1e-10), (p.grad - w).abs().max()
+    clipper.remove()
+
+
 def test_tied_weight_ghost_norm_float32_within_plain_autograd_error():
     from _clip_reference import float32_error_ratio
 

@@ -575,7 +575,8 @@ class PerSampleClipper:
             factors = flat_factors if flat_factors is not None else factors_all[:, k].contiguous()
             acc = accumulators[k]
             if pid in tied:
-                out = acc if acc is not None else torch.zeros(p.shape, dtype=p.dtype, device=p.device)
+                out = (acc if acc is not None
+                       else torch.zeros(p.shape, dtype=p.dtype, device=p.device))
                 kernels.clip_accumulate_noise(out, per_example=tied[pid], factors=factors,
                                               base=out)
                 accumulators[k] = out

@@ -29,6 +29,12 @@ for the whole batch at once: their per-example gradients come from a fused kerne
 one example's patches at a time (CPU) or from patches per chunk of examples, and on the Gram
 path their clipped sum is one ordinary convolution weight gradient with the output gradient
 scaled per example.
+
+A parameter used by several layers (tied weights: a language model's input embedding that is
+also its output projection) has the sum of the uses' gradients as its per-example gradient.
+Its norm is sum_u ||g_i^u||^2 + 2 sum_{u<v} <g_i^u, g_i^v>, each cross term formed from the
+stored tensors of the two uses (:func:`tied_cross_dot`), and its clipped sum is each use's own
+book-keeping contraction, added into one tensor.
 """
 
 from __future__ import annotations
