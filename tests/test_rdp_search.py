@@ -205,3 +205,29 @@ def test_large_epsilon_not_looser_than_opacus(q: float, sigma: float, steps: int
         theirs = float(peer.get_epsilon(1e-5))
     ours = RDPAccountant().compose(PoissonSampled(Gaussian(sigma), q), steps).epsilon(1e-5)
     assert ours <= theirs * (1 + 1e-9)
+
+
+def test_compiled_search_refuses_malformed_terms() -> None:
+    """The core writes a lazy curve's evaluations in place: it refuses values it could not
+    write back (read-only, wrong dtype or length) instead of filling a temporary copy."""
+    plan = rdp_module.order_plan(rdp_module.validate_orders(DEFAULT_ORDERS))
+    args = (plan.points, plan.grid_at_int64, plan.orders, plan.grid_integer_uint8)
+    core = rdp_module._core
+    good = np.full(plan.points.size, np.nan)
+    read_only = good.copy()
+    read_only.flags.writeable = False
+    for values in (read_only, good.astype(np.float32), good[:-1]):
+        with pytest.raises(ValueError, match="values"):
+            core.rdp_search_orders(*args, [(10.0, values, 0.01, 1.0, 0.0, True)], 1e-5, 1, False, 2)
+    for q, sigma in ((0.0, 1.0), (0.01, -1.0), (float("nan"), 1.0)):
+        with pytest.raises(ValueError, match="lazy term"):
+            core.rdp_search_orders(*args, [(10.0, good, q, sigma, 0.0, True)], 1e-5, 1, False, 2)
+    known, total = core.rdp_search_orders(
+        *args, [(10.0, good, 0.01, 1.0, 0.0, True)], 1e-5, 1, False, 2
+    )
+    # what it evaluated stayed in the caller's array, equal to a direct evaluation
+    evaluated = plan.grid_at[known]
+    np.testing.assert_array_equal(
+        10.0 * good[evaluated], 10.0 * poisson_gaussian_rdp(0.01, 1.0, plan.points[evaluated])
+    )
+    np.testing.assert_array_equal(total, 10.0 * good[evaluated])
