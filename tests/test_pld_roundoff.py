@@ -132,6 +132,34 @@ def test_forward_transform_within_its_componentwise_bound(length: int, size: int
 
 
 @pytest.mark.parametrize(
+    ("lengths", "size", "folds"),
+    [((5, 16), 16, False), ((40, 13), 72, False), ((100, 240), 240, False), ((150, 90), 480, False),
+     ((700, 200), 240, True)],
+)
+def test_pair_transform_within_its_componentwise_bound(
+    lengths: tuple[int, int], size: int, folds: bool
+) -> None:
+    """Two PLDs' transforms by one complex transform (first + i second), each within its own
+    bound of the exact DFT of its folded masses (40 digits), at every frequency; masses of
+    very different sizes (the bound is on the sum of the two l1 norms) and, with ``folds``,
+    longer than the circle."""
+    rng = np.random.default_rng(sum(lengths) + size)
+    first = DiscretePLD(0, rng.random(lengths[0]) ** 3, 0.0, 0.5)
+    second = DiscretePLD(0, 1e-3 * rng.random(lengths[1]), 0.0, 0.5)
+    computed = numerics.certified_forward_pair(first.folded(size), second.folded(size), size)
+    bounds = numerics._pair_errors(first, second, size)
+    assert (first.mass.size > size) == folds
+    worst = 0.0
+    for pld, transform, bound in zip((first, second), computed, bounds):
+        # The DFT of the masses at the circle's frequencies is that of the folded masses.
+        exact = exact_dft(pld.mass, size, range(size // 2 + 1))
+        errors = np.array([abs(complex(c) - complex(e)) for c, e in zip(transform, exact)])
+        assert np.all(errors <= bound)
+        worst = max(worst, float(errors.max()))
+    assert max(bounds) <= 1e5 * worst
+
+
+@pytest.mark.parametrize(
     ("length", "size", "reach"), [(7, 16, 9), (300, 960, 40), (1000, 3840, 25)]
 )
 def test_band_transform_within_its_componentwise_bound(length: int, size: int, reach: int) -> None:

@@ -218,6 +218,30 @@ void bind_pld(py::module_& m) {
       "rfft(values, size) by the transform of pld.hpp (certified_rfft) whose error has an a priori "
       "componentwise bound; `threads` (>= 1) share the work, the bits do not depend on it.");
   m.def(
+      "pld_certified_rfft_pair",
+      [](py::array_t<double, py::array::c_style | py::array::forcecast> first,
+         py::array_t<double, py::array::c_style | py::array::forcecast> second, std::int64_t size,
+         int threads) {
+        if (first.ndim() != 1 || second.ndim() != 1) {
+          throw py::value_error("first and second must be one-dimensional");
+        }
+        if (threads < 1) throw py::value_error("threads must be >= 1");
+        py::array_t<std::complex<double>> first_out(static_cast<py::ssize_t>(size / 2 + 1));
+        py::array_t<std::complex<double>> second_out(static_cast<py::ssize_t>(size / 2 + 1));
+        const auto first_length = static_cast<std::size_t>(first.shape(0));
+        const auto second_length = static_cast<std::size_t>(second.shape(0));
+        {
+          py::gil_scoped_release release;
+          pld::certified_rfft_pair(first.data(), first_length, second.data(), second_length, size,
+                                   first_out.mutable_data(), second_out.mutable_data(), threads);
+        }
+        return py::make_tuple(first_out, second_out);
+      },
+      py::arg("first"), py::arg("second"), py::arg("size"), py::arg("threads") = 1,
+      "(rfft(first, size), rfft(second, size)) by one complex transform of first + i second "
+      "(certified_rfft_pair in pld.hpp); componentwise error bound on the sum of the two l1 "
+      "norms; `threads` (>= 1) share the work, the bits do not depend on it.");
+  m.def(
       "pld_certified_irfft",
       [](const ComplexArray& spectrum, std::int64_t size, int threads) {
         require_entries(spectrum, size / 2 + 1, "spectrum");

@@ -470,6 +470,39 @@ void certified_rfft(const double* values, std::size_t length, std::int64_t size,
   certified_rfft(values, length, size, out, 1);
 }
 
+void certified_rfft_pair(const double* first, std::size_t first_length, const double* second,
+                         std::size_t second_length, std::int64_t size, Complex* first_out,
+                         Complex* second_out, int threads) {
+  check_size(size);
+  if (static_cast<std::int64_t>(first_length) > size ||
+      static_cast<std::int64_t>(second_length) > size) {
+    throw std::invalid_argument("values must not be longer than size");
+  }
+  // One complex transform of z = a + i b (the transform certified_rfft does for one real
+  // sequence, whose imaginary parts are zeros), unpacked by the Hermitian symmetry of the real
+  // transforms: A_f = (Z_f + conj Z_{n-f}) / 2 and B_f = -i (Z_f - conj Z_{n-f}) / 2.
+  const auto a_length = static_cast<std::int64_t>(first_length);
+  const auto b_length = static_cast<std::int64_t>(second_length);
+  const std::shared_ptr<const Plan> plan = plan_cache().get(size, size);
+  std::vector<double> re(static_cast<std::size_t>(size)), im(static_cast<std::size_t>(size));
+  complex_transform(
+      *plan,
+      [first, second, a_length, b_length](std::int64_t s) {
+        return Complex(s < a_length ? first[s] : 0.0, s < b_length ? second[s] : 0.0);
+      },
+      std::max(a_length, b_length), re.data(), im.data(), threads);
+  for (std::int64_t f = 0; f <= size / 2; ++f) {
+    const auto at = static_cast<std::size_t>(f);
+    const auto mirror = static_cast<std::size_t>(f == 0 ? 0 : size - f);
+    const double z_re = re[at];
+    const double z_im = im[at];
+    const double c_re = re[mirror];   // conj Z_{n-f} = (c_re, c_im)
+    const double c_im = -im[mirror];
+    first_out[f] = Complex((z_re + c_re) * 0.5, (z_im + c_im) * 0.5);
+    second_out[f] = Complex((z_im - c_im) * 0.5, (c_re - z_re) * 0.5);
+  }
+}
+
 void certified_irfft(const Complex* spectrum, std::int64_t size, double* out, int threads) {
   check_size(size);
   const std::int64_t half = size / 2;

@@ -76,6 +76,12 @@ def pld_certified_rfft(
     """rfft(values, size) by the transform of pld.hpp (certified_rfft), with an a priori
     componentwise error bound; ``threads`` share the work (the bits do not depend on it)."""
 
+def pld_certified_rfft_pair(
+    first: npt.ArrayLike, second: npt.ArrayLike, size: int, threads: int = 1
+) -> tuple[npt.NDArray[np.complex128], npt.NDArray[np.complex128]]:
+    """(rfft(first, size), rfft(second, size)) by one complex transform of first + i second
+    (pld.hpp certified_rfft_pair); componentwise error bound on the sum of the two l1 norms."""
+
 def pld_certified_irfft(
     spectrum: npt.ArrayLike, size: int, threads: int = 1
 ) -> npt.NDArray[np.float64]:

@@ -208,5 +208,13 @@ void certified_irfft(const std::complex<double>* spectrum, std::int64_t size, do
                      int threads);
 void certified_band_dft(const double* values, std::size_t length, std::int64_t size,
                         std::int64_t reach, std::complex<double>* out);
+// The certified_rfft of two real sequences at once (half the work of two): one complex
+// transform of z = a + i b on `size` points, unpacked as A_f = (Z_f + conj Z_{size-f}) / 2 and
+// B_f = -i (Z_f - conj Z_{size-f}) / 2. Its componentwise bound is on ||a||_1 + ||b||_1 (see
+// forward_pair_error in _pld_numerics.py).
+void certified_rfft_pair(const double* first, std::size_t first_length, const double* second,
+                         std::size_t second_length, std::int64_t size,
+                         std::complex<double>* first_out, std::complex<double>* second_out,
+                         int threads);
 
 }  // namespace dpsharp::pld

@@ -125,7 +125,7 @@ import dataclasses
 import math
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cached_property
@@ -277,6 +277,19 @@ def certified_forward(values: np.ndarray, size: int) -> np.ndarray:
     :func:`forward_error`)."""
     return _core.pld_certified_rfft(
         np.ascontiguousarray(values, dtype=float), size, threads=_transform_threads(size)
+    )
+
+
+def certified_forward_pair(
+    first: np.ndarray, second: np.ndarray, size: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(rfft(first, size), rfft(second, size))`` by one complex transform of ``first + i
+    second`` (``pld_transforms.cpp``: half the work of two; error: :func:`_pair_errors`)."""
+    return _core.pld_certified_rfft_pair(  # type: ignore[no-any-return]
+        np.ascontiguousarray(first, dtype=float),
+        np.ascontiguousarray(second, dtype=float),
+        size,
+        threads=_transform_threads(size),
     )
 
 
@@ -1051,16 +1064,32 @@ def _compose_by_products(
     round-off, or the small excess of a first-level result), so partial products never overflow,
     and an entry that underflows is below every digit of the inverse transform. With
     ``parallel`` the factors are split into ``_PRODUCT_CHUNKS`` chunks multiplied on the worker
-    threads (a fixed number, so the rounding does not depend on the number of threads)."""
+    threads (a fixed number, so the rounding does not depend on the number of threads). The
+    factors' transforms are taken two at a time, as one complex transform
+    (:func:`certified_forward_pair`, with its own error bound)."""
     window = _Window.of(plds, counts, log_tail)
     size = window.size
+
+    def transforms(chunk: range) -> Iterator[tuple[int, np.ndarray, float]]:
+        """(index, transform, its error bound) of each PLD of the chunk, in order: two at a
+        time by :func:`certified_forward_pair` (half the work), the last alone if odd."""
+        indices = list(chunk)
+        for position in range(0, len(indices) - 1, 2):
+            first, second = indices[position], indices[position + 1]
+            pair = certified_forward_pair(plds[first].folded(size), plds[second].folded(size), size)
+            errors = _pair_errors(plds[first], plds[second], size)
+            yield first, pair[0], errors[0]
+            yield second, pair[1], errors[1]
+        if len(indices) % 2:
+            last = indices[-1]
+            transform = certified_forward(plds[last].folded(size), size)
+            yield last, transform, _leaf_error(plds[last], size)
 
     def product(chunk: range) -> tuple[np.ndarray, _LogModuli]:
         out = np.ones(size // 2 + 1, dtype=complex)
         logs = _LogModuli(np.zeros(size // 2 + 1), np.zeros(size // 2 + 1), 0)
-        for index in chunk:
-            transform = certified_forward(plds[index].folded(size), size)
-            logs.add(transform, _leaf_error(plds[index], size), counts[index])
+        for index, transform, error in transforms(chunk):
+            logs.add(transform, error, counts[index])
             with np.errstate(under="ignore"):
                 out *= _integer_power(transform, counts[index])
         return out, logs
@@ -1377,6 +1406,33 @@ def _l1(values: np.ndarray) -> float:
     """An upper bound on ``sum |values|``: any summation order errs by at most gamma_{N-1}
     relative on non-negative terms (Higham 2002, eq. 4.4)."""
     return float(np.abs(values).sum()) / (1.0 - _gamma(values.size + 1))
+
+
+def _pair_errors(first: DiscretePLD, second: DiscretePLD, size: int) -> tuple[float, float]:
+    """Bounds on the errors of :func:`certified_forward_pair` of the two PLDs' masses folded onto
+    the circle, each against the exact transform of its own exact folded masses (the analogue
+    of :func:`_leaf_error`). With ``z = a + i b`` (the computed folded vectors, ``||a||_1 <=
+    (1 + g_a) A``, A the masses' l1 bound and g_a the folding's rounding) the complex transform
+    errs by at most ``c (||a||_1 + ||b||_1)`` at every frequency (:func:`forward_error`, part 1 of
+    the module docstring: it holds for complex input); ``(Z_f + conj Z_{n-f}) / 2`` then errs by
+    at most that, and its computed real and imaginary parts (one addition each, the halving
+    exact) by ``u`` relative more, on a value of modulus at most ``||a||_1 + c (||a||_1 +
+    ||b||_1)``; likewise for b with ``-i (Z_f - conj Z_{n-f}) / 2``. The folding adds ``g_a A``
+    (as in :func:`_leaf_error`), and ``_UNDERFLOW`` covers a halving below the normal range."""
+    c = forward_error(size)
+    folded: list[tuple[float, float]] = []
+    for pld in (first, second):
+        mass_l1 = _l1(pld.mass)
+        rows = -(-pld.mass.size // size)
+        folding = _gamma(rows - 1) if rows > 1 else 0.0
+        folded.append((mass_l1, folding))
+    norms = [(1.0 + folding) * mass_l1 for mass_l1, folding in folded]
+    joint = c * (norms[0] + norms[1])
+    errors = []
+    for (mass_l1, folding), norm in zip(folded, norms):
+        unpacked = joint * (1.0 + _UNIT) + _UNIT * (norm + joint)
+        errors.append(unpacked * _MARGIN + folding * mass_l1 + _UNDERFLOW)
+    return errors[0], errors[1]
 
 
 def _leaf_error(pld: DiscretePLD, size: int) -> float:
