@@ -195,7 +195,6 @@ def markdown(results: dict[str, Any], causes: dict[str, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-_NOT_MIRRORED = "event type without a dpsharp counterpart yet (refused by name)"
 
 #: prv-accountant's tests (their ids start with ``tests/``) whose failures have a known cause
 PRV_CAUSES: dict[str, str] = {
@@ -215,25 +214,7 @@ CAUSES: dict[str, str] = {
         "bound keeps the K = 0 term and is below it (derivation and brute-force checks in "
         "dpsharp.tuning_events), intended difference"
     ),
-    "rr_composition0": (
-        "PoissonSampledDpEvent under REPLACE_ONE inside the composition: refused (dpsharp has "
-        "no replace-one analysis of Poisson sampling), documented refusal"
-    ),
     "zcdp": "ZCDpEvent: compares dp-accounting's private RDP arrays",
-    "mixture_of_gaussians": (
-        "MixtureOfGaussiansDpEvent with several non-zero sensitivities (0, 1, 2): refused by "
-        "name (dpsharp reads a mixture with one non-zero sensitivity as the Poisson-sampled "
-        "Gaussian it is; a general mixture has no dpsharp counterpart yet)"
-    ),
-    "truncated": "TruncatedSubsampledGaussianDpEvent: " + _NOT_MIRRORED,
-    "supports_gaussian": (
-        "PoissonSampledDpEvent under REPLACE_ONE: refused (dpsharp has no replace-one "
-        "analysis of Poisson sampling), documented refusal"
-    ),
-    "poisson_subsampled_laplace": (
-        "Poisson-sampled Laplace: dpsharp's PLD analyses Poisson sampling of Gaussians only "
-        "(refused by name)"
-    ),
     "compute_rdp_poisson_sampled_gaussian": (
         "pins dp-accounting's RDP at order 1.5 (6.7058e-4); the exact divergence is 6.50071e-4 "
         "(30-digit integral, tests/test_compat_dp_accounting.py::"
