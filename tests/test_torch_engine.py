@@ -362,6 +362,12 @@ def test_adaptive_clipping_bound_resumes_from_the_engine_checkpoint() -> None:
     flat_engine = private("rdp", sigma=1.0, seed=21)[0]
     with pytest.raises(ValueError, match="differ in clip rule"):
         flat_engine.load_state_dict(checkpoint["engine"])
+    tampered = copy.deepcopy(checkpoint["engine"])
+    tampered["clipping"]["bound"] = float("nan")
+    fresh_engine = start()[0]
+    with pytest.raises(ValueError, match="clipping bound"):
+        fresh_engine.load_state_dict(tampered)
+    assert fresh_engine.accountant.is_empty and fresh_engine.steps == 0  # nothing restored
 
 
 def test_calibrated_noise_meets_the_target_epsilon() -> None:

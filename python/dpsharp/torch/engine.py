@@ -92,7 +92,13 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from dpsharp._validation import require_count, require_delta, require_epsilon, require_real
+from dpsharp._validation import (
+    require_count,
+    require_delta,
+    require_epsilon,
+    require_positive_finite,
+    require_real,
+)
 from dpsharp.accountants import Accountant, available
 from dpsharp.accountants import accountant as make_accountant
 from dpsharp.accountants.registry import _REGISTRY
@@ -1143,8 +1149,8 @@ class PrivacyEngine:
     def state_dict(self) -> dict[str, Any]:
         """Accountant ledger(s), sampler state, noise stream position, release count and the
         clip rule's state (the adaptive clipping bound). Save the model's and optimizer's own
-        state_dicts beside it. Nothing derived from the
-        ledger (such as the budget's allowance) is stored: it is recomputed after loading."""
+        state_dicts beside it. Nothing derived from the ledger (such as the budget's
+        allowance) is stored: it is recomputed after loading."""
         ledger = self._ledger()
         assert self.optimizer is not None and self.loader is not None
         self._require_consistent()
@@ -1195,6 +1201,9 @@ class PrivacyEngine:
                 "the checkpoint and this engine differ in clip rule (the checkpoint "
                 f"{'has none' if state['clipping'] is None else 'has one'}, this optimizer's "
                 f"is {rule!r}); resume with the make_private arguments of the checkpointed run")
+        clipping = state.get("clipping")
+        if clipping is not None and clipping.get("bound") is not None:
+            require_positive_finite("clipping bound", clipping["bound"])  # before any change
         adaptive = state.get("adaptive")
         if adaptive is not None and not self._adaptive and self.budget is not None:
             self._require_filter(ledger)
