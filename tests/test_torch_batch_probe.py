@@ -410,3 +410,35 @@ def test_loop_that_feeds_the_batch_sequence_first_is_refused():
     F.cross_entropy(out.sum(dim=1), y).backward()
     optimizer.step()
     assert optimizer.releases == 1
+
+
+class _MergesOnEval(nn.Module):
+    """Like loralib's LoRA layers: train(False) folds a delta into the weight and train(True)
+    takes it out again, so the weight is only right if every mode change goes through
+    train()."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(4, 2)
+        self.register_buffer("delta", torch.full((2, 4), 0.5))
+        self.merged = False
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        if mode == self.merged:  # eval and not merged, or train and merged
+            with torch.no_grad():
+                self.layer.weight.add_(self.delta if not mode else -self.delta)
+            self.merged = not mode
+        return self
+
+    def forward(self, x):
+        return self.layer(x)
+
+
+def test_mode_changes_go_through_train_and_flags_are_restored():
+    model = nn.Sequential(_MergesOnEval(), nn.Dropout(0.1))
+    model[1].eval()
+    weight = model[0].layer.weight.detach().clone()
+    assert probe_batch(model, (torch.randn(4, 4),)).passed
+    assert torch.equal(model[0].layer.weight, weight) and not model[0].merged
+    assert [m.training for m in model.modules()] == [True, True, True, False]

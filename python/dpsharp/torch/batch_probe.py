@@ -217,8 +217,11 @@ def _quiet_run(model: Any) -> Iterator[None]:
     finally:
         if fastpath is not None:
             mha.set_fastpath_enabled(fastpath)
+        # through train() (a module may override it, e.g. to merge adapter weights), parents
+        # before children (modules() is in pre-order), so each flag ends as it was
         for module, mode in modes:
-            module.training = mode
+            if module.training != mode:
+                module.train(mode)
 
 
 def probe_batch(model: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None,
