@@ -4,16 +4,20 @@ Laplace laws on the real line.
 The leaves here are pairs (P, Q) of laws on the real line, each a finite mixture of one noise
 law shifted, P = sum_i a_i F(x - mu_i), Q = sum_j b_j F(x - nu_j), F the Gaussian N(0, s^2) or
 the Laplace law Lap(0, b), whose privacy loss L(x) = log(p(x) / q(x)) is monotone in x (each
-case's proof is in :func:`pair_of`). A pair whose branch is revealed (a mixture of pairs with
+case's proof is in :func:`pairs_of`). A pair whose branch is revealed (a mixture of pairs with
 weights w_k the same under P and Q) is a list of weighted pairs; its privacy-loss distribution
 is the w-mixture of theirs.
 
 Discretisation (:func:`discretise`). The line is cut at x_1 < ... < x_N into the cells
-(-inf, x_1], [x_1, x_2], ..., [x_N, inf), so that L moves by at most about h / 2 across each
-finite cell (h the grid step). For each cell c, with P-mass p_c and Q-mass q_c (CDF
-differences, each taken in the accurate tail: the upper tail from the survival function), L is
-bounded on c by its values at the end points (L is monotone; at +-inf its limit), widened by a
-floating-point margin: lo_c <= L <= hi_c on c.
+(-inf, x_1], [x_1, x_2], ..., [x_N, inf), the cuts placed where L is (to interpolation
+accuracy) a grid value k h, so that each finite cell's loss runs between two neighbouring grid
+points (h the grid step; :func:`_cells`). Outside [x_1, x_N] each Gaussian component has at
+most the truncation budget of its mass; a Laplace pair's loss is constant there. For each cell
+c, with P-mass p_c and Q-mass q_c (CDF differences, each taken in the accurate tail: the upper
+tail from the survival function), L is bounded on c by its values at the end points (L is
+monotone; at +-inf its limit), widened by a floating-point margin: lo_c <= L <= hi_c on c.
+Only these bounds and the masses enter the proofs below; where the cuts fall only decides how
+tight the result is.
 
 * Pessimistic. On c, Y = e^{-L} lies in [e^{-hi_c}, e^{-lo_c}] and E_P[Y; c] = q_c. Its
   conditional law under P is replaced by the two-point law on {e^{-hi_c}, e^{-lo_c}} with the
@@ -22,7 +26,8 @@ floating-point margin: lo_c <= L <= hi_c on c.
   convex order by the two-point law on {a, b} with mean m). delta(eps) = E[(1 - e^{eps}
   prod_i Y_i)_+] of a composition of independent leaves is convex in each Y_i, so by Jensen's
   inequality every delta(eps) of every composition can only grow (the "connect the dots"
-  argument of Doroshenko, Ghazi, Kamath, Kumar, Manurangsi 2022, here on cells of x). q_c is
+  argument of Doroshenko, Ghazi, Kamath, Kumar, Manurangsi 2022, here on cells of x; with lo_c,
+  hi_c on neighbouring grid points it is their connect-the-dots discretisation). q_c is
   lowered by a relative 1e-9 before the split (a smaller m puts more mass at hi_c: only
   pessimistic). A cell whose lo_c is -inf keeps all its mass at hi_c (L only grows); a cell
   whose hi_c is +inf (the tail beyond the truncation where L is unbounded) sends its P-mass to
@@ -33,7 +38,9 @@ floating-point margin: lo_c <= L <= hi_c on c.
   has loss log(p_c / q_c), taken as log(p_c (1 - 1e-9) / (q_c (1 + 1e-9))) clipped to
   [lo_c, hi_c] (a lower bound on it, since the true value lies in [lo_c, hi_c]); a cell whose
   q_c underflows is moved to lo_c, and dropped when lo_c is -inf (a non-negative term leaves
-  the sum). The atoms are then rounded down to the grid (place_atoms, optimistic).
+  the sum). The atoms are then rounded down to the grid (place_atoms, optimistic: delta is
+  non-decreasing in every loss). That rounding errs by O(h) per release (the pessimistic side
+  by O(h^2)), so a long composition's lower bound is looser than its upper bound.
 
 The masses are computed in double precision from closed forms (round-off about 1e-12 relative
 for the narrow cells, like the cell masses of the Gaussian discretisation in the compiled core);
