@@ -90,3 +90,28 @@ def test_product_error_skips_only_exact_zeros() -> None:
         expected = np.where(computed, spread + rounding, outer) * numerics._MARGIN + 1e-300
         got = numerics._product_error(upper, lower, count, computed)
         assert np.array_equal(got, expected)
+
+
+def test_fresh_long_query_discretises_each_leaf_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fresh query on a long run (T = 2 10^5: the short-composition check looks at the leaf
+    sizes and keeps the step): no leaf is discretised twice with the same arguments (the
+    check's PLDs are those the composition uses), the add direction is not discretised on the
+    fine grid when the remove direction already decides the step, and the answer is that of an
+    accountant whose check discretised afresh."""
+    event = PoissonSampled(Gaussian(0.6), 5e-4)
+    calls: list[tuple[pld._Leaf, float, float, bool]] = []
+    real = pld._discretize
+
+    def counting(keys, grid_step, tail, pessimistic):  # type: ignore[no-untyped-def]
+        calls.extend((key, grid_step, tail, pessimistic) for key in keys)
+        return real(keys, grid_step, tail, pessimistic)
+
+    monkeypatch.setattr(pld, "_discretize", counting)
+    accountant = PLDAccountant().compose(event, 200_000)
+    answer = accountant.epsilon(1e-5)
+    assert len(calls) == len(set(calls)) == 2
+    monkeypatch.setattr(pld, "_discretize", real)
+    separate = PLDAccountant().compose(event, 200_000)
+    separate._grid_step(0)  # the check runs first; its kept PLDs are then dropped
+    separate._short_plds.clear()
+    assert separate.epsilon(1e-5) == answer

@@ -379,6 +379,8 @@ class PLDAccountant(Accountant):
             return step
         tail = _TAIL_BUDGET / (1 << max(steps - 1, 0).bit_length())
         support = 0
+        # Directions one at a time: the support is their maximum, so the first that does not
+        # fit decides (the others are not discretised).
         for direction in self._directions():
             leaves: dict[_Leaf, int] = {}
             for key, count in zip(self._exact_keys(direction), self._counts.values()):
@@ -392,10 +394,16 @@ class PLDAccountant(Accountant):
                 if len(sizes) > 4 * _LEAF_BUDGET:
                     sizes.clear()
                 missing = [key for key in order if (key, step, tail) not in sizes]
-                for key, pld in zip(missing, _discretize(missing, step, tail, True)):
+                made = _discretize(missing, step, tail, True)
+                for key, pld in zip(missing, made):
                     sizes[(key, step, tail)] = pld.mass.size
+                # Kept for :meth:`_composed` (the same discretisation when the step stays):
+                # only the latest, taken over by the composition's cache when used.
+                self._short_plds = {(key, step, tail): pld for key, pld in zip(missing, made)}
             points = 1 + sum(leaves[key] * (sizes[(key, step, tail)] - 1) for key in order)
             support = max(support, points)
+            if 2 * support > budget:
+                return step
         if 2 * support > budget:
             return step
         finest = max(step * support / budget, step / 2.0**_SHORT_LEVELS)
@@ -452,6 +460,13 @@ class PLDAccountant(Accountant):
         if hit is not None:
             return hit
         missing = [key for key in order if (key, pessimistic) not in cache.plds]
+        if pessimistic and missing and self._short_plds:
+            # Discretised by _short_step with the same arguments: the same PLDs.
+            for key in missing:
+                made = self._short_plds.pop((key, grid_step, per_step_tail), None)
+                if made is not None:
+                    cache.plds[(key, True)] = made
+            missing = [key for key in missing if (key, True) not in cache.plds]
         for key, pld in zip(missing, _discretize(missing, grid_step, per_step_tail, pessimistic)):
             cache.plds[(key, pessimistic)] = pld
         plds = [cache.plds[(key, pessimistic)] for key in order]
@@ -543,6 +558,7 @@ class PLDAccountant(Accountant):
         self._laplace_seen: list[Any] = [0, set()]  # (leaves looked at, their Laplace losses)
         self._gaussian_memo: list[Any] = []  # [(events, steps), _exact_gaussian's value]
         self._leaf_points: dict[tuple[_Leaf, float, float], int] = {}  # for _short_step
+        self._short_plds: dict[tuple[_Leaf, float, float], DiscretePLD] = {}  # (its latest)
 
     # ------------------------------------------------------------------ queries
     def _bounds_at(
