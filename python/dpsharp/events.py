@@ -212,7 +212,9 @@ class PoissonSampled(Event):
     slot is kept independently and every query ignores ⊥, so M(D') has the law of M(R), and
     the zero-out pairs give exactly the add/remove pairs (D, R) and (R, D), both of which the
     add/remove analysis covers (module docstring). The inner ``event`` is then analysed under
-    add/remove. Not valid under replace one.
+    add/remove. Not valid under replace one (see ``ReplaceOnePoissonSampledGaussian``). An inner
+    ``Laplace`` event (the pair (1 - q) Lap(0, b) + q Lap(1, b) against Lap(0, b), and the
+    reverse) is accounted by ``PLDAccountant`` only (:mod:`dpsharp.accountants._pld_continuous`).
     """
 
     event: Event
@@ -763,7 +765,8 @@ class GaussianMixture(Event):
     non-decreasing in x (c_i >= 0), so the tight accountant discretises it with a certified
     bound (:mod:`dpsharp.accountants._pld_continuous`). Valid under add/remove and zero-out
     (the null record contributes 0 whatever its participation, as for ``PoissonSampled``);
-    not under replace one.
+    not under replace one. Accounted by the tight accountant (``PLDAccountant``) only; the
+    RDP, moments, zCDP, GDP and classic accountants refuse it (no analysis of it there).
     """
 
     noise_multiplier: float
@@ -838,6 +841,8 @@ class ReplaceOnePoissonSampledGaussian(Event):
     analyses ``PoissonSampledDpEvent(q, GaussianDpEvent(2 z))`` under REPLACE_ONE with this pair.
     Its privacy loss is non-increasing in x, and the tight accountant discretises it with a
     certified bound (:mod:`dpsharp.accountants._pld_continuous`). Valid under replace one only.
+    Accounted by ``PLDAccountant`` only; the RDP, moments, zCDP, GDP and classic accountants
+    refuse it (no replace-one analysis of Poisson sampling there).
     """
 
     noise_multiplier: float
@@ -898,7 +903,8 @@ class TruncatedPoissonSampledGaussian(Event):
     loss distributions: its delta(eps) = (1 - t) delta_1(eps) + t delta_2(eps). The tight
     accountant discretises that mixture with a certified bound
     (:mod:`dpsharp.accountants._pld_continuous`). Valid under add/remove one only (under
-    zero-out the null record takes a place in the batch, a different pair).
+    zero-out the null record takes a place in the batch, a different pair). Accounted by
+    ``PLDAccountant`` only; the other accountants refuse it.
     """
 
     noise_multiplier: float
