@@ -126,11 +126,12 @@ class OpacusAccountant:
     # ------------------------------------------------------------------ Opacus interface
     def step(self, *, noise_multiplier: float, sample_rate: float) -> None:
         """Record one optimizer step (Opacus' merging of repeated settings)."""
-        if self.history:  # the common case: the last entry's (already validated) values again
-            last = self.history[-1]
+        history = self.history
+        if history:  # the common case: the last entry's (already validated) values again
+            last_sigma, last_rate, last_steps = history[-1]
             if (type(noise_multiplier) in _PLAIN and type(sample_rate) in _PLAIN
-                    and noise_multiplier == last[0] and sample_rate == last[1]):
-                self.history[-1] = (last[0], last[1], last[2] + 1)
+                    and noise_multiplier == last_sigma and sample_rate == last_rate):
+                history[-1] = (last_sigma, last_rate, last_steps + 1)
                 return
         sigma, rate, _ = _entry(noise_multiplier, sample_rate, 1)
         if self.history and self.history[-1][0] == sigma and self.history[-1][1] == rate:
