@@ -214,7 +214,7 @@ class PLDAccountant(Accountant):
     (a post-processing argument, see ``_quantized``), with the finest quantum (at most half the
     precision) that leaves at most 512 distinct values, or else the coarsest whose predicted
     widening of the bracket is within the budget (``_gap_quantum``). The bounds stay certified;
-    the bracket can then be up to about 2.5 times the precision wide, and ``epsilon_bounds``
+    the bracket can then be up to about 3 times the precision wide, and ``epsilon_bounds``
     does not refine the grid beyond 64 distinct events.
 
     Comparing with dp-accounting: its ``value_discretization_interval`` is an absolute grid step
@@ -1055,10 +1055,11 @@ def _gap_quantum(leaves: list[_Leaf], counts: Sequence[int], precision: float) -
 
 
 #: Budget of :func:`_gap_quantum`, in units of the precision, for the predicted widening of the
-#: bracket by the rounding of a schedule's noise multipliers and rates. The prediction is about
-#: 4/3 of the measured widening, so the bracket of such a schedule is up to about 2.5 times the
-#: precision wide (0.26% at the default precision on bench/bench_schedules.py's schedules).
-_ROUNDING_GAP = 3.0
+#: bracket by the rounding of a schedule's noise multipliers and rates. The measured widening is
+#: 3/4 of the prediction (epsilon about 5) to about all of it (epsilon about 20), so the bracket
+#: of such a schedule is up to about 3 times the precision wide (at most 0.3% at the default
+#: precision on bench/bench_schedules.py's schedules, 10^3 to 10^5 steps).
+_ROUNDING_GAP = 2.5
 
 
 def _rounded_counts(leaves: list[_Leaf], precisions: Sequence[float], pessimistic: bool) -> list[int]:
