@@ -104,9 +104,11 @@ def poisson_gaussian_rdp(
     A_alpha = E_{z ~ N(0, sigma^2)}[(1 - q + q exp((2z - 1)/(2 sigma^2)))^alpha]
     (Mironov, Talwar, Zhang 2019, "Renyi differential privacy of the sampled Gaussian
     mechanism"; the log moment of Abadi et al. 2016 is lambda * D_{lambda+1}). Integer orders are
-    summed by the binomial expansion and fractional ones integrated by adaptive Gauss-Kronrod
-    quadrature, both for A - 1 as a sum/integral of non-negative terms, so tiny divergences keep
-    full relative precision. Any real order alpha in (1, 1e6] is accepted.
+    summed by the binomial expansion and fractional ones integrated by the trapezoidal rule on
+    the whole line (geometric convergence for an integrand analytic in a strip: Trefethen and
+    Weideman 2014), or adaptive Gauss-Kronrod quadrature where that rule does not settle, both
+    for A - 1 as a sum/integral of non-negative terms, so tiny divergences keep full relative
+    precision. Any real order alpha in (1, 1e6] is accepted.
 
     Parameters
     ----------

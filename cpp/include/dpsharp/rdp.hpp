@@ -25,8 +25,9 @@ inline constexpr double kTargetRelativeError = 1e-10;
 // differential privacy of the sampled Gaussian mechanism"): D_alpha = log(A_alpha)/(alpha-1),
 //   A_alpha = E_{z ~ N(0, sigma^2)} [ (1 - q + q exp((2z - 1)/(2 sigma^2)))^alpha ].
 // Integer orders: the binomial expansion, written as A - 1 = sum of non-negative terms.
-// Fractional orders: adaptive Gauss-Kronrod quadrature of A - 1 = E[(1+u)^alpha - 1 - alpha u]
-// (a non-negative integrand; u = q (L - 1) with L the likelihood ratio) in log space.
+// Fractional orders: quadrature of A - 1 = E[(1+u)^alpha - 1 - alpha u] (a non-negative
+// integrand; u = q (L - 1) with L the likelihood ratio): the trapezoidal rule on the whole line
+// where it certifies the precision, adaptive Gauss-Kronrod (in log space) elsewhere.
 // Writes D_alpha for each order to `out` (length n). Throws std::invalid_argument on bad input.
 void poisson_gaussian(double sampling_probability, double noise_multiplier, const double* orders,
                       std::size_t n, double* out);
