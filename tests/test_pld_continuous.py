@@ -260,7 +260,7 @@ def _pld_delta(offset: int, mass: np.ndarray, infinity: float, h: float, eps: fl
 def test_one_leaf_discretisation_brackets_the_mpmath_delta(name: str, eps: float) -> None:
     """Each direction's discretised leaf, on its own (no FFT): the pessimistic PLD's delta is
     >= the exact one-release delta (mpmath, 30 digits) and the optimistic one's <= it, and
-    the upper one within 1e-3 relative at a grid step of 1e-3."""
+    both within 1e-3 relative at a grid step of 1e-3."""
     event, relation, branches, symmetric = CASES[name]
     h = 1e-3
     for direction in ("remove",) if symmetric else ("remove", "add"):
@@ -274,7 +274,10 @@ def test_one_leaf_discretisation_brackets_the_mpmath_delta(name: str, eps: float
         assert lower <= exact * (1 + 1e-12) + 1e-15
         assert exact <= upper * (1 + 1e-12) + 1e-15
         assert upper - exact <= 1e-3 * exact + 1e-12  # the pessimistic side is O(h^2)
-        assert exact - lower <= 5e-2 * exact + 1e-12  # the optimistic round-down is O(h)
+        # merged onto the grid: O(h^2) too, except that a Laplace pair's largest loss is a
+        # heavy atom (the half-line beyond the means) that no merge can raise onto the grid
+        slack = 1e-2 if name == "poisson-laplace" else 1e-3
+        assert exact - lower <= slack * exact + 1e-12
 
 
 @pytest.mark.parametrize(
@@ -310,6 +313,22 @@ def test_certified_bounds_bracket_two_releases(name: str) -> None:
         lower, upper = accountant.delta_bounds(eps)
         assert lower <= exact * (1 + 1e-9) + 1e-15
         assert exact <= upper * (1 + 1e-9) + 1e-15
+
+
+@pytest.mark.parametrize(
+    "event, relation",
+    [
+        (GaussianMixture(50.0, (1.0, 2.0), (0.5, 0.5)), "add_remove"),
+        (ReplaceOnePoissonSampledGaussian(5.0, 0.5), "replace_one"),
+    ],
+)
+def test_long_composition_bracket_meets_the_precision(event, relation: str) -> None:
+    """1000 steps of a small per-step loss: the certified bracket of epsilon_bounds is within
+    the precision (1e-3 relative), which needs an optimistic side that errs by O(h^2) per step
+    (a round-down of every atom errs by O(h) and left a 7.5e-3 gap here)."""
+    lower, upper = PLDAccountant(neighbouring=relation).compose(event, 1000).epsilon_bounds(1e-5)
+    assert 0.0 < lower <= upper
+    assert upper - lower <= 1e-3 * upper
 
 
 def test_replace_one_at_rate_one_is_the_gaussian() -> None:

@@ -38,9 +38,11 @@ tight the result is.
   has loss log(p_c / q_c), taken as log(p_c (1 - 1e-9) / (q_c (1 + 1e-9))) clipped to
   [lo_c, hi_c] (a lower bound on it, since the true value lies in [lo_c, hi_c]); a cell whose
   q_c underflows is moved to lo_c, and dropped when lo_c is -inf (a non-negative term leaves
-  the sum). The atoms are then rounded down to the grid (place_atoms, optimistic: delta is
-  non-decreasing in every loss). That rounding errs by O(h) per release (the pessimistic side
-  by O(h^2)), so a long composition's lower bound is looser than its upper bound.
+  the sum). Here the cells are centred on the grid points, and each merged atom is brought
+  onto (just above) its grid point by merging into it a part of the next atom
+  (:func:`_pulled_to_grid`, again a post-processing), then rounded down to the grid
+  (place_atoms, optimistic: delta is non-decreasing in every loss): an error O(h^2) per
+  release, like the pessimistic side's.
 
 The masses are computed in double precision from closed forms (round-off about 1e-12 relative
 for the narrow cells, like the cell masses of the Gaussian discretisation in the compiled core);
@@ -103,6 +105,8 @@ _COARSE = 2048
 _ULP = 2.0**-52
 #: Relative allowance for the round-off of the cell masses in the split and the merge.
 _MASS_SLACK = 1e-9
+#: Furthest atom a pool may merge a part of (:func:`_pulled_to_grid`).
+_MAX_PULL = 64
 
 # Specifications too long for a float (a mixture's vectors, a truncated batch), kept by id so
 # that a leaf stays a (code, float, float) triple; the id is the rate field (>= 1).
@@ -270,14 +274,18 @@ def truncation(q: float, n: int, batch: int) -> tuple[float, float]:
     return t, float(binom.sf(batch, n, q)) * batch / t / n
 
 
-def _cells(pair: Pair, grid_step: float, tail: float) -> npt.NDArray[np.float64]:
+def _cells(
+    pair: Pair, grid_step: float, tail: float, offset: float = 0.0
+) -> npt.NDArray[np.float64]:
     """The cut points x_1 < ... < x_N on the support, placed where L is close to a grid
     value k h, so that each cell's loss bounds are close to two neighbouring grid points and
     the cell's two-point law nearly sits on the grid (connect the dots): L is tabulated on
     ``_COARSE`` uniform cells, each cut into parts over which L moves by at most 16 h, and
     each grid value is located by linear interpolation in that table (L is monotone). At most
-    ``_MAX_CELLS`` cells (every j-th grid value beyond that). Any cuts are sound: the loss
-    bounds of each cell are evaluated at its end points; only the tightness depends on them."""
+    ``_MAX_CELLS`` cells (every j-th grid value beyond that). ``offset`` = 1/2 cuts at the
+    midpoints (k + 1/2) h instead, for cells centred on the grid points. Any cuts are sound:
+    the loss bounds of each cell are evaluated at its end points; only the tightness depends
+    on them."""
     lo, hi = pair.support(tail)
     if hi <= lo:
         return np.array([lo])
@@ -293,9 +301,10 @@ def _cells(pair: Pair, grid_step: float, tail: float) -> npt.NDArray[np.float64]
     if not pair.increasing:
         table, losses = table[::-1], losses[::-1]
     losses = np.maximum.accumulate(losses)  # monotone up to round-off, for the interpolation
-    first, last = math.ceil(losses[0] / grid_step), math.floor(losses[-1] / grid_step)
+    first = math.ceil(losses[0] / grid_step - offset)
+    last = math.floor(losses[-1] / grid_step - offset)
     stride = max(1, math.ceil((last - first + 1) / _MAX_CELLS))
-    levels = np.arange(first, last + 1, stride, dtype=np.float64) * grid_step
+    levels = (np.arange(first, last + 1, stride, dtype=np.float64) + offset) * grid_step
     cuts = np.interp(levels, losses, table)
     cuts = np.unique(np.concatenate((cuts, [lo, hi])))
     return cuts
@@ -305,7 +314,7 @@ def _cell_atoms(
     pair: Pair, grid_step: float, tail: float, pessimistic: bool
 ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], float]:
     """(losses, masses, mass at +inf) of the pair's cells (module docstring)."""
-    cuts = _cells(pair, grid_step, tail)
+    cuts = _cells(pair, grid_step, tail, 0.0 if pessimistic else 0.5)
     values, margin = pair.loss(cuts)
     if pair.gaussian:
         ends = np.concatenate(([pair.limit(False)], values, [pair.limit(True)]))
@@ -345,7 +354,81 @@ def _cell_atoms(
     merged = np.minimum(np.maximum(merged, lo), hi)  # q = 0: +inf, clipped to hi
     merged = np.where(q > 0.0, merged, lo)
     used = np.isfinite(merged)  # -inf (q underflowed where lo is -inf): dropped
-    return merged[used], p[used], 0.0
+    return _pulled_to_grid(merged[used], p[used], grid_step)
+
+
+def _pulled_to_grid(
+    losses: npt.NDArray[np.float64], masses: npt.NDArray[np.float64], grid_step: float
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], float]:
+    """Optimistic atoms moved onto (just above) grid points by merges, not by rounding down.
+
+    With the atoms sorted by loss, atom k (loss l_k, mass m_k) has the target g_k = the grid
+    point nearest l_k, plus h / 1000. If l_k < g_k and the next atom lies above g_k, a part
+    t_k <= m_{k+1} of the next atom is merged into atom k, t_k = m_k expm1(g_k - l_k) /
+    (-expm1(g_k - l_{k+1})), the part that puts the merged Y = e^{-L} mean at e^{-g_k}; the
+    next atom keeps m_{k+1} - t_k (t_k is computed from m_k, not from what atom k kept, so the
+    merged loss is at least g_k up to rounding). Where the next atom is too light, parts of
+    the following ones (up to ``_MAX_PULL`` atoms on) are merged in too, out of what they
+    keep (a pool whose own part shrinks so is only further above its target). Every pool is a
+    merge of outcomes (a randomised post-processing: its loss is the Y-mean's), a
+    mean-preserving contraction of Y, so delta(eps) = E[(1 - e^{eps} prod_i Y_i)_+], convex in
+    each Y_i, can only shrink, for every composition. Each pool is then put at its merged loss
+    less a rounding margin and rounded down to the grid (:func:`place_atoms`; delta is
+    non-decreasing in every loss): a pool that reached its target is at least h / 1000 above
+    its grid point and lands on it, an error O(h^2) per release instead of the O(h) of rounding
+    every atom down. (An atom with nothing above it, such as a Laplace pair's largest loss,
+    keeps the round-down.)"""
+    h = float(grid_step)
+    order = np.argsort(losses, kind="stable")
+    l, m = losses[order], masses[order]
+    if l.size < 2:
+        return l, m, 0.0
+    target = np.round(l / h) * h + 1e-3 * h
+    up = np.expm1(target[:-1] - l[:-1])  # > 0: atom k below its target
+    down = -np.expm1(target[:-1] - l[1:])  # > 0: the next atom above atom k's target
+    pull = (up > 0.0) & (down > 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        wanted = np.where(pull, m[:-1] * up / np.where(pull, down, 1.0), 0.0)
+    taken = np.minimum(wanted, m[1:])
+    kept = m - np.concatenate(([0.0], taken))  # atom k's mass left after giving to k - 1
+    kept = np.maximum(kept, 0.0)
+    # pool k: kept[k] of atom k, taken[k] of atom k + 1, and (rarely) parts of later atoms
+    # where atom k + 1 alone is too light (a heavy atom of constant loss, a steep tail)
+    pools = [np.arange(l.size), np.arange(l.size - 1)]
+    atoms = [np.arange(l.size), np.arange(1, l.size)]
+    parts = [kept, taken]
+    extra_pool, extra_atom, extra_mass = [], [], []
+    for k in np.flatnonzero(wanted > taken + 1e-12 * wanted).tolist():
+        owed = (wanted[k] - taken[k]) * down[k]  # Y-excess still to cancel, in units of m
+        j = k + 2
+        while owed > 0.0 and j < l.size and j <= k + _MAX_PULL:
+            gain = -math.expm1(target[k] - l[j])
+            if gain > 0.0 and kept[j] > 0.0:
+                part = min(kept[j], owed / gain)
+                kept[j] -= part
+                owed -= part * gain
+                extra_pool.append(k)
+                extra_atom.append(j)
+                extra_mass.append(part)
+            j += 1
+    if extra_pool:
+        pools.append(np.array(extra_pool))
+        atoms.append(np.array(extra_atom))
+        parts.append(np.array(extra_mass))
+    pool = np.concatenate(pools)
+    atom = np.concatenate(atoms)
+    part = np.concatenate(parts)
+    # merged loss of each pool relative to its target: -log of its Y-mean over e^{-target}
+    y_rel = np.expm1(target[pool] - l[atom])
+    pool_mass = np.bincount(pool, weights=part, minlength=l.size)
+    pulled = np.bincount(pool, weights=np.where(atom != pool, part, 0.0), minlength=l.size)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        excess = np.bincount(pool, weights=part * y_rel, minlength=l.size) / pool_mass
+        merged = target - np.log1p(np.maximum(excess, -1.0 + 1e-300))
+    merged = np.where(pulled > 0.0, merged, l)  # a pool without a merge keeps its loss
+    margin = 8.0 * _ULP * (np.abs(merged) + 1.0)
+    used = pool_mass > 0.0
+    return (merged - margin)[used], pool_mass[used], 0.0
 
 
 def discretise(
