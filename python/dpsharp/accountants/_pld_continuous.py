@@ -51,6 +51,7 @@ the loss bounds carry a margin of 64 ulps of the magnitudes that enter them.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
 from typing import Iterable
@@ -108,18 +109,21 @@ _MASS_SLACK = 1e-9
 #: Furthest atom a pool may merge a part of (:func:`_pulled_to_grid`).
 _MAX_PULL = 64
 
-# Specifications too long for a float (a mixture's vectors, a truncated batch), kept by id so
-# that a leaf stays a (code, float, float) triple; the id is the rate field (>= 1).
-_SPECS: list[tuple[float, ...]] = []
-_SPEC_IDS: dict[tuple[float, ...], int] = {}
+# Specifications too long for a float (a mixture's vectors, a truncated batch), kept in a table
+# so that a leaf stays a (code, float, float) triple; the rate field is a 52-bit digest of the
+# specification (>= 1), a function of the specification only, so that the canonical order of
+# the leaves (and every floating-point sum over them) does not depend on the order in which
+# events were composed or restored.
+_SPECS: dict[float, tuple[float, ...]] = {}
 
 
 def _intern(spec: tuple[float, ...]) -> float:
-    found = _SPEC_IDS.get(spec)
-    if found is None:
-        _SPECS.append(spec)
-        found = _SPEC_IDS[spec] = len(_SPECS)
-    return float(found)
+    digest = hashlib.blake2b(repr(spec).encode(), digest_size=8).digest()
+    key = float(1 + (int.from_bytes(digest, "big") >> 12))  # exact: an integer below 2^53
+    found = _SPECS.setdefault(key, spec)
+    if found != spec:  # a digest collision (probability about 2^-52 per pair of events)
+        raise ValueError(f"two event specifications share a digest: {found!r} and {spec!r}")
+    return key
 
 
 @dataclass(frozen=True)
@@ -222,7 +226,7 @@ def pairs_of(mechanism: int, parameter: float, rate: float) -> list[tuple[float,
       a decreasing numerator over an increasing denominator.
     """
     if mechanism in (MIXTURE_REMOVE, MIXTURE_ADD):
-        spec = _SPECS[int(rate) - 1]
+        spec = _SPECS[rate]
         half = len(spec) // 2
         means, weights = tuple(spec[:half]), tuple(spec[half:])
         mixture = Pair(True, parameter, means, weights, (0.0,), (1.0,), True)
@@ -234,7 +238,7 @@ def pairs_of(mechanism: int, parameter: float, rate: float) -> list[tuple[float,
     if mechanism == REPLACE_GAUSSIAN:
         return [(1.0, _replace_pair(parameter, rate))]
     if mechanism in (TRUNCATED_REMOVE, TRUNCATED_ADD):
-        q, n, batch = _SPECS[int(rate) - 1]
+        q, n, batch = _SPECS[rate]
         t, q_full = truncation(q, int(n), int(batch))
         sampled = Pair(True, parameter, (0.0, 1.0), (1.0 - q, q), (0.0,), (1.0,), True)
         if q == 1.0:
