@@ -1026,9 +1026,12 @@ def _gap_quantum(leaves: list[_Leaf], counts: Sequence[int], precision: float) -
     weights = np.where(rounded, np.asarray(counts, dtype=float), 0.0)
 
     def variances(sigma: np.ndarray, rate: np.ndarray) -> np.ndarray:
-        mu2 = 1.0 / (sigma * sigma)
-        sampled = np.minimum(mu2, rate * rate * np.expm1(np.minimum(mu2, 700.0)))
-        return weights * np.where(rate < 1.0, sampled, mu2)
+        # (A noise multiplier below 1e-154 makes mu^2 inf; the prediction is then NaN and the
+        # finest quantum is taken.)
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
+            mu2 = 1.0 / (sigma * sigma)
+            sampled = np.minimum(mu2, rate * rate * np.expm1(np.minimum(mu2, 700.0)))
+            return weights * np.where(rate < 1.0, sampled, mu2)
 
     per_leaf = variances(columns.parameter, columns.rate)
     exact = math.fsum(per_leaf.tolist())
@@ -1040,9 +1043,10 @@ def _gap_quantum(leaves: list[_Leaf], counts: Sequence[int], precision: float) -
         up = _RoundingGrid.of(columns, quantum, True)
         down = _RoundingGrid.of(columns, quantum, False)
         rate = columns.rate
-        spread = variances(up.sigma, rate) - variances(down.sigma, rate)
-        # A rate moves epsilon about in proportion (the loss tail is log q + ...), not like q^2.
-        spread = spread + per_leaf * (up.rate - down.rate) / rate
+        with np.errstate(invalid="ignore"):
+            spread = variances(up.sigma, rate) - variances(down.sigma, rate)
+            # A rate moves epsilon about in proportion (the loss tail is log q + ...), not q^2.
+            spread = spread + per_leaf * (up.rate - down.rate) / rate
         return math.fsum(spread.tolist()) <= _ROUNDING_GAP * precision * exact
 
     low, high = -8, 4  # find the largest j in [low, high] that is within
