@@ -102,11 +102,11 @@ py::tuple search(const Array& points, const IndexArray& grid_at, const Array& or
   }
   const rdp::OrderPlanView plan{points.data(), n_points, grid_at.data(), orders.data(),
                                 integer.data(), n_grid};
-  rdp::SearchResult result;
-  {
-    py::gil_scoped_release release;
-    result = rdp::search_orders(plan, curve_terms, target, kind, want_delta, fractional_per_round);
-  }
+  // The search writes the orders it evaluates into the curves' cached value arrays, which
+  // other Python threads may read or fill too: it runs with the GIL held, so that two threads
+  // querying one cached curve never write the same memory at once.
+  const rdp::SearchResult result =
+      rdp::search_orders(plan, curve_terms, target, kind, want_delta, fractional_per_round);
   py::array_t<bool> known(static_cast<py::ssize_t>(n_grid));
   bool* known_out = known.mutable_data();
   for (std::size_t g = 0; g < n_grid; ++g) known_out[g] = result.known[g] != 0;
