@@ -78,6 +78,16 @@ double padded_convex_lower_bound(const std::vector<double>& known_x,
   return std::max(std::max(k_l0, from_left), from_right);
 }
 
+// Pads the known points on the right with two copies of the last value, at top + 1 and top + 2
+// (top: the largest order a bound is asked at), as padded_convex_lower_bound expects.
+void pad_right(std::vector<double>& known_x, std::vector<double>& known_k, double top) {
+  const double last = known_k.back();
+  known_x.push_back(top + 1.0);
+  known_x.push_back(top + 2.0);
+  known_k.push_back(last);
+  known_k.push_back(last);
+}
+
 }  // namespace
 
 void convex_lower_bound(const double* points, const double* log_moment, std::size_t n,
@@ -98,12 +108,7 @@ void convex_lower_bound(const double* points, const double* log_moment, std::siz
     }
     top = std::max(top, at[j]);
   }
-  top += 1.0;
-  const double last = known_k.back();
-  known_x.push_back(top);
-  known_x.push_back(top + 1.0);
-  known_k.push_back(last);
-  known_k.push_back(last);
+  pad_right(known_x, known_k, top);
   for (std::size_t j = 0; j < n_at; ++j) {
     out[j] = padded_convex_lower_bound(known_x, known_k, at[j]);
   }
@@ -176,12 +181,7 @@ SearchResult search_orders(const OrderPlanView& plan, const std::vector<CurveTer
     }
     double top = known_x.back();
     for (std::size_t g : unknown) top = std::max(top, plan.orders[g]);
-    top += 1.0;
-    const double last = known_k.back();
-    known_x.push_back(top);
-    known_x.push_back(top + 1.0);
-    known_k.push_back(last);
-    known_k.push_back(last);
+    pad_right(known_x, known_k, top);
 
     lower.assign(unknown.size(), kNoBound);
     open.assign(unknown.size(), 0);
