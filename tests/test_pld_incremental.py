@@ -115,3 +115,36 @@ def test_fresh_long_query_discretises_each_leaf_once(monkeypatch: pytest.MonkeyP
     separate._grid_step(0)  # the check runs first; its kept PLDs are then dropped
     separate._short_plds.clear()
     assert separate.epsilon(1e-5) == answer
+
+
+def test_lower_bound_skips_a_direction_certified_below_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """epsilon_bounds on a schedule of 100 distinct Poisson-subsampled Gaussians (more than the
+    64 up to which the grid is refined): the add direction's certified upper bound (the coarse
+    pass of the upper bound's query) is below the remove direction's lower bound, so its
+    optimistic composition is skipped, and the lower bound is still the maximum over both
+    directions' optimistic compositions (formed here in full)."""
+    events = [PoissonSampled(Gaussian(float(s)), 0.02) for s in np.linspace(0.7, 1.2, 100)]
+
+    def schedule() -> PLDAccountant:
+        accountant = PLDAccountant(1e-2)
+        for event in events:
+            accountant.compose(event, 3)
+        return accountant
+
+    accountant = schedule()
+    upper = accountant.epsilon(1e-5)
+    composed: list[tuple[str, bool]] = []
+    real = PLDAccountant._composed
+
+    def recording(self, direction, pessimistic, *args, **kwargs):  # type: ignore[no-untyped-def]
+        composed.append((direction, pessimistic))
+        return real(self, direction, pessimistic, *args, **kwargs)
+
+    monkeypatch.setattr(PLDAccountant, "_composed", recording)
+    lower, bound = accountant.epsilon_bounds(1e-5)
+    monkeypatch.undo()
+    assert bound == upper and ("add", False) not in composed
+    tail = pld._tail_for(1e-5, 1e-2)
+    every = schedule()._bounds_at(0, tail, False)
+    assert len(every) == 2
+    assert lower == max(r.epsilon(1e-5, pessimistic=False) for r in every)

@@ -592,9 +592,27 @@ class PLDAccountant(Accountant):
                 return result.epsilon(delta, pessimistic=True)
 
             return self._worst_direction(certified_epsilon, refinement, tail)
-        results = self._bounds_at(refinement, tail, pessimistic)
-        self._check_floor(results, delta)
-        return max(r.epsilon(delta, pessimistic=pessimistic) for r in results)
+        # The lower bound is the largest direction's. A direction whose certified upper bound
+        # (the coarse pessimistic pass of _worst_direction, usually kept from the upper bound's
+        # query) is at most the running lower bound cannot raise it: its optimistic composition
+        # is skipped (under Poisson sampling the add direction, half of the work).
+        directions = self._directions()
+        step = self._grid_step(refinement)
+        first = self._composed(directions[0], False, step, tail)
+        self._check_floor([first], delta)
+        best = first.epsilon(delta, pessimistic=False)
+        for direction in directions[1:]:
+            try:
+                coarse = self._composed(direction, True, 4.0 * step, tail, coarse=True)
+                self._check_floor([coarse], delta)
+                if coarse.epsilon(delta, pessimistic=True) <= best:
+                    continue
+            except ValueError:  # below the coarse round-off floor: no shortcut for it
+                pass
+            result = self._composed(direction, False, step, tail)
+            self._check_floor([result], delta)
+            best = max(best, result.epsilon(delta, pessimistic=False))
+        return best
 
     def _worst_direction(
         self, upper_value: Callable[[ComposedPLD], float], refinement: int, tail: float
@@ -752,9 +770,11 @@ class PLDAccountant(Accountant):
             lower = min(lower, upper)
             if upper - lower <= self._precision * upper:
                 return lower, upper
-            sizes = [r.size for r in self._bounds_at(refinement, _tail_for(delta, self._precision), False)]
             many_leaves = len(self._counts) > _REFINE_UP_TO
-            if max(sizes) * 2 > _MAX_SIZE or refinement >= 4 or many_leaves:
+            if refinement >= 4 or many_leaves:
+                return lower, upper
+            sizes = [r.size for r in self._bounds_at(refinement, _tail_for(delta, self._precision), False)]
+            if max(sizes) * 2 > _MAX_SIZE:
                 return lower, upper
             refinement += 1
 
