@@ -40,9 +40,12 @@ tight the result is.
   q_c underflows is moved to lo_c, and dropped when lo_c is -inf (a non-negative term leaves
   the sum). Here the cells are centred on the grid points, and each merged atom is brought
   onto (just above) its grid point by merging into it a part of the next atom
-  (:func:`_pulled_to_grid`, again a post-processing), then rounded down to the grid
-  (place_atoms, optimistic: delta is non-decreasing in every loss): an error O(h^2) per
-  release, like the pessimistic side's.
+  (:func:`dpsharp.accountants._pld_atoms.pulled_to_grid`, again a post-processing; the one
+  construction shared with the atom leaves), then rounded down to the grid (place_atoms,
+  optimistic: delta is non-decreasing in every loss): an error O(h^2) per release, like the
+  pessimistic side's. The largest atom (a Laplace pair's constant loss beyond the extreme
+  means) has nothing above it and is pulled down onto the grid point below it by merging in
+  parts of the atoms below it, again a post-processing, instead of being rounded down.
 
 The masses are computed in double precision from closed forms (round-off about 1e-12 relative
 for the narrow cells, like the cell masses of the Gaussian discretisation in the compiled core);
@@ -61,7 +64,7 @@ import numpy.typing as npt
 from scipy.special import ndtr, ndtri
 from scipy.stats import binom
 
-from dpsharp.accountants._pld_atoms import place_atoms
+from dpsharp.accountants._pld_atoms import place_atoms, pulled_to_grid
 from dpsharp.events import (
     Event,
     GaussianMixture,
@@ -106,8 +109,6 @@ _COARSE = 2048
 _ULP = 2.0**-52
 #: Relative allowance for the round-off of the cell masses in the split and the merge.
 _MASS_SLACK = 1e-9
-#: Furthest atom a pool may merge a part of (:func:`_pulled_to_grid`).
-_MAX_PULL = 64
 
 # Specifications too long for a float (a mixture's vectors, a truncated batch), kept in a table
 # so that a leaf stays a (code, float, float) triple; the rate field is a 52-bit digest of the
@@ -358,81 +359,8 @@ def _cell_atoms(
     merged = np.minimum(np.maximum(merged, lo), hi)  # q = 0: +inf, clipped to hi
     merged = np.where(q > 0.0, merged, lo)
     used = np.isfinite(merged)  # -inf (q underflowed where lo is -inf): dropped
-    return _pulled_to_grid(merged[used], p[used], grid_step)
-
-
-def _pulled_to_grid(
-    losses: npt.NDArray[np.float64], masses: npt.NDArray[np.float64], grid_step: float
-) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], float]:
-    """Optimistic atoms moved onto (just above) grid points by merges, not by rounding down.
-
-    With the atoms sorted by loss, atom k (loss l_k, mass m_k) has the target g_k = the grid
-    point nearest l_k, plus h / 1000. If l_k < g_k and the next atom lies above g_k, a part
-    t_k <= m_{k+1} of the next atom is merged into atom k, t_k = m_k expm1(g_k - l_k) /
-    (-expm1(g_k - l_{k+1})), the part that puts the merged Y = e^{-L} mean at e^{-g_k}; the
-    next atom keeps m_{k+1} - t_k (t_k is computed from m_k, not from what atom k kept, so the
-    merged loss is at least g_k up to rounding). Where the next atom is too light, parts of
-    the following ones (up to ``_MAX_PULL`` atoms on) are merged in too, out of what they
-    keep (a pool whose own part shrinks so is only further above its target). Every pool is a
-    merge of outcomes (a randomised post-processing: its loss is the Y-mean's), a
-    mean-preserving contraction of Y, so delta(eps) = E[(1 - e^{eps} prod_i Y_i)_+], convex in
-    each Y_i, can only shrink, for every composition. Each pool is then put at its merged loss
-    less a rounding margin and rounded down to the grid (:func:`place_atoms`; delta is
-    non-decreasing in every loss): a pool that reached its target is at least h / 1000 above
-    its grid point and lands on it, an error O(h^2) per release instead of the O(h) of rounding
-    every atom down. (An atom with nothing above it, such as a Laplace pair's largest loss,
-    keeps the round-down.)"""
-    h = float(grid_step)
-    order = np.argsort(losses, kind="stable")
-    l, m = losses[order], masses[order]
-    if l.size < 2:
-        return l, m, 0.0
-    target = np.round(l / h) * h + 1e-3 * h
-    up = np.expm1(target[:-1] - l[:-1])  # > 0: atom k below its target
-    down = -np.expm1(target[:-1] - l[1:])  # > 0: the next atom above atom k's target
-    pull = (up > 0.0) & (down > 0.0)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        wanted = np.where(pull, m[:-1] * up / np.where(pull, down, 1.0), 0.0)
-    taken = np.minimum(wanted, m[1:])
-    kept = m - np.concatenate(([0.0], taken))  # atom k's mass left after giving to k - 1
-    kept = np.maximum(kept, 0.0)
-    # pool k: kept[k] of atom k, taken[k] of atom k + 1, and (rarely) parts of later atoms
-    # where atom k + 1 alone is too light (a heavy atom of constant loss, a steep tail)
-    pools = [np.arange(l.size), np.arange(l.size - 1)]
-    atoms = [np.arange(l.size), np.arange(1, l.size)]
-    parts = [kept, taken]
-    extra_pool, extra_atom, extra_mass = [], [], []
-    for k in np.flatnonzero(wanted > taken + 1e-12 * wanted).tolist():
-        owed = (wanted[k] - taken[k]) * down[k]  # Y-excess still to cancel, in units of m
-        j = k + 2
-        while owed > 0.0 and j < l.size and j <= k + _MAX_PULL:
-            gain = -math.expm1(target[k] - l[j])
-            if gain > 0.0 and kept[j] > 0.0:
-                part = min(kept[j], owed / gain)
-                kept[j] -= part
-                owed -= part * gain
-                extra_pool.append(k)
-                extra_atom.append(j)
-                extra_mass.append(part)
-            j += 1
-    if extra_pool:
-        pools.append(np.array(extra_pool))
-        atoms.append(np.array(extra_atom))
-        parts.append(np.array(extra_mass))
-    pool = np.concatenate(pools)
-    atom = np.concatenate(atoms)
-    part = np.concatenate(parts)
-    # merged loss of each pool relative to its target: -log of its Y-mean over e^{-target}
-    y_rel = np.expm1(target[pool] - l[atom])
-    pool_mass = np.bincount(pool, weights=part, minlength=l.size)
-    pulled = np.bincount(pool, weights=np.where(atom != pool, part, 0.0), minlength=l.size)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        excess = np.bincount(pool, weights=part * y_rel, minlength=l.size) / pool_mass
-        merged = target - np.log1p(np.maximum(excess, -1.0 + 1e-300))
-    merged = np.where(pulled > 0.0, merged, l)  # a pool without a merge keeps its loss
-    margin = 8.0 * _ULP * (np.abs(merged) + 1.0)
-    used = pool_mass > 0.0
-    return (merged - margin)[used], pool_mass[used], 0.0
+    losses, masses = pulled_to_grid(merged[used], p[used], grid_step)
+    return losses, masses, 0.0
 
 
 def discretise(
