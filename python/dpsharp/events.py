@@ -748,6 +748,19 @@ def _require_tuple(name: str, values: object) -> tuple[object, ...]:
     return tuple(values)
 
 
+def _freeze_fields(event: Event, positive: tuple[str, ...] = (),
+                   probabilities: tuple[str, ...] = (), counts: tuple[str, ...] = ()) -> None:
+    """Validate and freeze the fields of a frozen ``event`` by name: ``positive`` real numbers
+    in (0, inf), ``probabilities`` in (0, 1], ``counts`` integers >= 1 (each check raises the
+    error naming its field)."""
+    for name in positive:
+        _freeze_float(event, name, require_positive_finite(name, getattr(event, name)))
+    for name in probabilities:
+        _freeze_float(event, name, require_probability(name, getattr(event, name)))
+    for name in counts:
+        object.__setattr__(event, name, require_count(name, getattr(event, name), minimum=1))
+
+
 @register_event_type
 @dataclass(frozen=True)
 class GaussianMixture(Event):
@@ -786,11 +799,7 @@ class GaussianMixture(Event):
     }
 
     def __post_init__(self) -> None:
-        _freeze_float(
-            self,
-            "noise_multiplier",
-            require_positive_finite("noise_multiplier", self.noise_multiplier),
-        )
+        _freeze_fields(self, positive=("noise_multiplier",))
         raw_c = _require_tuple("sensitivities", self.sensitivities)
         raw_p = _require_tuple("probabilities", self.probabilities)
         if not raw_c or len(raw_c) != len(raw_p):
@@ -862,16 +871,8 @@ class ReplaceOnePoissonSampledGaussian(Event):
     }
 
     def __post_init__(self) -> None:
-        _freeze_float(
-            self,
-            "noise_multiplier",
-            require_positive_finite("noise_multiplier", self.noise_multiplier),
-        )
-        _freeze_float(
-            self,
-            "sampling_probability",
-            require_probability("sampling_probability", self.sampling_probability),
-        )
+        _freeze_fields(self, positive=("noise_multiplier",),
+                       probabilities=("sampling_probability",))
 
 
 @register_event_type
@@ -925,21 +926,6 @@ class TruncatedPoissonSampledGaussian(Event):
     }
 
     def __post_init__(self) -> None:
-        _freeze_float(
-            self,
-            "noise_multiplier",
-            require_positive_finite("noise_multiplier", self.noise_multiplier),
-        )
-        _freeze_float(
-            self,
-            "sampling_probability",
-            require_probability("sampling_probability", self.sampling_probability),
-        )
-        object.__setattr__(
-            self, "dataset_size", require_count("dataset_size", self.dataset_size, minimum=1)
-        )
-        object.__setattr__(
-            self,
-            "max_batch_size",
-            require_count("max_batch_size", self.max_batch_size, minimum=1),
-        )
+        _freeze_fields(self, positive=("noise_multiplier",),
+                       probabilities=("sampling_probability",),
+                       counts=("dataset_size", "max_batch_size"))

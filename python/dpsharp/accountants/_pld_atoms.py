@@ -243,11 +243,15 @@ def pulled_to_grid(
     atoms = [np.arange(l.size), np.arange(1, l.size)]
     parts = [kept, taken]
     extra_pool, extra_atom, extra_mass = [], [], []
-    for k in np.flatnonzero(wanted > taken + 1e-12 * wanted).tolist():
-        owed = (wanted[k] - taken[k]) * down[k]  # Y-excess still to cancel, in units of m
-        j = k + 2
-        while owed > 0.0 and j < l.size and j <= k + _MAX_PULL:
-            gain = -math.expm1(target[k] - l[j])
+
+    def draw(k: int, owed: float, sources: range, sign: float) -> None:
+        """Merge into pool k parts of the atoms ``sources`` (out of what they keep) until the
+        Y-excess (sign -1: atoms above the target) or deficit (sign +1: atoms below) ``owed``,
+        in units of mass, is cancelled."""
+        for j in sources:
+            if owed <= 0.0:
+                return
+            gain = sign * math.expm1(target[k] - l[j])
             if gain > 0.0 and kept[j] > 0.0:
                 part = min(kept[j], owed / gain)
                 kept[j] -= part
@@ -255,7 +259,11 @@ def pulled_to_grid(
                 extra_pool.append(k)
                 extra_atom.append(j)
                 extra_mass.append(part)
-            j += 1
+
+    for k in np.flatnonzero(wanted > taken + 1e-12 * wanted).tolist():
+        # Y-excess still to cancel after atom k + 1's part
+        draw(k, (wanted[k] - taken[k]) * down[k], range(k + 2, min(l.size, k + _MAX_PULL + 1)),
+             -1.0)
     # the top atom has nothing above it: its pool is pulled down instead, onto (just above)
     # the grid point below it, by merging into it parts of the atoms below, out of what they
     # keep (each giving pool then leans further toward its higher part: only further above
@@ -264,18 +272,8 @@ def pulled_to_grid(
     floor_target = math.floor(l[top] / h) * h + 1e-3 * h
     if floor_target < l[top] and kept[top] > 0.0:
         target[top] = floor_target
-        owed = kept[top] * -math.expm1(floor_target - l[top])  # Y-deficit, in units of m
-        j = top - 1
-        while owed > 0.0 and j >= 0 and j >= top - _MAX_PULL:
-            gain = math.expm1(floor_target - l[j])  # > 0: atom j below the target
-            if gain > 0.0 and kept[j] > 0.0:
-                part = min(kept[j], owed / gain)
-                kept[j] -= part
-                owed -= part * gain
-                extra_pool.append(top)
-                extra_atom.append(j)
-                extra_mass.append(part)
-            j -= 1
+        deficit = kept[top] * -math.expm1(floor_target - l[top])
+        draw(top, deficit, range(top - 1, max(-1, top - _MAX_PULL - 1), -1), 1.0)
     if extra_pool:
         pools.append(np.array(extra_pool))
         atoms.append(np.array(extra_atom))
