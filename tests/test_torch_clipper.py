@@ -285,6 +285,63 @@ def test_materialised_per_example_gradients_reuse_one_buffer_across_steps(monkey
     assert min(handed[4])[0] == min(handed[3])[0]
 
 
+@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("d_in, d_out", [(2, 9), (9, 2)])
+def test_materialised_gradients_formed_with_the_longer_rows(d_in, d_out, transposed,
+                                                            monkeypatch):
+    """Materialised per-example weight gradients are formed as G^T A (p, d) or A^T G (d, p),
+    whichever has the longer rows (bmm runs up to 10x slower on short rows), for nn.Linear and
+    for a transposed-weight layer; norms and clipped sums equal the float64 batch-size-1
+    reference to 1e-10 in every orientation."""
+    from _clip_reference import check_model
+
+    from dpsharp.torch.layers import usages
+
+    bases: list[tuple[int, ...]] = []
+    original = usages.LinearUsage._weight_per_example
+
+    def recording(self):
+        out = original(self)
+        bases.append(tuple(self._per_example_base.shape))
+        assert self._per_example_base.is_contiguous()
+        return out
+
+    monkeypatch.setattr(usages.LinearUsage, "_weight_per_example", recording)
+    monkeypatch.setattr(usages.LinearUsage, "_materialise_weight", lambda self: True)
+    model = nn.Sequential(nn.Linear(3, d_in), nn.Tanh(), nn.Linear(d_in, d_out)).double()
+    if transposed:  # y = x W + b with W stored (in, out), as GPT-2's Conv1D
+        lin = model[2]
+
+        class Transposed(nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.weight = nn.Parameter(lin.weight.detach().t().clone())
+                self.bias = nn.Parameter(lin.bias.detach().clone())
+
+            def forward(self, x):
+                return x @ self.weight + self.bias
+
+        model[2] = Transposed()
+        from dpsharp.torch import clipper as clipper_module
+
+        plain_classify = clipper_module._classify
+
+        def classify(m):  # the transposed-weight linear path GPT-2's Conv1D takes
+            return "hf_conv1d" if isinstance(m, Transposed) else plain_classify(m)
+
+        monkeypatch.setattr(clipper_module, "_classify", classify)
+    x = torch.randn(4, 5, 3, dtype=torch.float64)
+    y = torch.randn(4, 5, d_out, dtype=torch.float64)
+
+    def loss(out, i):
+        return ((out - y[i]) ** 2).sum()
+
+    check_model(model, x, 4, loss, bound=0.3)
+    b = 4
+    want = (b, d_in, d_out) if d_in < d_out else (b, d_out, d_in)
+    assert want in bases, bases
+
+
 def test_layer_called_twice_is_summed_not_stacked():
     class Twice(nn.Module):
         def __init__(self):
