@@ -459,7 +459,7 @@ class PRVAccountant:
             f"compute_epsilon: the certified bracket [{lower!r}, {upper!r}] at delta={delta!r} "
             f"is wider than 2 * eps_error = {2.0 * self.eps_error!r} on the finest grids tried; "
             "both ends are still certified bounds (the lower one is where the optimistic "
-            "discretisation errs most, e.g. many compositions of pure-DP mechanisms)",
+            "discretisation errs most, e.g. an eps_error far below 1e-3 of epsilon)",
             RuntimeWarning,
             stacklevel=2,
         )
