@@ -21,7 +21,7 @@
 //    moving it up in y (when y*_k <= y_k) or by merging it with just enough mass of higher-loss
 //    cells that the barycentre is exactly y_k (a mean-preserving contraction). Mass below the
 //    bottom cell is dropped (sent to loss -inf). The loss shift is second order in h. For the
-//    Gaussian-family pairs three such roundings are formed (pull_onto_grid in pld_discretize.cpp,
+//    mechanisms here three such roundings are formed (pull_onto_grid in pld_discretize.cpp,
 //    and contract_onto_grid on the centred and on half-width cells) and the one with the
 //    largest mean loss is kept (each is certified).
 //
