@@ -118,9 +118,9 @@ def section() -> str:
              "q = 0.01, sigma = 1; median, and the ratio to dpsharp.pld in the same run; scaling in "
              "distinct sigmas in bench/results/speed/speed.md). The tight accountant's transforms "
              "are dpsharp's own, with an a-priori round-off bound proven from the floating-point "
-             "model (python/dpsharp/accountants/_pld_numerics.py) and not yet vectorised; with "
-             "pocketfft's transforms, whose round-off was only measured, and a grid twice as "
-             f"coarse, the lead over dp_accounting's PLD was 32-72x{_pld_lead()}. A '-' was "
+             "model (python/dpsharp/accountants/_pld_numerics.py); with pocketfft's transforms, "
+             "whose round-off was only measured, and a grid twice as coarse, the lead over "
+             f"dp_accounting's PLD was 32-72x{_pld_lead()}. A '-' was "
              "not timed: a smaller T already took longer than the run's budget per call "
              f"({_budget()}).",
              "", speed_table()]
