@@ -245,3 +245,85 @@ def test_transformer_encoder_float32_error() -> None:
 def test_sequence_first_transformer_layers_refused_up_front(layer) -> None:
     with pytest.raises(ValueError, match="batch_first=True"):
         PerSampleClipper(layer(), max_grad_norm=1.0)
+
+
+class _SelfAttention(nn.Module):
+    """Linear map in, one self-attention call without attention weights (the call of
+    nn.TransformerEncoderLayer), sum over positions out."""
+
+    def __init__(self, mha: nn.MultiheadAttention, causal: bool) -> None:
+        super().__init__()
+        self.mha, self.causal = mha, causal
+        self.inp = nn.Linear(3, mha.embed_dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.inp(x)
+        if not self.mha.batch_first:
+            h = h.transpose(0, 1)
+        kwargs: dict = {"need_weights": False}
+        if self.causal:
+            length = x.shape[1]
+            kwargs["attn_mask"] = nn.Transformer.generate_square_subsequent_mask(
+                length, dtype=h.dtype)
+            kwargs["is_causal"] = True
+        out = self.mha(h, h, h, **kwargs)[0]
+        if not self.mha.batch_first:
+            out = out.transpose(0, 1)
+        return out.sum(1)
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("bias", [True, False])
+def test_packed_self_attention_route_float64(batch_first: bool, causal: bool,
+                                             bias: bool) -> None:
+    """Self-attention without masks or weights on the CPU goes through the fused route on the
+    packed projection (PackedSelfAttentionFn: strided head views into the flash-attention
+    kernel, its backward into the packed layout); its norms and clipped sums equal the float64
+    batch-size-1 reference (an error in the route's backward, e.g. the key and value gradients
+    swapped, changes every in-projection gradient)."""
+    from dpsharp.torch.layers import attention
+
+    torch.manual_seed(5)
+    mha = nn.MultiheadAttention(6, 2, bias=bias, batch_first=batch_first, dtype=torch.float64)
+    model = _SelfAttention(mha, causal).double()
+    x = torch.randn(4, 5, 3, dtype=torch.float64)
+    y = torch.randn(4, 6, dtype=torch.float64)
+    calls = []
+    original = attention.PackedSelfAttentionFn.forward
+
+    def counting(ctx, *args):
+        calls.append(args[1:])
+        return original(ctx, *args)
+
+    attention.PackedSelfAttentionFn.forward = staticmethod(counting)
+    try:
+        check_model(model, x, 4, _loss(y), bound=0.3)
+    finally:
+        attention.PackedSelfAttentionFn.forward = staticmethod(original)
+    assert calls == [(2, causal)]  # the clipper's pass took the route (the reference did not)
+
+
+def test_packed_self_attention_route_values_and_float32_error() -> None:
+    """The route's output and input gradient equal nn.MultiheadAttention's own (float64), and
+    in float32 the clipper's error through it is a small multiple of plain autograd's."""
+    from dpsharp.torch.layers.attention import PackedSelfAttentionFn
+
+    torch.manual_seed(6)
+    mha = nn.MultiheadAttention(8, 2, batch_first=True, dtype=torch.float64)
+    x = torch.randn(3, 7, 8, dtype=torch.float64, requires_grad=True)
+    ref = mha(x, x, x, need_weights=False)[0]
+    (ref_grad,) = torch.autograd.grad((ref ** 2).sum(), x)
+    x2 = x.detach().clone().requires_grad_()
+    packed = nn.functional.linear(x2, mha.in_proj_weight, mha.in_proj_bias)
+    ours = mha.out_proj(PackedSelfAttentionFn.apply(packed, 2, False))
+    (grad,) = torch.autograd.grad((ours ** 2).sum(), x2)
+    assert torch.allclose(ours, ref, rtol=1e-12, atol=1e-12)
+    assert torch.allclose(grad, ref_grad, rtol=1e-12, atol=1e-12)
+
+    model = _SelfAttention(nn.MultiheadAttention(8, 4, batch_first=True,
+                                                 dtype=torch.float64), False).double()
+    xs = torch.randn(6, 9, 3, dtype=torch.float64)
+    ys = torch.randn(6, 8, dtype=torch.float64)
+    ours_err, plain_err = float32_error_ratio(model, xs, 6, _loss(ys), bound=0.5)
+    assert ours_err <= 8 * plain_err + 1e-7, (ours_err, plain_err)

@@ -19,6 +19,15 @@ and output gradients (a :class:`~dpsharp.torch.layers.usages.LinearUsage` per bl
 :class:`~dpsharp.torch.layers.usages.BlockUsage` per call when the blocks see different
 inputs), so the norms are ghost norms and the clipped sums book-keeping contractions, as for
 nn.Linear.
+
+Self-attention on the CPU without masks, attention weights or dropout (the call every
+nn.TransformerEncoderLayer makes in training) takes a shorter route to the same operations:
+the heads of q, k and v are read as strided views of the packed projection (B, L, 3E) and
+handed to the fused attention kernel that ``F.scaled_dot_product_attention`` runs there (its
+flash-attention kernel), whose output (B, L, H, hd) already is the out-projection's input;
+its backward writes the three input gradients side by side into one (B, L, 3E) tensor. Same
+kernels, same values, but none of the head reshapes, each a copy forward and backward
+(:class:`PackedSelfAttentionFn`).
 """
 
 from __future__ import annotations
@@ -36,7 +45,7 @@ if TYPE_CHECKING:
 
     from dpsharp.torch.layers.functions import LayerHandle
 
-__all__ = ["ProjectionFn", "multihead_attention_forward"]
+__all__ = ["PackedSelfAttentionFn", "ProjectionFn", "multihead_attention_forward"]
 
 
 class ProjectionFn(torch.autograd.Function):
@@ -91,14 +100,76 @@ class AppendPositionFn(torch.autograd.Function):
         return grad_out[:, :-1], None, None
 
 
+def _head_views(packed: torch.Tensor,
+                heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k, v as (B, H, L, hd) strided views of the packed projection (B, L, 3E): column
+    block j of y = x [W_q; W_k; W_v]^T + b, head h its columns [h hd, (h + 1) hd)."""
+    b, length, three_e = packed.shape
+    e = three_e // 3
+    hd = e // heads
+    return tuple(  # type: ignore[return-value]
+        packed[..., j * e:(j + 1) * e].view(b, length, heads, hd).transpose(1, 2)
+        for j in range(3))
+
+
+class PackedSelfAttentionFn(torch.autograd.Function):
+    """softmax(q_h k_h^T / sqrt(hd) [+ causal mask]) v_h per head h, the heads side by side:
+    (B, L, E) from the packed projection (B, L, 3E), by the CPU flash-attention kernel of
+    ``F.scaled_dot_product_attention`` on strided views (no head reshapes). The backward is that
+    kernel's backward, its three gradients concatenated into the packed layout."""
+
+    @staticmethod
+    def forward(ctx: Any, packed: torch.Tensor, heads: int, is_causal: bool) -> torch.Tensor:
+        q, k, v = _head_views(packed, heads)
+        out, logsumexp = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, 0.0, is_causal)
+        ctx.save_for_backward(packed, out, logsumexp)
+        ctx.heads, ctx.is_causal = heads, is_causal
+        b, _, length, hd = out.shape
+        # the kernel's output is laid out (B, L, H, hd): a view, no copy
+        return out.transpose(1, 2).reshape(b, length, heads * hd)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:
+        packed, out, logsumexp = ctx.saved_tensors
+        q, k, v = _head_views(packed, ctx.heads)
+        b, length, e = grad_out.shape
+        grad_heads = grad_out.reshape(b, length, ctx.heads, e // ctx.heads).transpose(1, 2)
+        grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            grad_heads, q, k, v, out, logsumexp, 0.0, ctx.is_causal)
+        return torch.cat([g.transpose(1, 2).reshape(b, length, e) for g in grads], dim=-1), \
+            None, None
+
+
+_FLASH = 1  # torch._fused_sdp_choice's code of the flash-attention kernel (SDPBackend)
+
+
+def _packed_flash_attention(module: nn.MultiheadAttention, query: torch.Tensor,
+                            key: torch.Tensor, value: torch.Tensor, attn_mask: Any,
+                            key_padding_mask: Any, need_weights: bool,
+                            dropout_p: float) -> bool:
+    """Whether the call is a CPU self-attention that :class:`PackedSelfAttentionFn` computes:
+    one input tensor, the packed in-projection, no extra key / value positions, no masks other
+    than the causal hint, no attention weights returned and no dropout."""
+    return (query.device.type == "cpu" and query is key and key is value
+            and module._qkv_same_embed_dim and module.bias_k is None
+            and module.bias_v is None and not module.add_zero_attn and not need_weights
+            and attn_mask is None and key_padding_mask is None and dropout_p == 0.0
+            and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
+            and hasattr(torch, "_fused_sdp_choice"))
+
+
 def _trainable(p: Any) -> Any:
     return p if p is not None and p.requires_grad else None
 
 
 def _in_projection(module: nn.MultiheadAttention, handle: LayerHandle,
-                   inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+                   inputs: list[torch.Tensor], *,
+                   keep_packed: bool = False) -> list[torch.Tensor]:
     """q, k, v (each (B, *, E)) from the batch-first inputs, by one linear map per group of
-    roles that share an input tensor (self-attention: one map with the packed weight)."""
+    roles that share an input tensor (self-attention: one map with the packed weight).
+    ``keep_packed``: a group's output is returned whole, (B, *, E per role), not split."""
     e = module.embed_dim
     packed = module._qkv_same_embed_dim
     bias = module.in_proj_bias
@@ -146,7 +217,8 @@ def _in_projection(module: nn.MultiheadAttention, handle: LayerHandle,
                     handle.record(blk)
 
             y = ProjectionFn.apply(x, weight, b, sink)
-        outputs.extend(y.chunk(len(roles), dim=-1) if len(roles) > 1 else [y])
+        outputs.extend(y.chunk(len(roles), dim=-1) if len(roles) > 1 and not keep_packed
+                       else [y])
     return outputs
 
 
@@ -198,7 +270,17 @@ def multihead_attention_forward(module: nn.MultiheadAttention, handle: LayerHand
         if key_padding_mask is not None:
             is_causal = False
 
-    q, k, v = _in_projection(module, handle, [query, key, value])
+    dropout_p = module.dropout if module.training else 0.0
+    if _packed_flash_attention(module, query, key, value, attn_mask, key_padding_mask,
+                               need_weights, dropout_p):
+        (packed,) = _in_projection(module, handle, [query, key, value], keep_packed=True)
+        if torch._fused_sdp_choice(*_head_views(packed, heads), None, 0.0,
+                                   is_causal) == _FLASH:
+            out = module.out_proj(PackedSelfAttentionFn.apply(packed, heads, is_causal))
+            return (out.transpose(0, 1) if not module.batch_first else out), None
+        q, k, v = packed.chunk(3, dim=-1)  # another kernel chosen: the general route
+    else:
+        q, k, v = _in_projection(module, handle, [query, key, value])
     src_len = k.shape[1]
     if attn_mask is not None:
         if attn_mask.dim() == 2:
@@ -242,7 +324,6 @@ def multihead_attention_forward(module: nn.MultiheadAttention, handle: LayerHand
         kpm = (key_padding_mask.view(bsz, 1, 1, src_len).expand(-1, heads, -1, -1)
                .reshape(bsz * heads, 1, src_len))
         attn_mask = kpm if attn_mask is None else attn_mask + kpm
-    dropout_p = module.dropout if module.training else 0.0
 
     if need_weights:
         q_scaled = q * math.sqrt(1.0 / float(head_dim))
