@@ -121,6 +121,10 @@ struct GaussianFamilyTable {
   std::int64_t first = 0;
   std::vector<double> log_ratio;
   std::vector<double> exp_loss;
+  // log_ratio_step[i] = log_ratio[i + 1] - log_ratio[i], computed without the cancellation of
+  // the difference: log(1 + (E_{i+1} - E_i) / (E_i - (1 - q))) with E = e^{+-l} and
+  // E_{i+1} - E_i = E_i (e^{+-h} - 1) (h, or -h, when q = 1); NaN below the support.
+  std::vector<double> log_ratio_step;
 };
 
 // Grid points per thread at least in the threaded loops below (each point costs a few special
@@ -134,7 +138,9 @@ GaussianFamilyTable gaussian_family_table(bool remove, double q, double grid_ste
   const std::int64_t size = last - first + 1;
   table.log_ratio.resize(static_cast<std::size_t>(size));
   table.exp_loss.resize(static_cast<std::size_t>(size));
+  table.log_ratio_step.resize(static_cast<std::size_t>(size));
   const double support_floor = q < 1.0 ? std::log1p(-q) : kNegInf;
+  const double signed_step_growth = std::expm1(remove ? grid_step : -grid_step);
   parallel_ranges<Threads::kOwnThreads>(size, kPointsPerThread, threads, [&](std::int64_t lo, std::int64_t hi) {
     for (std::int64_t i = lo; i < hi; ++i) {
       const double loss = static_cast<double>(first + i) * grid_step;
@@ -142,8 +148,15 @@ GaussianFamilyTable gaussian_family_table(bool remove, double q, double grid_ste
       const auto at = static_cast<std::size_t>(i);
       if (q < 1.0 && signed_loss <= support_floor) {
         table.log_ratio[at] = kNegInf;
+        table.log_ratio_step[at] = kNaN;
+      } else if (q < 1.0) {
+        const double above_floor = std::expm1(signed_loss) + q;  // E - (1 - q)
+        table.log_ratio[at] = std::log(above_floor / q);
+        table.log_ratio_step[at] =
+            std::log1p(std::exp(signed_loss) * signed_step_growth / above_floor);
       } else {
-        table.log_ratio[at] = q < 1.0 ? std::log((std::expm1(signed_loss) + q) / q) : signed_loss;
+        table.log_ratio[at] = signed_loss;
+        table.log_ratio_step[at] = remove ? grid_step : -grid_step;
       }
       table.exp_loss[at] = std::exp(loss);
     }
@@ -167,6 +180,38 @@ LinearTails gaussian_family_tails(bool remove, double mu, double q, double log_r
   const double mixture_below = (1.0 - q) * null_below + q * shifted_below;
   if (remove) return {mixture_above, mixture_below, null_above, null_below};
   return {null_below, null_above, mixture_below, mixture_above};
+}
+
+// The normal masses of a narrow cell [m - d, m + d] of the output x, without the cancellation
+// of a difference of tails: int_{-d}^{d} phi(c + t) dt = 2 d phi(c) sum_n d^{2n} He_{2n}(c) /
+// (2n + 1)! (Taylor's series of phi(c + t) = phi(c) sum_k (-t)^k He_k(c) / k!, odd terms
+// integrating to 0; He_k the probabilists' Hermite polynomials), summed up to He_6. With
+// d (|c| + 3) <= kNarrowCell the first omitted term and all later ones are below 1e-19 of the
+// sum (|He_2n(c)| <= (|c| + 3)^(2n) for 2n <= 8, and the (2n + 1)! grow faster beyond), far below
+// the round-off of the terms. Returns false (nothing written) for a cell that is not that narrow.
+constexpr double kNarrowCell = 0.02;
+constexpr double kInvSqrtTwoPi = 0.39894228040143267794;
+
+double narrow_series(double c, double d_squared) noexcept {
+  const double c2 = c * c;
+  const double he2 = c2 - 1.0;
+  const double he4 = (c2 - 6.0) * c2 + 3.0;
+  const double he6 = ((c2 - 15.0) * c2 + 45.0) * c2 - 15.0;
+  return 1.0 + d_squared * (he2 / 6.0 + d_squared * (he4 / 120.0 + d_squared * (he6 / 5040.0)));
+}
+
+// (mass under N(0, 1), mass under N(mu, 1)) of the cell [m - d, m + d], or false.
+bool narrow_cell_masses(double m, double d, double mu, double& null_mass,
+                        double& shifted_mass) noexcept {
+  const double shifted = m - mu;
+  if (!(d >= 0.0) || !(d * (std::max(std::abs(m), std::abs(shifted)) + 3.0) <= kNarrowCell)) {
+    return false;
+  }
+  const double d_squared = d * d;
+  const double width = 2.0 * d * kInvSqrtTwoPi;
+  null_mass = width * std::exp(-0.5 * m * m) * narrow_series(m, d_squared);
+  shifted_mass = width * std::exp(-0.5 * shifted * shifted) * narrow_series(shifted, d_squared);
+  return true;
 }
 
 // A Gaussian-family pair: its direction (remove or add), sampling rate (1 for the plain Gaussian)
@@ -230,20 +275,44 @@ DiscretePld discretize_pessimistic_linear(const MechanismParams& params, double 
   std::vector<double> upper(static_cast<std::size_t>(n), 0.0);
   double* lower = out.mass.data();
   const double spread_denominator = -std::expm1(-grid_step);
+  const double* log_ratio_step = table.log_ratio_step.data() + base;
+  const double half_mu = 0.5 * mu;
+  const double half_inverse_mu = 0.5 / mu;
   parallel_ranges<Threads::kOwnThreads>(n - 1, kPointsPerThread, threads, [&](std::int64_t lo, std::int64_t hi) {
-    LinearTails a = gaussian_family_tails(remove, mu, q, log_ratio[lo]);
+    LinearTails a{};
+    bool have_a = false;  // whether `a` holds the tails at point i (kept from the cell before)
     for (std::int64_t i = lo; i < hi; ++i) {
-      const LinearTails b = gaussian_family_tails(remove, mu, q, log_ratio[i + 1]);
-      const double p = cell_mass(a.survival_p, a.cdf_p, b.survival_p, b.cdf_p);
+      // The cell (l_i, l_{i+1}] of the loss is the x interval between x_i and x_{i+1},
+      // x = log_ratio / mu + mu / 2 (increasing in l for remove, decreasing for add): centre
+      // m, half-width d = |log_ratio_step| / (2 mu). A narrow one (all but the few cells next
+      // to the bottom of the support) is integrated by narrow_cell_masses, one exponential per
+      // normal instead of two tails each; the others as the difference of the tails at its ends.
+      double null_mass = 0.0;
+      double shifted_mass = 0.0;
+      double p = 0.0;
+      double q_mass = 0.0;
+      const double half_step = half_inverse_mu * log_ratio_step[i];
+      const double centre = log_ratio[i] / mu + half_mu + half_step;
+      if (narrow_cell_masses(centre, std::abs(half_step), mu, null_mass, shifted_mass)) {
+        const double mixture = (1.0 - q) * null_mass + q * shifted_mass;
+        p = remove ? mixture : null_mass;
+        q_mass = remove ? null_mass : mixture;
+        have_a = false;
+      } else {
+        if (!have_a) a = gaussian_family_tails(remove, mu, q, log_ratio[i]);
+        const LinearTails b = gaussian_family_tails(remove, mu, q, log_ratio[i + 1]);
+        p = cell_mass(a.survival_p, a.cdf_p, b.survival_p, b.cdf_p);
+        q_mass = cell_mass(a.survival_q, a.cdf_q, b.survival_q, b.cdf_q);
+        a = b;
+        have_a = true;
+      }
       if (p > 0.0) {
-        const double q_mass = cell_mass(a.survival_q, a.cdf_q, b.survival_q, b.cdf_q);
         // r = e^{a} Q(cell) / P(cell) in [e^{-h}, 1]; weight at b = p (1 - r) / (1 - e^{-h}).
         const double r = q_mass / p * exp_loss[i];
         const double upper_fraction = std::clamp((1.0 - r) / spread_denominator, 0.0, 1.0);
         upper[static_cast<std::size_t>(i)] = p * upper_fraction;
         lower[i] = p * (1.0 - upper_fraction);
       }
-      a = b;
     }
   });
   // Mass at or below the bottom point moves up to it.
