@@ -12,31 +12,62 @@ from scipy.signal import fftconvolve
 from scipy.special import ndtr
 
 from dpsharp import Gaussian, PLDAccountant, PoissonSampled
-from dpsharp.accountants.pld import _Leaf, _quantized, _rounded_counts
+from dpsharp.accountants.pld import (
+    _ROUNDING_GAP,
+    _Leaf,
+    _quantized,
+    _rounded_counts,
+    _sigma_of_root,
+    _variance_root,
+)
 
 
 @pytest.mark.parametrize("quantum", [1e-3, 4e-3])
 def test_rounded_parameters_are_on_their_side(quantum: float) -> None:
-    """Noise multipliers on the grid r^k (r = 1 + quantum / 2) and one ulp either side of it,
-    with sampling rates on and off it: the pessimistic rounding never raises a noise
-    multiplier nor lowers a rate (the pair of (sigma', q') must be a post-processing of the
-    pair of (sigma, q)), the optimistic one the reverse, exactly, in floating point. (exp of a
-    rounded index lands an ulp past some of these parameters.)"""
+    """Noise multipliers whose variance root s (``_variance_root``) lies on the rounding grid
+    r^k (r = 1 + quantum / 2) and one ulp either side of such a noise multiplier, at sampling
+    rates from 1 down to 1e-4: the pessimistic rounding never raises a noise multiplier, the
+    optimistic one never lowers it, exactly, in floating point (the grid's inverse is rounded
+    and lands an ulp past some of these), each moves s by at most one grid ratio, and the
+    rates are kept exactly (the pair of (sigma', q) must be a post-processing of the pair of
+    (sigma, q))."""
     log_r = math.log1p(quantum / 2.0)
-    grid = np.exp(np.arange(-2000, 2000) * log_r)
-    sigmas = np.concatenate([grid, np.nextafter(grid, 0.0), np.nextafter(grid, np.inf)])
-    rates = np.exp(-np.arange(1, 3000) * log_r)
-    rates = np.concatenate([rates, np.nextafter(rates, 0.0)])
-    leaves = [_Leaf(2, float(s), float(rates[i % rates.size])) for i, s in enumerate(sigmas)]
+    leaves = []
+    for mechanism, rate in ((0, 1.0), (2, 0.3), (3, 0.01), (2, 1e-4), (4, 0.05)):
+        rates = np.full(1500, rate)
+        roots = np.exp(np.arange(-1000, 500) * log_r) * (rate if rate < 1.0 else 1.0)
+        grid = _sigma_of_root(roots, rates)
+        grid = grid[np.isfinite(grid) & (grid > 0.0)]
+        for sigma in np.concatenate([grid, np.nextafter(grid, 0.0), np.nextafter(grid, np.inf)]):
+            leaves.append(_Leaf(mechanism, float(sigma), rate))
     for pessimistic in (True, False):
         rounded = _quantized(leaves, quantum, pessimistic)
         for leaf, key in zip(leaves, rounded):
+            assert key.rate == leaf.rate and key.mechanism == leaf.mechanism
             if pessimistic:
-                assert key.parameter <= leaf.parameter and key.rate >= leaf.rate
+                assert key.parameter <= leaf.parameter
             else:
-                assert key.parameter >= leaf.parameter and key.rate <= leaf.rate
-            assert abs(math.log(key.parameter / leaf.parameter)) <= log_r * (1 + 1e-9)
+                assert key.parameter >= leaf.parameter
+        exact = _variance_root(np.array([leaf.parameter for leaf in leaves]),
+                               np.array([leaf.rate for leaf in leaves]))
+        moved = _variance_root(np.array([key.parameter for key in rounded]),
+                               np.array([key.rate for key in rounded]))
+        assert np.all(np.abs(np.log(moved / exact)) <= log_r * (1 + 1e-9))
         assert _rounded_counts(leaves, [quantum], pessimistic) == [len(set(rounded))]
+
+
+def test_variance_root_inverts_and_matches_the_variance_proxy() -> None:
+    """s^2 is the per-step loss-variance proxy of the grid step (min(mu^2, q^2 (e^{mu^2} - 1))
+    for a sampled Gaussian, mu^2 for a plain one, mu = 1 / sigma, written out here), and
+    _sigma_of_root inverts it to within a few ulp."""
+    sigmas = np.geomspace(0.05, 100.0, 400)
+    for rate in (1.0, 0.5, 0.01, 1e-5):
+        rates = np.full(sigmas.size, rate)
+        mu2 = 1.0 / sigmas**2
+        proxy = mu2 if rate == 1.0 else np.minimum(mu2, rate**2 * np.expm1(mu2))
+        roots = _variance_root(sigmas, rates)
+        np.testing.assert_allclose(roots**2, proxy, rtol=1e-13)
+        np.testing.assert_allclose(_sigma_of_root(roots, rates), sigmas, rtol=1e-12)
 
 
 def _loss_measure(
@@ -97,15 +128,17 @@ def test_rounded_schedule_brackets_an_independent_reference(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Three distinct Poisson-subsampled Gaussians accounted with the schedule rounding forced
-    on (a 5% quantum, each noise multiplier halfway between two grid points: moved by 1.25%,
-    about 2.5% in epsilon) against a direct convolution of their finely discretised losses. The
-    certified bracket must hold the reference's: rounding a side the wrong way (a noise
-    multiplier up for the upper bound, down for the lower) moves that side past it."""
-    quantum = 0.05
+    on (an 8% quantum, each noise multiplier's variance root halfway between two grid points:
+    moved by 2%, its noise multiplier by about 1.3%, about 2.5% in epsilon) against a direct
+    convolution of their finely discretised losses. The certified bracket must hold the
+    reference's: rounding a side the wrong way (a noise multiplier up for the upper bound, down
+    for the lower) moves that side past it."""
+    quantum = 0.08
     monkeypatch.setattr(PLDAccountant, "_rounding_quantum", lambda self, *args: quantum)
     log_r = math.log1p(quantum / 2.0)
-    sigmas = [math.exp((k + 0.5) * log_r) for k in (-4, 0, 3)]
     q, delta = 0.2, 1e-3
+    roots = np.exp((np.array([-38, -34, -31]) + 0.5) * log_r)  # sigma about 1.2, 1, 0.9
+    sigmas = [float(s) for s in _sigma_of_root(roots, np.full(3, q))]
     accountant = PLDAccountant(0.1)  # the rounding, not the grid, sets the bracket
     for sigma in sigmas:
         accountant.compose(PoissonSampled(Gaussian(sigma), q))
@@ -119,18 +152,31 @@ def test_rounded_schedule_brackets_an_independent_reference(
 
 def test_rounding_quantum_follows_the_requested_gap() -> None:
     """3,000 distinct noise multipliers (more than any quantum up to half the precision merges
-    into 512): the quantum is chosen from the bracket it is predicted to open. Noise
-    multipliers from 80 down to 2 (epsilon moves little with each) are rounded more coarsely
-    than the precision, those from 20 down to 0.5 more finely, and the certified bracket of
-    the coarse one stays within 3 times the precision."""
+    into 512): the quantum is the coarsest of its ladder whose two roundings move the composed
+    loss-variance proxy V = sum_i v_i, v = min(mu^2, q^2 (e^{mu^2} - 1)) (written out here),
+    apart by at most _ROUNDING_GAP times the precision, relative; the next step of the ladder
+    would not be; and the certified bracket stays within 3 times the precision, for noise
+    multipliers from 80 down to 2 (epsilon moves little with each) and from 20 down to 0.5."""
     precision, q = 1e-2, 0.01
-    quanta = []
+
+    def proxy(sigmas: np.ndarray) -> float:
+        mu2 = 1.0 / sigmas**2
+        return float(np.minimum(mu2, q * q * np.expm1(mu2)).sum())
+
     for high, low in ((80.0, 2.0), (20.0, 0.5)):
         accountant = PLDAccountant(precision)
-        for sigma in np.geomspace(high, low, 3000):
+        sigmas = np.geomspace(high, low, 3000)
+        for sigma in sigmas:
             accountant.compose(PoissonSampled(Gaussian(float(sigma)), q))
-        quanta.append(accountant._rounding_quantum("remove", True))
-        if high == 80.0:
-            lower, upper = accountant.epsilon_bounds(1e-5)
-            assert 0.0 < upper - lower <= 3.0 * precision * upper
-    assert quanta[0] > precision > quanta[1]
+        quantum = accountant._rounding_quantum("remove", True)
+        leaves = [_Leaf(2, float(sigma), q) for sigma in sigmas]
+
+        def widening(quantum: float) -> float:
+            up = np.array([key.parameter for key in _quantized(leaves, quantum, True)])
+            down = np.array([key.parameter for key in _quantized(leaves, quantum, False)])
+            return (proxy(up) - proxy(down)) / proxy(sigmas)
+
+        assert widening(quantum) <= _ROUNDING_GAP * precision
+        assert widening(quantum * 2.0**0.25) > _ROUNDING_GAP * precision
+        lower, upper = accountant.epsilon_bounds(1e-5)
+        assert 0.0 < upper - lower <= 3.0 * precision * upper

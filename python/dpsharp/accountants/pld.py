@@ -13,8 +13,9 @@ pld.hpp`` for the proofs):
 Composition is convolution, done by FFT with a pointwise power for ``count`` copies (Koskela,
 Jalko, Honkela 2020), and the folding of the linear result onto the FFT circle is accounted for
 with Chernoff bounds (see :mod:`dpsharp.accountants._pld_numerics`). A schedule with many distinct
-events (a different noise multiplier at every step) rounds the multipliers onto a geometric grid
-(pessimistically for the upper bound), discretises them in batches that share the
+events (a different noise multiplier at every step) rounds the multipliers onto a grid geometric
+in the root of the per-step loss variance (pessimistically for the upper bound; sampling rates
+are kept), discretises them in batches that share the
 sigma-independent work, and composes them in two levels with the first level's truncation
 accounted on each side (``_pld_numerics._compose_two_level``). A long composition (from 2^15
 steps) of few distinct events is done in two stages when that is predicted to be cheaper: blocks
@@ -209,9 +210,10 @@ class PLDAccountant(Accountant):
     :meth:`epsilon_bounds` proves how close by refining only its lower bound.
 
     A schedule with more than 512 distinct mechanism events (e.g. a different noise multiplier at
-    every step) is accounted with its noise multipliers and sampling rates rounded onto a
-    geometric grid, down (and rates up) for the upper bound and the other way for the lower one
-    (a post-processing argument, see ``_quantized``), with the finest quantum (at most half the
+    every step) is accounted with its noise multipliers rounded onto a grid geometric in the
+    root of their per-step loss variance, down for the upper bound and up for the lower one
+    (a post-processing argument, see ``_quantized``; sampling rates are kept exact), with the
+    finest quantum (at most half the
     precision) that leaves at most 512 distinct values, or else the coarsest whose predicted
     widening of the bracket is within the budget (``_gap_quantum``). The bounds stay certified;
     the bracket can then be up to about 3 times the precision wide, and ``epsilon_bounds``
@@ -420,8 +422,9 @@ class PLDAccountant(Accountant):
         refine: bool = True,
     ) -> ComposedPLD:
         """The composition of one direction at one grid step and truncation budget. With more
-        than ``_LEAF_BUDGET`` distinct events, noise multipliers and rates are rounded onto a
-        geometric grid of ratio ``1 + quantum / 2`` (see :func:`_quantized`), with the finest
+        than ``_LEAF_BUDGET`` distinct events, noise multipliers are rounded onto a grid of
+        ratio ``1 + quantum / 2`` in the root of their loss variance (see :func:`_quantized`;
+        rates are kept), with the finest
         quantum that brings the count within the budget (:meth:`_rounding_quantum`), or for the
         ``coarse`` pass of :meth:`_worst_direction` at least ``_COARSE_QUANTUM``. ``refine``
         False keeps the transforms' own round-off bound (see ``_pld_numerics.compose``)."""
@@ -515,7 +518,8 @@ class PLDAccountant(Accountant):
 
     def _rounding_quantum(self, direction: str, pessimistic: bool) -> float:
         """The quantum of the noise-multiplier rounding (0.0: none). Rounding costs tightness (the
-        pessimistic side rounds sigma down by up to quantum / 2, relative) and saves a
+        pessimistic side raises the root of a noise multiplier's loss variance by up to a
+        factor 1 + quantum / 2, see :class:`_RoundingGrid`) and saves a
         discretisation per merged event, so it is used only when there are more than
         ``_LEAF_BUDGET`` distinct events, and then with the finest quantum in
         precision * (1/16, 1/8, 1/4, 1/2) that brings them within the budget; if none does,
@@ -909,8 +913,8 @@ _SHORT_POINTS = float(3 << 18)
 _SHORT_LEVELS = 12
 #: Laplace alignment looks for a grid step at most this many times finer than the formula's.
 _ALIGN_RANGE = 16.0
-#: Above this many distinct mechanism events, noise multipliers and sampling rates are rounded
-#: to a geometric grid (see :func:`_quantized` and :meth:`PLDAccountant._rounding_quantum`).
+#: Above this many distinct mechanism events, noise multipliers are rounded onto a grid (see
+#: :func:`_quantized` and :meth:`PLDAccountant._rounding_quantum`).
 _LEAF_BUDGET = 512
 #: Quantum of the coarse pass of :meth:`PLDAccountant._worst_direction` (noise multipliers within
 #: 2.5% share one discretisation there).
@@ -1003,25 +1007,25 @@ _BATCH = 32
 _KEPT_MECHANISMS = _atoms.ATOM_MECHANISMS + _continuous.CONTINUOUS_MECHANISMS
 
 
-def _quantized(leaves: list[_Leaf], precision: float, pessimistic: bool) -> list[_Leaf]:
-    """Round Gaussian-family leaves onto the geometric grid r^k, r = 1 + precision / 2: the noise
-    multiplier down and the sampling rate up for the pessimistic side, the reverse for the
-    optimistic side. Sound because the pair of (sigma', q') is a post-processing of the pair of
-    (sigma, q) whenever sigma' >= sigma and q' <= q (map N(1/sigma, 1) to N(1/sigma', 1) by
-    scaling and adding independent noise, and keep a sampled component with probability q'/q),
-    for both directions and the symmetrised pair. Laplace leaves are kept as they are. (The
-    rounded value of a parameter within an ulp of a grid point can come out of exp an ulp past
-    it; :class:`_RoundingGrid` moves such a one a grid point on, so every value is on its side.)"""
-    grid = _RoundingGrid.of(_LeafColumns.of(leaves), precision, pessimistic)
-    sigma = grid.sigma.tolist()
-    rate = grid.rate.tolist()
+def _quantized(leaves: list[_Leaf], quantum: float, pessimistic: bool) -> list[_Leaf]:
+    """Round the noise multipliers of Gaussian-family leaves onto the grid of
+    :class:`_RoundingGrid` (geometric in the root s of the per-step loss-variance proxy,
+    :func:`_variance_root`, with ratio ``1 + quantum / 2``): down for the pessimistic side, up
+    for the optimistic side. Sampling rates are kept exact (a schedule's rates are few; rounding
+    them up by a grid step widened the bracket by about as much again as its noise multipliers).
+    Sound because the pair of (sigma', q) is a post-processing of the pair of (sigma, q)
+    whenever sigma' >= sigma (map N(1/sigma, 1) to N(1/sigma', 1) by scaling and adding
+    independent noise), for both directions and the symmetrised pair; every rounded value is
+    checked to lie on its side in floating point. Laplace, atom and continuous leaves are kept
+    as they are."""
+    grid = _RoundingGrid.of(_LeafColumns.of(leaves), quantum, pessimistic)
     out: list[_Leaf] = []
     made: dict[tuple[int, float, float], _Leaf] = {}  # one object per distinct key
-    for leaf, kind, noise, sampling in zip(leaves, grid.kind.tolist(), sigma, rate):
-        if leaf.mechanism == _LAPLACE or leaf.mechanism in _KEPT_MECHANISMS:
+    for leaf, rounded, sigma in zip(leaves, grid.rounded.tolist(), grid.sigma.tolist()):
+        if not rounded:
             out.append(leaf)
             continue
-        triple = (int(kind), noise, sampling)
+        triple = (leaf.mechanism, sigma, leaf.rate)
         key = made.get(triple)
         if key is None:
             key = made[triple] = _Leaf(*triple)
@@ -1029,47 +1033,58 @@ def _quantized(leaves: list[_Leaf], precision: float, pessimistic: bool) -> list
     return out
 
 
+def _variance_root(sigma: np.ndarray, rate: np.ndarray) -> np.ndarray:
+    """s = sqrt(v), v the per-step loss-variance proxy of :func:`_loss_variance`:
+    ``v = min(mu^2, q^2 (e^{mu^2} - 1))`` for a sampled Gaussian (rate q < 1), ``v = mu^2``
+    without sampling, mu = 1 / sigma. Strictly decreasing in sigma at a fixed rate."""
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore", under="ignore"):
+        mu = 1.0 / sigma
+        sampled = rate * np.sqrt(np.expm1(np.minimum(mu * mu, 700.0)))
+        return np.where(rate < 1.0, np.minimum(mu, sampled), mu)
+
+
+def _sigma_of_root(root: np.ndarray, rate: np.ndarray) -> np.ndarray:
+    """The inverse of :func:`_variance_root` at a fixed rate: the noise multiplier 1 / mu with
+    mu = max(s, sqrt(log(1 + s^2 / q^2))) for q < 1, mu = s without sampling (rounded: the
+    callers check the side)."""
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore", under="ignore"):
+        sampled = np.sqrt(np.log1p(np.square(root / rate)))
+        return 1.0 / np.where(rate < 1.0, np.maximum(root, sampled), root)
+
+
 def _gap_quantum(leaves: list[_Leaf], counts: Sequence[int], precision: float) -> float:
-    """The coarsest quantum ``precision * 2^(j/4)``, ``-8 <= j <= 4``, at which the two roundings
-    of :func:`_quantized` move the composed loss variance proxy ``V = sum_i c_i v_i`` (``v = q^2
-    (e^{mu^2} - 1)`` for a subsampled Gaussian, ``mu^2`` without sampling; see
-    :func:`_loss_variance`) apart by at most ``_ROUNDING_GAP * precision`` relative:
-    ``(V(pessimistic sigmas) - V(optimistic sigmas)) / V`` at the exact rates, plus ``sum_i c_i
-    v_i (q_i' - q_i'') / q_i / V`` for the rates. (Epsilon grows about like sqrt(V) to V, so
-    the relative gap the rounding opens is at most about that much: on a schedule of
-    Poisson-subsampled Gaussians, q = 0.01, sigma decaying from 2 to 0.8 over 10^4 steps, the
-    measured widening is about 3/4 of the prediction at quanta from 1e-3 to 4e-3.) The finest
-    quantum of the range if none is within the budget. Only tightness depends on this choice; every quantum is sound.
+    """The coarsest quantum ``precision * 2^(j/4)``, ``-8 <= j <= 8``, at which the two
+    roundings of :func:`_quantized` move the composed loss variance proxy ``V = sum_i c_i v_i``
+    (:func:`_loss_variance`, v = s^2) apart by at most ``_ROUNDING_GAP * precision`` relative:
+    ``(V(pessimistic sigmas) - V(optimistic sigmas)) / V``, about ``quantum`` since each leaf's
+    s moves by one grid ratio ``1 + quantum / 2``. (Epsilon grows about like sqrt(V) to V, so
+    the relative gap the rounding opens is at most about that much: on bench/bench_schedules.py's
+    schedules the measured widening is below the prediction.) The finest quantum of the range if
+    none is within the budget. Only tightness depends on this choice; every quantum is sound.
     Found by bisection over j (the predicted gap grows with the quantum)."""
     columns = _LeafColumns.of(leaves)
-    rounded = _RoundingGrid.of(columns, precision, True).rounded
-    weights = np.where(rounded, np.asarray(counts, dtype=float), 0.0)
-
-    def variances(sigma: np.ndarray, rate: np.ndarray) -> np.ndarray:
-        # (A noise multiplier below 1e-154 makes mu^2 inf; the prediction is then NaN and the
-        # finest quantum is taken.)
-        with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
-            mu2 = 1.0 / (sigma * sigma)
-            sampled = np.minimum(mu2, rate * rate * np.expm1(np.minimum(mu2, 700.0)))
-            return weights * np.where(rate < 1.0, sampled, mu2)
-
-    per_leaf = variances(columns.parameter, columns.rate)
-    exact = math.fsum(per_leaf.tolist())
-    if not exact > 0.0:
+    weights = np.where(columns.rounded, np.asarray(counts, dtype=float), 0.0)
+    with np.errstate(invalid="ignore", over="ignore"):
+        per_leaf = np.where(columns.rounded, weights * np.square(columns.root), 0.0)
+        exact = math.fsum(per_leaf.tolist())
+    if not 0.0 < exact < math.inf:
         return precision
 
     def within(j: int) -> bool:
         quantum = precision * 2.0 ** (j / 4.0)
-        up = _RoundingGrid.of(columns, quantum, True)
-        down = _RoundingGrid.of(columns, quantum, False)
-        rate = columns.rate
-        with np.errstate(invalid="ignore"):
-            spread = variances(up.sigma, rate) - variances(down.sigma, rate)
-            # A rate moves epsilon about in proportion (the loss tail is log q + ...), not q^2.
-            spread = spread + per_leaf * (up.rate - down.rate) / rate
-        return math.fsum(spread.tolist()) <= _ROUNDING_GAP * precision * exact
+        up = _RoundingGrid.of(columns, quantum, True).sigma
+        down = _RoundingGrid.of(columns, quantum, False).sigma
+        with np.errstate(invalid="ignore", over="ignore"):
+            spread = weights * (
+                np.square(_variance_root(up, columns.rate))
+                - np.square(_variance_root(down, columns.rate))
+            )
+        # (A NaN or inf prediction, e.g. a noise multiplier below 1e-154, is not within.)
+        return math.fsum(np.where(columns.rounded, spread, 0.0).tolist()) <= (
+            _ROUNDING_GAP * precision * exact
+        )
 
-    low, high = -8, 4  # find the largest j in [low, high] that is within
+    low, high = -8, 8  # find the largest j in [low, high] that is within
     if within(high):
         return precision * 2.0 ** (high / 4.0)
     while high - low > 1:
@@ -1079,93 +1094,122 @@ def _gap_quantum(leaves: list[_Leaf], counts: Sequence[int], precision: float) -
 
 
 #: Budget of :func:`_gap_quantum`, in units of the precision, for the predicted widening of the
-#: bracket by the rounding of a schedule's noise multipliers and rates. The measured widening is
-#: 3/4 of the prediction (epsilon about 5) to about all of it (epsilon about 20), so the bracket
-#: of such a schedule is up to about 3 times the precision wide (at most 0.3% at the default
-#: precision on bench/bench_schedules.py's schedules, 10^3 to 10^5 steps).
-_ROUNDING_GAP = 2.5
+#: bracket by the rounding of a schedule's noise multipliers.
+_ROUNDING_GAP = 3.0
 
 
-def _rounded_counts(leaves: list[_Leaf], precisions: Sequence[float], pessimistic: bool) -> list[int]:
-    """For each precision, the number of distinct keys :func:`_quantized` would make of
-    ``leaves`` (counted on the grid indices, without making the keys)."""
+def _rounded_counts(leaves: list[_Leaf], quanta: Sequence[float], pessimistic: bool) -> list[int]:
+    """For each quantum, the number of distinct keys :func:`_quantized` would make of
+    ``leaves`` (counted on the arrays, without making the keys)."""
     columns = _LeafColumns.of(leaves)
-    return [_RoundingGrid.of(columns, precision, pessimistic).distinct() for precision in precisions]
+    return [_RoundingGrid.of(columns, quantum, pessimistic).distinct() for quantum in quanta]
 
 
 @dataclass(frozen=True)
 class _LeafColumns:
-    """Leaves as arrays (mechanism code, parameter, rate, and the logarithms of the last two)."""
+    """Leaves as arrays: mechanism code, parameter, rate, whether the leaf is rounded (the
+    Gaussian family; Laplace, atom and continuous leaves are kept), and the root s of its
+    loss-variance proxy (:func:`_variance_root`; 1.0 for a kept leaf)."""
 
     mechanism: np.ndarray
     parameter: np.ndarray
     rate: np.ndarray
-    log_parameter: np.ndarray
-    log_rate: np.ndarray
+    rounded: np.ndarray
+    root: np.ndarray
 
     @classmethod
     def of(cls, leaves: list[_Leaf]) -> _LeafColumns:
-        mechanism, parameter, rate = (np.array(column, dtype=float) for column in zip(*leaves))
-        return cls(mechanism, parameter, rate, np.log(parameter), np.log(rate))
+        """The columns of ``leaves``. The last list asked about is remembered with its length
+        (the accountant's key lists only grow, and a query asks about the same list several
+        times: the quantum's search, then the rounding of each side)."""
+        last = _LAST_COLUMNS
+        if last and last[0] is leaves and last[1] == len(leaves) and (
+            not leaves or (last[3] is leaves[0] and last[4] is leaves[-1])
+        ):
+            return last[2]  # type: ignore[no-any-return]
+        if not leaves:
+            empty = np.zeros(0)
+            return cls(empty, empty, empty, np.zeros(0, dtype=bool), empty)
+        table = np.array(leaves, dtype=float).reshape(len(leaves), 3)
+        mechanism, parameter, rate = table[:, 0], table[:, 1], table[:, 2]
+        rounded = ~np.isin(mechanism, (_LAPLACE,) + _KEPT_MECHANISMS)
+        root = np.where(rounded, _variance_root(np.where(rounded, parameter, 1.0), rate), 1.0)
+        columns = cls(mechanism, parameter, rate, rounded, root)
+        _LAST_COLUMNS[:] = [leaves, len(leaves), columns, leaves[0], leaves[-1]]
+        return columns
+
+
+#: (list, its length, its columns, its first and last leaf) of the last :meth:`_LeafColumns.of`
+#: (the list is held, so its identity cannot be reused by another list while it is remembered).
+_LAST_COLUMNS: list[Any] = []
 
 
 @dataclass(frozen=True)
 class _RoundingGrid:
-    """The grid indices of :func:`_quantized`, per leaf: the rounded noise multiplier is
-    r^sigma_index and the rounded rate r^rate_index (rate_index <= 0; 0, a rate of 1, makes the
-    leaf a plain Gaussian, ``kind``). Laplace leaves are not rounded: their indices are their raw
-    scale and rate."""
+    """The rounded noise multipliers of :func:`_quantized`, per leaf. The grid is geometric in
+    s = sqrt(v) (:func:`_variance_root`), s' = r^k with r = 1 + quantum / 2: the pessimistic
+    side takes the noise multiplier of the grid point at or above s (a larger s, a smaller
+    sigma), the optimistic side that of the point at or below it. Each leaf's variance proxy
+    then moves by the same relative amount whatever its noise multiplier (a grid geometric in
+    sigma moves the proxy of a small noise multiplier, whose e^{1/sigma^2} grows fast, several
+    times more than that of a large one). The inverse (:func:`_sigma_of_root`) is rounded: a
+    value that lands on the wrong side of the exact noise multiplier moves one grid point on,
+    and a leaf where that does not settle it keeps its own noise multiplier. So every rounded
+    value is on its side exactly, in floating point. ``quantum`` 0 keeps every leaf."""
 
-    kind: np.ndarray
-    sigma_index: np.ndarray
-    rate_index: np.ndarray
-    log_r: float
-    #: r^sigma_index and r^rate_index as computed (what :func:`_quantized` keys the leaves by)
+    #: the noise multiplier each leaf is keyed by (the leaf's own where it is kept)
     sigma: np.ndarray
-    rate: np.ndarray
     #: whether the leaf is rounded (False: Laplace and the other leaves kept as they are)
     rounded: np.ndarray
+    mechanism: np.ndarray
+    rate: np.ndarray
 
     @classmethod
-    def of(cls, leaves: _LeafColumns, precision: float, pessimistic: bool) -> _RoundingGrid:
-        laplace = np.isin(leaves.mechanism, (_LAPLACE,) + _KEPT_MECHANISMS)
-        log_r = math.log1p(precision / 2.0)
-        down, up = (np.floor, np.ceil) if pessimistic else (np.ceil, np.floor)
-        sigma_index = np.where(laplace, leaves.parameter, down(leaves.log_parameter / log_r))
-        rate_index = np.where(leaves.rate < 1.0, np.minimum(up(leaves.log_rate / log_r), 0.0), 0.0)
-        rate_index = np.where(laplace, leaves.rate, rate_index)
-        # The index comes from a rounded logarithm and the value from a rounded exp: for a
-        # parameter within a few ulp of a grid point, r^index can land past it, on the unsound
-        # side (a noise multiplier an ulp above the true one on the pessimistic side). Such an
-        # index moves one grid point on (the grid's spacing, precision / 2 relative, is far
-        # wider than the error of exp), so every rounded value is on its side exactly.
-        rounded = ~laplace
-        sigma = np.exp(sigma_index * log_r)
-        past = sigma > leaves.parameter if pessimistic else sigma < leaves.parameter
-        past &= rounded
-        if past.any():
-            sigma_index = np.where(past, sigma_index + (-1.0 if pessimistic else 1.0), sigma_index)
-            sigma = np.exp(sigma_index * log_r)
-        rate = np.exp(rate_index * log_r)
-        past = rate < leaves.rate if pessimistic else rate > leaves.rate
-        past &= rounded & (leaves.rate < 1.0)
-        if past.any():
-            rate_index = np.where(past, rate_index + (1.0 if pessimistic else -1.0), rate_index)
-            rate = np.exp(rate_index * log_r)
-        kind = np.where(~laplace & (rate_index == 0.0), _GAUSSIAN, leaves.mechanism)
-        return cls(kind, sigma_index, rate_index, log_r, sigma, rate, rounded)
+    def of(cls, leaves: _LeafColumns, quantum: float, pessimistic: bool) -> _RoundingGrid:
+        if not quantum > 0.0 or leaves.parameter.size == 0:
+            return cls(leaves.parameter, leaves.rounded, leaves.mechanism, leaves.rate)
+        log_r = math.log1p(quantum / 2.0)
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            scaled = np.log(leaves.root) / log_r
+        active = leaves.rounded & np.isfinite(scaled) & (np.abs(scaled) < 2.0**50)
+        scaled = np.where(active, scaled, 0.0)
+        index = np.ceil(scaled) if pessimistic else np.floor(scaled)
+        step = 1.0 if pessimistic else -1.0
+
+        def sigma_at(k: np.ndarray) -> np.ndarray:
+            with np.errstate(over="ignore", under="ignore"):
+                return _sigma_of_root(np.exp(k * log_r), leaves.rate)
+
+        candidate = sigma_at(index)
+        for _ in range(3):
+            wrong = active & ~_on_side(candidate, leaves.parameter, pessimistic)
+            if not wrong.any():
+                break
+            index = np.where(wrong, index + step, index)
+            candidate = np.where(wrong, sigma_at(index), candidate)
+        good = active & _on_side(candidate, leaves.parameter, pessimistic)
+        sigma = np.where(good, candidate, leaves.parameter)
+        return cls(sigma, leaves.rounded, leaves.mechanism, leaves.rate)
 
     def distinct(self) -> int:
-        """The number of distinct (kind, sigma index, rate index) rows (by sorting, not hashing
-        tens of thousands of tuples)."""
-        if self.kind.size == 0:
+        """The number of distinct (mechanism, sigma, rate) rows (by sorting, not hashing tens
+        of thousands of tuples)."""
+        if self.sigma.size == 0:
             return 0
-        order = np.lexsort((self.rate_index, self.sigma_index, self.kind))
-        columns = [column[order] for column in (self.kind, self.sigma_index, self.rate_index)]
+        order = np.lexsort((self.rate, self.sigma, self.mechanism))
+        columns = [column[order] for column in (self.mechanism, self.sigma, self.rate)]
         changed = np.zeros(order.size - 1, dtype=bool)
         for column in columns:
             changed |= column[1:] != column[:-1]
         return int(changed.sum()) + 1
+
+
+def _on_side(candidate: np.ndarray, sigma: np.ndarray, pessimistic: bool) -> np.ndarray:
+    """Whether each rounded noise multiplier is a positive finite value on its side of the
+    exact one (at most it for the pessimistic side, at least it for the optimistic side)."""
+    with np.errstate(invalid="ignore"):
+        side = candidate <= sigma if pessimistic else candidate >= sigma
+        return side & np.isfinite(candidate) & (candidate > 0.0)
 
 
 def _laplace_aligned(step: float, losses: Sequence[float]) -> float:
