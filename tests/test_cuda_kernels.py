@@ -195,3 +195,69 @@ def test_clipped_sum_under_autocast_matches_per_example_autograd(amp: torch.dtyp
     assert float(num / den) < tol
     # the sum of batch norms-clipped contributions has norm <= batch * C
     assert float(torch.sqrt(sum(a.pow(2).sum() for a in got))) <= batch * bound * (1 + 1e-6)
+
+
+class _SequenceModel(torch.nn.Module):
+    """Embedding-free sequence model: linear maps on (B, T, d), mean over positions, head."""
+
+    def __init__(self, width: int, hidden: int) -> None:
+        super().__init__()
+        self.inner = torch.nn.Linear(width, hidden)
+        self.outer = torch.nn.Linear(hidden, width)
+        self.head = torch.nn.Linear(width, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.outer(torch.nn.functional.gelu(self.inner(x))).mean(dim=1))
+
+
+@pytest.mark.parametrize("amp", [None, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(("seq", "width", "hidden"), [(4, 32, 48), (64, 8, 8)])
+def test_sequence_linear_clipped_sum_under_autocast(amp: torch.dtype | None, seq: int,
+                                                    width: int, hidden: int) -> None:
+    """Linear layers on sequences on CUDA, on the Gram-norm path (seq 4, width 32: d p > T (d + p))
+    and on the materialised path (seq 64, width 8), forward in float32 or under bf16 / fp16
+    autocast (where the Gram matrices and per-example gradients are half-precision products
+    accumulated in float32): the clipped sum equals batch-size-1 autograd's within the forward
+    precision's rounding, and the sum's norm is at most batch * C."""
+    _need_cuda()
+    from dpsharp.torch import NoiseGenerator, PerSampleClipper
+
+    torch.manual_seed(1)
+    model = _SequenceModel(width, hidden).cuda()
+    batch, bound = 10, 0.02
+    x = torch.randn(batch, seq, width, device="cuda")
+    y = torch.randint(0, 5, (batch,), device="cuda")
+    want = _per_example_reference(model, x, y, bound, amp)
+    clipper = PerSampleClipper(model, max_grad_norm=bound, loss_reduction="sum")
+    with torch.autocast("cuda", dtype=amp, enabled=amp is not None):
+        out = model(x)
+    torch.nn.functional.cross_entropy(out.float(), y, reduction="sum").backward()
+    clipper.release(noise_multiplier=0.0, expected_batch_size=1.0, noise=NoiseGenerator(3))
+    got = [p.grad.double() for p in clipper.parameters]
+    tol = {None: 1e-5, torch.bfloat16: 3e-2, torch.float16: 5e-3}[amp]
+    num = torch.sqrt(sum((a - b).pow(2).sum() for a, b in zip(got, want)))
+    den = torch.sqrt(sum(b.pow(2).sum() for b in want))
+    assert float(num / den) < tol
+    assert float(torch.sqrt(sum(a.pow(2).sum() for a in got))) <= batch * bound * (1 + 1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_products_are_float32_sums_of_exact_products(dtype: torch.dtype) -> None:
+    """The Gram matrices and per-example gradients of half-precision layers on CUDA are products
+    of the half-precision operands with float32 accumulation: against the float64 product of the
+    same values each entry is within the float32 summation bound K 2^-23 sum_k |a_k b_k| (a
+    result rounded to the half type would be off by up to 2^-9 or 2^-12 relative)."""
+    _need_cuda()
+    from dpsharp.torch.layers.usages import _wide_bmm
+
+    gen = torch.Generator().manual_seed(5)
+    k = 300
+    m1 = torch.randn(6, 40, k, generator=gen).to(dtype).cuda()
+    m2 = torch.randn(6, k, 24, generator=gen).to(dtype).cuda()
+    got = _wide_bmm(m1, m2)
+    assert got.dtype == torch.float32
+    want = torch.bmm(m1.double(), m2.double())
+    bound = k * 2.0**-23 * torch.bmm(m1.double().abs(), m2.double().abs())
+    assert bool(((got.double() - want).abs() <= bound).all())
+    # and the result is not merely the half-precision product widened
+    assert not torch.equal(got, torch.bmm(m1, m2).float())

@@ -47,11 +47,32 @@ def _trainable(p: nn.Parameter | None) -> nn.Parameter | None:
     return p if p is not None and p.requires_grad else None
 
 
+def _as_autocast_reads(x: torch.Tensor) -> torch.Tensor:
+    """The input as an autocast-enabled matrix product or convolution reads it: cast to the
+    autocast dtype (float16 / bfloat16) when autocast is on for x's device and x is a floating
+    tensor other than float64 (torch's own eligibility rule), else x itself.
+
+    A layer's weight gradient under autocast is the product of the output gradient with this
+    cast input, so it is what the per-example gradients are made of; keeping it (not the
+    float32 input) also keeps the norms and clipped sums on half-precision operands, whose
+    products are exact in the float32 accumulation (usages.py), and halves the stored
+    activations."""
+    device_type = x.device.type
+    if not x.is_floating_point() or x.dtype == torch.float64:
+        return x
+    if not torch.is_autocast_enabled(device_type):
+        return x
+    cast = torch.get_autocast_dtype(device_type)
+    return x if x.dtype == cast else x.to(cast)
+
+
 class _LinearFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                 handle: LayerHandle) -> torch.Tensor:
         ctx.handle = handle
+        ctx.input_dtype = x.dtype
+        x = _as_autocast_reads(x)
         ctx.save_for_backward(x, weight)
         # One position per example (2-D input): the weight's ghost norm needs only ||x_i||^2
         # (LinearUsage), taken here rather than re-read at the end of the backward pass, and
@@ -76,8 +97,8 @@ class _LinearFn(torch.autograd.Function):
         grad_in = None
         if ctx.needs_input_grad[0]:
             grad_in = grad_out @ (weight if weight.dtype == dtype else weight.to(dtype))
-            if x.dtype != dtype:
-                grad_in = grad_in.to(x.dtype)
+            if grad_in.dtype != ctx.input_dtype:
+                grad_in = grad_in.to(ctx.input_dtype)
         if x.dtype != dtype:
             common = torch.promote_types(x.dtype, dtype)
             x, grad_out = x.to(common), grad_out.to(common)
@@ -103,6 +124,8 @@ class _ConvFn(torch.autograd.Function):
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                 handle: LayerHandle) -> torch.Tensor:
         ctx.handle = handle
+        ctx.input_dtype = x.dtype
+        x = _as_autocast_reads(x)
         ctx.save_for_backward(x, weight)
         m = handle.module
         conv = F.conv1d if isinstance(m, nn.Conv1d) else F.conv2d
@@ -118,7 +141,7 @@ class _ConvFn(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             fn = torch.nn.grad.conv1d_input if one_d else torch.nn.grad.conv2d_input
             grad_in = fn(x.shape, weight.to(grad_out.dtype), grad_out, m.stride, m.padding,
-                         m.dilation, m.groups).to(x.dtype)
+                         m.dilation, m.groups).to(ctx.input_dtype)
         common = torch.promote_types(x.dtype, grad_out.dtype)  # autocast: see _LinearFn
         # The input, not its patches (C * prod(kernel) times larger): the usage builds those
         # per chunk of examples when it computes the norms.

@@ -85,6 +85,41 @@ def _wide(t: torch.Tensor) -> torch.Tensor:
     return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
 
 
+@functools.lru_cache(maxsize=None)
+def _bmm_has_out_dtype(device_type: str) -> bool:
+    """Whether this torch has ``torch.bmm(..., out_dtype=torch.float32)`` for half-precision
+    operands on ``device_type`` (CUDA since torch 2.8; not on the CPU)."""
+    import torch
+
+    try:
+        probe = torch.ones(1, 1, 1, dtype=torch.bfloat16, device=device_type)
+        return torch.bmm(probe, probe, out_dtype=torch.float32).dtype == torch.float32
+    except (RuntimeError, TypeError, NotImplementedError):
+        return False
+
+
+def _wide_bmm(m1: torch.Tensor, m2: torch.Tensor,
+              out: torch.Tensor | None = None) -> torch.Tensor:
+    """``torch.bmm(m1, m2)`` of float32-widened operands, in float32 (other dtypes: the plain
+    product).
+
+    float16 / bfloat16 operands on a device whose torch offers ``out_dtype`` are multiplied as
+    they are, with float32 accumulation and a float32 result (the tensor cores' mixed-precision
+    product): the product of two bfloat16 (8-bit significand) or float16 (11-bit) numbers is
+    exact in float32 (24 bits), so this computes the same sum of exact products in float32 as
+    the product of widened copies, without writing the copies, and at the half-precision
+    matrix rate (a GPT-2-small layer under bf16 autocast: its Gram matrices in float32 ran at
+    about a tenth of the non-private backward's rate on an H200). Elsewhere the operands are
+    widened first. ``out``, when given, receives the float32 (or plain) product."""
+    import torch
+
+    half = (torch.float16, torch.bfloat16)
+    if m1.dtype in half and m1.dtype == m2.dtype and _bmm_has_out_dtype(m1.device.type):
+        product = torch.bmm(m1, m2, out_dtype=torch.float32)
+        return product if out is None else out.copy_(product)
+    return torch.bmm(_wide(m1), _wide(m2), out=out)
+
+
 def _rows(t: torch.Tensor) -> torch.Tensor:
     """(B, ...) -> contiguous (B, n) without a copy when already contiguous."""
     return t.reshape(t.shape[0], -1)
@@ -204,12 +239,36 @@ def _scaled_factors(factors: torch.Tensor, scale: float, dtype: torch.dtype,
     return weights
 
 
+def _device_weighted_sum(rows: torch.Tensor, weights: torch.Tensor,
+                         out: torch.Tensor | None = None) -> torch.Tensor:
+    """sum_i weights[i] * rows[i] (``out +=`` it in place when given) for float32 / float64
+    rows (B, ...) on a GPU, flattened: the weights rounded once to the rows' dtype, then one
+    (1, B) x (B, n) matrix product per block of :data:`_SUM_BLOCK_ROWS` examples, blocks summed
+    in float64 (:func:`_blocked_product`), as the linear layers' clipped sums are. The fused
+    CUDA kernel instead runs one thread per ten columns, serially over the batch: with few
+    columns (a ResNet-18 layer's 36,864 weights per example at batch 256) too few threads to
+    hide the loads' latency (its weighted sums took a third of a DP step on an H200)."""
+    import torch
+
+    batch = int(rows.shape[0])
+    flat = rows.reshape(batch, -1)
+    row_weights = weights.to(rows.dtype).reshape(1, batch)
+    if out is None:
+        return _blocked_product(row_weights, flat).reshape(-1)
+    _blocked_product(row_weights, flat, base=out.view(1, -1))
+    return out
+
+
 def weighted_sum(rows: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """sum_i weights[i] * rows[i] for rows (B, ...) and float64 weights (B,): the fused kernel
-    (float64 sums, in order) for the dtypes it reads, a torch reduction otherwise (float16)."""
+    """sum_i weights[i] * rows[i] for rows (B, ...) and float64 weights (B,): on a GPU one
+    matrix product (float32 / float64 rows, :func:`_device_weighted_sum`), elsewhere the fused
+    kernel (float64 sums, in order) for the dtypes it reads, a torch reduction otherwise
+    (float16)."""
     import torch
 
     rows = rows.contiguous()
+    if rows.is_cuda and rows.dtype in (torch.float32, torch.float64):
+        return _device_weighted_sum(rows, weights).reshape(rows.shape[1:])
     if rows.dtype in (torch.float32, torch.float64, torch.bfloat16):
         out = torch.empty(rows.shape[1:], dtype=rows.dtype, device=rows.device)
         return kernels.clip_accumulate_noise(out, per_example=rows,
@@ -257,11 +316,24 @@ def _blocked_product(m1: torch.Tensor, m2: torch.Tensor,
 def conv_patches(x: torch.Tensor, kernel: tuple[int, ...], stride: tuple[int, ...],
                  padding: tuple[int, ...], dilation: tuple[int, ...]) -> torch.Tensor:
     """Convolution patches (B, L, C * prod(kernel)) ordered like the weight's (C, k...) dims:
-    the C++ kernel on the CPU, strided views and one copy elsewhere."""
-    import torch.nn.functional as F
-
+    the C++ kernel on the CPU; elsewhere torch's im2col for 2-D kernels (``F.unfold``, whose
+    (B, C * prod(kernel), L) result is returned as a transposed view: the matrix products that
+    read the patches take either layout), strided views and one copy for 1-D ones."""
     if x.device.type == "cpu":
         return kernels.conv_patches(x, kernel, stride, padding, dilation)
+    return _device_conv_patches(x, kernel, stride, padding, dilation)
+
+
+def _device_conv_patches(x: torch.Tensor, kernel: tuple[int, ...], stride: tuple[int, ...],
+                         padding: tuple[int, ...], dilation: tuple[int, ...]) -> torch.Tensor:
+    """:func:`conv_patches` off the CPU (any device; the tests run it on the CPU too). For 2-D
+    kernels ``F.unfold``: one im2col pass, where the strided view below costs a permuted gather
+    copy (a ResNet-18 step's patches took 10 ms of its 66 ms on an H200 that way)."""
+    import torch.nn.functional as F
+
+    if len(kernel) == 2:
+        return F.unfold(x, kernel, dilation=dilation, padding=padding,
+                        stride=stride).transpose(1, 2)
     pad: list[int] = []
     for p_ in reversed(padding):
         pad += [p_, p_]
@@ -489,16 +561,16 @@ class LinearUsage(_WeightBiasUsage):
             return self._input_sq() * self.out_grad_sq() * s2
         if not self._materialise_weight() and self._fused_sequence_norms():
             return self._sequence_norms()[0] * s2
-        a_all, g_all = _wide(self.a), _wide(self.g)
+        a_all, g_all = self.a, self.g
         if self._materialise_weight():
-            if a_all is not self.a or g_all is not self.g:
-                per_example = torch.bmm(g_all.transpose(1, 2), a_all)
+            if a_all.dtype in (torch.float16, torch.bfloat16):
+                per_example = _wide_bmm(g_all.transpose(1, 2), a_all)
             else:
                 self._weight_per_example()
                 per_example = self._per_example_base  # the norm does not see the layout
             return kernels.per_example_sq_norms(per_example) * s2
-        gram_a = torch.bmm(a_all, a_all.transpose(1, 2))
-        gram_g = torch.bmm(g_all, g_all.transpose(1, 2))
+        gram_a = _wide_bmm(a_all, a_all.transpose(1, 2))
+        gram_g = _wide_bmm(g_all, g_all.transpose(1, 2))
         return kernels.per_example_dots(gram_a, gram_g) * s2
 
     def flat_sq_norm_term(self, params: list[torch.nn.Parameter]) -> kernels.SqNormTerm:
@@ -574,6 +646,9 @@ class LinearUsage(_WeightBiasUsage):
                 and out.dtype in (torch.float32, torch.float64)):
             if p is self.bias:
                 rows = self._bias_per_example().contiguous()
+                if rows.is_cuda:
+                    _device_weighted_sum(rows, factors * self.scale, out=out)
+                    return
                 kernels.clip_accumulate_noise(out, per_example=rows,
                                               factors=(factors * self.scale).contiguous(),
                                               base=out)
@@ -618,7 +693,9 @@ class ConvUsage(_WeightBiasUsage):
         return [p for p in (self.weight, self.bias) if p is not None]
 
     def _patches(self, lo: int, hi: int) -> torch.Tensor:
-        return _wide(conv_patches(self.x[lo:hi], *self._geometry))
+        """Patches of examples lo..hi in the input's dtype (half precision stays half: the
+        products below widen it, see :func:`_wide_bmm`)."""
+        return conv_patches(self.x[lo:hi], *self._geometry)
 
     def _fused_kernel(self) -> bool:
         """Whether the per-example weight gradients come from the fused C++ kernel (CPU)."""
@@ -652,12 +729,13 @@ class ConvUsage(_WeightBiasUsage):
                 _wide(self.x), _wide(self.g), *self._geometry)
         if self._per_example_weight is None:
             b, out_channels, positions = self.g.shape
-            g = _wide(self.g)
-            pe = torch.empty(b, out_channels, self._row, dtype=g.dtype, device=g.device)
+            g = self.g
+            pe = torch.empty(b, out_channels, self._row, dtype=_wide(g[:0]).dtype,
+                             device=g.device)
             step = self._step(positions * self._row)
             for lo in range(0, b, step):
                 hi = min(b, lo + step)
-                torch.bmm(g[lo:hi], self._patches(lo, hi), out=pe[lo:hi])
+                _wide_bmm(g[lo:hi], self._patches(lo, hi), out=pe[lo:hi])
             self._per_example_weight = pe
         return self._per_example_weight
 
@@ -680,9 +758,9 @@ class ConvUsage(_WeightBiasUsage):
         for lo in range(0, b, step):
             hi = min(b, lo + step)
             patches = self._patches(lo, hi)  # (n, L, d)
-            g = _wide(self.g[lo:hi])  # (n, O, L)
-            gram_p = torch.bmm(patches, patches.transpose(1, 2))
-            gram_g = torch.bmm(g.transpose(1, 2), g)
+            g = self.g[lo:hi]  # (n, O, L)
+            gram_p = _wide_bmm(patches, patches.transpose(1, 2))
+            gram_g = _wide_bmm(g.transpose(1, 2), g)
             out[lo:hi] = kernels.per_example_dots(gram_p, gram_g)
         return out * s2
 

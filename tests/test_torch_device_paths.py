@@ -1,0 +1,92 @@
+"""The device-side helpers of the clipper, run here on CPU tensors (the functions do not depend on
+the device; tests/test_cuda_kernels.py runs them on a GPU):
+
+* ``_device_weighted_sum``: sum_i w_i rows[i] as blocked float32 / float64 matrix products,
+  against the float64 sum of the same values;
+* ``_as_autocast_reads``: the input a layer's product reads under autocast (torch's cast rule).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+pytestmark = pytest.mark.torch
+
+
+@pytest.mark.parametrize("batch", [1, 7, 256, 5000])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_device_weighted_sum_matches_float64_sum(batch: int, dtype: torch.dtype) -> None:
+    """float32 rows: within the blocked summation bound (4,096-example blocks in float32, blocks
+    added in float64) of the exact sum of the float32-rounded weights times the rows; float64
+    rows: to float64 rounding. Also the in-place form (out += sum)."""
+    from dpsharp.torch.layers.usages import _device_weighted_sum
+
+    gen = torch.Generator().manual_seed(batch)
+    rows = torch.randn(batch, 3, 5, generator=gen).to(dtype)
+    weights = torch.rand(batch, generator=gen, dtype=torch.float64)
+    got = _device_weighted_sum(rows, weights)
+    assert got.dtype == dtype and got.shape == (15,)
+    w = weights.to(dtype).double()  # the weights are rounded once to the rows' dtype
+    exact = (w[:, None] * rows.reshape(batch, -1).double()).sum(dim=0)
+    magnitude = (w[:, None] * rows.reshape(batch, -1).double()).abs().sum(dim=0)
+    unit = 2.0**-24 if dtype == torch.float32 else 2.0**-53
+    bound = (min(batch, 4096) + 2) * unit * magnitude + unit * exact.abs()
+    assert bool(((got.double() - exact).abs() <= bound).all())
+    base = torch.randn(15, generator=gen).to(dtype)
+    out = base.clone()
+    assert _device_weighted_sum(rows, weights, out=out) is out
+    assert bool(((out.double() - base.double() - exact).abs()
+                 <= bound + 2 * unit * (base.double().abs() + exact.abs())).all())
+
+
+def test_autocast_reads_follow_torch_cast_rule() -> None:
+    """Under CPU autocast (bfloat16) a float32 input is read as bfloat16, a float64 input and an
+    integer input as they are; outside autocast nothing is cast. The weight gradient of a linear
+    layer under autocast is the product with exactly that cast input."""
+    from dpsharp.torch.layers.functions import _as_autocast_reads
+
+    x32 = torch.randn(4, 3)
+    x64 = x32.double()
+    idx = torch.arange(4)
+    assert _as_autocast_reads(x32) is x32
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        cast = _as_autocast_reads(x32)
+        assert cast.dtype == torch.bfloat16 and torch.equal(cast, x32.to(torch.bfloat16))
+        assert _as_autocast_reads(x64) is x64
+        assert _as_autocast_reads(idx) is idx
+        # torch's own product under autocast: its weight gradient is g^T x_cast
+        w = torch.randn(2, 3, requires_grad=True)
+        out = torch.nn.functional.linear(x32, w)
+    g = torch.randn(4, 2).to(out.dtype)
+    out.backward(g)
+    want = (g.t() @ cast).float()
+    torch.testing.assert_close(w.grad, want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    ("shape", "kernel", "stride", "padding", "dilation"),
+    [((3, 4, 9, 10), (3, 3), (1, 1), (1, 1), (1, 1)),
+     ((2, 2, 7, 8), (2, 3), (2, 1), (0, 2), (2, 1)),
+     ((2, 3, 12, 12), (7, 7), (3, 2), (3, 3), (1, 1)),
+     ((4, 3, 17), (5,), (1,), (2,), (3,)),
+     ((3, 2, 12), (6,), (3,), (4,), (2,))],
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_device_conv_patches_equal_cpu_kernel(shape, kernel, stride, padding, dilation,
+                                              dtype) -> None:
+    """The patches the clipper builds off the CPU (im2col for 2-D kernels, a strided gather for
+    1-D ones) equal the C++ kernel's, which builds them position by position, and read the
+    same through the products that use them: P_i^T P_i and G_i P_i."""
+    from dpsharp.torch import kernels
+    from dpsharp.torch.layers.usages import _device_conv_patches
+
+    gen = torch.Generator().manual_seed(len(shape) + kernel[0])
+    x = torch.randn(*shape, generator=gen).to(dtype)
+    got = _device_conv_patches(x, kernel, stride, padding, dilation)
+    want = kernels.conv_patches(x, kernel, stride, padding, dilation)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    assert torch.equal(got, want)
+    g = torch.randn(shape[0], 5, want.shape[1], generator=gen).to(dtype)
+    assert torch.equal(torch.bmm(g, got), torch.bmm(g, want))
