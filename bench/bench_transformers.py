@@ -17,8 +17,12 @@ is reported as such, with its error.
 
 Timing as bench/bench_training.py: every mode in its own process; rounds interleave the modes,
 each taking a turn of 1 + `--steps` steps whose first step is dropped; the median over rounds of
-the turn means. Memory: a fresh process per (model, mode) at 1 thread; peak RSS (VmHWM) minus the
-RSS after building model, optimiser and batch.
+the turn means. ``--clock cpu`` times each step by the process's CPU time (time.process_time)
+instead of the wall clock: at 1 thread the work a step does, whatever else the machine runs
+(time spent waiting for a core shared with other jobs is not counted); at more threads it also
+counts the threads' spinning and is no measure of a step's latency. Memory: a fresh process
+per (model, mode) at 1 thread; peak RSS (VmHWM) minus the RSS after building model, optimiser
+and batch. The machine's load average before and after the run is printed with the results.
 
 Run:  python bench/bench_transformers.py --threads 1 2 --out bench/results/transformers.md
 """
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -173,9 +178,10 @@ MODES = ["nonprivate", "dpsharp", "opacus-hooks", "opacus-ghost"]
 
 
 # --------------------------------------------------------------------------- processes
-def serve(model_name: str, mode: str, threads: int) -> None:
+def serve(model_name: str, mode: str, threads: int, clock: str = "wall") -> None:
     """Child: build the step, warm up, then answer ``run K`` lines with K step times."""
     torch.set_num_threads(threads)
+    now = time.process_time if clock == "cpu" else time.perf_counter
     try:
         step = build_step(mode, *make(model_name))
         for _ in range(2):
@@ -190,18 +196,19 @@ def serve(model_name: str, mode: str, threads: int) -> None:
             break
         times = []
         for _ in range(int(words[1])):
-            t0 = time.perf_counter()
+            t0 = now()
             step()
-            times.append(time.perf_counter() - t0)
+            times.append(now() - t0)
         print(json.dumps(times), flush=True)
 
 
 class Server:
-    def __init__(self, model_name: str, mode: str, threads: int) -> None:
+    def __init__(self, model_name: str, mode: str, threads: int, clock: str = "wall") -> None:
         self.mode = mode
         self.error: str | None = None
         self.process = subprocess.Popen(
-            [sys.executable, __file__, "--serve", model_name, mode, str(threads)],
+            [sys.executable, __file__, "--serve", model_name, mode, str(threads), "--clock",
+             clock],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         first = self._line()
         if first != "ready":
@@ -228,8 +235,8 @@ class Server:
 
 
 def time_modes(model_name: str, threads: int, steps: int, rounds: int,
-               modes: list[str]) -> dict[str, float | str]:
-    servers = [Server(model_name, mode, threads) for mode in modes]
+               modes: list[str], clock: str = "wall") -> dict[str, float | str]:
+    servers = [Server(model_name, mode, threads, clock) for mode in modes]
     live = [s for s in servers if s.error is None]
     samples: dict[str, list[float]] = {s.mode: [] for s in live}
     try:
@@ -296,16 +303,19 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--no-memory", action="store_true")
+    ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                    help="step time by the wall clock or by the process's CPU time")
     ap.add_argument("--serve", nargs=3, metavar=("MODEL", "MODE", "THREADS"))
     ap.add_argument("--memory-child", nargs=2, metavar=("MODEL", "MODE"))
     ap.add_argument("--out")
     args = ap.parse_args()
     if args.serve:
-        serve(args.serve[0], args.serve[1], int(args.serve[2]))
+        serve(args.serve[0], args.serve[1], int(args.serve[2]), args.clock)
         return
     if args.memory_child:
         memory_child(*args.memory_child, args.steps)
         return
+    load_before = os.getloadavg()[0]
     lines = ["| model | threads | non-private ms | dpsharp ms | opacus-hooks ms | "
              "opacus-ghost ms | DP / non-private | opacus best / dpsharp |",
              "|---|---|---|---|---|---|---|---|"]
@@ -314,7 +324,8 @@ def main() -> None:
     failures: dict[str, str] = {}
     for model_name in args.models:
         for threads in args.threads:
-            t = time_modes(model_name, threads, args.steps, args.rounds, args.modes)
+            t = time_modes(model_name, threads, args.steps, args.rounds, args.modes,
+                           args.clock)
             for mode, v in t.items():
                 if isinstance(v, str):
                     failures[f"{model_name} / {mode}"] = v
@@ -349,10 +360,14 @@ def main() -> None:
         "# DP fine-tuning of transformers: dpsharp vs non-private vs Opacus\n\n"
         f"Command: `python {' '.join(sys.argv)}`\n\n"
         f"torch {torch.__version__}, transformers {transformers.__version__}, opacus "
-        f"{opacus.__version__}; a shared 2-core CPU loaded by other jobs while this ran: only "
-        "ratios within one run mean anything. Step = zero_grad + forward + backward "
+        f"{opacus.__version__}; {os.cpu_count()} CPU cores, load average {load_before:.1f} "
+        f"before the run and {os.getloadavg()[0]:.1f} after it (other jobs on the machine slow "
+        "every mode: only ratios within one run mean anything). Step = zero_grad + forward + "
+        "backward "
         "(+ clip/noise) + SGD step; one process per mode, modes in turns of 1 + `--steps` steps "
-        "(the first dropped), median over rounds; sigma = 1, C = 1, batch 8, sequence 128.\n\n"
+        "(the first dropped), median over rounds; sigma = 1, C = 1, batch 8, sequence 128; "
+        + ("step times are the process's CPU time (time.process_time).\n\n"
+           if args.clock == "cpu" else "step times by the wall clock.\n\n")
         + "\n".join(lines)
         + "\n\nPeak memory added by training steps (RSS delta, 1 thread):\n\n"
         + "\n".join(mem_lines) + "\n"
