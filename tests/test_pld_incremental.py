@@ -148,3 +148,159 @@ def test_lower_bound_skips_a_direction_certified_below_it(monkeypatch: pytest.Mo
     every = schedule()._bounds_at(0, tail, False)
     assert len(every) == 2
     assert lower == max(r.epsilon(1e-5, pessimistic=False) for r in every)
+
+
+def test_other_direction_is_checked_once_per_block(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A query after every one of 40 more steps (from 1,500): the remove direction is composed
+    at every step on the grid of the answer, the add direction only for the ends of the blocks
+    of 32 steps the counts fall in (the composition of more steps bounds every count of its
+    block, on the grid 16 times coarser; the block ending at 1,504 was composed by the query at
+    1,500), never on the finer grids; every answer is the fresh accountant's, bit for bit."""
+    event = PoissonSampled(Gaussian(1.0), 0.01)
+    accountant = PLDAccountant().compose(event, 1500)
+    accountant.epsilon(1e-5)
+    step = accountant._grid_step(0)
+    composed: list[tuple[float, tuple[int, ...]]] = []
+    real = pld.compose
+
+    def recording(plds, counts, **kwargs):  # type: ignore[no-untyped-def]
+        composed.append((plds[0].grid_step, tuple(counts)))
+        return real(plds, counts, **kwargs)
+
+    monkeypatch.setattr(pld, "compose", recording)
+    answers = {}
+    for steps in range(1501, 1541):
+        accountant.compose(event)
+        answers[steps] = accountant.epsilon(1e-5)
+    monkeypatch.undo()
+    assert pld._check_block(1501) == 32
+    fine = [counts for grid, counts in composed if grid == step]
+    coarse = [counts for grid, counts in composed if grid != step]
+    assert fine == [(steps,) for steps in range(1501, 1541)]  # remove, once per step
+    assert coarse == [(1536,), (1568,)]  # add: the ends of the blocks 1505-1568
+    assert {grid for grid, _ in composed if grid != step} == {16 * step}
+    for steps in (1501, 1504, 1505, 1540):
+        assert answers[steps] == PLDAccountant().compose(event, steps).epsilon(1e-5)
+
+
+def test_one_more_step_reuses_directions_and_band_factors(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One more step of an event already composed, on the same circle: the directions and the
+    exact-Gaussian test are not worked out again from the events (a function of the set of
+    events), and the band's geometric-series factors are not recomputed (functions of the
+    circle only); the answer is the fresh accountant's, bit for bit."""
+    from dpsharp.accountants import _pld_band
+
+    event = PoissonSampled(Gaussian(1.0), 0.01)
+    accountant = PLDAccountant().compose(event, 1500)
+    accountant.epsilon(1e-5)
+    leaves: list[int] = []
+    sines: list[int] = []
+    real_leaves = PLDAccountant._leaves
+    real_sin = np.sin
+
+    def counting_leaves(self, leaf, direction):  # type: ignore[no-untyped-def]
+        leaves.append(1)
+        return real_leaves(self, leaf, direction)
+
+    def counting_sin(values, *args, **kwargs):  # type: ignore[no-untyped-def]
+        sines.append(int(np.size(values)))
+        return real_sin(values, *args, **kwargs)
+
+    monkeypatch.setattr(PLDAccountant, "_leaves", counting_leaves)
+    monkeypatch.setattr(_pld_band.np, "sin", counting_sin)
+    accountant.compose(event)
+    incremental = accountant.epsilon(1e-5)
+    monkeypatch.undo()
+    assert accountant._composed("remove", True, accountant._grid_step(0), 1e-12).spectral is not None
+    assert leaves == [] and sines == []
+    assert incremental == PLDAccountant().compose(event, 1501).epsilon(1e-5)
+
+
+def test_incremental_without_sampling_follows_the_closed_form() -> None:
+    """q = 1: a query after every one of 60 steps of a Poisson-sampled Gaussian with q = 1 is
+    the exact mu-GDP epsilon with mu = sqrt(k) / sigma (Dong, Roth, Su 2019, Cor. 3.3), solved
+    here with scipy from delta(eps) = Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2), and the
+    fresh accountant's answer."""
+    from scipy.optimize import brentq
+    from scipy.stats import norm
+
+    sigma, delta = 2.0, 1e-5
+    event = PoissonSampled(Gaussian(sigma), 1.0)
+    accountant = PLDAccountant()
+    for steps in range(1, 61):
+        accountant.compose(event)
+        answer = accountant.epsilon(delta)
+        mu = math.sqrt(steps) / sigma
+
+        def excess(eps: float, mu: float = mu) -> float:
+            return float(norm.cdf(-eps / mu + mu / 2) - math.exp(eps) * norm.cdf(-eps / mu - mu / 2)
+                         - delta)
+
+        exact = brentq(excess, 0.0, 100.0, xtol=1e-14, rtol=1e-14)
+        assert exact <= answer <= exact * (1 + 1e-9)
+        if steps in (1, 17, 60):
+            assert answer == PLDAccountant().compose(event, steps).epsilon(delta)
+
+
+@pytest.mark.peers
+def test_incremental_answers_bracket_dp_accounting() -> None:
+    """A query after every step of a Poisson-subsampled Gaussian (q = 0.02, sigma = 0.8, both
+    directions of add/remove): at 30 and 120 steps the answer is the fresh accountant's, bit for
+    bit, at least dp-accounting 0.6.0's optimistic PLD epsilon at a grid step of 1e-3 (a lower
+    bound of the exact epsilon up to its truncation) and at most its pessimistic one plus 0.2%;
+    delta(1.0) likewise."""
+    pld_module = pytest.importorskip("dp_accounting.pld.privacy_loss_distribution")
+    q, sigma, delta = 0.02, 0.8, 1e-5
+    event = PoissonSampled(Gaussian(sigma), q)
+
+    def peer(steps: int, pessimistic: bool) -> object:
+        one = pld_module.from_gaussian_mechanism(
+            sigma, sampling_prob=q, pessimistic_estimate=pessimistic,
+            value_discretization_interval=1e-3,
+        )
+        return one.self_compose(steps)
+
+    accountant = PLDAccountant()
+    for steps in range(1, 121):
+        accountant.compose(event)
+        answer = accountant.epsilon(delta)
+        if steps in (30, 120):
+            at_one = accountant.delta(1.0)
+            fresh = PLDAccountant().compose(event, steps)
+            assert answer == fresh.epsilon(delta) and at_one == fresh.delta(1.0)
+            lower, upper = peer(steps, False), peer(steps, True)
+            assert lower.get_epsilon_for_delta(delta) <= answer  # type: ignore[attr-defined]
+            assert answer <= 1.002 * upper.get_epsilon_for_delta(delta)  # type: ignore[attr-defined]
+            assert lower.get_delta_for_epsilon(1.0) <= at_one  # type: ignore[attr-defined]
+            assert at_one <= 1.01 * upper.get_delta_for_epsilon(1.0)  # type: ignore[attr-defined]
+
+
+def test_one_step_is_the_leaf_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One step (the first query of an incremental run) is answered from the discretised PLD
+    itself, with no transform (and so no round-off allowance): the answer is at least the exact
+    one-step epsilon of the remove pair ((1 - q) N(0, 1) + q N(mu, 1) against N(0, 1), whose
+    delta(eps) = (1 - q) Phi(-x) + q Phi(mu - x) - e^eps Phi(-x) at the loss threshold
+    x = (log((e^eps - 1 + q) / q) + mu^2 / 2) / mu, solved with scipy) and within the precision
+    of it, and the fresh accountant's answer (the add direction is smaller here)."""
+    from scipy.optimize import brentq
+    from scipy.stats import norm
+
+    def no_transform(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise AssertionError("one step needs no transform")
+
+    q, sigma, delta = 0.01, 1.0, 1e-5
+    mu = 1.0 / sigma
+
+    def excess(eps: float) -> float:
+        x = (math.log((math.expm1(eps) + q) / q) + mu * mu / 2) / mu
+        return float((1 - q) * norm.sf(x) + q * norm.sf(x - mu) - math.exp(eps) * norm.sf(x)
+                     - delta)
+
+    exact = brentq(excess, 1e-9, 20.0, xtol=1e-15, rtol=1e-15)
+    monkeypatch.setattr(numerics, "certified_forward", no_transform)
+    monkeypatch.setattr(numerics, "certified_inverse", no_transform)
+    event = PoissonSampled(Gaussian(sigma), q)
+    accountant = PLDAccountant().compose(event)
+    answer = accountant.epsilon(delta)
+    assert exact <= answer <= exact * (1 + 1e-3)
+    assert answer == PLDAccountant().compose(event, 1).epsilon(delta)

@@ -42,6 +42,7 @@ convolutions).
 from __future__ import annotations
 
 import math
+import threading
 
 import numpy as np
 
@@ -57,6 +58,41 @@ BAND_FRACTION = 64
 _UNIT_ROUNDOFF = 2.0**-53
 
 
+def _factors(size: int, grid_step: float, length: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``1 / (1 - w^f)``, ``1 / (1 - rho w^f)`` and the sum of their moduli at ``f = 1 ..
+    length - 1``: functions of the circle, the grid and f only (each entry computed on its own,
+    so a prefix of a longer computation holds the same values), kept for the last few circles
+    (an incremental run asks for the same circle at every step)."""
+    key = (size, grid_step)
+    hit = _FACTORS.get(key)
+    if hit is None or hit[0].size < length - 1:
+        frequencies = np.arange(1, max(length, 2 * (hit[0].size + 1) if hit else length),
+                                dtype=np.int64)
+        frequencies = frequencies[frequencies <= size // 2]
+        half_angle = (math.pi / size) * frequencies
+        # 1 - w^f = 2 sin^2(theta/2) - i sin(theta) and 1 - rho w^f = (1 - rho) + 2 rho
+        # sin^2(theta/2) - i rho sin(theta): no cancellation in the real parts (1 - cos(theta)
+        # is ~1e-12 at theta ~ 1e-6, where forming it from cos would lose 4 of 16 digits).
+        versine = 2.0 * np.sin(half_angle) ** 2
+        sine = np.sin(2.0 * half_angle)
+        decay = math.exp(-grid_step)  # rho
+        plain = 1.0 / (versine - 1j * sine)
+        discounted = 1.0 / ((-math.expm1(-grid_step) + decay * versine) - 1j * (decay * sine))
+        hit = (plain, discounted, np.abs(plain) + np.abs(discounted))
+        for array in hit:
+            array.flags.writeable = False
+        with _FACTORS_LOCK:
+            while len(_FACTORS) >= 8:
+                _FACTORS.pop(next(iter(_FACTORS)), None)
+            _FACTORS[key] = hit
+    count = length - 1
+    return hit[0][:count], hit[1][:count], hit[2][:count]
+
+
+_FACTORS: dict[tuple[int, float], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+_FACTORS_LOCK = threading.Lock()
+
+
 class BandSpectrum:
     """The masses ``m_k`` (``0 <= k < size``) of a composition's window, held as the coefficients
     ``D_0 .. D_{J-1}`` of their real trigonometric polynomial (see the module docstring)."""
@@ -68,16 +104,7 @@ class BandSpectrum:
             )
         self.coefficients = coefficients
         self.size = size
-        frequencies = np.arange(1, coefficients.size, dtype=np.int64)
-        half_angle = (math.pi / size) * frequencies
-        # 1 - w^f = 2 sin^2(theta/2) - i sin(theta) and 1 - rho w^f = (1 - rho) + 2 rho
-        # sin^2(theta/2) - i rho sin(theta): no cancellation in the real parts (1 - cos(theta)
-        # is ~1e-12 at theta ~ 1e-6, where forming it from cos would lose 4 of 16 digits).
-        versine = 2.0 * np.sin(half_angle) ** 2
-        sine = np.sin(2.0 * half_angle)
-        decay = math.exp(-grid_step)  # rho
-        plain = 1.0 / (versine - 1j * sine)
-        discounted = 1.0 / ((-math.expm1(-grid_step) + decay * versine) - 1j * (decay * sine))
+        plain, discounted, factor_moduli = _factors(size, grid_step, coefficients.size)
         total = float(coefficients[0].real)  # D_0: the mass of the window
         rest = coefficients[1:]
         # P_f = D_f / (1 - w^f) and Q_f = D_f / (1 - rho w^f), as (re, im) pairs for the C++ core.
@@ -90,7 +117,7 @@ class BandSpectrum:
         )
         # S of the error bound: |D_0| (for A) + |D_0| (for W)
         #   + (2/n) |D_f| (2 |1/(1-w^f)| + 2 |1/(1-rho w^f)|)
-        moduli = np.abs(rest) * (np.abs(plain) + np.abs(discounted))
+        moduli = np.abs(rest) * factor_moduli
         scale = 2.0 * abs(total) + (4.0 / size) * float(moduli.sum())
         self.error = (math.log2(max(coefficients.size, 2)) + 24.0) * _UNIT_ROUNDOFF * scale
 

@@ -122,6 +122,7 @@ The composition's transforms are :func:`certified_forward`, :func:`certified_inv
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import threading
@@ -213,6 +214,7 @@ def _complex_inverse_error(points: int, twiddle: float) -> float:
     return growth * (1.0 + _UNIT) ** 2 - 1.0
 
 
+@functools.lru_cache(maxsize=64)
 def forward_error(size: int) -> float:
     """c with ``|X^_f - X_f| <= c ||x||_1`` at every frequency for :func:`certified_forward`
     (the componentwise bound of the module docstring, part 1: c_P with P = n)."""
@@ -230,6 +232,7 @@ def band_dft_error(length: int, size: int) -> float:
     return ((1.0 + twiddle) * (1.0 + _UNIT) * (1.0 + _gamma(depth)) - 1.0) * _MARGIN
 
 
+@functools.lru_cache(maxsize=64)
 def inverse_error(size: int) -> float:
     """c with ``||x^ - x||_2 <= c ||X||_2 / sqrt(n)`` for :func:`certified_inverse`, i.e.
     ``||x^ - x||_1 <= c ||X||_2`` (Cauchy-Schwarz), ``||X||_2`` over the full Hermitian spectrum
@@ -577,10 +580,11 @@ class ComposedPLD:
     def losses(self) -> np.ndarray:
         return (self.start + np.arange(self.size)) * self.grid_step
 
-    @property
+    @cached_property
     def roundoff(self) -> float:
         """A measure of the round-off level: the total negative mass left by the FFT (dense), or
-        the bound on the evaluation error of the band's sums (spectral)."""
+        the bound on the evaluation error of the band's sums (spectral); computed once (every
+        query checks it)."""
         if self.spectral is not None:
             return self.spectral.error + self.inner_roundoff
         return float(-self.mass[self.mass < 0].sum()) + self.inner_roundoff
@@ -806,9 +810,12 @@ def compose(
     Without a cache and with more than ``_TWO_LEVEL_FROM`` PLDs (a heterogeneous schedule), the
     composition is done in two levels, see :func:`_compose_two_level`; ``pessimistic`` says which
     side the PLDs round to, which decides how the first level's results are made into PLDs.
+    One copy of one PLD is that PLD (:func:`_one_copy`, no transform).
     """
     if spectra is None and len(plds) > _TWO_LEVEL_FROM:
         return _compose_two_level(plds, counts, log_tail=log_tail, pessimistic=pessimistic)
+    if len(plds) == 1 and counts[0] == 1:
+        return _one_copy(plds[0])
     window = _Window.of(plds, counts, log_tail)
     size = window.size
     leaf_keys = keys if keys is not None else list(range(len(plds)))
@@ -861,6 +868,22 @@ def compose(
     )
 
 
+def _one_copy(pld: DiscretePLD) -> ComposedPLD:
+    """The composition of one copy of ``pld``: the PLD itself, on a window holding its whole
+    support (nothing above or below it), with no transform and so no round-off bound (its
+    masses are the exact input of every bound here, see the module docstring). A query on one
+    step, the first of an incremental run, then costs a pass over the masses instead of two
+    transforms of a circle as long as the support."""
+    return ComposedPLD(
+        start=pld.offset,
+        dense=pld.mass.copy(),
+        infinity_mass=pld.infinity_mass,
+        above=0.0,
+        below=0.0,
+        grid_step=pld.grid_step,
+    )
+
+
 @dataclass
 class _LogModuli:
     """``upper = sum_i c_i log(|F^_i| + E_i)`` and ``lower = sum_i c_i log |F^_i|`` (moduli
@@ -889,13 +912,16 @@ class _LogModuli:
     ) -> _LogModuli:
         """:meth:`of` the first ``reach`` entries of the leaves' transforms and errors, the
         same values from each leaf's kept logarithms (:meth:`LeafSpectrum.log_moduli`)."""
-        out = cls(np.zeros(reach), np.zeros(reach), 0)
+        out: _LogModuli | None = None
         for leaf, count in zip(leaves, counts):
             upper, lower = leaf.log_moduli(reach)
+            if out is None:  # 0 + x is x: the first terms are taken as they are
+                out = cls(count * upper, count * lower, count)
+                continue
             out.upper += count * upper
             out.lower += count * lower
             out.total += count
-        return out
+        return out if out is not None else cls(np.zeros(reach), np.zeros(reach), 0)
 
     def add(self, transform: np.ndarray, error: float | np.ndarray, count: int) -> None:
         modulus = _modulus_upper(transform)
@@ -1000,7 +1026,7 @@ class _Window:
     @classmethod
     def of(cls, plds: Sequence[DiscretePLD], counts: Sequence[int], log_tail: float) -> _Window:
         grid_step = plds[0].grid_step
-        log_mgf_total = np.zeros(chernoff_exponents().size)
+        log_mgf_total = np.zeros(2 * _CHERNOFF_T.size)
         support_low = support_high = 0
         log_finite = 0.0
         for pld, count in zip(plds, counts):
@@ -1057,16 +1083,30 @@ class _Window:
 
 
 def _compose_by_products(
-    plds: Sequence[DiscretePLD], counts: Sequence[int], log_tail: float, *, parallel: bool
+    plds: Sequence[DiscretePLD],
+    counts: Sequence[int],
+    log_tail: float,
+    *,
+    parallel: bool,
+    paired: bool = True,
 ) -> ComposedPLD:
     """The composition with the spectrum ``prod_i F_i^{c_i}`` formed by complex multiplication
     (integer powers by repeated squaring). Every factor has modulus at most its mass (<= 1 up to
     round-off, or the small excess of a first-level result), so partial products never overflow,
     and an entry that underflows is below every digit of the inverse transform. With
     ``parallel`` the factors are split into ``_PRODUCT_CHUNKS`` chunks multiplied on the worker
-    threads (a fixed number, so the rounding does not depend on the number of threads). The
-    factors' transforms are taken two at a time, as one complex transform
-    (:func:`certified_forward_pair`, with its own error bound)."""
+    threads (a fixed number, so the rounding does not depend on the number of threads). With
+    ``paired`` the factors' transforms are taken two at a time, as one complex transform
+    (:func:`certified_forward_pair`: half the work, with its own error bound, about
+    sqrt(2) times a single transform's for two similar PLDs, see :func:`_pair_errors`).
+
+    Where the pair pays: a composition that is queried (the last level of a two-level or
+    staged composition) carries the spectrum's error into delta through the hockey-stick
+    weights ``|W_f| / n``, which fall off with the frequency, and its circle is the largest, so
+    pairs save the most there for a small widening; a composition made into a PLD for a further
+    level (:func:`_as_pld`) moves its whole l1 mass error to its top point, where it enters
+    every delta in full, on a small circle whose transforms are cheap: there each factor is
+    transformed on its own (``paired`` False)."""
     window = _Window.of(plds, counts, log_tail)
     size = window.size
 
@@ -1074,16 +1114,17 @@ def _compose_by_products(
         """(index, transform, its error bound) of each PLD of the chunk, in order: two at a
         time by :func:`certified_forward_pair` (half the work), the last alone if odd."""
         indices = list(chunk)
-        for position in range(0, len(indices) - 1, 2):
+        singles = indices if not paired else indices[len(indices) - len(indices) % 2 :]
+        for position in range(0, len(indices) - 1, 2) if paired else ():
             first, second = indices[position], indices[position + 1]
-            pair = certified_forward_pair(plds[first].folded(size), plds[second].folded(size), size)
-            errors = _pair_errors(plds[first], plds[second], size)
+            folded = (plds[first].folded(size), plds[second].folded(size))
+            pair = certified_forward_pair(*folded, size)
+            errors = _pair_errors(plds[first], plds[second], size, folded=folded)
             yield first, pair[0], errors[0]
             yield second, pair[1], errors[1]
-        if len(indices) % 2:
-            last = indices[-1]
-            transform = certified_forward(plds[last].folded(size), size)
-            yield last, transform, _leaf_error(plds[last], size)
+        for single in singles:
+            transform = certified_forward(plds[single].folded(size), size)
+            yield single, transform, _leaf_error(plds[single], size)
 
     def product(chunk: range) -> tuple[np.ndarray, _LogModuli]:
         out = np.ones(size // 2 + 1, dtype=complex)
@@ -1153,7 +1194,8 @@ def _compose_two_level(
 
     def first_level(chunk: range) -> tuple[DiscretePLD, float, float]:
         part = _compose_by_products(
-            [plds[i] for i in chunk], [counts[i] for i in chunk], group_log_tail, parallel=False
+            [plds[i] for i in chunk], [counts[i] for i in chunk], group_log_tail, parallel=False,
+            paired=False,
         )
         pld, excess, clipped = _as_pld(part, pessimistic)
         pld.chernoff_log_mgf  # noqa: B018 - computed here, on the worker thread
@@ -1307,7 +1349,7 @@ def compose_staged(
             continue
         block = _compose_by_products(
             [plds[i] for i in members], [per_leaf[i] for i in members], block_log_tail,
-            parallel=False,
+            parallel=False, paired=False,
         )
         pld, excess, clipped = _as_pld(block, pessimistic)
         parts.append(coarsened(pld, factor, pessimistic=pessimistic))
@@ -1408,28 +1450,50 @@ def _l1(values: np.ndarray) -> float:
     return float(np.abs(values).sum()) / (1.0 - _gamma(values.size + 1))
 
 
-def _pair_errors(first: DiscretePLD, second: DiscretePLD, size: int) -> tuple[float, float]:
+def _pair_errors(
+    first: DiscretePLD,
+    second: DiscretePLD,
+    size: int,
+    *,
+    folded: tuple[np.ndarray, np.ndarray] | None = None,
+) -> tuple[float, float]:
     """Bounds on the errors of :func:`certified_forward_pair` of the two PLDs' masses folded onto
     the circle, each against the exact transform of its own exact folded masses (the analogue
-    of :func:`_leaf_error`). With ``z = a + i b`` (the computed folded vectors, ``||a||_1 <=
-    (1 + g_a) A``, A the masses' l1 bound and g_a the folding's rounding) the complex transform
-    errs by at most ``c (||a||_1 + ||b||_1)`` at every frequency (:func:`forward_error`, part 1 of
-    the module docstring: it holds for complex input); ``(Z_f + conj Z_{n-f}) / 2`` then errs by
-    at most that, and its computed real and imaginary parts (one addition each, the halving
-    exact) by ``u`` relative more, on a value of modulus at most ``||a||_1 + c (||a||_1 +
-    ||b||_1)``; likewise for b with ``-i (Z_f - conj Z_{n-f}) / 2``. The folding adds ``g_a A``
-    (as in :func:`_leaf_error`), and ``_UNDERFLOW`` covers a halving below the normal range."""
+    of :func:`_leaf_error`); ``folded``: the two folded vectors, if the caller has them.
+
+    Proof. Let ``z = a + i b`` with a, b the computed folded vectors (``||a||_1 <= (1 + g_a) A``,
+    A the masses' l1 bound and g_a the folding's rounding). The componentwise bound of part 1
+    of the module docstring holds for complex input: ``|Z^_f - Z_f| <= c (|A_k| ... |A_0| |z|)_f
+    = c sum_j |z_j|`` (every entry of the product of the stages' moduli is 1), with ``|z_j| =
+    sqrt(a_j^2 + b_j^2)`` the complex modulus: so ``Z`` errs by at most ``c N`` at every
+    frequency, ``N = sum_j |z_j|``, which is at most ``||a||_1 + ||b||_1`` and about
+    ``sqrt(2) ||a||_1`` for two similar PLDs (Cauchy-Schwarz on each entry:
+    ``sqrt(a^2 + b^2) <= a + b``, equality only where one of them is 0). N is evaluated from
+    the folded vectors: each ``hypot`` within 1 ulp (2 u relative) of ``|z_j|``, their sum of
+    non-negative terms within ``gamma_{n-1}`` of its exact value (Higham 2002, eq. 4.4), so
+    ``N <= fl(sum fl(hypot)) / ((1 - 2 u)(1 - gamma_{n+1}))``; without the vectors the bound
+    ``||a||_1 + ||b||_1 <= (1 + g_a) A + (1 + g_b) B`` is used. Unpacking, ``(Z_f + conj
+    Z_{n-f}) / 2`` errs by at most ``c N`` (each of the two entries by ``c N``, halved), and its
+    computed real and imaginary parts (one addition each, the halving exact) by ``u`` relative
+    more, on a value of modulus at most ``||a||_1 + c N``; likewise for b with ``-i (Z_f - conj
+    Z_{n-f}) / 2``. The folding adds ``g_a A`` (as in :func:`_leaf_error`), and ``_UNDERFLOW``
+    covers a halving below the normal range."""
     c = forward_error(size)
-    folded: list[tuple[float, float]] = []
+    parts: list[tuple[float, float]] = []
     for pld in (first, second):
         mass_l1 = _l1(pld.mass)
         rows = -(-pld.mass.size // size)
         folding = _gamma(rows - 1) if rows > 1 else 0.0
-        folded.append((mass_l1, folding))
-    norms = [(1.0 + folding) * mass_l1 for mass_l1, folding in folded]
-    joint = c * (norms[0] + norms[1])
+        parts.append((mass_l1, folding))
+    norms = [(1.0 + folding) * mass_l1 for mass_l1, folding in parts]
+    joint_norm = norms[0] + norms[1]
+    if folded is not None:
+        moduli = float(np.hypot(folded[0], folded[1]).sum())
+        bound = moduli / ((1.0 - 2.0 * _UNIT) * (1.0 - _gamma(folded[0].size + 1)))
+        joint_norm = min(joint_norm, bound)
+    joint = c * joint_norm
     errors = []
-    for (mass_l1, folding), norm in zip(folded, norms):
+    for (mass_l1, folding), norm in zip(parts, norms):
         unpacked = joint * (1.0 + _UNIT) + _UNIT * (norm + joint)
         errors.append(unpacked * _MARGIN + folding * mass_l1 + _UNDERFLOW)
     return errors[0], errors[1]

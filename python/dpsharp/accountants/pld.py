@@ -51,6 +51,7 @@ Su 2019, Thm 4.2).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 from itertools import islice
@@ -128,12 +129,7 @@ class _Composition(ComposedPLD):
     def of(
         cls, result: ComposedPLD, plds: Sequence[DiscretePLD], counts: Sequence[int]
     ) -> _Composition:
-        own = {"support_loss", "bounded"}
-        values = {
-            f.name: getattr(result, f.name)
-            for f in dataclasses.fields(result)
-            if f.init and f.name not in own
-        }
+        values = {name: getattr(result, name) for name in _composed_fields()}
         top = sum(count * (pld.offset + pld.mass.size - 1) for pld, count in zip(plds, counts))
         bounded = all(pld.infinity_mass == 0.0 for pld in plds) and result.infinity_mass == 0.0
         return cls(**values, support_loss=top * result.grid_step, bounded=bounded)
@@ -151,6 +147,13 @@ class _Composition(ComposedPLD):
     def support_epsilon(self) -> float | None:
         """max(support_loss, 0) for a bounded composition (delta is 0 there), else None."""
         return max(self.support_loss, 0.0) if self.bounded else None
+
+
+@functools.cache
+def _composed_fields() -> tuple[str, ...]:
+    """The init fields of :class:`ComposedPLD` that :meth:`_Composition.of` copies (looked up
+    once: a query after every step builds one composition per direction)."""
+    return tuple(f.name for f in dataclasses.fields(ComposedPLD) if f.init)
 
 
 class _Leaf(NamedTuple):
@@ -289,6 +292,13 @@ class PLDAccountant(Accountant):
         return _Leaf(_SYMMETRIC, sigma, inner.sampling_rate)
 
     def _directions(self) -> list[str]:
+        """The directions composed: ["remove", "add"] when some event is asymmetric under the
+        relation, else ["remove"]. A function of the set of composed events, which only grows
+        between resets, so it is kept per number of distinct events (a query after every step
+        asks again with the same set)."""
+        memo = self._directions_memo
+        if memo and memo[0] == len(self._counts):
+            return list(memo[1])
         asymmetric = any(
             isinstance(leaf.event if isinstance(leaf, Shuffled) else leaf, PoissonSampled)
             and self._leaves(leaf, "remove").mechanism == _REMOVE
@@ -296,7 +306,9 @@ class PLDAccountant(Accountant):
         ) or _atoms.asymmetric(self._counts, self._neighbouring) or _continuous.asymmetric(
             self._counts, self._neighbouring
         )
-        return ["remove", "add"] if asymmetric else ["remove"]
+        directions = ("remove", "add") if asymmetric else ("remove",)
+        self._directions_memo = [len(self._counts), directions]
+        return list(directions)
 
     def _steps(self) -> int:
         return sum(self._counts.values())
@@ -420,8 +432,11 @@ class PLDAccountant(Accountant):
         *,
         coarse: bool = False,
         refine: bool = True,
+        block: int = 1,
     ) -> ComposedPLD:
-        """The composition of one direction at one grid step and truncation budget. With more
+        """The composition of one direction at one grid step and truncation budget (with
+        ``block`` > 1: of every count rounded up to a multiple of ``block``, a composition that
+        only adds steps, for the checks of :meth:`_worst_direction`). With more
         than ``_LEAF_BUDGET`` distinct events, noise multipliers are rounded onto a grid of
         ratio ``1 + quantum / 2`` in the root of their loss variance (see :func:`_quantized`;
         rates are kept), with the finest
@@ -458,7 +473,7 @@ class PLDAccountant(Accountant):
             leaves[key] = leaves.get(key, 0) + count
         # A canonical order, so that floating-point sums do not depend on insertion order.
         order = sorted(leaves)  # (mechanism, parameter, rate)
-        counts = tuple(leaves[key] for key in order)
+        counts = tuple(-(-leaves[key] // block) * block for key in order)
         hit = cache.results.get((pessimistic, tuple(order), counts))
         if hit is not None:
             return hit
@@ -561,6 +576,7 @@ class PLDAccountant(Accountant):
         self._base_steps: dict[tuple[int, int], float] = {}
         self._laplace_seen: list[Any] = [0, set()]  # (leaves looked at, their Laplace losses)
         self._gaussian_memo: list[Any] = []  # [(events, steps), _exact_gaussian's value]
+        self._directions_memo: list[Any] = []  # [events, _directions' value]
         self._leaf_points: dict[tuple[_Leaf, float, float], int] = {}  # for _short_step
         self._short_plds: dict[tuple[_Leaf, float, float], DiscretePLD] = {}  # (its latest)
 
@@ -624,11 +640,26 @@ class PLDAccountant(Accountant):
         """max over the directions of ``upper_value`` (an epsilon or a delta, non-decreasing
         under mean-preserving spreads) of the pessimistic composition at ``refinement``.
 
-        The first direction (remove) is composed on the fine grid; any other is skipped when its
-        value on the grid 4 times coarser is already at most the running maximum. The coarse
-        pessimistic PLD is itself a certified upper bound (a mean-preserving spread of the fine
-        one onto a subset of its grid points), so the skipped direction is certified below the
-        maximum returned, which therefore still bounds every direction. With many distinct
+        The first direction (remove) is composed on the fine grid; any other is skipped when a
+        certified upper bound of its value is already at most the running maximum. Three
+        bounds are tried, cheapest first:
+
+        * the composition with every count rounded up to a multiple of the block of
+          :func:`_check_block` (at most 1/32 more steps), on the grid 16 times coarser: the
+          hockey-stick divergence of a composition can only grow with more composed mechanisms
+          (the shorter composition is a post-processing of the longer one: drop the extra
+          outputs), so this bounds the direction at every count of the block. Every count of
+          the block asks for the same composition, so a query after every step composes the
+          other direction once per block instead of once per step;
+        * the composition itself on the grid 16 times coarser, then 4 times coarser
+          (``_COARSE_FACTORS``).
+
+        Each coarse pessimistic PLD is itself a certified upper bound (a mean-preserving spread
+        of the fine one onto a subset of its grid points), so the skipped direction is certified
+        below the maximum returned, which therefore still bounds every direction. On the
+        Poisson-subsampled Gaussians measured (q 0.001 to 0.5, sigma 0.5 to 2, 10 to 3,000
+        steps) the add direction stays 10% to 90% below the remove direction and the first
+        check decides. With many distinct
         events the coarse pass also rounds the noise multipliers on a coarser grid
         (``_COARSE_QUANTUM``; still pessimistic). Under Poisson sampling the remove direction
         usually dominates, and this saves most of the add direction's FFTs; the answer is still
@@ -636,13 +667,27 @@ class PLDAccountant(Accountant):
         directions = self._directions()
         step = self._grid_step(refinement)
         best = upper_value(self._composed(directions[0], True, step, tail))
+        block = _check_block(self._steps())
         for direction in directions[1:]:
-            try:
-                coarse = upper_value(
-                    self._composed(direction, True, 4.0 * step, tail, coarse=True)
-                )
-            except ValueError:  # below the coarse round-off floor: no shortcut for it
-                coarse = math.inf
+            coarse = math.inf
+            if block > 1:  # the end of the block of steps: one composition for its steps
+                try:
+                    coarse = upper_value(self._composed(
+                        direction, True, _COARSE_FACTORS[0] * step, tail, coarse=True, block=block
+                    ))
+                except ValueError:  # below the coarse round-off floor: no shortcut there
+                    coarse = math.inf
+                if coarse <= best:
+                    continue
+            for factor in _COARSE_FACTORS:  # the coarsest grid first: the cheapest check
+                try:
+                    coarse = upper_value(
+                        self._composed(direction, True, factor * step, tail, coarse=True)
+                    )
+                except ValueError:  # below the coarse round-off floor: no shortcut there
+                    coarse = math.inf
+                if coarse <= best:
+                    break
             if coarse > best:
                 best = max(best, upper_value(self._composed(direction, True, step, tail)))
         return best
@@ -656,8 +701,8 @@ class PLDAccountant(Accountant):
         composed multiset only (memoised on its size)."""
         key = (len(self._counts), self._steps())
         memo = self._gaussian_memo
-        if memo and memo[0] == key:
-            return memo[1]
+        if memo and (memo[0] == key or (memo[1] is None and memo[0][0] == key[0])):
+            return memo[1]  # (not all Gaussian: a property of the set of events, not the counts)
         terms: dict[float, int] = {}
         for direction in self._directions():
             for leaf, count in zip(self._exact_keys(direction), self._counts.values()):
@@ -919,6 +964,14 @@ _LEAF_BUDGET = 512
 #: Quantum of the coarse pass of :meth:`PLDAccountant._worst_direction` (noise multipliers within
 #: 2.5% share one discretisation there).
 _COARSE_QUANTUM = 0.05
+#: Grid factors of the coarse checks of :meth:`PLDAccountant._worst_direction`, coarsest first.
+_COARSE_FACTORS = (16.0, 4.0)
+
+
+def _check_block(steps: int) -> int:
+    """The block of counts of the first check of :meth:`PLDAccountant._worst_direction`: the
+    largest power of two at most steps / 32 (1, no rounding, below 64 steps)."""
+    return 1 << max((steps // 32).bit_length() - 1, 0)
 #: Cache per-leaf spectra (for incremental queries) up to this many distinct leaves.
 _CACHE_SPECTRA_UP_TO = 16
 #: From this many composed steps (and up to _CACHE_SPECTRA_UP_TO distinct leaves) the composition
