@@ -120,10 +120,21 @@ class _Composition(ComposedPLD):
     either (the FFT's masses above the support are its round-off). On a grid that holds the
     Laplace atoms (:func:`_laplace_aligned`) this is the exact pure-DP statement: delta = 0 at
     epsilon = sum_i c_i / b_i, and epsilon <= sum_i c_i / b_i at every delta, even below the
-    FFT's round-off floor."""
+    FFT's round-off floor.
+
+    The top of a bounded composition is known exactly too: its mass at ``support_loss`` = L is
+    m = prod_i m_i^{c_i} (m_i the top mass of leaf i: the only way to reach L is every release
+    at its top), and every other composed loss is at most L - h (all lie on the grid). So for
+    L - h <= epsilon <= L, delta(epsilon) = m (1 - e^{epsilon - L}) exactly, and for delta
+    < m (1 - e^{-h}) the smallest epsilon with delta(epsilon) <= delta is L + log(1 - delta /
+    m), else at most L - h (where delta(L - h) = m (1 - e^{-h})): near the pure-DP epsilon a
+    small delta buys epsilon below L, again with no FFT. ``log_top_mass`` is an upper bound on
+    log m (the rounding of the logarithms and their sum covered by a margin, below), so the
+    values stay upper bounds."""
 
     support_loss: float = math.inf
     bounded: bool = False
+    log_top_mass: float = math.inf
 
     @classmethod
     def of(
@@ -132,21 +143,60 @@ class _Composition(ComposedPLD):
         values = {name: getattr(result, name) for name in _composed_fields()}
         top = sum(count * (pld.offset + pld.mass.size - 1) for pld, count in zip(plds, counts))
         bounded = all(pld.infinity_mass == 0.0 for pld in plds) and result.infinity_mass == 0.0
-        return cls(**values, support_loss=top * result.grid_step, bounded=bounded)
+        log_top = math.inf
+        if bounded:
+            tops = [float(pld.mass[-1]) for pld in plds]
+            if min(tops, default=0.0) <= 0.0:
+                log_top = -math.inf  # no mass at the support's top point
+            else:
+                terms = [count * math.log(top) for top, count in zip(tops, counts)]
+                # each log within 1 ulp, each product and the correctly rounded sum within
+                # half an ulp: 8 u of the terms' moduli (and of the sum) bounds them all
+                log_top = math.fsum(terms) + 8.0 * 2.0**-53 * (
+                    math.fsum(abs(term) for term in terms) + 1.0
+                )
+        return cls(**values, support_loss=top * result.grid_step, bounded=bounded,
+                   log_top_mass=log_top)
 
     def delta(self, epsilon: float, *, pessimistic: bool) -> float:
         if pessimistic and self.bounded and epsilon >= self.support_loss:
             return 0.0
-        return super().delta(epsilon, pessimistic=pessimistic)
+        value = super().delta(epsilon, pessimistic=pessimistic)
+        top = self._top_delta(epsilon) if pessimistic else None
+        return value if top is None else min(value, top)
 
     def epsilon(self, delta: float, *, pessimistic: bool) -> float:
         value = super().epsilon(delta, pessimistic=pessimistic)
-        exact = self.support_epsilon() if pessimistic else None
+        exact = self.support_epsilon(delta) if pessimistic else None
         return value if exact is None else min(value, exact)
 
-    def support_epsilon(self) -> float | None:
-        """max(support_loss, 0) for a bounded composition (delta is 0 there), else None."""
-        return max(self.support_loss, 0.0) if self.bounded else None
+    def _top_delta(self, epsilon: float) -> float | None:
+        """m (1 - e^{epsilon - L}) for L - h <= epsilon < L (class docstring), rounded up by
+        4 u relative (expm1, the exp of the log, the product), else None."""
+        loss, step = self.support_loss, self.grid_step
+        if not (self.bounded and loss - step <= epsilon < loss) or self.log_top_mass < -700.0:
+            return None  # (below e^-700 the top mass would underflow)
+        value = math.exp(self.log_top_mass) * -math.expm1(epsilon - loss)
+        return min(value * (1.0 + 4.0 * 2.0**-53), 1.0)
+
+    def support_epsilon(self, delta: float | None = None) -> float | None:
+        """For a bounded composition, max(support_loss, 0) (delta is 0 there), and with
+        ``delta`` the smaller bound of the top mass (class docstring): L + log(1 - delta / m)
+        where that is at least L - h, else L - h, raised by 4 ulp of its terms (the rounding of
+        the quotient, log1p and the sum). None for an unbounded composition."""
+        if not self.bounded:
+            return None
+        loss = self.support_loss
+        if delta is None or not delta > 0.0 or not math.isfinite(loss):
+            return max(loss, 0.0)
+        below = loss - self.grid_step
+        if self.log_top_mass < -700.0:  # (an underflowing top mass, below any delta asked)
+            return max(min(below, loss), 0.0) if delta >= 1e-300 else max(loss, 0.0)
+        ratio = delta / math.exp(self.log_top_mass)
+        if ratio < 1.0:
+            shift = math.log1p(-ratio)
+            below = max(below, loss + shift + 4.0 * 2.0**-52 * (abs(loss) + abs(shift)))
+        return max(min(below, loss), 0.0)
 
 
 @functools.cache
@@ -605,7 +655,10 @@ class PLDAccountant(Accountant):
                     self._check_floor([result], delta)
                 except ValueError:
                     # Below the FFT's floor the support bound still holds (no FFT enters it).
-                    exact = result.support_epsilon() if isinstance(result, _Composition) else None
+                    exact = (
+                        result.support_epsilon(delta)
+                        if isinstance(result, _Composition) else None
+                    )
                     if exact is None:
                         raise
                     return exact
