@@ -125,6 +125,8 @@ struct GaussianFamilyTable {
   // the difference: log(1 + (E_{i+1} - E_i) / (E_i - (1 - q))) with E = e^{+-l} and
   // E_{i+1} - E_i = E_i (e^{+-h} - 1) (h, or -h, when q = 1); NaN below the support.
   std::vector<double> log_ratio_step;
+  // ratio = e^{log_ratio} (0 below the support).
+  std::vector<double> ratio;
 };
 
 // Grid points per thread at least in the threaded loops below (each point costs a few special
@@ -139,6 +141,7 @@ GaussianFamilyTable gaussian_family_table(bool remove, double q, double grid_ste
   table.log_ratio.resize(static_cast<std::size_t>(size));
   table.exp_loss.resize(static_cast<std::size_t>(size));
   table.log_ratio_step.resize(static_cast<std::size_t>(size));
+  table.ratio.resize(static_cast<std::size_t>(size));
   const double support_floor = q < 1.0 ? std::log1p(-q) : kNegInf;
   const double signed_step_growth = std::expm1(remove ? grid_step : -grid_step);
   parallel_ranges<Threads::kOwnThreads>(size, kPointsPerThread, threads, [&](std::int64_t lo, std::int64_t hi) {
@@ -149,14 +152,17 @@ GaussianFamilyTable gaussian_family_table(bool remove, double q, double grid_ste
       if (q < 1.0 && signed_loss <= support_floor) {
         table.log_ratio[at] = kNegInf;
         table.log_ratio_step[at] = kNaN;
+        table.ratio[at] = 0.0;
       } else if (q < 1.0) {
         const double above_floor = std::expm1(signed_loss) + q;  // E - (1 - q)
-        table.log_ratio[at] = std::log(above_floor / q);
+        table.ratio[at] = above_floor / q;
+        table.log_ratio[at] = std::log(table.ratio[at]);
         table.log_ratio_step[at] =
             std::log1p(std::exp(signed_loss) * signed_step_growth / above_floor);
       } else {
         table.log_ratio[at] = signed_loss;
         table.log_ratio_step[at] = remove ? grid_step : -grid_step;
+        table.ratio[at] = std::exp(signed_loss);
       }
       table.exp_loss[at] = std::exp(loss);
     }
@@ -192,7 +198,7 @@ LinearTails gaussian_family_tails(bool remove, double mu, double q, double log_r
 constexpr double kNarrowCell = 0.02;
 constexpr double kInvSqrtTwoPi = 0.39894228040143267794;
 
-double narrow_series(double c, double d_squared) noexcept {
+inline double narrow_series(double c, double d_squared) noexcept {
   const double c2 = c * c;
   const double he2 = c2 - 1.0;
   const double he4 = (c2 - 6.0) * c2 + 3.0;
@@ -200,8 +206,10 @@ double narrow_series(double c, double d_squared) noexcept {
   return 1.0 + d_squared * (he2 / 6.0 + d_squared * (he4 / 120.0 + d_squared * (he6 / 5040.0)));
 }
 
-// (mass under N(0, 1), mass under N(mu, 1)) of the cell [m - d, m + d], or false.
-bool narrow_cell_masses(double m, double d, double mu, double& null_mass,
+// (mass under N(0, 1), mass under N(mu, 1)) of the cell [m - d, m + d], or false. `tilt` is
+// e^{mu m - mu^2 / 2} = phi(m - mu) / phi(m) (0 or not finite: phi(m - mu) is computed
+// directly), so that one exponential serves both normals.
+bool narrow_cell_masses(double m, double d, double mu, double tilt, double& null_mass,
                         double& shifted_mass) noexcept {
   const double shifted = m - mu;
   if (!(d >= 0.0) || !(d * (std::max(std::abs(m), std::abs(shifted)) + 3.0) <= kNarrowCell)) {
@@ -209,8 +217,12 @@ bool narrow_cell_masses(double m, double d, double mu, double& null_mass,
   }
   const double d_squared = d * d;
   const double width = 2.0 * d * kInvSqrtTwoPi;
-  null_mass = width * std::exp(-0.5 * m * m) * narrow_series(m, d_squared);
-  shifted_mass = width * std::exp(-0.5 * shifted * shifted) * narrow_series(shifted, d_squared);
+  const double density = std::exp(-0.5 * m * m);
+  const double shifted_density = density > 1e-280 && tilt > 0.0 && tilt < 1e280
+                                     ? density * tilt
+                                     : std::exp(-0.5 * shifted * shifted);
+  null_mass = width * density * narrow_series(m, d_squared);
+  shifted_mass = width * shifted_density * narrow_series(shifted, d_squared);
   return true;
 }
 
@@ -276,8 +288,11 @@ DiscretePld discretize_pessimistic_linear(const MechanismParams& params, double 
   double* lower = out.mass.data();
   const double spread_denominator = -std::expm1(-grid_step);
   const double* log_ratio_step = table.log_ratio_step.data() + base;
+  const double* ratio = table.ratio.data() + base;
   const double half_mu = 0.5 * mu;
   const double half_inverse_mu = 0.5 / mu;
+  const double inverse_mu = 1.0 / mu;
+  const double inverse_spread = 1.0 / spread_denominator;
   parallel_ranges<Threads::kOwnThreads>(n - 1, kPointsPerThread, threads, [&](std::int64_t lo, std::int64_t hi) {
     LinearTails a{};
     bool have_a = false;  // whether `a` holds the tails at point i (kept from the cell before)
@@ -292,8 +307,10 @@ DiscretePld discretize_pessimistic_linear(const MechanismParams& params, double 
       double p = 0.0;
       double q_mass = 0.0;
       const double half_step = half_inverse_mu * log_ratio_step[i];
-      const double centre = log_ratio[i] / mu + half_mu + half_step;
-      if (narrow_cell_masses(centre, std::abs(half_step), mu, null_mass, shifted_mass)) {
+      const double centre = log_ratio[i] * inverse_mu + half_mu + half_step;
+      // e^{mu m - mu^2 / 2} = e^{(log_ratio_i + log_ratio_{i+1}) / 2} at the centre m.
+      const double tilt = std::sqrt(ratio[i] * ratio[i + 1]);
+      if (narrow_cell_masses(centre, std::abs(half_step), mu, tilt, null_mass, shifted_mass)) {
         const double mixture = (1.0 - q) * null_mass + q * shifted_mass;
         p = remove ? mixture : null_mass;
         q_mass = remove ? null_mass : mixture;
@@ -309,7 +326,7 @@ DiscretePld discretize_pessimistic_linear(const MechanismParams& params, double 
       if (p > 0.0) {
         // r = e^{a} Q(cell) / P(cell) in [e^{-h}, 1]; weight at b = p (1 - r) / (1 - e^{-h}).
         const double r = q_mass / p * exp_loss[i];
-        const double upper_fraction = std::clamp((1.0 - r) / spread_denominator, 0.0, 1.0);
+        const double upper_fraction = std::clamp((1.0 - r) * inverse_spread, 0.0, 1.0);
         upper[static_cast<std::size_t>(i)] = p * upper_fraction;
         lower[i] = p * (1.0 - upper_fraction);
       }
