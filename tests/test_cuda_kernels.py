@@ -261,3 +261,23 @@ def test_half_precision_products_are_float32_sums_of_exact_products(dtype: torch
     assert bool(((got.double() - want).abs() <= bound).all())
     # and the result is not merely the half-precision product widened
     assert not torch.equal(got, torch.bmm(m1, m2).float())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize(("batch", "numel"), [(3, 1), (5, 1000), (4, 200_001), (0, 10)])
+def test_per_example_dots_on_cuda_match_float64(dtype: torch.dtype, batch: int,
+                                                numel: int) -> None:
+    """sum_j a_ij b_ij per example on the GPU (one block per slice of 64 Ki elements, the slices
+    summed in float64) against the float64 sum of the same values, and equal on a rerun."""
+    _need_cuda()
+    from dpsharp.torch import kernels
+
+    gen = torch.Generator().manual_seed(batch * 7 + numel)
+    a = torch.randn(batch, numel, generator=gen).to(dtype)
+    b = torch.randn(batch, numel, generator=gen).to(dtype)
+    got = kernels.per_example_dots(a.cuda(), b.cuda())
+    assert got.is_cuda and got.dtype == torch.float64 and got.shape == (batch,)
+    want = (a.double() * b.double()).sum(dim=1)
+    scale = (a.double() * b.double()).abs().sum(dim=1)
+    assert bool(((got.cpu() - want).abs() <= 1e-14 * scale + 1e-300).all())
+    assert torch.equal(kernels.per_example_dots(a.cuda(), b.cuda()), got)

@@ -90,3 +90,35 @@ def test_device_conv_patches_equal_cpu_kernel(shape, kernel, stride, padding, di
     assert torch.equal(got, want)
     g = torch.randn(shape[0], 5, want.shape[1], generator=gen).to(dtype)
     assert torch.equal(torch.bmm(g, got), torch.bmm(g, want))
+
+
+@pytest.mark.parametrize("padding_idx", [None, 0])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_device_embedding_paths_equal_fused_cpu_kernels(padding_idx, dtype) -> None:
+    """The embedding norms and clipped sums the clipper computes off the CPU (a Gram matrix
+    masked by index equality; a float64 table) against the CPU kernels, which group positions
+    by row, on indices with repeats within an example and the padding row."""
+    from dpsharp.torch.layers.usages import EmbeddingUsage
+
+    gen = torch.Generator().manual_seed(3)
+    weight = torch.nn.Parameter(torch.randn(11, 6, generator=gen).to(dtype))
+    idx = torch.randint(0, 11, (5, 9), generator=gen)
+    idx[0, :3] = 4  # a row repeated within an example
+    out_grads = torch.randn(5, 9, 6, generator=gen).to(dtype)
+    factors = torch.rand(5, generator=gen, dtype=torch.float64)
+
+    fused = EmbeddingUsage(weight, idx, out_grads, padding_idx, scale=0.5)
+    device_path = EmbeddingUsage(weight, idx, out_grads, padding_idx, scale=0.5)
+    device_path._fused = lambda: False  # the code path other devices take
+    rtol = 1e-12 if dtype == torch.float64 else 2e-6
+    torch.testing.assert_close(device_path.sq_norm(weight), fused.sq_norm(weight), rtol=rtol,
+                               atol=0)
+    torch.testing.assert_close(device_path.clipped_sum(weight, factors),
+                               fused.clipped_sum(weight, factors), rtol=rtol, atol=1e-12)
+    # and both against the definition: per-example gradient rows summed in float64
+    rows = torch.zeros(5, 11, 6, dtype=torch.float64)
+    keep = (idx != padding_idx) if padding_idx is not None else torch.ones_like(idx, dtype=bool)
+    rows.index_put_((torch.arange(5)[:, None].expand(5, 9)[keep], idx[keep]),
+                    0.5 * out_grads[keep].double(), accumulate=True)
+    torch.testing.assert_close(device_path.sq_norm(weight), rows.pow(2).sum(dim=(1, 2)),
+                               rtol=rtol, atol=0)

@@ -55,6 +55,25 @@ void bind_clip_cuda(py::module_& m) {
       py::arg("out"), py::arg("stream"),
       "CUDA: out[i] = sum_j g[i, j]^2 in float64 (device addresses, caller's stream).");
   m.def(
+      "cuda_clip_per_example_dot_partials",
+      [dtype_of](std::uintptr_t a, std::uintptr_t b, int dtype_code, std::int64_t batch,
+                 std::int64_t numel, int slices, std::uintptr_t partial, std::uintptr_t stream) {
+        if (batch < 0 || numel < 0) throw py::value_error("batch and numel must be >= 0");
+        if (slices < 1 || slices > 65535) {
+          throw py::value_error("slices must be in [1, 65535], got " + std::to_string(slices));
+        }
+        const clip::DType dtype = dtype_of(dtype_code);
+        py::gil_scoped_release release;
+        clip::cuda::per_example_dot_partials(reinterpret_cast<const void*>(a),
+                                             reinterpret_cast<const void*>(b), dtype, batch,
+                                             numel, slices, reinterpret_cast<double*>(partial),
+                                             reinterpret_cast<void*>(stream));
+      },
+      py::arg("a"), py::arg("b"), py::arg("dtype_code"), py::arg("batch"), py::arg("numel"),
+      py::arg("slices"), py::arg("partial"), py::arg("stream"),
+      "CUDA: partial[i * slices + s] = sum over slice s of example i of a_j b_j, float64 "
+      "(device addresses, caller's stream).");
+  m.def(
       "cuda_clip_accumulate_noise",
       [dtype_of, stream_of](std::uintptr_t per_example, std::uintptr_t factors, std::int64_t batch,
                             std::uintptr_t base, std::uintptr_t out, int dtype_code,

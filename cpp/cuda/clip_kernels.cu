@@ -78,6 +78,28 @@ __global__ void sq_norms_kernel(const void* per_example, DType dtype, std::int64
   if (threadIdx.x == 0) out[blockIdx.x] = partial[0];
 }
 
+// One block per (example, slice): the slice's products a_j b_j summed in float64 by a
+// grid-stride loop and a fixed-shape tree.
+__global__ void dot_partials_kernel(const void* a, const void* b, DType dtype,
+                                    std::int64_t numel, std::int64_t slice_len, double* partial) {
+  __shared__ double sums[kNormThreads];
+  const std::int64_t example = blockIdx.x;
+  const std::int64_t lo = static_cast<std::int64_t>(blockIdx.y) * slice_len;
+  const std::int64_t hi = lo + slice_len < numel ? lo + slice_len : numel;
+  const std::int64_t row = example * numel;
+  double acc = 0.0;
+  for (std::int64_t j = lo + threadIdx.x; j < hi; j += kNormThreads) {
+    acc = __dadd_rn(acc, __dmul_rn(load(a, row + j, dtype), load(b, row + j, dtype)));
+  }
+  sums[threadIdx.x] = acc;
+  __syncthreads();
+  for (int width = kNormThreads / 2; width > 0; width /= 2) {
+    if (threadIdx.x < width) sums[threadIdx.x] += sums[threadIdx.x + width];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) partial[example * gridDim.y + blockIdx.y] = sums[0];
+}
+
 // One thread per block of the noise stream (noise_stream.hpp's layout): block b of chunk
 // c = b / 16, lane l = b mod 16, owns elements c * chunk + 16 m + l, m < normals per block
 // (10 for float32 / bfloat16 buffers, 8 for float64): the CPU's elements and normals exactly.
@@ -214,6 +236,18 @@ void per_example_sq_norms(const void* per_example, DType dtype, std::int64_t bat
   sq_norms_kernel<<<static_cast<unsigned>(batch), kNormThreads, 0, s>>>(per_example, dtype,
                                                                         numel, out);
   check(cudaGetLastError(), "per_example_sq_norms launch");
+}
+
+void per_example_dot_partials(const void* a, const void* b, DType dtype, std::int64_t batch,
+                              std::int64_t numel, int slices, double* partial, void* stream) {
+  if (batch <= 0) return;
+  if (batch > 2147483647) throw std::invalid_argument("batch must be < 2^31 on CUDA");
+  if (slices < 1 || slices > 65535) throw std::invalid_argument("slices must be in [1, 65535]");
+  const std::int64_t slice_len = numel > 0 ? (numel + slices - 1) / slices : 0;
+  auto s = static_cast<cudaStream_t>(stream);
+  const dim3 grid(static_cast<unsigned>(batch), static_cast<unsigned>(slices));
+  dot_partials_kernel<<<grid, kNormThreads, 0, s>>>(a, b, dtype, numel, slice_len, partial);
+  check(cudaGetLastError(), "per_example_dot_partials launch");
 }
 
 void clip_accumulate_noise(const void* per_example, const double* factors, std::int64_t batch,

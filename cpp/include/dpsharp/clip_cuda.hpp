@@ -22,6 +22,13 @@ namespace dpsharp::clip::cuda {
 void per_example_sq_norms(const void* per_example, DType dtype, std::int64_t batch,
                           std::int64_t numel, double* out, void* stream);
 
+// partial[i * slices + s] = sum_{j in slice s} a[i * numel + j] * b[i * numel + j] in float64
+// (products and sums), the numel elements of each example cut into `slices` equal contiguous
+// slices, one block per (example, slice), a fixed-shape tree reduction in each: deterministic.
+// The caller sums each example's slices (in a fixed order). slices in [1, 65535].
+void per_example_dot_partials(const void* a, const void* b, DType dtype, std::int64_t batch,
+                              std::int64_t numel, int slices, double* partial, void* stream);
+
 // out[j] = scale * (base[j] + sum_i factors[i] * per_example[i * numel + j] + noise_std * z_j);
 // factors is a device float64 buffer; per_example / base may be null; base may alias out.
 void clip_accumulate_noise(const void* per_example, const double* factors, std::int64_t batch,

@@ -173,8 +173,9 @@ def per_example_dots(a: torch.Tensor, b: torch.Tensor, *,
     ``a`` and ``b`` have the same shape (B, ...) and dtype and are flattened per example. The
     ghost norm of a linear layer on sequences is the dot of its two Gram matrices,
     ||g_i(W)||^2 = sum_{t,s} (A_i)_{ts} (G_i)_{ts} (Li et al., ICLR 2022, section 4); this
-    reads the float32 Grams once instead of widening both to float64 copies. CUDA tensors
-    (no CUDA kernel for this) and float16 take a torch expression with the same meaning.
+    reads the float32 Grams once instead of widening both to float64 copies, on the CPU and
+    (with the CUDA kernels built) on a GPU. float16, and CUDA tensors without the kernels, take
+    a torch expression with the same meaning.
     """
     import torch
 
@@ -186,6 +187,19 @@ def per_example_dots(a: torch.Tensor, b: torch.Tensor, *,
     if a.dim() < 1:
         raise ValueError("a and b must have a leading batch dimension")
     batch = int(a.shape[0])
+    if (a.is_cuda and a.dtype in (torch.float32, torch.float64, torch.bfloat16)
+            and cuda_built()):
+        # float64 products and sums read straight from the operands: one block per (example,
+        # slice of at most 64 Ki elements), the slices of an example summed in order here.
+        src_a, src_b = a.contiguous(), b.contiguous()
+        numel = src_a[0].numel() if batch else 0
+        slices = max(1, min(1024, -(-numel // (1 << 16))))
+        partial = torch.empty(batch, slices, dtype=torch.float64, device=a.device)
+        with torch.cuda.device(a.device):
+            _core.cuda_clip_per_example_dot_partials(
+                src_a.data_ptr(), src_b.data_ptr(), dtype_code(src_a.dtype), batch, numel,
+                slices, partial.data_ptr(), _stream_of(src_a))
+        return partial[:, 0] if slices == 1 else partial.sum(dim=1)
     if a.is_cuda or a.dtype not in (torch.float32, torch.float64, torch.bfloat16):
         flat_a = a.reshape(batch, -1).to(torch.float64)
         return (flat_a * b.reshape(batch, -1).to(torch.float64)).sum(dim=1)

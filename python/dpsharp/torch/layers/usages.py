@@ -120,6 +120,16 @@ def _wide_bmm(m1: torch.Tensor, m2: torch.Tensor,
     return torch.bmm(_wide(m1), _wide(m2), out=out)
 
 
+def _wide_sum(t: torch.Tensor, dim: int) -> torch.Tensor:
+    """``_wide(t).sum(dim)`` without the widened copy: half precision summed with a float32
+    accumulator and result (torch's ``dtype=`` reduction), other dtypes as they are."""
+    import torch
+
+    if t.dtype in (torch.float16, torch.bfloat16):
+        return t.sum(dim=dim, dtype=torch.float32)
+    return t.sum(dim=dim)
+
+
 def _rows(t: torch.Tensor) -> torch.Tensor:
     """(B, ...) -> contiguous (B, n) without a copy when already contiguous."""
     return t.reshape(t.shape[0], -1)
@@ -327,13 +337,18 @@ def conv_patches(x: torch.Tensor, kernel: tuple[int, ...], stride: tuple[int, ..
 def _device_conv_patches(x: torch.Tensor, kernel: tuple[int, ...], stride: tuple[int, ...],
                          padding: tuple[int, ...], dilation: tuple[int, ...]) -> torch.Tensor:
     """:func:`conv_patches` off the CPU (any device; the tests run it on the CPU too). For 2-D
-    kernels ``F.unfold``: one im2col pass, where the strided view below costs a permuted gather
-    copy (a ResNet-18 step's patches took 10 ms of its 66 ms on an H200 that way)."""
+    kernels ``F.unfold`` of the batch as one image of B C channels: one im2col pass, where the
+    strided view below costs a permuted gather copy (a ResNet-18 step's patches took 10 ms of
+    its 66 ms on an H200 that way)."""
     import torch.nn.functional as F
 
     if len(kernel) == 2:
-        return F.unfold(x, kernel, dilation=dilation, padding=padding,
-                        stride=stride).transpose(1, 2)
+        # The batch folded into the channels: torch's im2col launches one kernel per example
+        # of its input (10,240 launches per ResNet-18 step at batch 256), one here.
+        batch, channels = int(x.shape[0]), int(x.shape[1])
+        cols = F.unfold(x.reshape(1, batch * channels, *x.shape[2:]), kernel,
+                        dilation=dilation, padding=padding, stride=stride)
+        return cols.reshape(batch, channels * math.prod(kernel), -1).transpose(1, 2)
     pad: list[int] = []
     for p_ in reversed(padding):
         pad += [p_, p_]
@@ -524,8 +539,8 @@ class LinearUsage(_WeightBiasUsage):
 
     def _bias_per_example(self) -> torch.Tensor:
         if self._bias_rows is None:  # summed over positions in float32 at least
-            g = _wide(self.g)
-            self._bias_rows = g[:, 0] if g.shape[1] == 1 else g.sum(dim=1)
+            self._bias_rows = (_wide(self.g[:, 0]) if self.g.shape[1] == 1
+                               else _wide_sum(self.g, dim=1))
         return self._bias_rows
 
     def out_grad_sq(self) -> torch.Tensor:
@@ -741,7 +756,7 @@ class ConvUsage(_WeightBiasUsage):
 
     def _bias_per_example(self) -> torch.Tensor:
         if self._bias_rows is None:  # summed over positions in float32 at least
-            self._bias_rows = _wide(self.g).sum(dim=2)
+            self._bias_rows = _wide_sum(self.g, dim=2)
         return self._bias_rows
 
     def sq_norm(self, p: torch.nn.Parameter) -> torch.Tensor:
@@ -800,6 +815,15 @@ class ConvUsage(_WeightBiasUsage):
         return total.to(x.dtype)
 
 
+# Embeddings off the CPU avoid torch.unique (its output size costs a device synchronisation on
+# every embedding of every step): the norm is a masked Gram matrix (T^2 d multiply-adds per
+# example) while T^2 <= this many times the row width d (T = 256 at any d >= 64), and the
+# clipped sum goes through a float64 table of the whole weight up to this many elements
+# (512 MiB); beyond either, the rows are grouped by torch.unique.
+_EMBEDDING_GRAM_PER_ROW = 1024
+_EMBEDDING_FLOAT64_TABLE = 1 << 26
+
+
 class EmbeddingUsage(Usage):
     """y[i, t] = W[idx[i, t]]: g_i(W) = sum_t onehot(idx_{i,t}) gy_{i,t}^T (rows with repeated
     indices add up; the padding row gets no gradient).
@@ -849,6 +873,13 @@ class EmbeddingUsage(Usage):
                                               num_rows=num_rows,
                                               padding_idx=self.padding_idx) * s2
         b, t, d = self.g.shape
+        if t * t <= _EMBEDDING_GRAM_PER_ROW * d:
+            # ||g_i||^2 = sum_{t,s} [idx_t = idx_s] gy_t . gy_s (padding positions are zero in
+            # g): a Gram matrix masked by index equality. No torch.unique, whose output size
+            # costs a device synchronisation, on every embedding of every step.
+            gram = _wide_bmm(self.g, self.g.transpose(1, 2))
+            same = (self.idx.unsqueeze(2) == self.idx.unsqueeze(1)).to(gram.dtype)
+            return kernels.per_example_dots(gram, same) * s2
         keys = (torch.arange(b, device=self.idx.device).unsqueeze(1) * num_rows
                 + self.idx).reshape(-1)
         unique_keys, inverse = torch.unique(keys, return_inverse=True)
@@ -888,6 +919,12 @@ class EmbeddingUsage(Usage):
         d = self.g.shape[2]
         weights = factors.to(torch.float64) * self.scale
         scaled = (self.g.to(torch.float64) * weights[:, None, None]).reshape(-1, d)
+        if p.numel() <= _EMBEDDING_FLOAT64_TABLE:
+            # Every position added into a float64 table of the whole weight, rounded once: no
+            # torch.unique (a device synchronisation); rows nobody looked up stay zero.
+            table = torch.zeros(p.shape, dtype=torch.float64, device=self.g.device)
+            table.index_add_(0, self.idx.reshape(-1), scaled)
+            return table.to(self.g.dtype)
         rows, inverse = torch.unique(self.idx.reshape(-1), return_inverse=True)
         sums = torch.zeros(rows.numel(), d, dtype=torch.float64, device=self.g.device)
         sums.index_add_(0, inverse, scaled)
