@@ -152,6 +152,7 @@ __all__ = [
 
 #: Exponents t of the Chernoff bounds (both signs are used).
 _CHERNOFF_T = np.array([0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0])
+_EXPONENTS = tuple(_CHERNOFF_T.tolist())
 
 
 _UNIT = 2.0**-53
@@ -334,6 +335,26 @@ def _frequency_weights(size: int, grid_step: float, count: int) -> tuple[np.ndar
 
 
 _FREQUENCY_WEIGHTS: dict[tuple[int, float, int], tuple[np.ndarray, np.ndarray]] = {}
+
+
+def _weighted_multiplicity(size: int, grid_step: float, count: int) -> tuple[np.ndarray, float]:
+    """(multiplicity * weight of :func:`_frequency_weights`, the sum of its entries), kept like
+    them (functions of the circle only)."""
+    key = (size, grid_step, count)
+    hit = _WEIGHTED.get(key)
+    if hit is None:
+        multiplicity, weight = _frequency_weights(size, grid_step, count)
+        weighted = multiplicity * weight
+        weighted.flags.writeable = False
+        hit = (weighted, float(weighted.sum()))
+        with _FREQUENCY_WEIGHTS_LOCK:
+            while len(_WEIGHTED) >= 8:
+                _WEIGHTED.pop(next(iter(_WEIGHTED)), None)
+            _WEIGHTED[key] = hit
+    return hit
+
+
+_WEIGHTED: dict[tuple[int, float, int], tuple[np.ndarray, float]] = {}
 _FREQUENCY_WEIGHTS_LOCK = threading.Lock()
 
 
@@ -366,18 +387,28 @@ def _product_error(
     (``lower <= upper``) are exactly 0 in double precision, so the bound is ``_UNDERFLOW``
     there either way (a long composition's band is a small part of the circle)."""
     bound = np.full(upper.shape, _UNDERFLOW)
-    live = np.flatnonzero(upper > _EXP_IS_ZERO)
-    if live.size:
-        live_upper = upper[live]
-        live_lower = lower[live]
-        with np.errstate(over="ignore", invalid="ignore", under="ignore"):
-            outer = np.exp(live_upper)
-            inner = np.exp(live_lower)
-            spread = outer * -np.expm1(np.minimum(live_lower - live_upper, 0.0))
-            rounding = power_rounding(total_count) * inner
-        values = np.where(computed[live], spread + rounding, outer)
-        bound[live] = values * _MARGIN + _UNDERFLOW
+    live, values = _live_product_error(upper, lower, total_count, computed)
+    bound[live] = values
     return bound
+
+
+def _live_product_error(
+    upper: np.ndarray, lower: np.ndarray, total_count: int, computed: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The entries of :func:`_product_error` above the underflow slack (``upper > -746``) and
+    the bound there; every other entry's bound is ``_UNDERFLOW``."""
+    live = np.flatnonzero(upper > _EXP_IS_ZERO)
+    if not live.size:
+        return live, np.zeros(0)
+    live_upper = upper[live]
+    live_lower = lower[live]
+    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+        outer = np.exp(live_upper)
+        inner = np.exp(live_lower)
+        spread = outer * -np.expm1(np.minimum(live_lower - live_upper, 0.0))
+        rounding = power_rounding(total_count) * inner
+    values = np.where(computed[live], spread + rounding, outer)
+    return live, values * _MARGIN + _UNDERFLOW
 
 
 #: e^x rounds to exactly 0 in double precision for every x below this (e^-745.2 is less than
@@ -485,6 +516,30 @@ class LeafSpectrum:
     _log_moduli: tuple[int, np.ndarray, np.ndarray] | None = dataclasses.field(
         default=None, repr=False, compare=False
     )
+    #: suffix maxima of the squared moduli and of log(a + E), by length (see :meth:`_suffix_max`)
+    _suffix_maxima: dict[tuple[str, int], np.ndarray] = dataclasses.field(
+        default_factory=dict, repr=False, compare=False
+    )
+
+    def _suffix_max(self, which: str, count: int) -> np.ndarray:
+        """``max(values[f:count])`` at every f < count, for ``which`` "modulus" (the squared
+        moduli) or "upper" (log(a + E) of :meth:`log_moduli`): non-increasing, so the
+        frequencies at which a threshold can still be passed are a prefix found by bisection
+        (:meth:`prefix_above`). Kept until :meth:`refine` changes the transform."""
+        key = (which, count)
+        hit = self._suffix_maxima.get(key)
+        if hit is None:
+            values = self.modulus_squared[:count] if which == "modulus" else self.log_moduli(count)[0]
+            hit = np.maximum.accumulate(values[::-1])[::-1]
+            hit.flags.writeable = False
+            self._suffix_maxima[key] = hit
+        return hit
+
+    def prefix_above(self, count: int, threshold: float) -> int:
+        """The smallest P <= count with ``modulus_squared[f] <= threshold`` at every f in
+        [P, count) (the same comparisons, on the suffix maxima: exact)."""
+        maxima = self._suffix_max("modulus", count)
+        return _last_above(lambda f: float(maxima[f]) > threshold, count)
 
     def errors(self, count: int) -> np.ndarray:
         """The error bound of each of the first ``count`` entries."""
@@ -521,6 +576,36 @@ class LeafSpectrum:
         self.direct = reach
         self.direct_error = band_dft_error(pld.mass.size, self.size) * _l1(pld.mass)
         self._log_moduli = None
+        self._suffix_maxima = {}
+
+
+def _last_above(test: Callable[[int], bool], count: int) -> int:
+    """For ``test`` true on a prefix of ``range(count)`` and false after it: the prefix's
+    length, by bisection."""
+    low, high = 0, count  # test holds below low, fails from high on
+    while low < high:
+        middle = (low + high) // 2
+        if test(middle):
+            low = middle + 1
+        else:
+            high = middle
+    return low
+
+
+def _live_reach(leaves: Sequence[LeafSpectrum], counts: Sequence[int], reach: int) -> int:
+    """A frequency Q <= reach from which the round-off bound of :func:`_product_error` is
+    certainly the underflow slack alone: there ``sum_i c_i log(a_i + E_i) <= -747`` by the
+    leaves' suffix maxima of log(a_i + E_i), one unit in the exponent below the -746 at which
+    e^upper is exactly 0 (far more than the rounding of the sum)."""
+    maxima = [leaf._suffix_max("upper", reach) for leaf in leaves]
+    if len(maxima) == 1:  # (the usual incremental case: one leaf)
+        count, top = counts[0], maxima[0]
+        return _last_above(lambda f: count * float(top[f]) > _EXP_IS_ZERO - 1.0, reach)
+
+    def live(f: int) -> bool:
+        return sum(count * float(top[f]) for count, top in zip(counts, maxima)) > _EXP_IS_ZERO - 1.0
+
+    return _last_above(live, reach)
 
 
 @dataclass(frozen=True)
@@ -759,18 +844,22 @@ def _discounted_suffix(mass: np.ndarray, grid_step: float) -> np.ndarray:
 
 def chernoff_window(log_mgf_total: np.ndarray, log_tail: float) -> tuple[float, float]:
     """Losses (a, b) with P(S < a), P(S > b) <= e^{log_tail} by Chernoff's bound, given
-    ``log_mgf_total[i] = log E[e^{t_i S}]`` for t in (+_CHERNOFF_T, -_CHERNOFF_T)."""
-    k = _CHERNOFF_T.size
-    upper = np.min((log_mgf_total[:k] - log_tail) / _CHERNOFF_T)
-    lower = np.max((log_mgf_total[k:] - log_tail) / -_CHERNOFF_T)
+    ``log_mgf_total[i] = log E[e^{t_i S}]`` for t in (+_CHERNOFF_T, -_CHERNOFF_T). (On Python
+    floats: the same correctly rounded operations as elementwise on the 9 exponents, without
+    the per-call cost of NumPy on such short vectors; a query after every step asks twice.)"""
+    values = log_mgf_total.tolist() if isinstance(log_mgf_total, np.ndarray) else log_mgf_total
+    k = len(_EXPONENTS)
+    upper = min((m - log_tail) / t for m, t in zip(values[:k], _EXPONENTS))
+    lower = max((m - log_tail) / -t for m, t in zip(values[k:], _EXPONENTS))
     return float(lower), float(upper)
 
 
 def chernoff_tails(log_mgf_total: np.ndarray, a: float, b: float) -> tuple[float, float]:
     """(bound on P(S < a), bound on P(S > b))."""
-    k = _CHERNOFF_T.size
-    above = np.exp(np.min(log_mgf_total[:k] - _CHERNOFF_T * b))
-    below = np.exp(np.min(log_mgf_total[k:] + _CHERNOFF_T * a))
+    values = log_mgf_total.tolist() if isinstance(log_mgf_total, np.ndarray) else log_mgf_total
+    k = len(_EXPONENTS)
+    above = np.exp(min(m - t * b for m, t in zip(values[:k], _EXPONENTS)))
+    below = np.exp(min(m + t * a for m, t in zip(values[k:], _EXPONENTS)))
     return float(min(below, 1.0)), float(min(above, 1.0))
 
 
@@ -831,9 +920,15 @@ def compose(
     # small fraction of the circle). A leaf spectrum computed only below some frequency
     # (:func:`_pruned_reach`) is certified to fail the test above it, so the product is 0 there.
     reach = min(leaf.transform.size for leaf in leaf_spectra)
-    candidates = np.ones(reach, dtype=bool)
-    for count, leaf in zip(counts, leaf_spectra):
-        candidates &= leaf.modulus_squared[:reach] > math.exp(-1600.0 / count)
+    # Every candidate lies below each leaf's prefix (suffix maxima; the same comparisons), a
+    # small part of the circle for a long composition: the tests run on that prefix only.
+    thresholds = [math.exp(-1600.0 / count) for count in counts]
+    prefix = min(
+        leaf.prefix_above(reach, threshold) for leaf, threshold in zip(leaf_spectra, thresholds)
+    )
+    candidates = np.ones(prefix, dtype=bool)
+    for threshold, leaf in zip(thresholds, leaf_spectra):
+        candidates &= leaf.modulus_squared[:prefix] > threshold
     where = np.flatnonzero(candidates)
     log_modulus = np.zeros(where.size)
     for count, leaf in zip(counts, leaf_spectra):
@@ -856,15 +951,21 @@ def compose(
     with np.errstate(under="ignore"):
         for count, leaf in zip(counts, leaf_spectra):
             product *= _integer_power(leaf.transform[kept], count)
-    spectrum = np.zeros(size // 2 + 1, dtype=complex)
+    band = int(kept[-1]) + 1 if kept.size else 0
+    # (a band held spectral needs its coefficients only; a dense result the whole half-circle)
+    spectrum = np.zeros(band if 0 < band <= size // BAND_FRACTION else size // 2 + 1,
+                        dtype=complex)
     spectrum[kept] = product
-    computed = np.zeros(reach, dtype=bool)
+    # The round-off bound is the underflow slack alone from `live` on (:func:`_live_reach`):
+    # the log-moduli are summed on that prefix only.
+    live = max(_live_reach(leaf_spectra, counts, reach), band)
+    computed = np.zeros(live, dtype=bool)
     computed[kept] = True
-    logs = _LogModuli.of_leaves(leaf_spectra, counts, reach)
+    logs = _LogModuli.of_leaves(leaf_spectra, counts, live)
     # Every entry outside `kept` is exactly 0: the band ends at its last frequency.
     return _result_of_spectrum(
-        window, spectrum, int(kept[-1]) + 1 if kept.size else 0, logs, computed,
-        _pruned_tail(leaf_spectra, counts, size),
+        window, spectrum, band, logs, computed, _pruned_tail(leaf_spectra, counts, size),
+        reach=reach,
     )
 
 
@@ -914,7 +1015,9 @@ class _LogModuli:
         same values from each leaf's kept logarithms (:meth:`LeafSpectrum.log_moduli`)."""
         out: _LogModuli | None = None
         for leaf, count in zip(leaves, counts):
-            upper, lower = leaf.log_moduli(reach)
+            # (the leaf's logarithms over its whole transform are kept; a prefix is a view)
+            upper, lower = leaf.log_moduli(leaf.transform.size)
+            upper, lower = upper[:reach], lower[:reach]
             if out is None:  # 0 + x is x: the first terms are taken as they are
                 out = cls(count * upper, count * lower, count)
                 continue
@@ -966,23 +1069,39 @@ def _result_of_spectrum(
     logs: _LogModuli,
     computed: np.ndarray,
     tail: float = 0.0,
+    *,
+    reach: int | None = None,
 ) -> ComposedPLD:
     """The composition whose real-FFT spectrum on the window's circle is ``spectrum``, every
     entry of which from ``band`` on is negligible: held as that band (no inverse transform) when
     it holds at most ``size / BAND_FRACTION`` frequencies, else dense; with its round-off bounds
     (module docstring, parts 2-4). ``logs`` describe the computed factors at the frequencies
-    ``0 .. R - 1`` (R = ``computed.size``), ``computed`` says where ``spectrum`` holds their
-    computed product (elsewhere it is 0), and ``tail`` bounds ``|G_f|`` from R on."""
+    ``0 .. Q - 1`` (Q = ``computed.size``), ``computed`` says where ``spectrum`` holds their
+    computed product (elsewhere it is 0); from Q to ``reach`` (Q by default) the factors' bound
+    is the underflow slack alone (:func:`_live_reach`), and ``tail`` bounds ``|G_f|`` from
+    ``reach`` on.
+
+    The weighted sum of the bounds e_f is taken over the entries above the underflow slack,
+    plus the slack times the sum of all the weights (each entry's slack counted at least once);
+    the squares of the slack (1e-600) are covered by ``1e-300 sqrt(n)`` on the l2 norm."""
     size = window.size
     held_as_band = 0 < band <= size // BAND_FRACTION
-    reach = computed.size
+    live_count = computed.size
+    reach = live_count if reach is None else reach
     if held_as_band:
-        computed = computed & (np.arange(reach) < band)
-    error = _product_error(logs.upper, logs.lower, logs.total, computed)
+        computed = computed & (np.arange(live_count) < band)
+    live, values = _live_product_error(logs.upper, logs.lower, logs.total, computed)
     multiplicity, weight = _frequency_weights(size, window.grid_step, reach)
+    weighted, weight_sum = _weighted_multiplicity(size, window.grid_step, reach)
     beyond = size // 2 + 1 - reach  # frequencies bounded by `tail`
-    noise = float((multiplicity * weight * error).sum()) + 2.0 * beyond * tail
-    mass_error = math.sqrt(float((multiplicity * error * error).sum()) + 2.0 * beyond * tail * tail)
+    noise = (
+        float((weighted[live] * values).sum())
+        + _UNDERFLOW * weight_sum * (1.0 + 1e-6)
+        + 2.0 * beyond * tail
+    )
+    mass_error = math.sqrt(
+        float((multiplicity[live] * values * values).sum()) + 2.0 * beyond * tail * tail
+    ) + _UNDERFLOW * math.sqrt(2.0 * reach)
     scale = inverse_error(size)
     if held_as_band:
         coefficients = spectrum[:band]
