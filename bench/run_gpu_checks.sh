@@ -2,7 +2,8 @@
 # The GPU checks of dpsharp in one go, on a machine with one CUDA device and a CUDA build of
 # torch (run from the repository root): build the extension with its CUDA kernels, run the
 # CUDA tests, then the GPU benchmark in float32 and under bf16 autocast, then the step profile
-# (bench/profile_gpu_step.py). SKIP_BENCH=1 leaves the benchmark out; NOISE_VARIANTS=1 adds
+# (bench/profile_gpu_step.py). SKIP_BENCH=1 leaves the benchmark out, BENCH_ARGS and
+# PROFILE_ARGS pass options to the two scripts; NOISE_VARIANTS=1 adds
 # bench/noise_kernel_variants.cu. Everything is written to the folder given as the first
 # argument (default ./gpu-results).
 set -uo pipefail
@@ -25,11 +26,13 @@ timeout 240 python3 -m pytest tests/test_cuda_kernels.py -q -p no:cacheprovider 
 
 cd bench
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
-  timeout 300 python3 bench_gpu.py --out "$out/gpu_fp32.md" 2>&1 | tail -5
-  timeout 240 python3 bench_gpu.py --amp bf16 --out "$out/gpu_bf16.md" 2>&1 | tail -5
+  timeout 300 python3 bench_gpu.py ${BENCH_ARGS:-} --out "$out/gpu_fp32.md" 2>&1 | tail -5
+  timeout 240 python3 bench_gpu.py ${BENCH_ARGS:-} --amp bf16 --out "$out/gpu_bf16.md" 2>&1 \
+    | tail -5
 fi
 # Where a DP step's time goes, and candidate stages timed against the library's own.
-timeout "${PROFILE_TIMEOUT:-200}" python3 profile_gpu_step.py --out "$out/profile.txt" 2>&1 \
+timeout "${PROFILE_TIMEOUT:-200}" python3 profile_gpu_step.py ${PROFILE_ARGS:-} \
+  --out "$out/profile.txt" 2>&1 \
   | grep -v -e '^USDT' -e 'ActivityProfiler' | tail -12
 cd ..
 

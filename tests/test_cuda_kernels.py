@@ -281,3 +281,26 @@ def test_per_example_dots_on_cuda_match_float64(dtype: torch.dtype, batch: int,
     scale = (a.double() * b.double()).abs().sum(dim=1)
     assert bool(((got.cpu() - want).abs() <= 1e-14 * scale + 1e-300).all())
     assert torch.equal(kernels.per_example_dots(a.cuda(), b.cuda()), got)
+
+
+def test_float32_norm_products_stay_float32_with_tf32_enabled() -> None:
+    """With TF32 enabled by the user, the float32 products behind the norms still meet the float32
+    summation bound against float64 (TF32's 10-bit operands would miss it by orders of
+    magnitude), and the user's setting is back afterwards."""
+    _need_cuda()
+    from dpsharp.torch.layers.usages import _wide_bmm
+
+    gen = torch.Generator().manual_seed(6)
+    k = 300
+    m1 = torch.randn(4, 40, k, generator=gen).cuda()
+    m2 = torch.randn(4, k, 24, generator=gen).cuda()
+    saved = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        got = _wide_bmm(m1, m2)
+        assert torch.backends.cuda.matmul.allow_tf32 is True
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
+    want = torch.bmm(m1.double(), m2.double())
+    bound = k * 2.0**-23 * torch.bmm(m1.double().abs(), m2.double().abs())
+    assert bool(((got.double() - want).abs() <= bound).all())

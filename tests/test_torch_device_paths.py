@@ -78,7 +78,7 @@ def test_device_conv_patches_equal_cpu_kernel(shape, kernel, stride, padding, di
                                               dtype) -> None:
     """The patches the clipper builds off the CPU (im2col for 2-D kernels, a strided gather for
     1-D ones) equal the C++ kernel's, which builds them position by position, and read the
-    same through the products that use them: P_i^T P_i and G_i P_i."""
+    same through the product that uses them, G_i P_i."""
     from dpsharp.torch import kernels
     from dpsharp.torch.layers.usages import _device_conv_patches
 
@@ -88,8 +88,10 @@ def test_device_conv_patches_equal_cpu_kernel(shape, kernel, stride, padding, di
     want = kernels.conv_patches(x, kernel, stride, padding, dilation)
     assert got.shape == want.shape and got.dtype == want.dtype
     assert torch.equal(got, want)
+    # the transposed-view layout reads correctly through a batched product (the product's
+    # kernel may differ by layout, so to rounding, not bit for bit)
     g = torch.randn(shape[0], 5, want.shape[1], generator=gen).to(dtype)
-    assert torch.equal(torch.bmm(g, got), torch.bmm(g, want))
+    torch.testing.assert_close(torch.bmm(g, got), torch.bmm(g, want))
 
 
 @pytest.mark.parametrize("padding_idx", [None, 0])
@@ -122,3 +124,25 @@ def test_device_embedding_paths_equal_fused_cpu_kernels(padding_idx, dtype) -> N
                     0.5 * out_grads[keep].double(), accumulate=True)
     torch.testing.assert_close(device_path.sq_norm(weight), rows.pow(2).sum(dim=(1, 2)),
                                rtol=rtol, atol=0)
+
+
+def test_ieee_float32_products_turn_tf32_off_and_back() -> None:
+    """Inside the block a CUDA float32 product runs in full float32 even where the user enabled
+    TF32; the user's setting is back afterwards (also after an exception); on the CPU nothing is
+    touched."""
+    from dpsharp.torch.layers.usages import _ieee_float32_products
+
+    matmul = torch.backends.cuda.matmul
+    saved = matmul.allow_tf32
+    try:
+        matmul.allow_tf32 = True
+        with _ieee_float32_products("cuda"):
+            assert matmul.allow_tf32 is False
+        assert matmul.allow_tf32 is True
+        with pytest.raises(RuntimeError), _ieee_float32_products("cuda"):
+            raise RuntimeError("inside")
+        assert matmul.allow_tf32 is True
+        with _ieee_float32_products("cpu"):
+            assert matmul.allow_tf32 is True
+    finally:
+        matmul.allow_tf32 = saved

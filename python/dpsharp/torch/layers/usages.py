@@ -39,9 +39,11 @@ book-keeping contraction, added into one tensor.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import threading
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from dpsharp.torch import kernels
@@ -98,6 +100,26 @@ def _bmm_has_out_dtype(device_type: str) -> bool:
         return False
 
 
+@contextlib.contextmanager
+def _ieee_float32_products(device_type: str) -> Iterator[None]:
+    """Float32 matrix products in full float32 (IEEE) inside the block, on CUDA: a user who
+    enabled TF32 (``torch.backends.cuda.matmul.allow_tf32 = True``) would otherwise get
+    per-example norms from operands rounded to 10-bit significands, about 1e-3 relative, where a
+    norm must hold to float32 rounding for the clipped contribution to stay within its bound.
+    The flag is process-wide; it is put back when the block ends."""
+    import torch
+
+    matmul = torch.backends.cuda.matmul
+    if device_type != "cuda" or not matmul.allow_tf32:
+        yield
+        return
+    matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        matmul.allow_tf32 = True
+
+
 def _wide_bmm(m1: torch.Tensor, m2: torch.Tensor,
               out: torch.Tensor | None = None) -> torch.Tensor:
     """``torch.bmm(m1, m2)`` of float32-widened operands, in float32 (other dtypes: the plain
@@ -110,14 +132,17 @@ def _wide_bmm(m1: torch.Tensor, m2: torch.Tensor,
     the product of widened copies, without writing the copies, and at the half-precision
     matrix rate (a GPT-2-small layer under bf16 autocast: its Gram matrices in float32 ran at
     about a tenth of the non-private backward's rate on an H200). Elsewhere the operands are
-    widened first. ``out``, when given, receives the float32 (or plain) product."""
+    widened first, and float32 products run in full float32 even where TF32 is enabled
+    (:func:`_ieee_float32_products`). ``out``, when given, receives the float32 (or plain)
+    product."""
     import torch
 
     half = (torch.float16, torch.bfloat16)
     if m1.dtype in half and m1.dtype == m2.dtype and _bmm_has_out_dtype(m1.device.type):
         product = torch.bmm(m1, m2, out_dtype=torch.float32)
         return product if out is None else out.copy_(product)
-    return torch.bmm(_wide(m1), _wide(m2), out=out)
+    with _ieee_float32_products(m1.device.type):
+        return torch.bmm(_wide(m1), _wide(m2), out=out)
 
 
 def _wide_sum(t: torch.Tensor, dim: int) -> torch.Tensor:
@@ -518,10 +543,12 @@ class LinearUsage(_WeightBiasUsage):
             b, d, p = g.shape[0], a.shape[2], g.shape[2]
             if d >= p:
                 out = arena_empty((b, p, d), g.dtype, g.device)
-                base = torch.bmm(g.transpose(1, 2), a, out=out)
+                with _ieee_float32_products(g.device.type):
+                    base = torch.bmm(g.transpose(1, 2), a, out=out)
             else:
                 out = arena_empty((b, d, p), g.dtype, g.device)
-                base = torch.bmm(a.transpose(1, 2), g, out=out)
+                with _ieee_float32_products(g.device.type):
+                    base = torch.bmm(a.transpose(1, 2), g, out=out)
             self._per_example_base = base
             self._per_example_weight = (base if (d >= p) == self._weight_is_pd
                                         else base.transpose(1, 2))
