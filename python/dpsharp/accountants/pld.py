@@ -317,6 +317,13 @@ class PLDAccountant(Accountant):
         return f"{type(inner).__name__} events have no privacy-loss distribution here"
 
     def _leaves(self, leaf: Event, direction: str) -> _Leaf:
+        if type(leaf) is PoissonSampled and type(leaf.event) is Gaussian:
+            # The step of a per-step schedule, tens of thousands of times: the branch below
+            # without the type tests before it (none of which such an event passes).
+            sigma, q = leaf.event.noise_multiplier, leaf.sampling_probability
+            if q == 1.0:
+                return _Leaf(_GAUSSIAN, sigma, 1.0)
+            return _Leaf(_REMOVE if direction == "remove" else _ADD, sigma, q)
         # A shuffled epoch costs one run of its event (parallel composition, see events.Shuffled).
         inner = leaf.event if isinstance(leaf, Shuffled) else leaf
         if isinstance(inner, Gaussian):
@@ -1124,18 +1131,27 @@ def _quantized(leaves: list[_Leaf], quantum: float, pessimistic: bool) -> list[_
     independent noise), for both directions and the symmetrised pair; every rounded value is
     checked to lie on its side in floating point. Laplace, atom and continuous leaves are kept
     as they are."""
+    if not leaves:
+        return []
     grid = _RoundingGrid.of(_LeafColumns.of(leaves), quantum, pessimistic)
-    out: list[_Leaf] = []
-    made: dict[tuple[int, float, float], _Leaf] = {}  # one object per distinct key
-    for leaf, rounded, sigma in zip(leaves, grid.rounded.tolist(), grid.sigma.tolist()):
-        if not rounded:
-            out.append(leaf)
-            continue
-        triple = (leaf.mechanism, sigma, leaf.rate)
-        key = made.get(triple)
-        if key is None:
-            key = made[triple] = _Leaf(*triple)
-        out.append(key)
+    # One object per distinct key, made from the distinct rows (a schedule has far fewer
+    # distinct rounded keys than leaves).
+    columns = (grid.mechanism, grid.sigma, grid.rate)
+    order = np.lexsort(columns[::-1])
+    ordered = [column[order] for column in columns]
+    starts = np.zeros(order.size, dtype=bool)
+    starts[0] = True
+    for column in ordered:
+        starts[1:] |= column[1:] != column[:-1]
+    group = np.empty(order.size, dtype=np.int64)
+    group[order] = np.cumsum(starts) - 1
+    made = [
+        _Leaf(int(kind), sigma, rate)
+        for kind, sigma, rate in zip(*(column[starts].tolist() for column in ordered))
+    ]
+    out = [made[index] for index in group.tolist()]
+    for index in np.flatnonzero(~grid.rounded).tolist():
+        out[index] = leaves[index]  # kept as it is
     return out
 
 
@@ -1236,8 +1252,11 @@ class _LeafColumns:
         if not leaves:
             empty = np.zeros(0)
             return cls(empty, empty, empty, np.zeros(0, dtype=bool), empty)
-        table = np.array(leaves, dtype=float).reshape(len(leaves), 3)
-        mechanism, parameter, rate = table[:, 0], table[:, 1], table[:, 2]
+        count = len(leaves)
+        mechanism, parameter, rate = (
+            np.fromiter((leaf[column] for leaf in leaves), dtype=float, count=count)
+            for column in range(3)
+        )
         rounded = ~np.isin(mechanism, (_LAPLACE,) + _KEPT_MECHANISMS)
         root = np.where(rounded, _variance_root(np.where(rounded, parameter, 1.0), rate), 1.0)
         columns = cls(mechanism, parameter, rate, rounded, root)
@@ -1354,6 +1373,9 @@ def _is_multiple(loss: float, step: float) -> bool:
 
 def _loss_variance(leaf: Event) -> float:
     """A closed-form proxy for the per-step variance of the privacy loss (used for the grid)."""
+    if type(leaf) is PoissonSampled and type(leaf.event) is Gaussian:  # the last branch, directly
+        mu2 = 1.0 / leaf.event.noise_multiplier**2
+        return min(mu2, leaf.sampling_probability**2 * math.expm1(min(mu2, 700.0)))
     inner = leaf.event if isinstance(leaf, Shuffled) else leaf
     if isinstance(inner, Laplace):
         return 1.0 / inner.scale**2
