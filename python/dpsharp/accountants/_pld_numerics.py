@@ -248,6 +248,7 @@ def inverse_error(size: int) -> float:
     return (half * (1.0 + 2.0 * packing) + 2.0 * packing) * _MARGIN
 
 
+@functools.lru_cache(maxsize=64)
 def power_rounding(total_count: int) -> float:
     """``(1 + sqrt(2) gamma_2)^(T - 1) - 1``: the relative rounding error of a product of T
     spectrum values formed by any tree of T - 1 complex multiplications (part 2)."""
@@ -256,6 +257,7 @@ def power_rounding(total_count: int) -> float:
     return math.expm1((total_count - 1) * math.log1p(_PRODUCT)) * _MARGIN
 
 
+@functools.lru_cache(maxsize=64)
 def roundoff_floor(total_count: int) -> float:
     """A lower part of the proven round-off bound of a composition of ``total_count`` steps whose
     finite mass is at least 1/2: the product rounding at frequency 0 alone,
