@@ -211,7 +211,8 @@ def test_one_more_step_reuses_directions_and_band_factors(monkeypatch: pytest.Mo
     accountant.compose(event)
     incremental = accountant.epsilon(1e-5)
     monkeypatch.undo()
-    assert accountant._composed("remove", True, accountant._grid_step(0), 1e-12).spectral is not None
+    remove = accountant._composed("remove", True, accountant._grid_step(0), 1e-12)
+    assert remove.spectral is not None
     assert leaves == [] and sines == []
     assert incremental == PLDAccountant().compose(event, 1501).epsilon(1e-5)
 
@@ -270,7 +271,9 @@ def test_incremental_answers_bracket_dp_accounting() -> None:
             assert answer == fresh.epsilon(delta) and at_one == fresh.delta(1.0)
             lower, upper = peer(steps, False), peer(steps, True)
             assert lower.get_epsilon_for_delta(delta) <= answer  # type: ignore[attr-defined]
-            assert answer <= 1.002 * upper.get_epsilon_for_delta(delta)  # type: ignore[attr-defined]
+            assert answer <= 1.002 * upper.get_epsilon_for_delta(  # type: ignore[attr-defined]
+                delta
+            )
             assert lower.get_delta_for_epsilon(1.0) <= at_one  # type: ignore[attr-defined]
             assert at_one <= 1.01 * upper.get_delta_for_epsilon(1.0)  # type: ignore[attr-defined]
 

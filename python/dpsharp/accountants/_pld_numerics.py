@@ -531,7 +531,9 @@ class LeafSpectrum:
         key = (which, count)
         hit = self._suffix_maxima.get(key)
         if hit is None:
-            values = self.modulus_squared[:count] if which == "modulus" else self.log_moduli(count)[0]
+            values = (
+                self.modulus_squared[:count] if which == "modulus" else self.log_moduli(count)[0]
+            )
             hit = np.maximum.accumulate(values[::-1])[::-1]
             hit.flags.writeable = False
             self._suffix_maxima[key] = hit
