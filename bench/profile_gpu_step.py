@@ -186,12 +186,12 @@ def phases(mode: str, name: str, amp: torch.dtype | None, steps: int) -> dict[st
             for key, value in zip(samples, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
                 samples[key].append(value)
     del model, x, y, opt, clipper
-    if DEVICE == "cuda":
-        torch.cuda.empty_cache()
+    _release_device_memory()
     return {k: statistics.median(v) for k, v in samples.items()}
 
 
-def profile_table(name: str, amp: torch.dtype | None, steps: int, rows: int) -> str:
+def _warm_dp_step(name: str, amp: torch.dtype | None):
+    """A dpsharp training step of ``name`` (clipper, noise, AdamW), warmed up by three steps."""
     from dpsharp.torch import NoiseGenerator, PerSampleClipper
 
     model, x, y, loss_fn = make(name, DEVICE, None, DEVICE == "cpu")
@@ -210,6 +210,17 @@ def profile_table(name: str, amp: torch.dtype | None, steps: int, rows: int) -> 
     for _ in range(3):
         step()
     sync()
+    return step
+
+
+def _release_device_memory() -> None:
+    if DEVICE == "cuda":
+        torch.cuda.empty_cache()
+
+
+def profile_table(name: str, amp: torch.dtype | None, steps: int, rows: int) -> str:
+    """torch.profiler's operator table over ``steps`` dpsharp steps, by total device time."""
+    step = _warm_dp_step(name, amp)
     acts = [torch.profiler.ProfilerActivity.CPU]
     if DEVICE == "cuda":
         acts.append(torch.profiler.ProfilerActivity.CUDA)
@@ -217,11 +228,10 @@ def profile_table(name: str, amp: torch.dtype | None, steps: int, rows: int) -> 
         for _ in range(steps):
             step()
         sync()
-    table = prof.key_averages().table(sort_by="cuda_time_total" if DEVICE == "cuda" else "cpu_time_total", row_limit=rows,
-                                      max_name_column_width=60)
-    del model, x, y, opt, clipper
-    if DEVICE == "cuda":
-        torch.cuda.empty_cache()
+    order = "cuda_time_total" if DEVICE == "cuda" else "cpu_time_total"
+    table = prof.key_averages().table(sort_by=order, row_limit=rows, max_name_column_width=60)
+    del step
+    _release_device_memory()
     return table
 
 
@@ -232,24 +242,7 @@ def python_profile(name: str, amp: torch.dtype | None, steps: int, rows: int) ->
     import io
     import pstats
 
-    from dpsharp.torch import NoiseGenerator, PerSampleClipper
-
-    model, x, y, loss_fn = make(name, DEVICE, None, DEVICE == "cpu")
-    clipper = PerSampleClipper(model, max_grad_norm=C)
-    noise = NoiseGenerator(0)
-    opt = torch.optim.AdamW(clipper.parameters, lr=LR)
-
-    def step() -> None:
-        opt.zero_grad(set_to_none=True)
-        with torch.autocast(DEVICE, dtype=amp, enabled=amp is not None):
-            out = model(x)
-        loss_fn(out, y).backward()
-        clipper.release(noise_multiplier=SIGMA, expected_batch_size=x.shape[0], noise=noise)
-        opt.step()
-
-    for _ in range(3):
-        step()
-    sync()
+    step = _warm_dp_step(name, amp)
     prof = cProfile.Profile()
     t0 = time.perf_counter()
     prof.enable()
@@ -260,9 +253,10 @@ def python_profile(name: str, amp: torch.dtype | None, steps: int, rows: int) ->
     wall = (time.perf_counter() - t0) / steps
     buf = io.StringIO()
     pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(rows)
-    del model, x, y, opt, clipper
-    return f"### host-side profile, {steps} steps, {1e3 * wall:.1f} ms per step under cProfile\n" + \
-        buf.getvalue()
+    del step
+    _release_device_memory()
+    return (f"### host-side profile, {steps} steps, {1e3 * wall:.1f} ms per step under "
+            f"cProfile\n" + buf.getvalue())
 
 
 def main() -> None:
