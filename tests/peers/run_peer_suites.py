@@ -160,6 +160,10 @@ def markdown(results: dict[str, Any], causes: dict[str, str]) -> str:
         "peer's accountant classes (adapter). *Exercised*: a dpsharp adapter was constructed or",
         "called during the test.",
         "",
+        "dpsharp's default answers against dp-accounting's PLD at its default discretization",
+        "interval 1e-4, on every PLD query of dp-accounting's test files:",
+        "bench/results/pld_peer_defaults.md (`python tests/peers/pld_defaults.py --write`).",
+        "",
         f"prv-accountant {PRV_VERSION}'s tests (its `tests` folder, run against the installed "
         f"package): from {results['prv_sdist']}. Its tests are not in its sdist; set "
         "DPSHARP_PRV_ACCOUNTANT_GIT to a clone of its repository where GitHub is unreachable.",
