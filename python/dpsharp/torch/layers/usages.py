@@ -39,11 +39,9 @@ book-keeping contraction, added into one tensor.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 import threading
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from dpsharp.torch import kernels
@@ -100,26 +98,6 @@ def _bmm_has_out_dtype(device_type: str) -> bool:
         return False
 
 
-@contextlib.contextmanager
-def _ieee_float32_products(device_type: str) -> Iterator[None]:
-    """Float32 matrix products in full float32 (IEEE) inside the block, on CUDA: a user who
-    enabled TF32 (``torch.backends.cuda.matmul.allow_tf32 = True``) would otherwise get
-    per-example norms from operands rounded to 10-bit significands, about 1e-3 relative, where a
-    norm must hold to float32 rounding for the clipped contribution to stay within its bound.
-    The flag is process-wide; it is put back when the block ends."""
-    import torch
-
-    matmul = torch.backends.cuda.matmul
-    if device_type != "cuda" or not matmul.allow_tf32:
-        yield
-        return
-    matmul.allow_tf32 = False
-    try:
-        yield
-    finally:
-        matmul.allow_tf32 = True
-
-
 def _wide_bmm(m1: torch.Tensor, m2: torch.Tensor,
               out: torch.Tensor | None = None) -> torch.Tensor:
     """``torch.bmm(m1, m2)`` of float32-widened operands, in float32 (other dtypes: the plain
@@ -132,17 +110,42 @@ def _wide_bmm(m1: torch.Tensor, m2: torch.Tensor,
     the product of widened copies, without writing the copies, and at the half-precision
     matrix rate (a GPT-2-small layer under bf16 autocast: its Gram matrices in float32 ran at
     about a tenth of the non-private backward's rate on an H200). Elsewhere the operands are
-    widened first, and float32 products run in full float32 even where TF32 is enabled
-    (:func:`_ieee_float32_products`). ``out``, when given, receives the float32 (or plain)
-    product."""
+    widened first; float32 operands on a GPU are multiplied in float64
+    (:func:`_float64_bmm`). ``out``, when given, receives the float32 (or plain) product."""
     import torch
 
     half = (torch.float16, torch.bfloat16)
     if m1.dtype in half and m1.dtype == m2.dtype and _bmm_has_out_dtype(m1.device.type):
         product = torch.bmm(m1, m2, out_dtype=torch.float32)
         return product if out is None else out.copy_(product)
-    with _ieee_float32_products(m1.device.type):
-        return torch.bmm(_wide(m1), _wide(m2), out=out)
+    if m1.is_cuda and m1.dtype == torch.float32 and m2.dtype == torch.float32:
+        product = _float64_bmm(m1, m2)
+        return product if out is None else out.copy_(product)
+    return torch.bmm(_wide(m1), _wide(m2), out=out)
+
+
+def _gram_bmm(m1: torch.Tensor, m2: torch.Tensor) -> torch.Tensor:
+    """A batch of Gram matrices for a ghost norm: :func:`_wide_bmm`, except that float32
+    operands on a GPU keep the float64 product unrounded (the norm is a float64 dot of two
+    Grams, whose terms may cancel: rounding the entries to float32 first would lose what the
+    float64 product kept)."""
+    import torch
+
+    if m1.is_cuda and m1.dtype == torch.float32 and m2.dtype == torch.float32:
+        return torch.bmm(m1.to(torch.float64), m2.to(torch.float64))
+    return _wide_bmm(m1, m2)
+
+
+def _float64_bmm(m1: torch.Tensor, m2: torch.Tensor) -> torch.Tensor:
+    """``torch.bmm`` of float32 operands on a GPU, computed in float64 and rounded once to
+    float32: the products of float32 numbers are exact in float64 and the sums keep 53 bits.
+    A float32 product there would follow the process-wide TF32 setting (operands rounded to
+    10-bit significands, norms about 1e-3 off, for a user who enabled it), and its float32
+    sums lose digits where an example's positions cancel; float64 is immune to both, and on
+    the data-centre GPUs it runs at about the float32 (non-tensor-core) rate."""
+    import torch
+
+    return torch.bmm(m1.to(torch.float64), m2.to(torch.float64)).to(torch.float32)
 
 
 def _wide_sum(t: torch.Tensor, dim: int) -> torch.Tensor:
@@ -543,12 +546,10 @@ class LinearUsage(_WeightBiasUsage):
             b, d, p = g.shape[0], a.shape[2], g.shape[2]
             if d >= p:
                 out = arena_empty((b, p, d), g.dtype, g.device)
-                with _ieee_float32_products(g.device.type):
-                    base = torch.bmm(g.transpose(1, 2), a, out=out)
+                base = _wide_bmm(g.transpose(1, 2), a, out=out)
             else:
                 out = arena_empty((b, d, p), g.dtype, g.device)
-                with _ieee_float32_products(g.device.type):
-                    base = torch.bmm(a.transpose(1, 2), g, out=out)
+                base = _wide_bmm(a.transpose(1, 2), g, out=out)
             self._per_example_base = base
             self._per_example_weight = (base if (d >= p) == self._weight_is_pd
                                         else base.transpose(1, 2))
@@ -611,8 +612,8 @@ class LinearUsage(_WeightBiasUsage):
                 self._weight_per_example()
                 per_example = self._per_example_base  # the norm does not see the layout
             return kernels.per_example_sq_norms(per_example) * s2
-        gram_a = _wide_bmm(a_all, a_all.transpose(1, 2))
-        gram_g = _wide_bmm(g_all, g_all.transpose(1, 2))
+        gram_a = _gram_bmm(a_all, a_all.transpose(1, 2))
+        gram_g = _gram_bmm(g_all, g_all.transpose(1, 2))
         return kernels.per_example_dots(gram_a, gram_g) * s2
 
     def flat_sq_norm_term(self, params: list[torch.nn.Parameter]) -> kernels.SqNormTerm:
@@ -665,18 +666,16 @@ class LinearUsage(_WeightBiasUsage):
             if product is not None:
                 return _blocked_product(*product).reshape(p.shape)
             return self._materialised_clipped_sum(p, factors * self.scale)
-        # float16 / bfloat16 stored tensors: the products in float32
-        if p is self.bias:
-            rows = self._bias_per_example()
-            return (factors * self.scale).to(rows.dtype) @ rows
-        weights = factors * self.scale
+        # float16 / bfloat16 stored tensors (autocast): the float32 arithmetic above on widened
+        # copies. A clip factor, or an operand scaled by it, rounded to half precision would
+        # leave a clipped contribution up to 2^-9 above its bound (0.35% measured under bf16
+        # autocast), and a half-precision product rounds its result the same way.
+        if p is self.bias:  # its per-example rows are float32 already
+            return weighted_sum(self._bias_per_example(), factors * self.scale)
         if self._per_example_weight is not None:
-            return self._materialised_clipped_sum(p, weights)
-        pdim, d = self.g.shape[2], self.a.shape[2]
-        c = weights.to(self.g.dtype)[:, None, None]
-        if d < pdim:
-            return (self.g.reshape(-1, pdim).t() @ (self.a * c).reshape(-1, d)).reshape(p.shape)
-        return ((self.g * c).reshape(-1, pdim).t() @ self.a.reshape(-1, d)).reshape(p.shape)
+            return self._materialised_clipped_sum(p, factors * self.scale)
+        widened = type(self)(self.weight, self.bias, _wide(self.a), _wide(self.g), self.scale)
+        return widened.clipped_sum(p, factors)
 
     def add_clipped_sum(self, p: torch.nn.Parameter, factors: torch.Tensor,
                         out: torch.Tensor) -> None:
@@ -801,8 +800,8 @@ class ConvUsage(_WeightBiasUsage):
             hi = min(b, lo + step)
             patches = self._patches(lo, hi)  # (n, L, d)
             g = self.g[lo:hi]  # (n, O, L)
-            gram_p = _wide_bmm(patches, patches.transpose(1, 2))
-            gram_g = _wide_bmm(g.transpose(1, 2), g)
+            gram_p = _gram_bmm(patches, patches.transpose(1, 2))
+            gram_g = _gram_bmm(g.transpose(1, 2), g)
             out[lo:hi] = kernels.per_example_dots(gram_p, gram_g)
         return out * s2
 
@@ -904,7 +903,11 @@ class EmbeddingUsage(Usage):
             # ||g_i||^2 = sum_{t,s} [idx_t = idx_s] gy_t . gy_s (padding positions are zero in
             # g): a Gram matrix masked by index equality. No torch.unique, whose output size
             # costs a device synchronisation, on every embedding of every step.
-            gram = _wide_bmm(self.g, self.g.transpose(1, 2))
+            # float64: the products of the (float32 or narrower) rows are exact and the sums
+            # keep 53 bits, so positions of one row whose gradients cancel still give its
+            # norm (a float32 Gram underestimated such a norm by 60%)
+            g64 = self.g.to(torch.float64)
+            gram = torch.bmm(g64, g64.transpose(1, 2))
             same = (self.idx.unsqueeze(2) == self.idx.unsqueeze(1)).to(gram.dtype)
             return kernels.per_example_dots(gram, same) * s2
         keys = (torch.arange(b, device=self.idx.device).unsqueeze(1) * num_rows
@@ -1065,17 +1068,6 @@ class TransposedLinearUsage(LinearUsage):
             return None
         m1, m2 = product  # m1 @ m2 = sum_i c_i g_i(W)^T, (p, d): transpose both factors
         return m2.t(), m1.t()
-
-    def clipped_sum(self, p: torch.nn.Parameter, factors: torch.Tensor) -> torch.Tensor:
-        import torch
-
-        if (p is self.bias or self.g.dtype in (torch.float32, torch.float64)
-                or self._per_example_weight is not None):
-            return super().clipped_sum(p, factors)
-        # float16 / bfloat16 stored tensors: sum_i c_i A_i^T G_i in float32
-        c = (factors * self.scale).to(self.g.dtype)[:, None, None]
-        d, pdim = self.a.shape[2], self.g.shape[2]
-        return ((self.a * c).reshape(-1, d).t() @ self.g.reshape(-1, pdim)).reshape(p.shape)
 
 
 class BlockUsage(Usage):
