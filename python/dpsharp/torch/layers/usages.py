@@ -819,8 +819,14 @@ class ConvUsage(_WeightBiasUsage):
         # on the bench CNN's second layer) per block of examples of about _SUM_BLOCK_ROWS
         # positions, the blocks summed in float64 (a float32 reduction over all B L
         # positions at once loses digits; see _SUM_BLOCK_ROWS). Half-precision inputs are
-        # widened to float32 like everywhere else here.
+        # widened to float32 like everywhere else here. On a GPU the whole sum runs in float64:
+        # cuDNN's float32 convolutions use TF32 by default (torch.backends.cudnn.allow_tf32),
+        # operands rounded to 10-bit significands, which would put an example's clipped
+        # contribution about 1e-5 relative above its bound (and more where positions cancel).
         x, g = _wide(self.x), _wide(self.g)
+        result_dtype = x.dtype
+        if x.is_cuda and x.dtype != torch.float64:
+            x, g = x.to(torch.float64), g.to(torch.float64)
         scaled = (g * weights.to(g.dtype)[:, None, None]).reshape(self._out_grad_shape)
         kernel, stride, padding, dilation = self._geometry
         weight = p.detach().to(x.dtype)
@@ -833,12 +839,12 @@ class ConvUsage(_WeightBiasUsage):
                 scaled[lo:hi], x[lo:hi], weight, None, list(stride), list(padding),
                 list(dilation), False, [0] * len(kernel), 1, [False, True, False])
             if step >= batch:
-                return grad_weight
+                return grad_weight.to(result_dtype)
             total = (grad_weight.to(torch.float64) if total is None
                      else total.add_(grad_weight))
         if total is None:  # an empty batch
-            return torch.zeros(p.shape, dtype=x.dtype, device=x.device)
-        return total.to(x.dtype)
+            return torch.zeros(p.shape, dtype=result_dtype, device=x.device)
+        return total.to(result_dtype)
 
 
 # Embeddings off the CPU avoid torch.unique (its output size costs a device synchronisation on
