@@ -1,6 +1,7 @@
 """Time the tight accounting of per-step noise schedules (a different sigma at every step).
 
 Usage:  python bench/bench_schedules.py [--sizes 1000,10000,100000] [--repeat 3]
+                                        [--baseline SRC] [--source SRC] [--rounds 2] [--bounds]
                                         [--peer-steps 200] [--out bench/results/bench_schedules.txt]
 
 Schedules, Poisson q = 0.01, delta = 1e-5, one step per noise multiplier:
@@ -9,61 +10,102 @@ Schedules, Poisson q = 0.01, delta = 1e-5, one step per noise multiplier:
 * ``adp``: ADP-SGD over a polynomially decaying learning rate eta_t = 0.5 / sqrt(1 + t / 100),
   scale 1.0 (sigma from 1 up to about 3.2).
 
-For each schedule and number of steps (= distinct sigmas): the certified epsilon from a fresh
-accountant (events built, composed and queried; median of ``--repeat`` runs), the certified
-lower bound of ``epsilon_bounds`` and the relative gap (upper - lower) / upper (one run, timed
-separately), the rounding quantum the accountant chose for the noise multipliers, and the
-growth of the time against the previous size. The peers (dp-accounting 0.6.0 PLD at 1e-4,
-prv-accountant 0.2.0) compose the ``adp`` schedule's first ``--peer-steps`` steps
+For each schedule and number of steps (= distinct sigmas), in a fresh worker process: the
+certified epsilon of a fresh accountant, the time of the query alone (``epsilon`` on an
+accountant holding the composed events) and of the whole (events built, composed and queried),
+each the median of ``--repeat`` runs, and the number of distinct discretisations after the
+rounding of the noise multipliers (with its quantum). ``--bounds`` adds the certified lower
+bound of ``epsilon_bounds`` and the relative gap (upper - lower) / upper (one run, timed
+separately). ``--baseline SRC`` times the same in workers that import dpsharp from the
+directory SRC instead (e.g. an older checkout's ``python/``, with its compiled ``_core``),
+alternating with the current code (or the one in ``--source``) for ``--rounds`` rounds on the
+same machine, and reports the ratio of the medians. The peers (dp-accounting 0.6.0 PLD at
+1e-4, prv-accountant 0.2.0) compose the ``adp`` schedule's first ``--peer-steps`` steps
 (``--peer-steps 0`` skips them; they take minutes). Every line is printed and saved to ``--out``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
 import sys
 import time
+from typing import Any
 
-import dpsharp
 import numpy as np
-from dpsharp.torch.schedules import ADP, schedule_events
 
 Q, DELTA = 0.01, 1e-5
+
+
+def _use_source(source: str) -> None:
+    """Import dpsharp from ``source`` (a directory holding the ``dpsharp`` package) instead of
+    the installed one: the editable install's import hook is taken off ``sys.meta_path``."""
+    sys.meta_path[:] = [
+        finder for finder in sys.meta_path
+        if "skbc" not in type(finder).__module__ and "editable" not in type(finder).__module__
+    ]
+    sys.path.insert(0, source)
 
 
 def sigmas(schedule: str, steps: int) -> np.ndarray:
     if schedule == "decay":
         return np.geomspace(2.0, 0.8, steps)
+    from dpsharp.torch.schedules import ADP
+
     # Mildly decaying LR -> slowly growing sigma; chosen so epsilon stays moderate.
     rates = 0.5 / np.sqrt(1.0 + np.arange(steps) / 100.0)
     return ADP(rates, scale=1.0).sequence()
 
 
-def fresh(schedule: str, steps: int) -> dpsharp.PLDAccountant:
+def fresh(schedule: str, steps: int) -> Any:
+    import dpsharp
+    from dpsharp.torch.schedules import schedule_events
+
     accountant = dpsharp.accountant("pld")
     accountant.compose(schedule_events([float(s) for s in sigmas(schedule, steps)], steps,
                                        sampling_probability=Q))
-    return accountant  # type: ignore[return-value]
+    return accountant
 
 
-def ours(schedule: str, steps: int, repeat: int) -> tuple[float, float, float, float, float]:
-    """(epsilon, median seconds of a fresh compose + epsilon, lower bound, seconds of
-    epsilon_bounds on a fresh accountant, rounding quantum)."""
-    times = []
+def measure(schedule: str, steps: int, repeat: int, bounds: bool) -> dict[str, Any]:
+    """One worker's figures (see the module docstring)."""
+    totals, queries = [], []
     eps = float("nan")
     for _ in range(repeat):
         start = time.perf_counter()
-        eps = fresh(schedule, steps).epsilon(DELTA)
-        times.append(time.perf_counter() - start)
-    accountant = fresh(schedule, steps)
-    start = time.perf_counter()
-    lower, upper = accountant.epsilon_bounds(DELTA)
-    bounds_seconds = time.perf_counter() - start
-    assert upper == eps, (upper, eps)  # one composition, one certified number
+        accountant = fresh(schedule, steps)
+        built = time.perf_counter()
+        eps = accountant.epsilon(DELTA)
+        done = time.perf_counter()
+        totals.append(done - start)
+        queries.append(done - built)
+    out: dict[str, Any] = {"eps": eps, "total": statistics.median(totals),
+                           "query": statistics.median(queries)}
     quantum = accountant._rounding_quantum("remove", True)
-    return eps, statistics.median(times), lower, bounds_seconds, quantum
+    out["quantum"] = quantum
+    keys = accountant._leaf_keys.get(("remove", quantum, True)) or accountant._exact_keys("remove")
+    out["distinct"] = len(set(keys))
+    if bounds:
+        accountant = fresh(schedule, steps)
+        start = time.perf_counter()
+        lower, upper = accountant.epsilon_bounds(DELTA)
+        out["bounds_seconds"] = time.perf_counter() - start
+        assert upper == eps, (upper, eps)  # one composition, one certified number
+        out["lower"] = lower
+    return out
+
+
+def run_worker(source: str | None, schedule: str, steps: int, repeat: int,
+               bounds: bool) -> dict[str, Any]:
+    command = [sys.executable, os.path.abspath(__file__), "--worker", schedule, str(steps),
+               str(repeat), "1" if bounds else "0"]
+    if source:
+        command.append(source)
+    done = subprocess.run(command, check=True, capture_output=True, text=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def dp_accounting_pld(steps: int) -> tuple[float, float]:
@@ -92,18 +134,33 @@ def prv(steps: int) -> tuple[float, float]:
 
 
 def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        schedule, steps, repeat = sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+        bounds = sys.argv[5]
+        if len(sys.argv) > 6:
+            _use_source(sys.argv[6])
+        print(json.dumps(measure(schedule, steps, repeat, bounds == "1")))
+        return
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", default="1000,10000,100000")
     parser.add_argument("--schedules", default="decay,adp")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--baseline", default=None,
+                        help="directory holding an older dpsharp package to time against")
+    parser.add_argument("--source", default=None,
+                        help="directory holding the dpsharp package to time (default: the "
+                             "installed one)")
+    parser.add_argument("--bounds", action="store_true", help="also time epsilon_bounds")
     parser.add_argument("--peer-steps", type=int, default=200)
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results",
                                                       "bench_schedules.txt"))
     args = parser.parse_args()
     sizes = [int(x) for x in args.sizes.split(",")]
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     lines = [f"# python {' '.join(sys.argv)}",
-             f"# q={Q} delta={DELTA}; load average at start {load:.1f} on {os.cpu_count()} CPUs"]
+             f"# q={Q} delta={DELTA}; {os.cpu_count()} CPUs; query = epsilon() on the composed "
+             "events, total = events built + composed + epsilon(); medians; load = 1-minute "
+             "load average when the line was measured"]
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
 
     def report(line: str) -> None:
@@ -112,23 +169,47 @@ def main() -> None:
         with open(args.out, "w") as f:  # rewritten after every line: a killed run keeps its results
             f.write("\n".join(lines) + "\n")
 
+    def load() -> float:
+        return os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+
     for schedule in args.schedules.split(","):
         previous: tuple[int, float] | None = None
         for steps in sizes:
-            eps, seconds, lower, bounds_seconds, quantum = ours(schedule, steps, args.repeat)
-            growth = ""
+            ours: list[dict[str, Any]] = []
+            theirs: list[dict[str, Any]] = []
+            loads = [load()]
+            for round_index in range(args.rounds if args.baseline else 1):
+                ours.append(run_worker(args.source, schedule, steps, args.repeat,
+                                       args.bounds and round_index == 0))
+                if args.baseline:
+                    theirs.append(run_worker(args.baseline, schedule, steps, args.repeat, False))
+                loads.append(load())
+            first = ours[0]
+            query = statistics.median(o["query"] for o in ours)
+            total = statistics.median(o["total"] for o in ours)
+            line = (f"dpsharp pld {schedule:5s} steps={steps:6d} distinct_sigmas={steps:6d} "
+                    f"eps={first['eps']:.5f} query={query:.3f}s total={total:.3f}s "
+                    f"discretised={first['distinct']} quantum={first['quantum']:.3g}")
             if previous is not None:
-                growth = (f" growth x{seconds / previous[1]:.2f} for x{steps / previous[0]:g}"
-                          " events")
-            report(f"dpsharp pld {schedule:5s} steps={steps:6d} distinct_sigmas={steps:6d} "
-                   f"eps={eps:.5f} time={seconds:.3f}s (median of {args.repeat}) "
-                   f"lower={lower:.5f} gap={(eps - lower) / eps:.2%} "
-                   f"epsilon_bounds={bounds_seconds:.3f}s quantum={quantum:.3g}{growth}")
-            previous = (steps, seconds)
+                line += f" growth x{query / previous[1]:.2f} for x{steps / previous[0]:g} events"
+            previous = (steps, query)
+            if args.bounds:
+                gap = (first["eps"] - first["lower"]) / first["eps"]
+                line += (f" lower={first['lower']:.5f} gap={gap:.2%}"
+                         f" epsilon_bounds={first['bounds_seconds']:.3f}s")
+            if theirs:
+                old_query = statistics.median(t["query"] for t in theirs)
+                old_total = statistics.median(t["total"] for t in theirs)
+                line += (f" | baseline eps={theirs[0]['eps']:.5f} query={old_query:.3f}s "
+                         f"total={old_total:.3f}s discretised={theirs[0]['distinct']}: query "
+                         f"x{old_query / query:.2f} faster, total x{old_total / total:.2f}")
+            line += f" load={min(loads):.1f}-{max(loads):.1f}"
+            report(line)
     if args.peer_steps <= 0:
         return
-    eps, seconds, *_ = ours("adp", args.peer_steps, args.repeat)
-    report(f"dpsharp pld adp   steps={args.peer_steps:6d} eps={eps:.5f} time={seconds:.3f}s")
+    ours_peer = run_worker(args.source, "adp", args.peer_steps, args.repeat, False)
+    report(f"dpsharp pld adp   steps={args.peer_steps:6d} eps={ours_peer['eps']:.5f} "
+           f"total={ours_peer['total']:.3f}s")
     for name, fn in (("dp-accounting pld", dp_accounting_pld), ("prv-accountant", prv)):
         try:
             peer_eps, peer_seconds = fn(args.peer_steps)
@@ -136,7 +217,7 @@ def main() -> None:
             report(f"{name:18s} steps={args.peer_steps:6d} FAILED: {type(exc).__name__}: {exc}")
             continue
         report(f"{name:18s} steps={args.peer_steps:6d} eps={peer_eps:.5f} "
-               f"time={peer_seconds:.3f}s ({peer_seconds / seconds:.0f}x dpsharp)")
+               f"time={peer_seconds:.3f}s ({peer_seconds / ours_peer['total']:.0f}x dpsharp)")
 
 
 if __name__ == "__main__":

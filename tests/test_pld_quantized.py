@@ -1,6 +1,7 @@
-"""Rounding of many distinct noise multipliers and sampling rates onto a geometric grid (the
-accounting of a per-step schedule): every rounded parameter lies on its side, and the bounds
-computed with them bracket an independent reference."""
+"""Rounding of many distinct noise multipliers onto a grid geometric in the root of their
+per-step loss variance, sampling rates kept (the accounting of a per-step schedule): every
+rounded parameter lies on its side, and the bounds computed with them bracket an independent
+reference."""
 
 from __future__ import annotations
 
