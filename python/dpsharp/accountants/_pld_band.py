@@ -58,6 +58,20 @@ BAND_FRACTION = 64
 _UNIT_ROUNDOFF = 2.0**-53
 
 
+def remember_read_only(cache: dict, lock: threading.Lock, key: object,
+                       arrays: tuple[np.ndarray, ...], limit: int = 8) -> tuple[np.ndarray, ...]:
+    """Make ``arrays`` read-only and keep them in ``cache`` under ``key``, dropping the oldest
+    entries beyond ``limit``; returns ``arrays``. The small caches of pure functions of a grid
+    that an incremental run asks for at every step, shared between threads."""
+    for array in arrays:
+        array.flags.writeable = False
+    with lock:
+        while len(cache) >= limit:
+            cache.pop(next(iter(cache)), None)
+        cache[key] = arrays
+    return arrays
+
+
 def _factors(size: int, grid_step: float, length: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``1 / (1 - w^f)``, ``1 / (1 - rho w^f)`` and the sum of their moduli at ``f = 1 ..
     length - 1``: functions of the circle, the grid and f only (each entry computed on its own,
@@ -78,13 +92,8 @@ def _factors(size: int, grid_step: float, length: int) -> tuple[np.ndarray, np.n
         decay = math.exp(-grid_step)  # rho
         plain = 1.0 / (versine - 1j * sine)
         discounted = 1.0 / ((-math.expm1(-grid_step) + decay * versine) - 1j * (decay * sine))
-        hit = (plain, discounted, np.abs(plain) + np.abs(discounted))
-        for array in hit:
-            array.flags.writeable = False
-        with _FACTORS_LOCK:
-            while len(_FACTORS) >= 8:
-                _FACTORS.pop(next(iter(_FACTORS)), None)
-            _FACTORS[key] = hit
+        hit = remember_read_only(_FACTORS, _FACTORS_LOCK, key,
+                                 (plain, discounted, np.abs(plain) + np.abs(discounted)))
     count = length - 1
     return hit[0][:count], hit[1][:count], hit[2][:count]
 

@@ -136,7 +136,7 @@ import numpy as np
 import scipy.signal
 
 from dpsharp._native import core as _core
-from dpsharp.accountants._pld_band import BAND_FRACTION, BandSpectrum
+from dpsharp.accountants._pld_band import BAND_FRACTION, BandSpectrum, remember_read_only
 
 __all__ = [
     "ComposedPLD",
@@ -326,13 +326,8 @@ def _frequency_weights(size: int, grid_step: float, count: int) -> tuple[np.ndar
     cache = _FREQUENCY_WEIGHTS
     hit = cache.get(key)
     if hit is None:
-        hit = _frequency_weights_uncached(size, grid_step, count)
-        for array in hit:
-            array.flags.writeable = False
-        with _FREQUENCY_WEIGHTS_LOCK:
-            while len(cache) >= 8:
-                cache.pop(next(iter(cache)), None)
-            cache[key] = hit
+        hit = remember_read_only(cache, _FREQUENCY_WEIGHTS_LOCK, key,
+                                 _frequency_weights_uncached(size, grid_step, count))
     return hit
 
 
