@@ -147,3 +147,20 @@ def test_device_embedding_norm_holds_where_positions_cancel() -> None:
         want = float(gy.double().sum(dim=1).pow(2).sum())
         worst = min(worst, got / want)
     assert worst > 1.0 - 2e-6  # a norm within 1e-6 of the float64 one
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_per_example_gradients_are_float32_products(dtype) -> None:
+    """A linear layer's per-example gradients from half-precision stored tensors (autocast) are
+    float32 sums of the exact products, equal to the float64 product within float32 rounding
+    (the clipped sum of a tied weight reads them)."""
+    from dpsharp.torch.layers.usages import LinearUsage
+
+    gen = torch.Generator().manual_seed(9)
+    weight = torch.nn.Parameter(torch.randn(6, 5, generator=gen))
+    a = torch.randn(3, 4, 5, generator=gen).to(dtype)
+    g = torch.randn(3, 4, 6, generator=gen).to(dtype)
+    got = LinearUsage(weight, None, a, g).per_example(weight)
+    assert got.dtype == torch.float32 and got.shape == (3, 6, 5)
+    want = torch.bmm(g.double().transpose(1, 2), a.double())
+    torch.testing.assert_close(got.double(), want, rtol=1e-6, atol=1e-6)

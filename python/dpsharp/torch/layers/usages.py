@@ -544,11 +544,12 @@ class LinearUsage(_WeightBiasUsage):
         if self._per_example_weight is None:
             g, a = self.g, self.a
             b, d, p = g.shape[0], a.shape[2], g.shape[2]
+            dtype = _wide(g[:0]).dtype  # half-precision operands give float32 gradients
             if d >= p:
-                out = arena_empty((b, p, d), g.dtype, g.device)
+                out = arena_empty((b, p, d), dtype, g.device)
                 base = _wide_bmm(g.transpose(1, 2), a, out=out)
             else:
-                out = arena_empty((b, d, p), g.dtype, g.device)
+                out = arena_empty((b, d, p), dtype, g.device)
                 base = _wide_bmm(a.transpose(1, 2), g, out=out)
             self._per_example_base = base
             self._per_example_weight = (base if (d >= p) == self._weight_is_pd
