@@ -54,9 +54,9 @@ def _as_autocast_reads(x: torch.Tensor) -> torch.Tensor:
 
     A layer's weight gradient under autocast is the product of the output gradient with this
     cast input, so it is what the per-example gradients are made of; keeping it (not the
-    float32 input) also keeps the norms and clipped sums on half-precision operands, whose
-    products are exact in the float32 accumulation (usages.py), and halves the stored
-    activations."""
+    float32 input) also lets the norms run on half-precision operands, whose products are
+    exact in their float32 accumulation (usages.py; the clipped sums widen them to float32),
+    and halves the stored activations."""
     device_type = x.device.type
     if not x.is_floating_point() or x.dtype == torch.float64:
         return x
