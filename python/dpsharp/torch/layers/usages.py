@@ -120,7 +120,7 @@ def _wide_bmm(m1: torch.Tensor, m2: torch.Tensor,
         return product if out is None else out.copy_(product)
     if m1.is_cuda and m1.dtype == torch.float32 and m2.dtype == torch.float32:
         product = _float64_bmm(m1, m2)
-        return product if out is None else out.copy_(product)
+        return product.to(torch.float32) if out is None else out.copy_(product)
     return torch.bmm(_wide(m1), _wide(m2), out=out)
 
 
@@ -132,20 +132,21 @@ def _gram_bmm(m1: torch.Tensor, m2: torch.Tensor) -> torch.Tensor:
     import torch
 
     if m1.is_cuda and m1.dtype == torch.float32 and m2.dtype == torch.float32:
-        return torch.bmm(m1.to(torch.float64), m2.to(torch.float64))
+        return _float64_bmm(m1, m2)
     return _wide_bmm(m1, m2)
 
 
 def _float64_bmm(m1: torch.Tensor, m2: torch.Tensor) -> torch.Tensor:
-    """``torch.bmm`` of float32 operands on a GPU, computed in float64 and rounded once to
-    float32: the products of float32 numbers are exact in float64 and the sums keep 53 bits.
+    """``torch.bmm`` of float32 operands on a GPU, computed and returned in float64 (callers
+    round it once where they want float32): the products of float32 numbers are exact in
+    float64 and the sums keep 53 bits.
     A float32 product there would follow the process-wide TF32 setting (operands rounded to
     10-bit significands, norms about 1e-3 off, for a user who enabled it), and its float32
     sums lose digits where an example's positions cancel; float64 is immune to both, and on
     the data-centre GPUs it runs at about the float32 (non-tensor-core) rate."""
     import torch
 
-    return torch.bmm(m1.to(torch.float64), m2.to(torch.float64)).to(torch.float32)
+    return torch.bmm(m1.to(torch.float64), m2.to(torch.float64))
 
 
 def _wide_sum(t: torch.Tensor, dim: int) -> torch.Tensor:
