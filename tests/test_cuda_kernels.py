@@ -323,3 +323,39 @@ def test_conv_gram_path_contribution_within_bound(amp: torch.dtype | None) -> No
         norm = torch.sqrt(sum(p.grad.double().pow(2).sum() for p in clipper.parameters))
         worst = max(worst, float(norm))
     assert 0.99 < worst <= 1.0 + 1e-6
+
+
+@pytest.mark.parametrize("amp", [None, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("tf32", [False, True])
+def test_linear_gram_path_contribution_within_bound_where_positions_cancel(amp, tf32) -> None:
+    """The constructed cancelling example of tests/test_soundness_clipping_roundoff.py on a GPU
+    (a linear layer on its Gram path: float64 Grams, the clipped sum's round-off bound added to
+    the norm, with TF32 enabled or not): one example, noise 0, contribution <= C (1 + 1e-6).
+    (With float32 Grams and no bound it reached 1.16 C in float32 emulation.)"""
+    _need_cuda()
+    from dpsharp.torch import NoiseGenerator, PerSampleClipper
+
+    gen = torch.Generator().manual_seed(7)
+    saved = torch.backends.cuda.matmul.allow_tf32
+    worst = 0.0
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        for _ in range(10):
+            a0, g0 = torch.randn(64, generator=gen), torch.randn(64, generator=gen)
+            signs = torch.tensor([1.0, -1.0] * 8)
+            a = (a0 + 1e-2 * torch.randn(16, 64, generator=gen)).unsqueeze(0).cuda()
+            g = (100 * (signs[:, None] * g0 + 1e-2 * torch.randn(16, 64, generator=gen))
+                 ).unsqueeze(0).cuda()
+            model = torch.nn.Linear(64, 64).cuda()
+            clipper = PerSampleClipper(model, max_grad_norm=1.0)
+            with torch.autocast("cuda", dtype=amp or torch.float32, enabled=amp is not None):
+                out = model(a)
+            (out.float() * g).sum().backward()
+            clipper.release(noise_multiplier=0.0, expected_batch_size=1.0,
+                            noise=NoiseGenerator(0))
+            norm = torch.sqrt(sum(p.grad.double().pow(2).sum() for p in clipper.parameters))
+            worst = max(worst, float(norm))
+            clipper.remove()
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
+    assert 0.99 < worst <= 1.0 + 1e-6

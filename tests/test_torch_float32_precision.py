@@ -54,23 +54,28 @@ def per_example_grads(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_f
     return [grads[n].to(torch.float64) for n in names]
 
 
-def clipped_sums(per_example: list[torch.Tensor], bound: float) -> list[torch.Tensor]:
+def clipped_sums(per_example: list[torch.Tensor], bound: float,
+                 norms: torch.Tensor | None = None) -> list[torch.Tensor]:
+    """sum_i min(1, bound / norm_i) g_i, with the per-example gradients' own norms unless
+    ``norms`` is given."""
     b = per_example[0].shape[0]
     sq = sum((g.reshape(b, -1) ** 2).sum(1) for g in per_example)
-    factors = (bound / sq.sqrt()).clamp(max=1.0)
+    factors = (bound / (sq.sqrt() if norms is None else norms)).clamp(max=1.0)
     return [(factors.reshape(-1, *[1] * (g.dim() - 1)) * g).sum(0) for g in per_example]
 
 
 def released(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn,
-             bound: float) -> list[torch.Tensor]:
-    """p.grad after a noiseless release of the clipped sum (expected batch size 1)."""
+             bound: float) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """p.grad after a noiseless release of the clipped sum (expected batch size 1), and the
+    per-example norms the clipper took its factors from."""
     m = copy.deepcopy(model)
     clipper = PerSampleClipper(m, max_grad_norm=bound, loss_reduction="sum")
     loss_fn(m(x), y).backward()
+    norms = clipper.last_per_example_norms.clone()
     clipper.release(noise_multiplier=0.0, expected_batch_size=1.0, noise=NoiseGenerator(0))
     out = [p.grad.detach().to(torch.float64).clone() for p in clipper.parameters]
     clipper.remove()
-    return out
+    return out, norms
 
 
 def check(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn, *,
@@ -87,9 +92,15 @@ def check(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn, *,
     # active: every example above C; inactive: every example below C
     bound = float(norms.min()) * 0.5 if clipped else float(norms.max()) * 2.0
     assert bool((norms > bound).all()) if clipped else bool((norms < bound).all())
-    exact = clipped_sums(ref64, bound)
-    baseline = clipped_sums(ref32, bound)
-    got = released(model, x, y, loss_fn, bound)
+    got, reported = released(model, x, y, loss_fn, bound)
+    # The clipper's norms are those of what it sums: of materialised float32 gradients, or on
+    # the Gram path the float64 ghost norm raised by the clipped sum's round-off bound (at most
+    # kappa_T R relative, R = sum_t ||a_t|| ||g_t|| / ||g_i||; see
+    # LinearUsage.sq_norm_and_slack), within 1e-5 of the float64 norm here. The sums are
+    # judged against the exact clipped sums with the factors those norms give.
+    torch.testing.assert_close(reported, norms, rtol=1e-5, atol=0)
+    exact = clipped_sums(ref64, bound, reported)
+    baseline = clipped_sums(ref32, bound, reported)
     names = [n for n, p in model.named_parameters() if p.requires_grad]
     results = []
     for name, e, f, g in zip(names, exact, baseline, got):

@@ -18,10 +18,16 @@
 // the end of the sequence (the last block reads the last row again) get weight 0, the
 // diagonal weight 1, the rest 2.
 //
-// Rounding: a Gram entry is a sum over the features in the element type, per lane, then over
-// the lanes in a fixed tree; the products P_ts Q_ts (exact in float64 for float32 inputs) and
-// their weighted sums are float64, per tile entry, then in a fixed order. -ffp-contract=off
-// does not affect the explicit FMA intrinsics.
+// Rounding: every Gram entry is accumulated in float64, float32 inputs included: the float32
+// lane types load a row chunk and widen it to float64 lanes (exact), so each product x_k y_k
+// of two float32 numbers is exact and only the float64 sums round. A Gram entry is a sum over
+// the features per lane, then over the lanes in a fixed tree; the products P_ts Q_ts and their
+// weighted sums are float64, per tile entry, then in a fixed order. (A float32 accumulator
+// would round each entry by up to gamma_d ||a_t|| ||a_s||, gamma_d ~ d 2^-24, and where an
+// example's positions cancel, sum_{t,s} P_ts Q_ts is far smaller than the entries it is formed
+// from: a constructed 16-position example lost 9% of its squared norm, so its clipped
+// contribution reached 1.047 C. In float64 the same bound is ~ d 2^-53 ||a_t|| ||a_s||.)
+// -ffp-contract=off does not affect the explicit FMA intrinsics.
 #include "dpsharp/linear_norms.hpp"
 
 #include <algorithm>
@@ -50,45 +56,44 @@ namespace {
 constexpr std::int64_t kMinWorkPerThread = std::int64_t{1} << 18;
 
 // products[e] += w[e] * (P[e] * Q[e]) and out_grams[e] += w[e] * Q[e] in float64, e < n.
-template <typename Element>
-inline void accumulate_entries(const Element* gram_a, const Element* gram_g, const double* w,
+inline void accumulate_entries(const double* gram_a, const double* gram_g, const double* w,
                                double* products, double* out_grams, int n) noexcept {
   for (int e = 0; e < n; ++e) {
-    const double out_gram = static_cast<double>(gram_g[e]);
-    products[e] += w[e] * (static_cast<double>(gram_a[e]) * out_gram);
-    out_grams[e] += w[e] * out_gram;
+    products[e] += w[e] * (gram_a[e] * gram_g[e]);
+    out_grams[e] += w[e] * gram_g[e];
   }
 }
 
-// Four plain lanes; the compiler maps them onto whatever vectors the baseline ISA has.
+// Four plain float64 lanes (loads widen float32); the compiler maps them onto whatever vectors
+// the baseline ISA has.
 template <typename Element>
 struct PortableLanes {
   static constexpr int kLanes = 4;
   static constexpr int kTile = 3;
   struct Vec {
-    Element lane[kLanes];
+    double lane[kLanes];
   };
   static Vec zero() noexcept { return Vec{}; }
   static Vec load(const Element* p) noexcept {
     Vec v;
-    for (int l = 0; l < kLanes; ++l) v.lane[l] = p[l];
+    for (int l = 0; l < kLanes; ++l) v.lane[l] = static_cast<double>(p[l]);
     return v;
   }
   static Vec load_first(const Element* p, std::int64_t count) noexcept {
     Vec v{};
-    for (int l = 0; l < count; ++l) v.lane[l] = p[l];
+    for (int l = 0; l < count; ++l) v.lane[l] = static_cast<double>(p[l]);
     return v;
   }
   static Vec fma(Vec x, Vec y, Vec acc) noexcept {
     for (int l = 0; l < kLanes; ++l) acc.lane[l] += x.lane[l] * y.lane[l];
     return acc;
   }
-  static void sums(const Vec* acc, Element* out) noexcept {
+  static void sums(const Vec* acc, double* out) noexcept {
     for (int e = 0; e < kTile * kTile; ++e) {
       out[e] = (acc[e].lane[0] + acc[e].lane[1]) + (acc[e].lane[2] + acc[e].lane[3]);
     }
   }
-  static void accumulate(const Element* gram_a, const Element* gram_g, const double* w,
+  static void accumulate(const double* gram_a, const double* gram_g, const double* w,
                          double* products, double* out_grams) noexcept {
     accumulate_entries(gram_a, gram_g, w, products, out_grams, kTile * kTile);
   }
@@ -100,35 +105,6 @@ struct PortableLanes {
 
 template <typename Element>
 struct Avx2Lanes;
-
-template <>
-struct Avx2Lanes<float> {
-  static constexpr int kLanes = 8;
-  static constexpr int kTile = 3;  // 9 accumulators + 6 rows of the 16 ymm registers
-  using Vec = __m256;
-  DPSHARP_AVX2 static Vec zero() noexcept { return _mm256_setzero_ps(); }
-  DPSHARP_AVX2 static Vec load(const float* p) noexcept { return _mm256_loadu_ps(p); }
-  DPSHARP_AVX2 static Vec load_first(const float* p, std::int64_t count) noexcept {
-    const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(count)),
-                                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-    return _mm256_maskload_ps(p, mask);
-  }
-  DPSHARP_AVX2 static Vec fma(Vec x, Vec y, Vec acc) noexcept {
-    return _mm256_fmadd_ps(x, y, acc);
-  }
-  DPSHARP_AVX2 static void sums(const Vec* acc, float* out) noexcept {
-    for (int e = 0; e < kTile * kTile; ++e) {
-      __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc[e]), _mm256_extractf128_ps(acc[e], 1));
-      h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-      h = _mm_add_ss(h, _mm_movehdup_ps(h));
-      out[e] = _mm_cvtss_f32(h);
-    }
-  }
-  DPSHARP_AVX2 static void accumulate(const float* gram_a, const float* gram_g, const double* w,
-                                      double* products, double* out_grams) noexcept {
-    accumulate_entries(gram_a, gram_g, w, products, out_grams, kTile * kTile);
-  }
-};
 
 template <>
 struct Avx2Lanes<double> {
@@ -159,70 +135,22 @@ struct Avx2Lanes<double> {
   }
 };
 
-template <typename Element>
-struct Avx512Lanes;
-
+// float32 rows widened to four float64 lanes per load (exact), so the Gram entries are float64
+// sums of exact products; everything else is the float64 kernel's.
 template <>
-struct Avx512Lanes<float> {
-  static constexpr int kLanes = 16;
-  static constexpr int kTile = 4;  // 16 accumulators + 8 rows of the 32 zmm registers
-  using Vec = __m512;
-  DPSHARP_AVX512 static Vec zero() noexcept { return _mm512_setzero_ps(); }
-  DPSHARP_AVX512 static Vec load(const float* p) noexcept { return _mm512_loadu_ps(p); }
-  DPSHARP_AVX512 static Vec load_first(const float* p, std::int64_t count) noexcept {
-    return _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << count) - 1u), p);
+struct Avx2Lanes<float> : Avx2Lanes<double> {
+  DPSHARP_AVX2 static Vec load(const float* p) noexcept {
+    return _mm256_cvtps_pd(_mm_loadu_ps(p));
   }
-  DPSHARP_AVX512 static Vec fma(Vec x, Vec y, Vec acc) noexcept {
-    return _mm512_fmadd_ps(x, y, acc);
-  }
-  // Lane l of the result = sum of the lanes of a (l even) or b (l odd) within one 128-bit
-  // block, first half: [a0 + a2, b0 + b2, a1 + a3, b1 + b3] per block.
-  DPSHARP_AVX512 static Vec pair_sums(Vec a, Vec b) noexcept {
-    return _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
-  }
-  // Per 128-bit block k: the block-k sums of the four accumulators behind ab and cd.
-  DPSHARP_AVX512 static Vec quad_sums(Vec ab, Vec cd) noexcept {
-    const __m512d x = _mm512_castps_pd(ab);
-    const __m512d y = _mm512_castps_pd(cd);
-    return _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
-                         _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
-  }
-  // Sums over the four 128-bit blocks: block j of the result holds the totals of u_j.
-  DPSHARP_AVX512 static Vec block_sums(Vec u0, Vec u1, Vec u2, Vec u3) noexcept {
-    const Vec v01 = _mm512_add_ps(_mm512_shuffle_f32x4(u0, u1, _MM_SHUFFLE(2, 0, 2, 0)),
-                                  _mm512_shuffle_f32x4(u0, u1, _MM_SHUFFLE(3, 1, 3, 1)));
-    const Vec v23 = _mm512_add_ps(_mm512_shuffle_f32x4(u2, u3, _MM_SHUFFLE(2, 0, 2, 0)),
-                                  _mm512_shuffle_f32x4(u2, u3, _MM_SHUFFLE(3, 1, 3, 1)));
-    return _mm512_add_ps(_mm512_shuffle_f32x4(v01, v23, _MM_SHUFFLE(2, 0, 2, 0)),
-                         _mm512_shuffle_f32x4(v01, v23, _MM_SHUFFLE(3, 1, 3, 1)));
-  }
-  // out[e] = sum of the 16 lanes of acc[e], e < 16: a transposing reduction tree (30 shuffles
-  // and 15 adds for all 16, instead of 16 separate horizontal sums).
-  DPSHARP_AVX512 static void sums(const Vec* acc, float* out) noexcept {
-    Vec u[4];
-    for (int q = 0; q < 4; ++q) {
-      u[q] = quad_sums(pair_sums(acc[4 * q], acc[4 * q + 1]),
-                       pair_sums(acc[4 * q + 2], acc[4 * q + 3]));
-    }
-    _mm512_storeu_ps(out, block_sums(u[0], u[1], u[2], u[3]));
-  }
-  // accumulate_entries on 2 x 8 float64 lanes (P Q is exact in float64).
-  DPSHARP_AVX512 static void accumulate(const float* gram_a, const float* gram_g,
-                                        const double* w, double* products,
-                                        double* out_grams) noexcept {
-    for (int half = 0; half < 2; ++half) {
-      const __m512d pa = _mm512_cvtps_pd(_mm256_loadu_ps(gram_a + 8 * half));
-      const __m512d pg = _mm512_cvtps_pd(_mm256_loadu_ps(gram_g + 8 * half));
-      const __m512d weight = _mm512_loadu_pd(w + 8 * half);
-      _mm512_storeu_pd(products + 8 * half,
-                       _mm512_add_pd(_mm512_loadu_pd(products + 8 * half),
-                                     _mm512_mul_pd(weight, _mm512_mul_pd(pa, pg))));
-      _mm512_storeu_pd(out_grams + 8 * half,
-                       _mm512_add_pd(_mm512_loadu_pd(out_grams + 8 * half),
-                                     _mm512_mul_pd(weight, pg)));
-    }
+  DPSHARP_AVX2 static Vec load_first(const float* p, std::int64_t count) noexcept {
+    const __m128i mask = _mm_cmpgt_epi32(_mm_set1_epi32(static_cast<int>(count)),
+                                         _mm_setr_epi32(0, 1, 2, 3));
+    return _mm256_cvtps_pd(_mm_maskload_ps(p, mask));
   }
 };
+
+template <typename Element>
+struct Avx512Lanes;
 
 template <>
 struct Avx512Lanes<double> {
@@ -270,12 +198,23 @@ struct Avx512Lanes<double> {
     }
   }
 };
+// float32 rows widened to eight float64 lanes per load (exact); see Avx2Lanes<float>.
+template <>
+struct Avx512Lanes<float> : Avx512Lanes<double> {
+  DPSHARP_AVX512 static Vec load(const float* p) noexcept {
+    return _mm512_cvtps_pd(_mm256_loadu_ps(p));
+  }
+  DPSHARP_AVX512 static Vec load_first(const float* p, std::int64_t count) noexcept {
+    const __m512 head = _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << count) - 1u), p);
+    return _mm512_cvtps_pd(_mm512_castps512_ps256(head));
+  }
+};
 #endif  // DPSHARP_NORMS_X86
 
 // out[r * kTile + c] = x_r . y_c over `width` elements, for the kTile rows x_r = x[r] and y_c.
 template <class V, typename Element>
 inline void tile_dots(const Element* const* x, const Element* const* y, std::int64_t width,
-                      Element* out) noexcept {
+                      double* out) noexcept {
   constexpr int kTile = V::kTile;
   typename V::Vec acc[kTile * kTile];
   for (auto& entry : acc) entry = V::zero();
@@ -356,8 +295,8 @@ inline void example_norms(const Element* a, const Element* g, std::int64_t posit
   double edge_weights[kEntries];
   double interior_weights[kEntries];
   for (auto& w : interior_weights) w = 2.0;
-  Element gram_a[kEntries];
-  Element gram_g[kEntries];
+  double gram_a[kEntries];
+  double gram_g[kEntries];
   const Element* a_t[kTile];
   const Element* g_t[kTile];
   const Element* a_s[kTile];

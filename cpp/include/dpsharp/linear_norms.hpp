@@ -8,9 +8,10 @@
 // (Goodfellow 2015, "Efficient per-example gradient computations"; the "ghost norm" of
 // Li et al., ICLR 2022, "Large language models can be strong differentially private
 // learners", section 4). The kernel visits the pairs t <= s in small square tiles (off-diagonal
-// pairs counted twice), computes the tile's dot products a_t . a_s and g_t . g_s in the
-// element type with fused multiply-adds, register-blocked and vectorised over the features,
-// and accumulates the weighted products in float64. Cost per example ~ T^2 (d + p) / 2
+// pairs counted twice), computes the tile's dot products a_t . a_s and g_t . g_s in float64
+// (float32 rows are widened as they are loaded, so every product is exact) with fused
+// multiply-adds, register-blocked and vectorised over the features, and accumulates the
+// weighted products in float64. Cost per example ~ T^2 (d + p) / 2
 // multiply-adds and no memory beyond the inputs.
 //
 // Each example is computed by one thread, so the result does not depend on the thread count.

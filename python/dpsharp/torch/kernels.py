@@ -173,8 +173,8 @@ def per_example_dots(a: torch.Tensor, b: torch.Tensor, *,
     ``a`` and ``b`` have the same shape (B, ...) and dtype and are flattened per example. The
     ghost norm of a linear layer on sequences is the dot of its two Gram matrices,
     ||g_i(W)||^2 = sum_{t,s} (A_i)_{ts} (G_i)_{ts} (Li et al., ICLR 2022, section 4); this
-    reads the float32 Grams once instead of widening both to float64 copies, on the CPU and
-    (with the CUDA kernels built) on a GPU. float16, and CUDA tensors without the kernels, take
+    reads the Grams once in their own dtype instead of widening both to float64 copies, on the
+    CPU and (with the CUDA kernels built) on a GPU. float16, and CUDA tensors without the kernels, take
     a torch expression with the same meaning.
     """
     import torch
@@ -380,8 +380,9 @@ def linear_sequence_sq_norms(a: torch.Tensor, g: torch.Tensor, *, bias: bool,
     (the Gram or "ghost" norm: Goodfellow 2015, "Efficient per-example gradient
     computations"; Li et al., ICLR 2022, "Large language models can be strong differentially
     private learners", section 4). The C++ kernel (cpp/src/linear_norms.cpp) visits the pairs
-    t <= s once, in register tiles: dot products in the input dtype with fused multiply-adds,
-    their products and sums in float64. No per-example gradient and no Gram matrix is
+    t <= s once, in register tiles: dot products in float64 with fused multiply-adds (float32
+    rows widened as they are loaded: exact products, float64 sums, so that the norm keeps its
+    digits where an example's positions cancel), their products and sums in float64. No per-example gradient and no Gram matrix is
     formed; cost ~ B T^2 (d + p) / 2 multiply-adds. Examples are split over ``threads``
     (default ``torch.get_num_threads()``), so the result does not depend on the thread count.
 

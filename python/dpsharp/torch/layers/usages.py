@@ -5,7 +5,10 @@ activations and the gradient of its output) and can answer, for each trainable p
 layer:
 
 * ``sq_norm(p)``: the squared norm of each example's gradient of ``p``, shape (B,), float64,
-  without materialising the per-example gradients where that is cheaper (ghost norm);
+  without materialising the per-example gradients where that is cheaper (ghost norm), raised
+  by a bound on the round-off with which ``clipped_sum`` forms that example's part where the
+  two compute it differently (``sq_norm_and_slack``), so that a clip factor taken from it
+  bounds what is actually summed;
 * ``per_example(p)``: the per-example gradients, shape (B, *p.shape) (used for tied weights);
 * ``clipped_sum(p, factors)``: ``sum_i factors[i] * g_i(p)``, shape ``p.shape``, by
   book-keeping (one contraction with the stored tensors; Bu et al., ICML 2023).
@@ -19,9 +22,10 @@ gradient is ever made.
 Per-example gradients follow from the chain rule per example: for y = x W^T + b on a sequence,
 g_i(W) = sum_t gy_{i,t} x_{i,t}^T, so ||g_i(W)||^2 = sum_{t,s} (x_{i,t}.x_{i,s})(gy_{i,t}.gy_{i,s})
 (the Gram / ghost norm of Goodfellow 2015 and Li et al. 2022) and
-||g_i(b)||^2 = sum_{t,s} gy_{i,t}.gy_{i,s}. On the CPU one fused kernel computes both from the
+||g_i(b)||^2 = ||sum_t gy_{i,t}||^2. On the CPU one fused kernel computes the weight's from the
 pairs t <= s (B T^2 (d + p) / 2 multiply-adds, no Gram matrix); elsewhere two batched Gram
-matmuls do (B T^2 (d + p)). Materialising g_i(W) instead costs B T d p plus writing and reading
+matmuls do (B T^2 (d + p)); both accumulate the Gram entries in float64, which the norm needs
+where an example's positions cancel. Materialising g_i(W) instead costs B T d p plus writing and reading
 B d p elements; each layer picks the cheaper (LinearUsage._materialise_weight). Embeddings on
 the CPU have fused kernels too (rows grouped per example for the norms, per row for the clipped
 sum). Convolutions are the same contraction over their patches (im2col), which never exist
@@ -67,7 +71,7 @@ _DEVICE_CHUNK_ELEMENTS = 1 << 24
 # Linear layers on sequences, CPU: how many multiply-adds of the fused Gram-norm kernel cost as
 # much as one element of materialised per-example gradient (written, squared, read back by the
 # clipped sum); measured, see LinearUsage._materialise_weight.
-_GRAM_PER_MATERIALISED = 40
+_GRAM_PER_MATERIALISED = 20
 
 
 @functools.lru_cache(maxsize=None)
@@ -125,22 +129,25 @@ def _wide_bmm(m1: torch.Tensor, m2: torch.Tensor,
 
 
 def _gram_bmm(m1: torch.Tensor, m2: torch.Tensor) -> torch.Tensor:
-    """A batch of Gram matrices for a ghost norm: :func:`_wide_bmm`, except that float32
-    operands on a GPU keep the float64 product unrounded (the norm is a float64 dot of two
-    Grams, whose terms may cancel: rounding the entries to float32 first would lose what the
-    float64 product kept)."""
-    import torch
+    """A batch of Gram matrices for a ghost norm, accumulated and returned in float64 on every
+    device and for every input precision (:func:`_float64_bmm`).
 
-    if m1.is_cuda and m1.dtype == torch.float32 and m2.dtype == torch.float32:
-        return _float64_bmm(m1, m2)
-    return _wide_bmm(m1, m2)
+    The ghost norm sum_{t,s} (a_t . a_s)(g_t . g_s) is a float64 dot of two Grams whose terms
+    cancel where an example's positions do, so an entry's rounding error is amplified by the
+    ratio (sum_t ||a_t|| ||g_t||)^2 / ||g_i||^2, unbounded in the worst case. A float32 sum
+    errs by up to about d 2^-24 ||a_t|| ||a_s|| per entry: a constructed 16-position example
+    (d = p = 64) lost 26% of its squared norm through float32 Grams, so its clipped
+    contribution reached 1.16 C; the tensor cores' float32 accumulation of half-precision
+    products is no better. Float64 sums of the exact products lower the per-entry error to
+    about d 2^-53 ||a_t|| ||a_s||."""
+    return _float64_bmm(m1, m2)
 
 
 def _float64_bmm(m1: torch.Tensor, m2: torch.Tensor) -> torch.Tensor:
-    """``torch.bmm`` of float32 operands on a GPU, computed and returned in float64 (callers
-    round it once where they want float32): the products of float32 numbers are exact in
+    """``torch.bmm`` of float32 / float16 / bfloat16 operands computed and returned in float64
+    (callers round it once where they want float32): the products of such numbers are exact in
     float64 and the sums keep 53 bits.
-    A float32 product there would follow the process-wide TF32 setting (operands rounded to
+    On a GPU a float32 product would follow the process-wide TF32 setting (operands rounded to
     10-bit significands, norms about 1e-3 off, for a user who enabled it), and its float32
     sums lose digits where an example's positions cancel; float64 is immune to both, and on
     the data-centre GPUs it runs at about the float32 (non-tensor-core) rate."""
@@ -157,6 +164,50 @@ def _wide_sum(t: torch.Tensor, dim: int) -> torch.Tensor:
     if t.dtype in (torch.float16, torch.bfloat16):
         return t.sum(dim=dim, dtype=torch.float32)
     return t.sum(dim=dim)
+
+
+def _float32_operand_roundoff(device: torch.device) -> float:
+    """The relative rounding a float32 matrix product may apply to its operands on ``device``
+    under the process-wide settings: 0 for IEEE float32 products; 2^-11 where CUDA matmuls may
+    use TF32 (10-bit significands); 2^-8 where a lowered ``torch.set_float32_matmul_precision``
+    lets a backend use bfloat16 (7-bit significands), the coarsest it may choose."""
+    import torch
+
+    precision = torch.get_float32_matmul_precision()
+    if device.type == "cuda":
+        if precision == "medium":
+            return 2.0**-8
+        if precision == "high" or torch.backends.cuda.matmul.allow_tf32:
+            return 2.0**-11
+        return 0.0
+    return 0.0 if precision == "highest" else 2.0**-8
+
+
+def product_roundoff_factor(terms: int, dtype: torch.dtype, device: torch.device) -> float:
+    """kappa with |fl(sum_k x_k y_k) - sum_k x_k y_k| <= kappa sum_k |x_k y_k| for a matrix
+    product's entries of ``terms`` products, ``terms + 2`` counting the rounding of a factor
+    and of the operand scaled by it, in ``dtype`` (float16 / bfloat16 operands are widened to
+    float32 first) on ``device``.
+
+    For recursive summation in any order, fused multiply-adds included,
+    |fl(sum) - sum| <= gamma_n sum |x_k y_k| with gamma_n = n u / (1 - n u) (Higham 2002,
+    "Accuracy and Stability of Numerical Algorithms", 2nd ed., section 3.1, eq. (3.4) and
+    Lemma 3.1); operands rounded to a significand with unit roundoff v before the products
+    multiply every product by at most (1 + v)^2. So kappa = (1 + v)^2 (1 + gamma_{n+2}) - 1,
+    with u = 2^-53 for float64 and 2^-24 for float32 (v from
+    :func:`_float32_operand_roundoff`)."""
+    import torch
+
+    if dtype == torch.float64:
+        unit, operand = 2.0**-53, 0.0
+    else:
+        unit, operand = 2.0**-24, _float32_operand_roundoff(device)
+    n = terms + 2
+    if n * unit >= 0.5:
+        raise ValueError(f"terms must be below {int(0.5 / unit) - 2} for the round-off bound, "
+                         f"got {terms}")
+    gamma = n * unit / (1.0 - n * unit)
+    return (1.0 + operand) ** 2 * (1.0 + gamma) - 1.0
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
@@ -409,6 +460,16 @@ class Usage:
     def sq_norm(self, p: torch.nn.Parameter) -> torch.Tensor:
         return kernels.per_example_sq_norms(self.per_example(p).contiguous())
 
+    def sq_norm_and_slack(self, p: torch.nn.Parameter
+                          ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(||g_i(p)||^2, e_i): the per-example squared norm of the gradient and a bound e_i
+        (float64 (B,), None for 0) on ||fl(S) - c_i g_i(p)|| / c_i, the round-off with which
+        :meth:`clipped_sum` forms example i's part c_i g_i(p) of its sum S (one example in the
+        batch). :meth:`sq_norm` is (||g_i(p)|| + e_i)^2, so a clip factor taken from it keeps
+        the contribution that is actually summed within the bound. 0 here: the base class sums
+        the very per-example gradients whose norm it reports."""
+        return self.sq_norm(p), None
+
     def flat_sq_norm_term(self, params: list[torch.nn.Parameter]) -> kernels.SqNormTerm:
         """sum_p ||g_i(p)||^2 over ``params`` (some of this usage's parameters) as a term
         ``(x, y, y_offset, coef)`` of :func:`dpsharp.torch.kernels.flat_clip_factors`
@@ -475,9 +536,8 @@ class LinearUsage(_WeightBiasUsage):
         self._g_sq: torch.Tensor | None = None  # T = 1: ||gy_i||^2 (float64)
         # T = 1: ||a_i||^2 (float64), when the layer's forward already took it
         self._a_sq = input_sq if activations.shape[1] == 1 else None
-        # T > 1 on the CPU Gram path: (weight, bias or None) unscaled squared norms from one
-        # call of the fused kernel.
-        self._sequence_sq: tuple[torch.Tensor, torch.Tensor | None] | None = None
+        # T > 1 on the CPU Gram path: the weight's unscaled squared norms from the fused kernel
+        self._sequence_sq: torch.Tensor | None = None
         self._matrices: tuple[torch.Tensor, torch.Tensor] | None = None  # see _rows2d
 
     def params(self) -> list[torch.nn.Parameter]:
@@ -502,9 +562,11 @@ class LinearUsage(_WeightBiasUsage):
         (on the CPU in the fused kernel), and the materialised path writes, squares and re-reads
         p d elements per example. On the CPU (bench/bench_norm_kernels.py, "cost rule": norms
         plus clipped sums of weight and bias at 1 thread, (d, p) from (32, 512) to (512, 128),
-        T from 4 to 512) the two break even at T^2 (d + p) / 2 = 25 to 50 times d p, so
-        materialise when T^2 (d + p) / 2 > 40 d p. Elsewhere (other devices, or a CPU without
-        AVX2) the Gram norms are two batched matmuls over all T^2 pairs, and the old rule
+        T from 8 to 256) the two break even at T^2 (d + p) / 2 = 12 to 24 times d p since the
+        kernel accumulates its Gram entries in float64 (25 to 50 times with the float32
+        accumulation it had before, which was unsound where positions cancel), so materialise
+        when T^2 (d + p) / 2 > 20 d p. Elsewhere (other devices, or a CPU without AVX2) the
+        Gram norms are two batched float64 matmuls over all T^2 pairs, and the old rule
         d p <= T (d + p) stays.
         """
         _, seq, d = self.a.shape
@@ -520,13 +582,12 @@ class LinearUsage(_WeightBiasUsage):
         vectorised build of the kernel for this CPU)."""
         return self.a.device.type == "cpu" and _vectorised_linear_norms()
 
-    def _sequence_norms(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Unscaled (weight, bias) squared norms for T > 1 from one call of the fused kernel
-        (:func:`dpsharp.torch.kernels.linear_sequence_sq_norms`); the bias's only when the
-        layer has a trainable bias."""
+    def _sequence_norms(self) -> torch.Tensor:
+        """Unscaled weight squared norms for T > 1 from one call of the fused kernel
+        (:func:`dpsharp.torch.kernels.linear_sequence_sq_norms`)."""
         if self._sequence_sq is None:
             self._sequence_sq = kernels.linear_sequence_sq_norms(
-                _wide(self.a), _wide(self.g), bias=self.bias is not None)
+                _wide(self.a), _wide(self.g), bias=False)[0]
         return self._sequence_sq
 
     # The weight's layout: (p, d) for nn.Linear, (d, p) for a transposed weight (Conv1D).
@@ -585,38 +646,72 @@ class LinearUsage(_WeightBiasUsage):
         return self._a_sq
 
     def sq_norm(self, p: torch.nn.Parameter) -> torch.Tensor:
+        sq, slack = self.sq_norm_and_slack(p)
+        if slack is None:
+            return sq
+        return (sq.sqrt() + slack) ** 2
+
+    def sq_norm_and_slack(self, p: torch.nn.Parameter
+                          ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The squared norm and the clipped sum's round-off bound (see
+        :meth:`Usage.sq_norm_and_slack`).
+
+        The bias's clipped sum and norm both read the per-example rows sum_t g_t, and a
+        materialised weight's both read the stored per-example gradients, so those sum what
+        they measure (slack None). On the Gram path the norm is the ghost norm (float64
+        Grams, close to exact) while the clipped sum is one float32 matrix product over all
+        positions, whose part for example i errs by up to
+        kappa_T sum_t ||g_t|| ||a_t|| (:func:`product_roundoff_factor`): where an example's
+        positions cancel, sum_t ||g_t|| ||a_t|| is many times ||g_i(W)||, and an unprotected
+        clip factor let a constructed 16-position example contribute 1.0000033 C. That bound is
+        the slack. With one position the product has a single term per example, so its
+        rounding (at most 3 units of the last place) stays within the clipping's
+        1 + 1e-6 tolerance, and the slack is kept only where a lowered float32 matmul
+        precision (TF32, bfloat16) rounds the operands. float64 stored tensors get none (see
+        :meth:`ConvUsage.sq_norm_and_slack`)."""
         import torch
 
-        # Mixed precision: the kernels read float16 / bfloat16 exactly and sum in float64; the
-        # matrix products below run on float32-widened copies (a float16 square overflows
-        # above 256).
         s2 = self.scale * self.scale
         if p is self.bias:
             if self.g.shape[1] == 1:
-                return self.out_grad_sq() * s2
-            if (self._sequence_sq is not None
-                    or (self.weight is not None and self._fused_sequence_norms()
-                        and not self._materialise_weight())):
-                # ||sum_t g_t||^2 = sum_{t,s} g_t . g_s: a by-product of the weight's kernel.
-                bias_sq = self._sequence_norms()[1]
-                assert bias_sq is not None
-                return bias_sq * s2
-            return kernels.per_example_sq_norms(self._bias_per_example()) * s2
-        if self.a.shape[1] == 1:  # ||a_i g_i^T||_F^2 = ||a_i||^2 ||g_i||^2
-            return self._input_sq() * self.out_grad_sq() * s2
-        if not self._materialise_weight() and self._fused_sequence_norms():
-            return self._sequence_norms()[0] * s2
-        a_all, g_all = self.a, self.g
+                return self.out_grad_sq() * s2, None
+            return kernels.per_example_sq_norms(self._bias_per_example()) * s2, None
+        positions = int(self.a.shape[1])
+        if positions == 1:  # ||a_i g_i^T||_F^2 = ||a_i||^2 ||g_i||^2
+            sq = self._input_sq() * self.out_grad_sq() * s2
+            if self._product_kappa() <= 2.0**-21:
+                return sq, None
+            return sq, sq.sqrt() * self._product_kappa()
         if self._materialise_weight():
-            if a_all.dtype in (torch.float16, torch.bfloat16):
-                per_example = _wide_bmm(g_all.transpose(1, 2), a_all)
-            else:
-                self._weight_per_example()
-                per_example = self._per_example_base  # the norm does not see the layout
-            return kernels.per_example_sq_norms(per_example) * s2
-        gram_a = _gram_bmm(a_all, a_all.transpose(1, 2))
-        gram_g = _gram_bmm(g_all, g_all.transpose(1, 2))
-        return kernels.per_example_dots(gram_a, gram_g) * s2
+            self._weight_per_example()
+            # the norm does not see the layout
+            return kernels.per_example_sq_norms(self._per_example_base) * s2, None
+        if self._fused_sequence_norms():
+            sq = self._sequence_norms() * s2
+        else:
+            gram_a = _gram_bmm(self.a, self.a.transpose(1, 2))
+            gram_g = _gram_bmm(self.g, self.g.transpose(1, 2))
+            sq = kernels.per_example_dots(gram_a, gram_g) * s2
+        if self.g.dtype == torch.float64:  # see ConvUsage.sq_norm_and_slack
+            return sq, None
+        return sq, self._position_products() * (self._product_kappa() * abs(self.scale))
+
+    def _product_kappa(self) -> float:
+        """:func:`product_roundoff_factor` of the clipped sum's matrix product for one
+        example (T terms: its positions; at most a block of :data:`_SUM_BLOCK_ROWS`)."""
+        terms = min(int(self.a.shape[1]), _SUM_BLOCK_ROWS)
+        return product_roundoff_factor(terms, _wide(self.g[:0]).dtype, self.g.device)
+
+    def _position_products(self) -> torch.Tensor:
+        """sum_t ||a_t|| ||g_t|| per example, float64 (B,), unscaled: the row norms in float64
+        (:func:`dpsharp.torch.kernels.per_example_sq_norms` of the rows), their products summed
+        in float64 and raised by 1e-12 relative to cover that arithmetic's own rounding (a
+        bound only needs to be above the sum)."""
+        batch, positions = int(self.a.shape[0]), int(self.a.shape[1])
+        rows = batch * positions
+        a_sq = kernels.per_example_sq_norms(self.a.reshape(rows, self.a.shape[2]).contiguous())
+        g_sq = kernels.per_example_sq_norms(self.g.reshape(rows, self.g.shape[2]).contiguous())
+        return (a_sq * g_sq).sqrt().reshape(batch, positions).sum(dim=1) * (1.0 + 1e-12)
 
     def flat_sq_norm_term(self, params: list[torch.nn.Parameter]) -> kernels.SqNormTerm:
         if self.g.shape[1] == 1:
@@ -787,7 +882,8 @@ class ConvUsage(_WeightBiasUsage):
             self._bias_rows = _wide_sum(self.g, dim=2)
         return self._bias_rows
 
-    def sq_norm(self, p: torch.nn.Parameter) -> torch.Tensor:
+    def _ghost_sq_norm(self, p: torch.nn.Parameter) -> torch.Tensor:
+        """The squared norm of g_i(p), scaled, as measured (no slack)."""
         import torch
 
         s2 = self.scale * self.scale
@@ -806,6 +902,48 @@ class ConvUsage(_WeightBiasUsage):
             gram_g = _gram_bmm(g.transpose(1, 2), g)
             out[lo:hi] = kernels.per_example_dots(gram_p, gram_g)
         return out * s2
+
+    def sq_norm(self, p: torch.nn.Parameter) -> torch.Tensor:
+        sq, slack = self.sq_norm_and_slack(p)
+        return sq if slack is None else (sq.sqrt() + slack) ** 2
+
+    def sq_norm_and_slack(self, p: torch.nn.Parameter
+                          ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """As :meth:`LinearUsage.sq_norm_and_slack`: the bias's norm and clipped sum read the
+        same per-example rows, a materialised weight's the same stored gradients (slack None);
+        on the Gram path the clipped sum is a convolution weight gradient, whose part for
+        example i errs by up to kappa_L sum_l ||g_l|| ||P_l|| (:func:`product_roundoff_factor`
+        over the L positions; P_l the patch at position l), in float64 on a GPU and in float32
+        on the CPU. (A constructed 16-position example, positions cancelling, contributed
+        1.000003 C without it.)"""
+        import torch
+
+        sq = self._ghost_sq_norm(p)
+        if p is self.bias or self._per_example_weight is not None or self._materialise_weight():
+            return sq, None
+        if self.x.is_cuda or self.x.dtype == torch.float64:
+            # float64 clipped sum: its rounding, like the float64 Grams' (~L 2^-53 R relative),
+            # matters only where positions cancel to R ~ 10^9, past where the Grams do
+            return sq, None
+        kappa = product_roundoff_factor(int(self.g.shape[2]), _wide(self.x[:0]).dtype,
+                                        self.x.device)
+        return sq, self._position_products() * (kappa * abs(self.scale))
+
+    def _position_products(self) -> torch.Tensor:
+        """sum_l ||g_l|| ||P_l|| per example, float64 (B,), unscaled: ||P_l||^2 is the
+        convolution of x^2 with a kernel of ones (same stride, padding, dilation), in float64,
+        raised by 1e-12 relative like :meth:`LinearUsage._position_products`."""
+        import torch
+        import torch.nn.functional as F
+
+        kernel, stride, padding, dilation = self._geometry
+        x2 = self.x.to(torch.float64).square()
+        ones = torch.ones((1, int(self.x.shape[1]), *kernel), dtype=torch.float64,
+                          device=self.x.device)
+        conv = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[len(kernel)]
+        patch_sq = conv(x2, ones, None, stride, padding, dilation).reshape(self.batch_size, -1)
+        g_sq = self.g.to(torch.float64).square().sum(dim=1)  # (B, L)
+        return (patch_sq.clamp_min(0.0) * g_sq).sqrt().sum(dim=1) * (1.0 + 1e-12)
 
     def clipped_sum(self, p: torch.nn.Parameter, factors: torch.Tensor) -> torch.Tensor:
         import torch
@@ -1223,9 +1361,11 @@ def tied_cross_dot(u: Usage, v: Usage, p: torch.nn.Parameter) -> torch.Tensor | 
       sum_{s,s'} (gy_s . gy'_s') (x_s . x'_s'), the dot of G G'^T and X X'^T (the ghost norm
       of Li et al., ICLR 2022, applied to two different usages).
 
-    Both usages' loss scales multiply the result. Sums of products are taken in float64
-    (:func:`dpsharp.torch.kernels.per_example_dots`) over operands in the stored tensors'
-    (widened) dtype.
+    Both usages' loss scales multiply the result. The inner products between positions are
+    float64 Gram matrices (:func:`_gram_bmm`: the usages' gradients may cancel, and a float32
+    entry's rounding would be amplified as in a ghost norm), their dot is float64
+    (:func:`dpsharp.torch.kernels.per_example_dots`); products with materialised gradients
+    read them in their stored (widened) dtype.
     """
     import torch
 
@@ -1237,8 +1377,8 @@ def tied_cross_dot(u: Usage, v: Usage, p: torch.nn.Parameter) -> torch.Tensor | 
         batch, positions = (int(n) for n in idx.shape)
         if isinstance(v, EmbeddingUsage) and v.weight is p:
             h, h2 = _common(u.g, v.g)
-            same = (idx.unsqueeze(2) == v.idx.to(torch.int64).unsqueeze(1)).to(h.dtype)
-            return kernels.per_example_dots(torch.bmm(h, h2.transpose(1, 2)), same) * scale
+            same = (idx.unsqueeze(2) == v.idx.to(torch.int64).unsqueeze(1)).to(torch.float64)
+            return kernels.per_example_dots(_gram_bmm(h, h2.transpose(1, 2)), same) * scale
         if not _plain_linear(v, p) or tuple(p.shape) != (v.g.shape[2], v.a.shape[2]):
             return None
         assert isinstance(v, LinearUsage)
@@ -1247,28 +1387,33 @@ def tied_cross_dot(u: Usage, v: Usage, p: torch.nn.Parameter) -> torch.Tensor | 
             rows = torch.gather(m, 1, idx.unsqueeze(2).expand(batch, positions, m.shape[2]))
             return kernels.per_example_dots(rows, h) * scale
         h, x, gy = _common(u.g, v.a, v.g)
-        inner = torch.bmm(x, h.transpose(1, 2))  # (B, S, T): x_s . h_t
+        inner = _gram_bmm(x, h.transpose(1, 2))  # (B, S, T): x_s . h_t
         gathered = torch.gather(gy, 2, idx.unsqueeze(1).expand(batch, gy.shape[1], positions))
-        return kernels.per_example_dots(inner, gathered.contiguous()) * scale
+        return kernels.per_example_dots(inner, gathered.to(torch.float64).contiguous()) * scale
     if _plain_linear(u, p) and _plain_linear(v, p):
         assert isinstance(u, LinearUsage) and isinstance(v, LinearUsage)
         if u._per_example_weight is not None and v._per_example_weight is not None:
             m1, m2 = _common(u._per_example_weight, v._per_example_weight)
             return kernels.per_example_dots(m1, m2) * scale
         x1, g1, x2, g2 = _common(u.a, u.g, v.a, v.g)
-        return kernels.per_example_dots(torch.bmm(g1, g2.transpose(1, 2)),
-                                        torch.bmm(x1, x2.transpose(1, 2))) * scale
+        return kernels.per_example_dots(_gram_bmm(g1, g2.transpose(1, 2)),
+                                        _gram_bmm(x1, x2.transpose(1, 2))) * scale
     return None
 
 
 def tied_sq_norm(p: torch.nn.Parameter, usages: list[Usage]) -> torch.Tensor | None:
     """||sum_u g_i^u(p)||^2 for every example, float64 (B,), for a parameter used by several
     usages: sum_u ||g_i^u||^2 + 2 sum_{u < v} <g_i^u, g_i^v> (:func:`tied_cross_dot`), clamped
-    at 0 against round-off (a NaN stays NaN). None when a pair is not covered."""
+    at 0 against round-off (a NaN stays NaN), then raised to (||.|| + sum_u e_u)^2 by the
+    usages' clipped-sum round-off bounds e_u (:meth:`Usage.sq_norm_and_slack`; the parameter's
+    clipped sum is the sum of theirs, so their errors add). None when a pair is not covered."""
     pairs = [(u, v) for k, u in enumerate(usages) for v in usages[k + 1:]]
     if not all(_cross_covered(u, v, p) for u, v in pairs):
         return None
-    norms = [u.sq_norm(p) for u in usages]  # first: a usage may materialise its gradients
+    # first: a usage may materialise its gradients
+    norms_and_slacks = [u.sq_norm_and_slack(p) for u in usages]
+    norms = [sq for sq, _ in norms_and_slacks]
+    slacks = [e for _, e in norms_and_slacks if e is not None]
     crosses = [tied_cross_dot(u, v, p) for u, v in pairs]
     total = norms[0]
     for n in norms[1:]:
@@ -1276,4 +1421,7 @@ def tied_sq_norm(p: torch.nn.Parameter, usages: list[Usage]) -> torch.Tensor | N
     for c in crosses:
         assert c is not None
         total = total + 2.0 * c
-    return total.clamp_min(0.0)
+    total = total.clamp_min(0.0)
+    if not slacks:
+        return total
+    return (total.sqrt() + sum(slacks[1:], slacks[0])) ** 2
