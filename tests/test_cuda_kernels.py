@@ -331,7 +331,9 @@ def test_linear_gram_path_contribution_within_bound_where_positions_cancel(amp, 
     """The constructed cancelling example of tests/test_soundness_clipping_roundoff.py on a GPU
     (a linear layer on its Gram path: float64 Grams, the clipped sum's round-off bound added to
     the norm, with TF32 enabled or not): one example, noise 0, contribution <= C (1 + 1e-6).
-    (With float32 Grams and no bound it reached 1.16 C in float32 emulation.)"""
+    (With float32 Grams and no bound it reached 1.16 C in float32 emulation.) With TF32 the
+    clipped sum's operands lose 13 bits, and the bound, amplified by this example's
+    cancellation, clips it to about 0.8 C: sound, and the price of TF32 here."""
     _need_cuda()
     from dpsharp.torch import NoiseGenerator, PerSampleClipper
 
@@ -358,4 +360,4 @@ def test_linear_gram_path_contribution_within_bound_where_positions_cancel(amp, 
             clipper.remove()
     finally:
         torch.backends.cuda.matmul.allow_tf32 = saved
-    assert 0.99 < worst <= 1.0 + 1e-6
+    assert (0.5 if tf32 else 0.99) < worst <= 1.0 + 1e-6
