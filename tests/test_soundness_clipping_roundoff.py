@@ -182,3 +182,95 @@ def test_tied_linear_usages_keep_the_bound_where_they_cancel():
         released, _ = contribution_of_one_example(model, backward)
         worst = max(worst, released)
     assert 0.99 < worst <= 1.0 + TOLERANCE
+
+
+def _emulate_half_products_with_float32_accumulation(monkeypatch):
+    """Let the CPU take the GPU's routes for bfloat16 stored tensors: ``torch.bmm(...,
+    out_dtype=torch.float32)`` emulated by the float32 product of widened copies (exact
+    products, float32 sums, as the tensor cores compute them up to their truncation)."""
+    from dpsharp.torch.layers import usages
+
+    plain_bmm = torch.bmm
+
+    def bmm(m1, m2, *args, out_dtype=None, **kwargs):
+        if out_dtype is None:
+            return plain_bmm(m1, m2, *args, **kwargs)
+        return plain_bmm(m1.to(out_dtype), m2.to(out_dtype))
+
+    monkeypatch.setattr(usages, "_bmm_has_out_dtype", lambda device_type: True)
+    monkeypatch.setattr(torch, "bmm", bmm)
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("positions", [1, 5, 300])
+def test_split_bf16_clipped_sum_within_its_bound(transposed, positions, monkeypatch):
+    """The split bfloat16 clipped sum against the float64 sum of the exact clipped gradients:
+    within kappa sum_i c_i sum_t ||a_t|| ||g_t|| (split_product_roundoff_factor), and far below
+    what a single bfloat16 operand allows (2^-9)."""
+    from dpsharp.torch.layers import usages
+
+    _emulate_half_products_with_float32_accumulation(monkeypatch)
+    monkeypatch.setattr(usages.LinearUsage, "_materialise_weight", lambda self: False)
+    monkeypatch.setattr(usages, "_SUM_BLOCK_ROWS", 512)  # 300 positions x 3: two blocks
+    gen = torch.Generator().manual_seed(8)
+    a = torch.randn(3, positions, 24, generator=gen).to(torch.bfloat16)
+    g = torch.randn(3, positions, 40, generator=gen).to(torch.bfloat16)
+    factors = torch.rand(3, generator=gen, dtype=torch.float64) * 3
+    cls = usages.TransposedLinearUsage if transposed else usages.LinearUsage
+    weight = torch.nn.Parameter(torch.zeros((24, 40) if transposed else (40, 24)))
+    usage = cls(weight, None, a, g, scale=0.5)
+    assert usage._split_bf16_route()
+    got = usage.clipped_sum(weight, factors).double()
+    per_example = torch.einsum("btp,btd->bpd", g.double(), a.double())
+    want = (0.5 * factors[:, None, None] * per_example).sum(dim=0)
+    want = want.t() if transposed else want
+    products = (a.double().norm(dim=2) * g.double().norm(dim=2)).sum(dim=1)
+    bound = usages.split_product_roundoff_factor(min(positions, 512)) * float(
+        (0.5 * factors * products).sum())
+    assert float((got - want).norm()) <= bound
+    assert bound < 2.0**-9 * float((0.5 * factors * products).sum())
+
+
+def test_split_bf16_route_keeps_the_bound_where_positions_cancel(monkeypatch):
+    """The constructed cancelling example under bf16 autocast through the split route (emulated
+    float32 accumulation): contribution <= C (1 + 1e-6)."""
+    from dpsharp.torch.layers import usages
+
+    _emulate_half_products_with_float32_accumulation(monkeypatch)
+    monkeypatch.setattr(usages.LinearUsage, "_materialise_weight", lambda self: False)
+    gen = torch.Generator().manual_seed(9)
+    worst = 0.0
+    for _ in range(10):
+        a, g = cancelling_positions(gen, 16, 64, 64, noise=1e-2, gain=100.0)
+        model = torch.nn.Linear(64, 64, bias=False)
+
+        def backward() -> None:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                out = model(a)
+            (out.float() * g).sum().backward()
+
+        released, _ = contribution_of_one_example(model, backward)
+        worst = max(worst, released)
+    assert 0.9 < worst <= 1.0 + TOLERANCE
+
+
+def test_one_position_layers_keep_the_slack_under_flat_clipping(monkeypatch):
+    """A linear layer on one position per example takes a shortcut under flat clipping (the
+    norms ||a_i|| ||g_i||); where its clipped sum needs a slack (the split bfloat16 route) the
+    shortcut must not drop it: one example, noise 0, contribution <= C (1 + 1e-6). (On an H200
+    a convolution followed by such a layer contributed 1.0000017 C.)"""
+    _emulate_half_products_with_float32_accumulation(monkeypatch)
+    gen = torch.Generator().manual_seed(10)
+    worst = 0.0
+    for _ in range(20):
+        model = torch.nn.Sequential(torch.nn.Linear(256, 128), torch.nn.Linear(128, 5))
+        x = torch.randn(1, 256, generator=gen) * 10
+
+        def backward() -> None:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                out = model(x)
+            out.float().pow(2).sum().backward()
+
+        released, _ = contribution_of_one_example(model, backward)
+        worst = max(worst, released)
+    assert 0.99 < worst <= 1.0 + TOLERANCE
