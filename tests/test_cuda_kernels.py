@@ -361,3 +361,32 @@ def test_linear_gram_path_contribution_within_bound_where_positions_cancel(amp, 
     finally:
         torch.backends.cuda.matmul.allow_tf32 = saved
     assert (0.5 if tf32 else 0.99) < worst <= 1.0 + 1e-6
+
+
+@pytest.mark.parametrize("tf32", [False, True])
+def test_weighted_sums_keep_the_bound_with_tf32(tf32) -> None:
+    """Biases and LayerNorm rows are summed by a (1, B) x (B, n) product on a GPU; with TF32
+    enabled it runs in float64 (a float32 product would round the rows to 10-bit significands:
+    0.04% above C, emulated). One example, noise 0: contribution <= C (1 + 1e-6)."""
+    _need_cuda()
+    from dpsharp.torch import NoiseGenerator, PerSampleClipper
+
+    gen = torch.Generator().manual_seed(11)
+    saved = torch.backends.cuda.matmul.allow_tf32
+    worst = 0.0
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        for _ in range(20):
+            model = torch.nn.Sequential(torch.nn.LayerNorm(64), torch.nn.Linear(64, 64)).cuda()
+            x = torch.randn(1, 8, 64, generator=gen).cuda()
+            t = torch.randn(1, 8, 64, generator=gen).cuda()
+            clipper = PerSampleClipper(model, max_grad_norm=1e-3)
+            (model(x) * t).sum().backward()
+            clipper.release(noise_multiplier=0.0, expected_batch_size=1.0,
+                            noise=NoiseGenerator(0))
+            norm = torch.sqrt(sum(p.grad.double().pow(2).sum() for p in clipper.parameters))
+            worst = max(worst, float(norm) / 1e-3)
+            clipper.remove()
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
+    assert 0.9 < worst <= 1.0 + 1e-6

@@ -274,3 +274,140 @@ def test_one_position_layers_keep_the_slack_under_flat_clipping(monkeypatch):
         released, _ = contribution_of_one_example(model, backward)
         worst = max(worst, released)
     assert 0.99 < worst <= 1.0 + TOLERANCE
+
+
+# ----------------------------------------------------------------- exact cancellation in float64
+# a_1 = (1, eps), a_2 = (1, 0), g_2 = -g_1: the per-example gradient is g_1 (0, eps)^T, but every
+# float64 Gram entry rounds eps^2 away, so the Gram dot is exactly 0. Before the Grams' own
+# round-off bound was added to the norm (gram_roundoff_factor) such an example went unclipped:
+# 10^3 to 10^4 times C through these routes.
+
+def test_linear_gram_norm_bound_covers_exact_float64_cancellation(monkeypatch):
+    from dpsharp.torch.layers import usages
+
+    monkeypatch.setattr(usages.LinearUsage, "_materialise_weight", lambda self: False)
+    for fused in (True, False):
+        if not fused:
+            monkeypatch.setattr(usages, "_vectorised_linear_norms", lambda: False)
+        for dtype, eps, big in ((torch.float64, 1e-9, 1e10), (torch.float32, 2.0**-40, 2.0**40)):
+            model = torch.nn.Linear(2, 3, bias=False).to(dtype)
+            a = torch.tensor([[[1.0, eps], [1.0, 0.0]]], dtype=dtype)
+            g = torch.tensor([[[big, 2 * big, 3 * big], [-big, -2 * big, -3 * big]]], dtype=dtype)
+            true = float((g[0].double().t() @ a[0].double()).norm())
+            released, _ = contribution_of_one_example_with_bound(
+                model, lambda: (model(a) * g).sum().backward(), bound=1e-3 * true)
+            assert released <= 1e-3 * true * (1.0 + TOLERANCE)
+
+
+def test_conv_gram_norm_bound_covers_exact_float64_cancellation(monkeypatch):
+    from dpsharp.torch.layers import usages
+
+    monkeypatch.setattr(usages.ConvUsage, "_materialise_weight", lambda self: False)
+    model = torch.nn.Conv1d(2, 3, 1, bias=False).double()
+    x = torch.tensor([[[1.0, 1.0], [1e-9, 0.0]]], dtype=torch.float64)  # (1, C, L)
+    g = torch.tensor([[[1e10, -1e10], [2e10, -2e10], [3e10, -3e10]]], dtype=torch.float64)
+    true = float((g[0] @ x[0].t()).norm())
+    released, _ = contribution_of_one_example_with_bound(
+        model, lambda: (model(x) * g).sum().backward(), bound=1e-3 * true)
+    assert released <= 1e-3 * true * (1.0 + TOLERANCE)
+
+
+def test_device_embedding_norm_bound_covers_exact_float64_cancellation(monkeypatch):
+    """The off-CPU embedding route (masked float64 Gram), run on the CPU."""
+    from dpsharp.torch.layers import usages
+
+    monkeypatch.setattr(usages.EmbeddingUsage, "_fused", lambda self: False)
+    model = torch.nn.Embedding(10, 2)
+    idx = torch.tensor([[4, 4]])
+    h = torch.tensor([[[2.0**40, 1.0], [-(2.0**40), 0.0]]])  # row 4's gradient is (0, 1)
+    released, _ = contribution_of_one_example_with_bound(
+        model, lambda: (model(idx) * h).sum().backward(), bound=1e-3)
+    assert released <= 1e-3 * (1.0 + TOLERANCE)
+
+
+def contribution_of_one_example_with_bound(model, run_backward, bound: float, **kwargs
+                                           ) -> tuple[float, float]:
+    """(norm of the released gradient, norm the clipper used) for a batch of one, C = bound."""
+    from dpsharp.torch import NoiseGenerator, PerSampleClipper
+
+    clipper = PerSampleClipper(model, max_grad_norm=bound, **kwargs)
+    run_backward()
+    used = float(clipper.last_per_example_norms[0])
+    clipper.release(noise_multiplier=0.0, expected_batch_size=1.0, noise=NoiseGenerator(0))
+    released = float(torch.sqrt(sum(q.grad.double().pow(2).sum() for q in clipper.parameters)))
+    clipper.remove()
+    return released, used
+
+
+def test_tied_embedding_and_projection_that_cancel_keep_the_bound():
+    """A language model's tied input embedding and output projection, one position each, whose
+    gradients of the shared row cancel up to 1 / R: each use's own rounding (u ||g^u||) is R
+    times the tied norm. Without the per-use rounding terms this reached 1.0019 C at R = 10^5."""
+
+    class TiedHead(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embedding = torch.nn.Embedding(16, 32)
+            self.projection = torch.nn.Linear(32, 16, bias=False)
+            self.projection.weight = self.embedding.weight
+
+        def forward(self, idx, x):
+            return self.embedding(idx), self.projection(x)
+
+    worst = 0.0
+    for ratio in (1e2, 1e5):
+        for trial in range(10):
+            gen = torch.Generator().manual_seed(trial)
+            idx = torch.tensor([[3]])
+            x = torch.randn(1, 1, 32, generator=gen)
+            out_grad = torch.zeros(1, 1, 16)
+            out_grad[0, 0, 3] = 1.0
+            h = (-x.double() + torch.randn(1, 1, 32, generator=gen).double() / ratio).float()
+            model = TiedHead()
+
+            def backward() -> None:
+                e, logits = model(idx, x)
+                ((e * h).sum() + (logits * out_grad).sum()).backward()
+
+            released, _ = contribution_of_one_example_with_bound(model, backward, bound=1e-9)
+            worst = max(worst, released / 1e-9)
+    assert 0.9 < worst <= 1.0 + TOLERANCE
+
+
+@pytest.mark.parametrize("layer", ["linear", "layernorm", "embedding"])
+def test_bfloat16_parameters_keep_the_bound(layer):
+    """A model cast to bfloat16 (no autocast): its clipped sums are rounded to bfloat16 on the
+    way into the gradients, up to 0.12% above C before the clip factors were lowered by that
+    rounding (PerSampleClipper._rounding_shrink)."""
+    worst = 0.0
+    for trial in range(10):
+        gen = torch.Generator().manual_seed(trial)
+        if layer == "linear":
+            model = torch.nn.Linear(64, 64).to(torch.bfloat16)
+            x = torch.randn(1, 8, 64, generator=gen).to(torch.bfloat16)
+        elif layer == "layernorm":
+            model = torch.nn.LayerNorm(64).to(torch.bfloat16)
+            x = torch.randn(1, 8, 64, generator=gen).to(torch.bfloat16)
+        else:
+            model = torch.nn.Embedding(50, 64).to(torch.bfloat16)
+            x = torch.randint(0, 50, (1, 8), generator=gen)
+        target = torch.randn(1, 8, 64, generator=gen)
+        released, _ = contribution_of_one_example_with_bound(
+            model, lambda: (model(x).float() * target).sum().backward(), bound=1e-3)
+        worst = max(worst, released / 1e-3)
+    assert 0.97 < worst <= 1.0 + TOLERANCE
+
+
+def test_automatic_clipping_of_a_vanishing_gradient_stays_finite():
+    """Automatic clipping without stability, c = C / ||g_i||, for a gradient of norm 4e-40: the
+    factor exceeds float32's range; it is lowered to float32's largest value, and the released
+    gradient stays finite and within C (it was inf)."""
+    from dpsharp.torch.clipping import AutomaticClipping
+
+    model = torch.nn.Linear(4, 4, bias=False)
+    x = torch.full((1, 4), 1e-20)
+    t = torch.full((1, 4), 1e-20)
+    released, _ = contribution_of_one_example_with_bound(
+        model, lambda: (model(x) * t).sum().backward(), bound=1.0,
+        rule=AutomaticClipping(stability=0.0))
+    assert 0.0 < released <= 1.0 + TOLERANCE

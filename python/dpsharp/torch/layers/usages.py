@@ -168,46 +168,74 @@ def _wide_sum(t: torch.Tensor, dim: int) -> torch.Tensor:
 
 def _float32_operand_roundoff(device: torch.device) -> float:
     """The relative rounding a float32 matrix product may apply to its operands on ``device``
-    under the process-wide settings: 0 for IEEE float32 products; 2^-11 where CUDA matmuls may
-    use TF32 (10-bit significands); 2^-8 where a lowered ``torch.set_float32_matmul_precision``
-    lets a backend use bfloat16 (7-bit significands), the coarsest it may choose."""
+    under the process-wide settings: 0 for IEEE float32 products; 2^-10 where CUDA matmuls may
+    use TF32 (10-bit significands, rounding direction not documented, so a whole unit in the
+    last place); 2^-7 where a lowered ``torch.set_float32_matmul_precision`` lets a backend use
+    bfloat16 (7-bit significands), the coarsest it may choose."""
     import torch
 
     precision = torch.get_float32_matmul_precision()
     if device.type == "cuda":
         if precision == "medium":
-            return 2.0**-8
+            return 2.0**-7
         if precision == "high" or torch.backends.cuda.matmul.allow_tf32:
-            return 2.0**-11
+            return 2.0**-10
         return 0.0
-    return 0.0 if precision == "highest" else 2.0**-8
+    return 0.0 if precision == "highest" else 2.0**-7
+
+
+def _unit_roundoff(dtype: torch.dtype) -> float:
+    """u = 2^-p for a dtype with a p-bit significand (float64, float32, bfloat16, float16)."""
+    import torch
+
+    return {torch.float64: 2.0**-53, torch.float32: 2.0**-24, torch.bfloat16: 2.0**-8,
+            torch.float16: 2.0**-11}[dtype]
+
+
+def _gamma(n: int, unit: float) -> float:
+    """gamma_n = n u / (1 - n u) (Higham 2002, section 3.1), for n u < 1/2."""
+    if n * unit >= 0.5:
+        raise ValueError(f"{n} terms are too many for the round-off bound in this precision")
+    return n * unit / (1.0 - n * unit)
 
 
 def product_roundoff_factor(terms: int, dtype: torch.dtype, device: torch.device) -> float:
     """kappa with |fl(sum_k x_k y_k) - sum_k x_k y_k| <= kappa sum_k |x_k y_k| for a matrix
-    product's entries of ``terms`` products, ``terms + 2`` counting the rounding of a factor
-    and of the operand scaled by it, in ``dtype`` (float16 / bfloat16 operands are widened to
+    product's entries of ``terms`` products, ``terms + 3`` counting the rounding of a factor,
+    of the operand scaled by it and of a float64 sum of blocks rounded back, in ``dtype`` (float16 / bfloat16 operands are widened to
     float32 first) on ``device``.
 
     For recursive summation in any order, fused multiply-adds included,
     |fl(sum) - sum| <= gamma_n sum |x_k y_k| with gamma_n = n u / (1 - n u) (Higham 2002,
     "Accuracy and Stability of Numerical Algorithms", 2nd ed., section 3.1, eq. (3.4) and
     Lemma 3.1); operands rounded to a significand with unit roundoff v before the products
-    multiply every product by at most (1 + v)^2. So kappa = (1 + v)^2 (1 + gamma_{n+2}) - 1,
-    with u = 2^-53 for float64 and 2^-24 for float32 (v from
-    :func:`_float32_operand_roundoff`)."""
+    multiply every product by at most (1 + v)^2. So kappa = (1 + v)^2 (1 + gamma_{n+3}) - 1,
+    with u = 2^-53 for float64 and 2^-24 for float32, 2^-23 where the operands are rounded
+    (TF32 / bfloat16 products run on tensor cores, which may truncate: Fasi, Higham, Mikaitis,
+    Pranesh 2021, "Numerical behavior of NVIDIA tensor cores"), v from
+    :func:`_float32_operand_roundoff`."""
     import torch
 
     if dtype == torch.float64:
         unit, operand = 2.0**-53, 0.0
     else:
-        unit, operand = 2.0**-24, _float32_operand_roundoff(device)
-    n = terms + 2
-    if n * unit >= 0.5:
-        raise ValueError(f"terms must be below {int(0.5 / unit) - 2} for the round-off bound, "
-                         f"got {terms}")
-    gamma = n * unit / (1.0 - n * unit)
-    return (1.0 + operand) ** 2 * (1.0 + gamma) - 1.0
+        operand = _float32_operand_roundoff(device)
+        unit = 2.0**-23 if operand else 2.0**-24
+    return (1.0 + operand) ** 2 * (1.0 + _gamma(terms + 3, unit)) - 1.0
+
+
+def gram_roundoff_factor(features_a: int, features_g: int, positions: int) -> float:
+    """kappa with |computed - exact| <= kappa S^2 for a ghost norm sum_{t,s} A_ts G_ts formed
+    from float64 Grams, S = sum_t ||a_t|| ||g_t||: each entry A_ts a float64 sum of
+    ``features_a`` exact products errs by at most gamma_{d} ||a_t|| ||a_s|| (likewise G_ts), and
+    the float64 dot of the two T x T Grams by gamma_{T^2 + 1} sum |A_ts G_ts|; with
+    |A_ts| <= ||a_t|| ||a_s||, every term is at most its bound times ||a_t|| ||a_s|| ||g_t|| ||g_s||,
+    whose sum over (t, s) is S^2. So kappa = (1 + gamma_d)(1 + gamma_p)(1 + gamma_{T^2+1}) - 1,
+    u = 2^-53. Where positions cancel, S^2 is R^2 times the norm (R = S / ||g_i||): a Gram
+    loses ~d 2^-53 R^2 of it, which this covers (typical R^2 is about T: a relative 10^-13)."""
+    unit = 2.0**-53
+    return ((1.0 + _gamma(features_a, unit)) * (1.0 + _gamma(features_g, unit))
+            * (1.0 + _gamma(positions * positions + 1, unit)) - 1.0)
 
 
 def split_product_roundoff_factor(terms: int) -> float:
@@ -216,14 +244,10 @@ def split_product_roundoff_factor(terms: int) -> float:
     with the output gradient rounded in float32 ((1 + 2^-24)^3), the split hi + lo within
     2^-16 relative of that product, and each example's 2 T exact products summed with float32
     accumulation on tensor cores, which may truncate (gamma_{2T} with u = 2^-23; Fasi, Higham,
-    Mikaitis, Pranesh 2021, "Numerical behavior of NVIDIA tensor cores")."""
-    n = 2 * terms
-    unit = 2.0**-23
-    if n * unit >= 0.5:
-        raise ValueError(f"terms must be below {int(0.25 / unit)} for the round-off bound, "
-                         f"got {terms}")
-    gamma = n * unit / (1.0 - n * unit)
-    return (1.0 + 2.0**-24) ** 3 * (1.0 + 2.0**-16) * (1.0 + gamma) - 1.0
+    Mikaitis, Pranesh 2021, "Numerical behavior of NVIDIA tensor cores"), times the bound
+    sum (|hi| + |lo|) |a| <= (1 + 2^-7) sum |y| |a| (|lo| <= 2^-8 |y|, |hi| <= (1 + 2^-8) |y|)."""
+    split = (1.0 + 2.0**-24) ** 4 * (1.0 + 2.0**-16)  # and the float32 result's rounding
+    return split - 1.0 + split * (1.0 + 2.0**-7) * _gamma(2 * terms, 2.0**-23)
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
@@ -336,9 +360,14 @@ def _scaled_factors(factors: torch.Tensor, scale: float, dtype: torch.dtype,
     if weights is None:
         import torch
 
-        # the float64 product rounded once into the stored tensors' dtype, in one operation
+        # the float64 product rounded once into the stored tensors' dtype, in one operation;
+        # a factor past the dtype's range (automatic clipping without stability: C / ||g_i||
+        # for a gradient of norm 4e-40 is 2.5e39) is lowered to its largest finite value, so
+        # that the contribution shrinks instead of becoming inf
         weights = torch.mul(factors, scale,
                             out=torch.empty(factors.shape, dtype=dtype, device=factors.device))
+        finite = torch.finfo(dtype).max
+        weights.clamp_(-finite, finite)
         if repeat != 1:
             weights = weights.repeat_interleave(repeat)
         memo[1][key] = weights
@@ -356,11 +385,22 @@ def _device_weighted_sum(rows: torch.Tensor, weights: torch.Tensor,
     hide the loads' latency (its weighted sums took a third of a DP step on an H200)."""
     import torch
 
+    import torch
+
     batch = int(rows.shape[0])
     flat = rows.reshape(batch, -1)
-    row_weights = weights.to(rows.dtype).reshape(1, batch)
+    if rows.dtype == torch.float32 and _float32_operand_roundoff(rows.device):
+        # TF32 (or a lowered matmul precision) would round the rows to 10-bit significands,
+        # 2^-10 of a contribution that nothing bounds: float64 products then (0.04% above C
+        # measured through a LayerNorm, emulated)
+        flat = flat.to(torch.float64)
+    finite = torch.finfo(flat.dtype).max  # see _scaled_factors
+    row_weights = weights.clamp(-finite, finite).to(flat.dtype).reshape(1, batch)
     if out is None:
-        return _blocked_product(row_weights, flat).reshape(-1)
+        return _blocked_product(row_weights, flat).reshape(-1).to(rows.dtype)
+    if flat.dtype != out.dtype:  # the float64 product added to out, rounded once
+        total = _blocked_product(row_weights, flat).reshape(out.shape)
+        return out.copy_(total.add_(out.to(torch.float64)))
     _blocked_product(row_weights, flat, base=out.view(1, -1))
     return out
 
@@ -683,10 +723,10 @@ class LinearUsage(_WeightBiasUsage):
         the slack. With one position the product has a single term per example, so its
         rounding (at most 3 units of the last place) stays within the clipping's
         1 + 1e-6 tolerance, and the slack is kept only where a lowered float32 matmul
-        precision (TF32, bfloat16) rounds the operands. float64 stored tensors get none (see
-        :meth:`ConvUsage.sq_norm_and_slack`)."""
-        import torch
-
+        precision (TF32, bfloat16) rounds the operands. The Gram path's norm itself is raised
+        by its float64 Grams' round-off bound (:func:`gram_roundoff_factor`): without it,
+        positions that cancel exactly in float64 (a 262,144-feature layer, two positions) gave
+        a norm of 0 and a contribution of 2 C."""
         s2 = self.scale * self.scale
         if p is self.bias:
             if self.g.shape[1] == 1:
@@ -703,14 +743,17 @@ class LinearUsage(_WeightBiasUsage):
             # the norm does not see the layout
             return kernels.per_example_sq_norms(self._per_example_base) * s2, None
         if self._fused_sequence_norms():
-            sq = self._sequence_norms() * s2
+            sq = self._sequence_norms()
         else:
             gram_a = _gram_bmm(self.a, self.a.transpose(1, 2))
             gram_g = _gram_bmm(self.g, self.g.transpose(1, 2))
-            sq = kernels.per_example_dots(gram_a, gram_g) * s2
-        if self.g.dtype == torch.float64:  # see ConvUsage.sq_norm_and_slack
-            return sq, None
-        return sq, self._position_products() * (self._product_kappa() * abs(self.scale))
+            sq = kernels.per_example_dots(gram_a, gram_g)
+        products = self._position_products()
+        # the float64 Grams' own round-off, raised onto the norm (gram_roundoff_factor)
+        gram_kappa = gram_roundoff_factor(int(self.a.shape[2]), int(self.g.shape[2]),
+                                          positions)
+        sq = (sq + gram_kappa * products.square()) * s2
+        return sq, products * (self._product_kappa() * abs(self.scale))
 
     def _product_kappa(self) -> float:
         """:func:`product_roundoff_factor` of the clipped sum's matrix product for one
@@ -982,23 +1025,26 @@ class ConvUsage(_WeightBiasUsage):
                           ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """As :meth:`LinearUsage.sq_norm_and_slack`: the bias's norm and clipped sum read the
         same per-example rows, a materialised weight's the same stored gradients (slack None);
-        on the Gram path the clipped sum is a convolution weight gradient, whose part for
-        example i errs by up to kappa_L sum_l ||g_l|| ||P_l|| (:func:`product_roundoff_factor`
-        over the L positions; P_l the patch at position l), in float64 on a GPU and in float32
-        on the CPU. (A constructed 16-position example, positions cancelling, contributed
-        1.000003 C without it.)"""
+        on the Gram path the norm is raised by its Grams' round-off bound
+        (:func:`gram_roundoff_factor`) and the clipped sum is a convolution weight gradient,
+        whose part for example i errs by up to kappa_L sum_l ||g_l|| ||P_l||
+        (:func:`product_roundoff_factor` over the L positions; P_l the patch at position l), in
+        float64 on a GPU and in float32 on the CPU. (A constructed 16-position example,
+        positions cancelling, contributed 1.000003 C without it; one whose positions cancel
+        exactly in float64, 27.9 C through the GPU route, emulated.)"""
         import torch
 
         sq = self._ghost_sq_norm(p)
         if p is self.bias or self._per_example_weight is not None or self._materialise_weight():
             return sq, None
-        if self.x.is_cuda or self.x.dtype == torch.float64:
-            # float64 clipped sum: its rounding, like the float64 Grams' (~L 2^-53 R relative),
-            # matters only where positions cancel to R ~ 10^9, past where the Grams do
-            return sq, None
-        kappa = product_roundoff_factor(int(self.g.shape[2]), _wide(self.x[:0]).dtype,
-                                        self.x.device)
-        return sq, self._position_products() * (kappa * abs(self.scale))
+        positions = int(self.g.shape[2])
+        products = self._position_products()
+        gram_kappa = gram_roundoff_factor(self._row, int(self.g.shape[1]), positions)
+        sq = sq + gram_kappa * products.square() * (self.scale * self.scale)
+        # the clipped sum: float64 on a GPU (see clipped_sum), the widened dtype on the CPU
+        dtype = torch.float64 if self.x.is_cuda else _wide(self.x[:0]).dtype
+        kappa = product_roundoff_factor(positions, dtype, self.x.device)
+        return sq, products * (kappa * abs(self.scale))
 
     def _position_products(self) -> torch.Tensor:
         """sum_l ||g_l|| ||P_l|| per example, float64 (B,), unscaled: ||P_l||^2 is the
@@ -1107,6 +1153,33 @@ class EmbeddingUsage(Usage):
         return self._out_grads.device.type == "cpu"
 
     def sq_norm(self, p: torch.nn.Parameter) -> torch.Tensor:
+        sq, slack = self.sq_norm_and_slack(p)
+        return (sq.sqrt() + slack) ** 2
+
+    def sq_norm_and_slack(self, p: torch.nn.Parameter) -> tuple[torch.Tensor, torch.Tensor]:
+        """The squared norm raised by its own round-off bound, and the clipped sum's (see
+        :meth:`Usage.sq_norm_and_slack`). Every route sums each looked-up row's positions in
+        float64 (the CPU kernels, the masked float64 Gram, the float64 index_add) and the
+        clipped sum does the same, so with S = sum_t ||gy_t|| (the positions' float64 row
+        norms): a row sum errs by gamma_T times the sum of its positions' norms, the masked
+        Gram's entries by gamma_d ||gy_t|| ||gy_s|| and its dot by gamma_{T^2+1}
+        (:func:`gram_roundoff_factor` with S^2 bounding both), and the clipped sum by
+        gamma_{T+1} S before its one rounding to float32. Without the norm's bound, positions
+        of one row that cancel exactly in float64 gave a norm of 0 and a contribution of
+        1000 C through the masked Gram."""
+        sq = self._measured_sq_norm(p)
+        batch, positions, features = (int(v) for v in self._out_grads.shape)
+        rows_sq = kernels.per_example_sq_norms(
+            self._out_grads.reshape(batch * positions, features).contiguous())
+        products = rows_sq.sqrt().reshape(batch, positions).sum(dim=1) * (1.0 + 1e-12)
+        unit = 2.0**-53
+        kappa = max(gram_roundoff_factor(0, features, positions),
+                    2.0 * _gamma(positions, unit) + _gamma(positions, unit) ** 2)
+        sq = sq + kappa * products.square() * (self.scale * self.scale)
+        return sq, products * (_gamma(positions + 1, unit) * abs(self.scale))
+
+    def _measured_sq_norm(self, p: torch.nn.Parameter) -> torch.Tensor:
+        """The squared norms as computed, scaled, before the round-off bound."""
         import torch
 
         num_rows = p.shape[0]
@@ -1484,7 +1557,13 @@ def tied_sq_norm(p: torch.nn.Parameter, usages: list[Usage]) -> torch.Tensor | N
     # first: a usage may materialise its gradients
     norms_and_slacks = [u.sq_norm_and_slack(p) for u in usages]
     norms = [sq for sq, _ in norms_and_slacks]
-    slacks = [e for _, e in norms_and_slacks if e is not None]
+    # Each use's clipped sum is rounded to the parameter's dtype and added into one tensor: at
+    # most 2 units of that rounding of ||g_i^u|| per use, on top of its own slack. Where the uses
+    # cancel each other, ||g_i^u|| is many times the tied norm (an embedding tied to an output
+    # projection whose gradients cancel contributed 1.0019 C without these terms).
+    unit = _unit_roundoff(p.dtype)
+    slacks = [4.0 * unit * sq.clamp_min(0.0).sqrt() + (0.0 if e is None else e)
+              for sq, e in norms_and_slacks]
     crosses = [tied_cross_dot(u, v, p) for u, v in pairs]
     total = norms[0]
     for n in norms[1:]:
@@ -1493,6 +1572,4 @@ def tied_sq_norm(p: torch.nn.Parameter, usages: list[Usage]) -> torch.Tensor | N
         assert c is not None
         total = total + 2.0 * c
     total = total.clamp_min(0.0)
-    if not slacks:
-        return total
     return (total.sqrt() + sum(slacks[1:], slacks[0])) ** 2
