@@ -411,3 +411,29 @@ def test_automatic_clipping_of_a_vanishing_gradient_stays_finite():
         model, lambda: (model(x) * t).sum().backward(), bound=1.0,
         rule=AutomaticClipping(stability=0.0))
     assert 0.0 < released <= 1.0 + TOLERANCE
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize(("channels", "kernel", "stride", "padding", "dilation"), [
+    (3, (3, 3), (1, 1), (1, 1), (1, 1)), (64, (3, 3), (2, 2), (1, 1), (1, 1)),
+    (5, (2, 3), (1, 2), (0, 1), (2, 1)),
+])
+def test_conv_position_products_bound_the_patch_norms(dtype, channels, kernel, stride, padding,
+                                                      dilation):
+    """ConvUsage._position_products (sum_l ||g_l|| ||P_l||, the scale of the Gram path's
+    round-off bounds) is never below its float64 value from torch's im2col (F.unfold), and
+    within 1e-4 of it."""
+    from dpsharp.torch.layers import usages
+
+    gen = torch.Generator().manual_seed(channels)
+    conv = torch.nn.Conv2d(channels, 4, kernel, stride=stride, padding=padding,
+                           dilation=dilation)
+    x = (torch.randn(2, channels, 9, 10, generator=gen) * 3).to(dtype)
+    out_shape = torch.nn.functional.conv2d(x.double(), conv.weight.double(), None, stride,
+                                           padding, dilation).shape
+    g = torch.randn(out_shape, generator=gen).to(dtype)
+    got = usages.ConvUsage(conv, conv.weight, None, x, g)._position_products()
+    patches = torch.nn.functional.unfold(x.double(), kernel, dilation, padding, stride)
+    want = (patches.norm(dim=1) * g.double().reshape(2, 4, -1).norm(dim=1)).sum(dim=1)
+    assert bool((got >= want).all())
+    assert bool((got <= want * (1 + 1e-4)).all())
