@@ -8,6 +8,8 @@ summation-order error.
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -325,6 +327,29 @@ def test_conv_gram_path_contribution_within_bound(amp: torch.dtype | None) -> No
     assert 0.99 < worst <= 1.0 + 1e-6
 
 
+@contextlib.contextmanager
+def _tf32(enabled: bool):
+    """TF32 matmuls enabled or not for the block, the user's setting restored after."""
+    saved = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = enabled
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+def _released_over_bound(model, run_backward, bound: float) -> float:
+    """One example, noise 0: the float64 norm of the released gradient over C = bound."""
+    from dpsharp.torch import NoiseGenerator, PerSampleClipper
+
+    clipper = PerSampleClipper(model, max_grad_norm=bound)
+    run_backward()
+    clipper.release(noise_multiplier=0.0, expected_batch_size=1.0, noise=NoiseGenerator(0))
+    norm = torch.sqrt(sum(p.grad.double().pow(2).sum() for p in clipper.parameters))
+    clipper.remove()
+    return float(norm) / bound
+
+
 @pytest.mark.parametrize("amp", [None, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("tf32", [False, True])
 def test_linear_gram_path_contribution_within_bound_where_positions_cancel(amp, tf32) -> None:
@@ -335,13 +360,9 @@ def test_linear_gram_path_contribution_within_bound_where_positions_cancel(amp, 
     clipped sum's operands lose 13 bits, and the bound, amplified by this example's
     cancellation, clips it to about 0.8 C: sound, and the price of TF32 here."""
     _need_cuda()
-    from dpsharp.torch import NoiseGenerator, PerSampleClipper
-
     gen = torch.Generator().manual_seed(7)
-    saved = torch.backends.cuda.matmul.allow_tf32
     worst = 0.0
-    try:
-        torch.backends.cuda.matmul.allow_tf32 = tf32
+    with _tf32(tf32):
         for _ in range(10):
             a0, g0 = torch.randn(64, generator=gen), torch.randn(64, generator=gen)
             signs = torch.tensor([1.0, -1.0] * 8)
@@ -349,17 +370,13 @@ def test_linear_gram_path_contribution_within_bound_where_positions_cancel(amp, 
             g = (100 * (signs[:, None] * g0 + 1e-2 * torch.randn(16, 64, generator=gen))
                  ).unsqueeze(0).cuda()
             model = torch.nn.Linear(64, 64).cuda()
-            clipper = PerSampleClipper(model, max_grad_norm=1.0)
-            with torch.autocast("cuda", dtype=amp or torch.float32, enabled=amp is not None):
-                out = model(a)
-            (out.float() * g).sum().backward()
-            clipper.release(noise_multiplier=0.0, expected_batch_size=1.0,
-                            noise=NoiseGenerator(0))
-            norm = torch.sqrt(sum(p.grad.double().pow(2).sum() for p in clipper.parameters))
-            worst = max(worst, float(norm))
-            clipper.remove()
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = saved
+
+            def backward() -> None:
+                with torch.autocast("cuda", dtype=amp or torch.float32, enabled=amp is not None):
+                    out = model(a)
+                (out.float() * g).sum().backward()
+
+            worst = max(worst, _released_over_bound(model, backward, 1.0))
     assert (0.5 if tf32 else 0.99) < worst <= 1.0 + 1e-6
 
 
@@ -369,24 +386,13 @@ def test_weighted_sums_keep_the_bound_with_tf32(tf32) -> None:
     enabled it runs in float64 (a float32 product would round the rows to 10-bit significands:
     0.04% above C, emulated). One example, noise 0: contribution <= C (1 + 1e-6)."""
     _need_cuda()
-    from dpsharp.torch import NoiseGenerator, PerSampleClipper
-
     gen = torch.Generator().manual_seed(11)
-    saved = torch.backends.cuda.matmul.allow_tf32
     worst = 0.0
-    try:
-        torch.backends.cuda.matmul.allow_tf32 = tf32
+    with _tf32(tf32):
         for _ in range(20):
             model = torch.nn.Sequential(torch.nn.LayerNorm(64), torch.nn.Linear(64, 64)).cuda()
             x = torch.randn(1, 8, 64, generator=gen).cuda()
             t = torch.randn(1, 8, 64, generator=gen).cuda()
-            clipper = PerSampleClipper(model, max_grad_norm=1e-3)
-            (model(x) * t).sum().backward()
-            clipper.release(noise_multiplier=0.0, expected_batch_size=1.0,
-                            noise=NoiseGenerator(0))
-            norm = torch.sqrt(sum(p.grad.double().pow(2).sum() for p in clipper.parameters))
-            worst = max(worst, float(norm) / 1e-3)
-            clipper.remove()
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = saved
+            worst = max(worst, _released_over_bound(
+                model, lambda: (model(x) * t).sum().backward(), 1e-3))
     assert 0.9 < worst <= 1.0 + 1e-6

@@ -39,11 +39,12 @@ def cancelling_positions(gen: torch.Generator, positions: int, d: int, p: int,
     return a.float().unsqueeze(0), g.float().unsqueeze(0)
 
 
-def contribution_of_one_example(model, run_backward) -> tuple[float, float]:
-    """(norm of the released gradient, norm the clipper used) for a batch of one, C = 1."""
+def contribution_of_one_example(model, run_backward, bound: float = 1.0, **kwargs
+                                 ) -> tuple[float, float]:
+    """(norm of the released gradient, norm the clipper used) for a batch of one, C = bound."""
     from dpsharp.torch import NoiseGenerator, PerSampleClipper
 
-    clipper = PerSampleClipper(model, max_grad_norm=1.0)
+    clipper = PerSampleClipper(model, max_grad_norm=bound, **kwargs)
     run_backward()
     used = float(clipper.last_per_example_norms[0])
     clipper.release(noise_multiplier=0.0, expected_batch_size=1.0, noise=NoiseGenerator(0))
@@ -294,7 +295,7 @@ def test_linear_gram_norm_bound_covers_exact_float64_cancellation(monkeypatch):
             a = torch.tensor([[[1.0, eps], [1.0, 0.0]]], dtype=dtype)
             g = torch.tensor([[[big, 2 * big, 3 * big], [-big, -2 * big, -3 * big]]], dtype=dtype)
             true = float((g[0].double().t() @ a[0].double()).norm())
-            released, _ = contribution_of_one_example_with_bound(
+            released, _ = contribution_of_one_example(
                 model, lambda: (model(a) * g).sum().backward(), bound=1e-3 * true)
             assert released <= 1e-3 * true * (1.0 + TOLERANCE)
 
@@ -307,7 +308,7 @@ def test_conv_gram_norm_bound_covers_exact_float64_cancellation(monkeypatch):
     x = torch.tensor([[[1.0, 1.0], [1e-9, 0.0]]], dtype=torch.float64)  # (1, C, L)
     g = torch.tensor([[[1e10, -1e10], [2e10, -2e10], [3e10, -3e10]]], dtype=torch.float64)
     true = float((g[0] @ x[0].t()).norm())
-    released, _ = contribution_of_one_example_with_bound(
+    released, _ = contribution_of_one_example(
         model, lambda: (model(x) * g).sum().backward(), bound=1e-3 * true)
     assert released <= 1e-3 * true * (1.0 + TOLERANCE)
 
@@ -320,23 +321,9 @@ def test_device_embedding_norm_bound_covers_exact_float64_cancellation(monkeypat
     model = torch.nn.Embedding(10, 2)
     idx = torch.tensor([[4, 4]])
     h = torch.tensor([[[2.0**40, 1.0], [-(2.0**40), 0.0]]])  # row 4's gradient is (0, 1)
-    released, _ = contribution_of_one_example_with_bound(
+    released, _ = contribution_of_one_example(
         model, lambda: (model(idx) * h).sum().backward(), bound=1e-3)
     assert released <= 1e-3 * (1.0 + TOLERANCE)
-
-
-def contribution_of_one_example_with_bound(model, run_backward, bound: float, **kwargs
-                                           ) -> tuple[float, float]:
-    """(norm of the released gradient, norm the clipper used) for a batch of one, C = bound."""
-    from dpsharp.torch import NoiseGenerator, PerSampleClipper
-
-    clipper = PerSampleClipper(model, max_grad_norm=bound, **kwargs)
-    run_backward()
-    used = float(clipper.last_per_example_norms[0])
-    clipper.release(noise_multiplier=0.0, expected_batch_size=1.0, noise=NoiseGenerator(0))
-    released = float(torch.sqrt(sum(q.grad.double().pow(2).sum() for q in clipper.parameters)))
-    clipper.remove()
-    return released, used
 
 
 def test_tied_embedding_and_projection_that_cancel_keep_the_bound():
@@ -369,7 +356,7 @@ def test_tied_embedding_and_projection_that_cancel_keep_the_bound():
                 e, logits = model(idx, x)
                 ((e * h).sum() + (logits * out_grad).sum()).backward()
 
-            released, _ = contribution_of_one_example_with_bound(model, backward, bound=1e-9)
+            released, _ = contribution_of_one_example(model, backward, bound=1e-9)
             worst = max(worst, released / 1e-9)
     assert 0.9 < worst <= 1.0 + TOLERANCE
 
@@ -392,7 +379,7 @@ def test_bfloat16_parameters_keep_the_bound(layer):
             model = torch.nn.Embedding(50, 64).to(torch.bfloat16)
             x = torch.randint(0, 50, (1, 8), generator=gen)
         target = torch.randn(1, 8, 64, generator=gen)
-        released, _ = contribution_of_one_example_with_bound(
+        released, _ = contribution_of_one_example(
             model, lambda: (model(x).float() * target).sum().backward(), bound=1e-3)
         worst = max(worst, released / 1e-3)
     assert 0.97 < worst <= 1.0 + TOLERANCE
@@ -407,7 +394,7 @@ def test_automatic_clipping_of_a_vanishing_gradient_stays_finite():
     model = torch.nn.Linear(4, 4, bias=False)
     x = torch.full((1, 4), 1e-20)
     t = torch.full((1, 4), 1e-20)
-    released, _ = contribution_of_one_example_with_bound(
+    released, _ = contribution_of_one_example(
         model, lambda: (model(x) * t).sum().backward(), bound=1.0,
         rule=AutomaticClipping(stability=0.0))
     assert 0.0 < released <= 1.0 + TOLERANCE
