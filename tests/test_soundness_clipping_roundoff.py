@@ -424,3 +424,100 @@ def test_conv_position_products_bound_the_patch_norms(dtype, channels, kernel, s
     want = (patches.norm(dim=1) * g.double().reshape(2, 4, -1).norm(dim=1)).sum(dim=1)
     assert bool((got >= want).all())
     assert bool((got <= want * (1 + 1e-4)).all())
+
+
+def test_many_uses_of_one_tied_row_keep_the_bound():
+    """One embedding row looked up by k calls of the layer in one forward pass (k uses of a
+    tied parameter): the first use contributes 1 + 2^-23, each of the others -0.49 2^-23, which
+    a float32 running sum of the uses' clipped sums drops; the slack grows with k (it was a
+    fixed 4 u per use: 1.0000072 C at k = 128)."""
+    embedding = torch.nn.Embedding(2, 1)
+    idx = torch.zeros(1, 1, dtype=torch.long)
+    for k in (32, 128):
+        small = -0.49 * 2.0**-23
+        coefs = [small] * (k - 1) + [1.0 + 2.0**-23]  # backward records the last call first
+
+        def backward() -> None:
+            sum(c * embedding(idx).double() for c in coefs).sum().backward()
+
+        _, used = contribution_of_one_example(embedding, backward, bound=1e6)  # unclipped
+        embedding.weight.grad = None
+        released, _ = contribution_of_one_example(embedding, backward, bound=used * (1 - 1e-9))
+        embedding.weight.grad = None
+        assert released <= used * (1 - 1e-9) * (1.0 + TOLERANCE)
+
+
+def test_clipped_sums_do_not_overflow_float32():
+    """Clip factors times the operand they scale past float32's range: automatic clipping of a
+    vanishing gradient (c = C / ||g_i|| about 10^39), linear and convolution Gram paths, and a
+    mean loss over 8 examples with an activation of 10^38 (scale 8). The factors are lowered
+    per example (_overflow_capped_factors): finite releases within C (they were inf / NaN)."""
+    from dpsharp.torch.clipping import AutomaticClipping
+    from dpsharp.torch.layers import usages
+
+    linear = torch.nn.Linear(1, 4, bias=False)
+    x, t = torch.full((1, 1), 2.0), torch.full((1, 4), 2e-38)
+    released, _ = contribution_of_one_example(
+        linear, lambda: (linear(x) * t).sum().backward(), bound=100.0,
+        rule=AutomaticClipping(stability=0.0))
+    assert 0.0 < released <= 100.0 * (1.0 + TOLERANCE)
+
+    conv = torch.nn.Conv1d(1, 1, 1, bias=False)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(usages.ConvUsage, "_materialise_weight", lambda self: False)
+        xc, tc = torch.full((1, 1, 3), 2.0), torch.full((1, 1, 3), 2e-38)
+        released, _ = contribution_of_one_example(
+            conv, lambda: (conv(xc) * tc).sum().backward(), bound=100.0,
+            rule=AutomaticClipping(stability=0.0))
+    assert 0.0 < released <= 100.0 * (1.0 + TOLERANCE)
+
+    linear = torch.nn.Linear(1, 4, bias=False)
+    with torch.no_grad():
+        linear.weight.fill_(1e-30)
+    xs = torch.zeros(8, 1)
+    xs[0] = 1e38
+    v = torch.full((8, 4), 1e-37)
+    released, _ = contribution_of_one_example(
+        linear, lambda: (linear(xs) * v).sum(dim=1).mean().backward(), bound=10.0)
+    assert 0.0 < released <= 10.0 * (1.0 + TOLERANCE)
+
+
+def test_conv_bound_survives_tiny_inputs(monkeypatch):
+    """The exact-cancellation convolution above with its input scaled by 2^-76: the squares
+    of its entries are below float32's range, and a bound computed from float32 squares
+    vanished (1000 C); the patch norms are float64."""
+    from dpsharp.torch.layers import usages
+
+    monkeypatch.setattr(usages.ConvUsage, "_materialise_weight", lambda self: False)
+    model = torch.nn.Conv1d(2, 3, 1, bias=False)
+    scale = 2.0**-76
+    x = torch.tensor([[[1.0, 1.0], [2.0**-30, 0.0]]]) * scale
+    g = torch.tensor([[[1.0, -1.0], [2.0, -2.0], [3.0, -3.0]]]) * 2.0**60
+    true = float((g[0].double() @ x[0].double().t()).norm())
+    released, _ = contribution_of_one_example(
+        model, lambda: (model(x) * g).sum().backward(), bound=1e-3 * true)
+    assert released <= 1e-3 * true * (1.0 + TOLERANCE)
+
+
+def test_operand_rounding_reads_both_precision_interfaces():
+    """torch's newer per-backend fp32_precision settings (after which the legacy getters
+    raise) are read too: TF32 for CUDA matmuls, bfloat16 for oneDNN's on the CPU. In a fresh
+    interpreter, since the settings are process-wide."""
+    import subprocess
+    import sys
+
+    script = (
+        "import torch\n"
+        "from dpsharp.torch.layers import usages\n"
+        "cpu, cuda = torch.device('cpu'), torch.device('cuda')\n"
+        "assert usages._float32_operand_roundoff(cpu) == 0.0\n"
+        "torch.backends.cuda.matmul.fp32_precision = 'tf32'\n"
+        "assert usages._float32_operand_roundoff(cuda) == 2.0**-10\n"
+        "assert usages._float32_operand_roundoff(cpu) == 0.0\n"
+        "torch.backends.mkldnn.matmul.fp32_precision = 'bf16'\n"
+        "assert usages._float32_operand_roundoff(cpu) == 2.0**-7\n"
+        "print('ok')\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"

@@ -191,12 +191,12 @@ def test_linear_usage_uses_the_kernel_and_caches_weight_and_bias():
 
 
 @pytest.mark.parametrize(("seq", "d", "p", "materialise"), [
-    (64, 128, 384, True), (64, 128, 128, True), (64, 128, 512, False), (64, 512, 128, False),
+    (64, 128, 384, False), (64, 128, 128, False), (64, 128, 512, False), (64, 512, 128, False),
     (2, 4, 3, False), (40, 4, 3, True), (128, 128, 128, True), (64, 64, 64, True),
     (1, 4096, 4096, False),
 ])
 def test_linear_cost_rule_on_the_cpu(seq, d, p, materialise):
-    """T^2 (d + p) / 2 > 20 d p materialises (see LinearUsage._materialise_weight)."""
+    """T^2 (d + p) / 2 > 40 d p materialises (see LinearUsage._materialise_weight)."""
     usage = usages.LinearUsage(None, None, torch.zeros(1, seq, d), torch.zeros(1, seq, p))
     assert usage._materialise_weight() is materialise
 

@@ -71,7 +71,7 @@ _DEVICE_CHUNK_ELEMENTS = 1 << 24
 # Linear layers on sequences, CPU: how many multiply-adds of the fused Gram-norm kernel cost as
 # much as one element of materialised per-example gradient (written, squared, read back by the
 # clipped sum); measured, see LinearUsage._materialise_weight.
-_GRAM_PER_MATERIALISED = 20
+_GRAM_PER_MATERIALISED = 40
 
 
 @functools.lru_cache(maxsize=None)
@@ -167,21 +167,34 @@ def _wide_sum(t: torch.Tensor, dim: int) -> torch.Tensor:
 
 
 def _float32_operand_roundoff(device: torch.device) -> float:
-    """The relative rounding a float32 matrix product may apply to its operands on ``device``
-    under the process-wide settings: 0 for IEEE float32 products; 2^-10 where CUDA matmuls may
-    use TF32 (10-bit significands, rounding direction not documented, so a whole unit in the
-    last place); 2^-7 where a lowered ``torch.set_float32_matmul_precision`` lets a backend use
-    bfloat16 (7-bit significands), the coarsest it may choose."""
+    """The relative rounding a float32 matrix product or convolution may apply to its operands
+    on ``device`` under the process-wide settings: 0 for IEEE float32 products; 2^-10 where
+    TF32 may be used (10-bit significands, rounding direction not documented, so a whole unit
+    in the last place); 2^-7 where bfloat16 may be (7-bit significands). Both of torch's
+    precision interfaces are read: the legacy ones (``torch.set_float32_matmul_precision``,
+    ``torch.backends.cuda.matmul.allow_tf32``), which torch refuses to read once the newer
+    per-backend ``fp32_precision`` settings were used, and those newer ones (global, CUDA
+    matmul; oneDNN matmul and convolution on the CPU)."""
     import torch
 
-    precision = torch.get_float32_matmul_precision()
+    backends = torch.backends
     if device.type == "cuda":
-        if precision == "medium":
-            return 2.0**-7
-        if precision == "high" or torch.backends.cuda.matmul.allow_tf32:
-            return 2.0**-10
-        return 0.0
-    return 0.0 if precision == "highest" else 2.0**-7
+        holders = [backends, backends.cuda.matmul]
+    else:
+        holders = [backends, getattr(backends, "mkldnn", None),
+                   getattr(getattr(backends, "mkldnn", None), "matmul", None),
+                   getattr(getattr(backends, "mkldnn", None), "conv", None)]
+    settings = [getattr(h, "fp32_precision", None) for h in holders if h is not None]
+    try:
+        settings.append({"highest": "ieee", "high": "tf32", "medium": "bf16"}.get(
+            torch.get_float32_matmul_precision(), "bf16"))
+        if device.type == "cuda" and backends.cuda.matmul.allow_tf32:
+            settings.append("tf32")
+    except RuntimeError:  # the newer interface is in use: its settings above decide
+        pass
+    if "bf16" in settings or (device.type != "cuda" and "tf32" in settings):
+        return 2.0**-7  # the CPU's backends may meet a lowered precision with bfloat16
+    return 2.0**-10 if "tf32" in settings else 0.0
 
 
 def _unit_roundoff(dtype: torch.dtype) -> float:
@@ -267,6 +280,29 @@ def _chunk(batch: int, per_example_elements: int, *, on_cpu: bool = True) -> int
 
 _SCRATCH = threading.local()
 _SCRATCH_MIN_ELEMENTS = 1 << 15
+
+
+def _overflow_capped_factors(factors: torch.Tensor, scale: float, operand: torch.Tensor,
+                             products: torch.Tensor) -> torch.Tensor:
+    """The clip factors (float64, (B,)) lowered where needed so that a float32 clipped sum
+    cannot overflow: c_i |scale|, c_i |scale| max|x_i| and c_i |scale| S_i at most a quarter of
+    float32's largest value over B, for x_i the example's part of the operand the factors
+    scale and S_i = sum_t ||a_t|| ||g_t|| (which bounds every partial sum of the product). A lowered
+    factor shrinks the example's whole contribution, so the bound holds; it only binds at
+    magnitudes near 10^38 (automatic clipping of a vanishing gradient: c = C / ||g_i|| of
+    10^40 times an activation of order 1 gave an inf release). float64 operands pass
+    through."""
+    import torch
+
+    if operand.dtype == torch.float64:
+        return factors
+    batch = int(factors.shape[0])
+    if batch == 0 or operand.numel() == 0:
+        return factors
+    largest = operand.reshape(batch, -1).abs().amax(dim=1).to(torch.float64)
+    limit = torch.finfo(torch.float32).max / (4.0 * batch)
+    magnitude = torch.maximum(largest, products).clamp_min(1.0) * abs(scale)
+    return torch.minimum(factors, limit / magnitude.clamp_min(torch.finfo(torch.float64).tiny))
 
 
 def _scaled_rows(rows: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -594,6 +630,7 @@ class LinearUsage(_WeightBiasUsage):
         self._a_sq = input_sq if activations.shape[1] == 1 else None
         # T > 1 on the CPU Gram path: the weight's unscaled squared norms from the fused kernel
         self._sequence_sq: torch.Tensor | None = None
+        self._products: torch.Tensor | None = None  # see _position_products
         self._matrices: tuple[torch.Tensor, torch.Tensor] | None = None  # see _rows2d
 
     def params(self) -> list[torch.nn.Parameter]:
@@ -620,8 +657,12 @@ class LinearUsage(_WeightBiasUsage):
         plus clipped sums of weight and bias at 1 thread, (d, p) from (32, 512) to (512, 128),
         T from 8 to 256) the two break even at T^2 (d + p) / 2 = 12 to 24 times d p since the
         kernel accumulates its Gram entries in float64 (25 to 50 times with the float32
-        accumulation it had before, which was unsound where positions cancel), so materialise
-        when T^2 (d + p) / 2 > 20 d p. Elsewhere (other devices, or a CPU without AVX2) the
+        accumulation it had before, which was unsound where positions cancel). Materialising
+        also keeps B d p elements per layer until the clip factors are known: at the break-even
+        the bench GPT-2 (bench/bench_transformers.py) took 1.52x the non-private step's peak
+        memory, against 1.16x with the rule at 40. So materialise when
+        T^2 (d + p) / 2 > 40 d p, trading up to 1.8x on such a layer's norm and clipped sum for
+        the memory. Elsewhere (other devices, or a CPU without AVX2) the
         Gram norms are two batched float64 matmuls over all T^2 pairs, and the old rule
         d p <= T (d + p) stays.
         """
@@ -793,6 +834,7 @@ class LinearUsage(_WeightBiasUsage):
         import torch
 
         g, a = self._rows2d()  # (B T, p), (B T, d), bfloat16
+        factors = _overflow_capped_factors(factors, self.scale, g, self._position_products())
         weights = _scaled_factors(factors, self.scale, torch.float32, int(self.g.shape[1]))
         rows = int(g.shape[0])
         total: torch.Tensor | None = None
@@ -817,11 +859,16 @@ class LinearUsage(_WeightBiasUsage):
         (:func:`dpsharp.torch.kernels.per_example_sq_norms` of the rows), their products summed
         in float64 and raised by 1e-12 relative to cover that arithmetic's own rounding (a
         bound only needs to be above the sum)."""
-        batch, positions = int(self.a.shape[0]), int(self.a.shape[1])
-        rows = batch * positions
-        a_sq = kernels.per_example_sq_norms(self.a.reshape(rows, self.a.shape[2]).contiguous())
-        g_sq = kernels.per_example_sq_norms(self.g.reshape(rows, self.g.shape[2]).contiguous())
-        return (a_sq * g_sq).sqrt().reshape(batch, positions).sum(dim=1) * (1.0 + 1e-12)
+        if self._products is None:
+            batch, positions = int(self.a.shape[0]), int(self.a.shape[1])
+            rows = batch * positions
+            a_sq = kernels.per_example_sq_norms(
+                self.a.reshape(rows, self.a.shape[2]).contiguous())
+            g_sq = kernels.per_example_sq_norms(
+                self.g.reshape(rows, self.g.shape[2]).contiguous())
+            self._products = ((a_sq * g_sq).sqrt().reshape(batch, positions).sum(dim=1)
+                              * (1.0 + 1e-12))
+        return self._products
 
     def flat_sq_norm_term(self, params: list[torch.nn.Parameter]) -> kernels.SqNormTerm:
         if self.g.shape[1] == 1 and (all(q is not self.weight for q in params)
@@ -845,8 +892,11 @@ class LinearUsage(_WeightBiasUsage):
         if self._per_example_weight is not None:
             return None
         g, a = self._rows2d()
+        scaled = a if a.shape[1] < g.shape[1] else g  # the smaller of the two stored tensors
+        factors = _overflow_capped_factors(factors, self.scale, scaled,
+                                           self._position_products())
         weights = self._row_weights(factors)
-        if a.shape[1] < g.shape[1]:  # scale whichever of the two stored tensors is smaller
+        if scaled is a:
             return g.t(), _scaled_rows(a, weights)
         return _scaled_rows(g, weights).t(), a
 
@@ -940,6 +990,7 @@ class ConvUsage(_WeightBiasUsage):
         self._row = int(inputs.shape[1]) * math.prod(kernel)  # d = C * prod(kernel)
         self._bias_rows: torch.Tensor | None = None
         self._per_example_weight: torch.Tensor | None = None  # unscaled (B, O, d)
+        self._products: torch.Tensor | None = None  # see _position_products
 
     def params(self) -> list[torch.nn.Parameter]:
         return [p for p in (self.weight, self.bias) if p is not None]
@@ -1047,28 +1098,27 @@ class ConvUsage(_WeightBiasUsage):
         return sq, products * (kappa * abs(self.scale))
 
     def _position_products(self) -> torch.Tensor:
-        """sum_l ||g_l|| ||P_l|| per example, float64 (B,), unscaled, an upper bound: ||P_l||^2
+        """sum_l ||g_l|| ||P_l|| per example, float64 (B,), unscaled (computed once): ||P_l||^2
         is the window sum (a convolution with a kernel of ones, same stride, padding,
-        dilation, in float64) of the input's squares summed over the channels. That channel
-        sum runs in the input's (widened) dtype, C + 1 roundings, so it is divided by
-        1 - gamma_{C+1} to stay above the exact sum; everything after is float64, and the
-        result is raised by 1e-12 relative like :meth:`LinearUsage._position_products`.
-        (Widening the whole input to float64 for this cost a ResNet-18 step on an H200 about
-        a tenth of its throughput.)"""
+        dilation) of the input's squares summed over the channels, all in float64, raised by
+        1e-12 relative like :meth:`LinearUsage._position_products`. (Summing the squares in
+        float32 is faster, a ResNet-18 step on an H200 about a tenth, but squares below 1e-38
+        underflow to 0 and above 1e38 overflow: a constructed example's bound vanished and it
+        contributed 1000 C.)"""
         import torch
         import torch.nn.functional as F
 
-        kernel, stride, padding, dilation = self._geometry
-        x = _wide(self.x)
-        channel_sq = x.square().sum(dim=1, keepdim=True).to(torch.float64)
-        if x.dtype != torch.float64:
-            channel_sq = channel_sq / (1.0 - _gamma(int(x.shape[1]) + 1, _unit_roundoff(x.dtype)))
-        ones = torch.ones((1, 1, *kernel), dtype=torch.float64, device=x.device)
-        conv = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[len(kernel)]
-        patch_sq = conv(channel_sq, ones, None, stride, padding, dilation)
-        patch_sq = patch_sq.reshape(self.batch_size, -1)
-        g_sq = self.g.to(torch.float64).square().sum(dim=1)  # (B, L)
-        return (patch_sq.clamp_min(0.0) * g_sq).sqrt().sum(dim=1) * (1.0 + 1e-12)
+        if self._products is None:
+            kernel, stride, padding, dilation = self._geometry
+            channel_sq = self.x.to(torch.float64).square().sum(dim=1, keepdim=True)
+            ones = torch.ones((1, 1, *kernel), dtype=torch.float64, device=self.x.device)
+            conv = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[len(kernel)]
+            patch_sq = conv(channel_sq, ones, None, stride, padding, dilation)
+            patch_sq = patch_sq.reshape(self.batch_size, -1)
+            g_sq = self.g.to(torch.float64).square().sum(dim=1)  # (B, L)
+            self._products = ((patch_sq.clamp_min(0.0) * g_sq).sqrt().sum(dim=1)
+                              * (1.0 + 1e-12))
+        return self._products
 
     def clipped_sum(self, p: torch.nn.Parameter, factors: torch.Tensor) -> torch.Tensor:
         import torch
@@ -1092,6 +1142,9 @@ class ConvUsage(_WeightBiasUsage):
         result_dtype = x.dtype
         if x.is_cuda and x.dtype != torch.float64:
             x, g = x.to(torch.float64), g.to(torch.float64)
+        # lowered where a float32 product could overflow (_overflow_capped_factors)
+        weights = _overflow_capped_factors(factors, self.scale, g,
+                                           self._position_products()) * self.scale
         scaled = (g * weights.to(g.dtype)[:, None, None]).reshape(self._out_grad_shape)
         kernel, stride, padding, dilation = self._geometry
         weight = p.detach().to(x.dtype)
@@ -1565,12 +1618,14 @@ def tied_sq_norm(p: torch.nn.Parameter, usages: list[Usage]) -> torch.Tensor | N
     # first: a usage may materialise its gradients
     norms_and_slacks = [u.sq_norm_and_slack(p) for u in usages]
     norms = [sq for sq, _ in norms_and_slacks]
-    # Each use's clipped sum is rounded to the parameter's dtype and added into one tensor: at
-    # most 2 units of that rounding of ||g_i^u|| per use, on top of its own slack. Where the uses
-    # cancel each other, ||g_i^u|| is many times the tied norm (an embedding tied to an output
-    # projection whose gradients cancel contributed 1.0019 C without these terms).
-    unit = _unit_roundoff(p.dtype)
-    slacks = [4.0 * unit * sq.clamp_min(0.0).sqrt() + (0.0 if e is None else e)
+    # Each use's clipped sum is rounded to the parameter's dtype and added into one running
+    # sum, k uses in all: each addition rounds relative to the whole partial sum, so one use's
+    # part may be rounded up to k + 2 times by u ||g_i^u|| (and the others' by theirs), on top
+    # of its own slack. Where the uses cancel each other, ||g_i^u|| is many times the tied norm
+    # (an embedding tied to an output projection whose gradients cancel contributed 1.0019 C
+    # without these terms; one row looked up 128 times, 1.0000072 C with 4 u per use).
+    unit = _unit_roundoff(p.dtype) * (len(usages) + 3)
+    slacks = [unit * sq.clamp_min(0.0).sqrt() + (0.0 if e is None else e)
               for sq, e in norms_and_slacks]
     crosses = [tied_cross_dot(u, v, p) for u, v in pairs]
     total = norms[0]
