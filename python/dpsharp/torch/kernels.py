@@ -174,8 +174,8 @@ def per_example_dots(a: torch.Tensor, b: torch.Tensor, *,
     ghost norm of a linear layer on sequences is the dot of its two Gram matrices,
     ||g_i(W)||^2 = sum_{t,s} (A_i)_{ts} (G_i)_{ts} (Li et al., ICLR 2022, section 4); this
     reads the Grams once in their own dtype instead of widening both to float64 copies, on the
-    CPU and (with the CUDA kernels built) on a GPU. float16, and CUDA tensors without the kernels, take
-    a torch expression with the same meaning.
+    CPU and (with the CUDA kernels built) on a GPU. float16, and CUDA tensors without the
+    kernels, take a torch expression with the same meaning.
     """
     import torch
 
@@ -382,9 +382,10 @@ def linear_sequence_sq_norms(a: torch.Tensor, g: torch.Tensor, *, bias: bool,
     private learners", section 4). The C++ kernel (cpp/src/linear_norms.cpp) visits the pairs
     t <= s once, in register tiles: dot products in float64 with fused multiply-adds (float32
     rows widened as they are loaded: exact products, float64 sums, so that the norm keeps its
-    digits where an example's positions cancel), their products and sums in float64. No per-example gradient and no Gram matrix is
-    formed; cost ~ B T^2 (d + p) / 2 multiply-adds. Examples are split over ``threads``
-    (default ``torch.get_num_threads()``), so the result does not depend on the thread count.
+    digits where an example's positions cancel), their products and sums in float64. No
+    per-example gradient and no Gram matrix is formed; cost ~ B T^2 (d + p) / 2 multiply-adds.
+    Examples are split over ``threads`` (default ``torch.get_num_threads()``), so the result
+    does not depend on the thread count.
 
     ``a`` and ``g`` are CPU tensors of one dtype, float32 or float64, agreeing in B and T.
     ``implementation`` is 'auto' or one of :func:`linear_norms_implementations` (they agree

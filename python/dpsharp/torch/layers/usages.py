@@ -25,14 +25,14 @@ g_i(W) = sum_t gy_{i,t} x_{i,t}^T, so ||g_i(W)||^2 = sum_{t,s} (x_{i,t}.x_{i,s})
 ||g_i(b)||^2 = ||sum_t gy_{i,t}||^2. On the CPU one fused kernel computes the weight's from the
 pairs t <= s (B T^2 (d + p) / 2 multiply-adds, no Gram matrix); elsewhere two batched Gram
 matmuls do (B T^2 (d + p)); both accumulate the Gram entries in float64, which the norm needs
-where an example's positions cancel. Materialising g_i(W) instead costs B T d p plus writing and reading
-B d p elements; each layer picks the cheaper (LinearUsage._materialise_weight). Embeddings on
-the CPU have fused kernels too (rows grouped per example for the norms, per row for the clipped
-sum). Convolutions are the same contraction over their patches (im2col), which never exist
-for the whole batch at once: their per-example gradients come from a fused kernel that builds
-one example's patches at a time (CPU) or from patches per chunk of examples, and on the Gram
-path their clipped sum is one ordinary convolution weight gradient with the output gradient
-scaled per example.
+where an example's positions cancel. Materialising g_i(W) instead costs B T d p plus writing
+and reading B d p elements; each layer picks the cheaper (LinearUsage._materialise_weight).
+Embeddings on the CPU have fused kernels too (rows grouped per example for the norms, per row
+for the clipped sum). Convolutions are the same contraction over their patches (im2col), which
+never exist for the whole batch at once: their per-example gradients come from a fused kernel
+that builds one example's patches at a time (CPU) or from patches per chunk of examples, and on
+the Gram path their clipped sum is one ordinary convolution weight gradient with the output
+gradient scaled per example.
 
 A parameter used by several layers (tied weights: a language model's input embedding that is
 also its output projection) has the sum of the uses' gradients as its per-example gradient.
@@ -215,8 +215,8 @@ def _gamma(n: int, unit: float) -> float:
 def product_roundoff_factor(terms: int, dtype: torch.dtype, device: torch.device) -> float:
     """kappa with |fl(sum_k x_k y_k) - sum_k x_k y_k| <= kappa sum_k |x_k y_k| for a matrix
     product's entries of ``terms`` products, ``terms + 3`` counting the rounding of a factor,
-    of the operand scaled by it and of a float64 sum of blocks rounded back, in ``dtype`` (float16 / bfloat16 operands are widened to
-    float32 first) on ``device``.
+    of the operand scaled by it and of a float64 sum of blocks rounded back, in ``dtype``
+    (float16 / bfloat16 operands are widened to float32 first) on ``device``.
 
     For recursive summation in any order, fused multiply-adds included,
     |fl(sum) - sum| <= gamma_n sum |x_k y_k| with gamma_n = n u / (1 - n u) (Higham 2002,
@@ -240,12 +240,13 @@ def product_roundoff_factor(terms: int, dtype: torch.dtype, device: torch.device
 def gram_roundoff_factor(features_a: int, features_g: int, positions: int) -> float:
     """kappa with |computed - exact| <= kappa S^2 for a ghost norm sum_{t,s} A_ts G_ts formed
     from float64 Grams, S = sum_t ||a_t|| ||g_t||: each entry A_ts a float64 sum of
-    ``features_a`` exact products errs by at most gamma_{d} ||a_t|| ||a_s|| (likewise G_ts), and
-    the float64 dot of the two T x T Grams by gamma_{T^2 + 1} sum |A_ts G_ts|; with
-    |A_ts| <= ||a_t|| ||a_s||, every term is at most its bound times ||a_t|| ||a_s|| ||g_t|| ||g_s||,
-    whose sum over (t, s) is S^2. So kappa = (1 + gamma_d)(1 + gamma_p)(1 + gamma_{T^2+1}) - 1,
-    u = 2^-53. Where positions cancel, S^2 is R^2 times the norm (R = S / ||g_i||): a Gram
-    loses ~d 2^-53 R^2 of it, which this covers (typical R^2 is about T: a relative 10^-13)."""
+    ``features_a`` exact products errs by at most gamma_d ||a_t|| ||a_s|| (likewise G_ts),
+    and the float64 dot of the two T x T Grams by gamma_{T^2 + 1} sum |A_ts G_ts|; with
+    |A_ts| <= ||a_t|| ||a_s||, every term is at most its bound times
+    ||a_t|| ||a_s|| ||g_t|| ||g_s||, whose sum over (t, s) is S^2. So
+    kappa = (1 + gamma_d)(1 + gamma_p)(1 + gamma_{T^2+1}) - 1, u = 2^-53. Where positions
+    cancel, S^2 is R^2 times the norm (R = S / ||g_i||): a Gram loses ~d 2^-53 R^2 of it, which
+    this covers (typical R^2 is about T: a relative 10^-13)."""
     unit = 2.0**-53
     return ((1.0 + _gamma(features_a, unit)) * (1.0 + _gamma(features_g, unit))
             * (1.0 + _gamma(positions * positions + 1, unit)) - 1.0)
@@ -287,8 +288,8 @@ def _overflow_capped_factors(factors: torch.Tensor, scale: float, operand: torch
     """The clip factors (float64, (B,)) lowered where needed so that a float32 clipped sum
     cannot overflow: c_i |scale|, c_i |scale| max|x_i| and c_i |scale| S_i at most a quarter of
     float32's largest value over B, for x_i the example's part of the operand the factors
-    scale and S_i = sum_t ||a_t|| ||g_t|| (which bounds every partial sum of the product). A lowered
-    factor shrinks the example's whole contribution, so the bound holds; it only binds at
+    scale and S_i = sum_t ||a_t|| ||g_t|| (which bounds every partial sum of the product). A
+    lowered factor shrinks the example's whole contribution, so the bound holds; it binds at
     magnitudes near 10^38 (automatic clipping of a vanishing gradient: c = C / ||g_i|| of
     10^40 times an activation of order 1 gave an inf release). float64 operands pass
     through."""
