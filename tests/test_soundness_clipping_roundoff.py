@@ -7,7 +7,10 @@ R^2, R = sum_t ||a_t|| ||g_t|| / ||g_i||), and the clipped sum's (one float32 ma
 the positions, erring by ~T 2^-24 sum_t ||g_t|| ||a_t||, amplified by R once the clip factor
 C / ||g_i|| multiplies it). Before the fixes these tests guard, such constructed examples
 contributed up to 1.16 C (float32 Grams), 1.047 C (the fused CPU kernel's float32 Gram entries)
-and 1.000003 C (the clipped sum's own rounding).
+and 1.000003 C (the clipped sum's own rounding). Further down: cancellation exact in float64
+(10^3 to 10^4 C before the Grams' own bound), tied uses that cancel each other or repeat,
+bfloat16 parameters, the GPU's split bfloat16 route (emulated), clip factors past float32's
+range, and both of torch's precision interfaces.
 
 The check is brute force: one example, noise 0, so the released gradient is exactly that
 example's clipped contribution, whose float64 norm must stay within C (1 + 1e-6); and the
