@@ -310,6 +310,10 @@ class PerSampleClipper:
         self._pending: list[Any] = []
         self._callback_queued = False
         self._accumulators: list[torch.Tensor | None] = [None] * len(self._params)
+        # clip factors lowered for half-precision parameters' roundings (_rounding_shrink):
+        # per parameter, and for flat clipping the lowest of them
+        self._shrinks = [self._rounding_shrink([p]) for p in self._params]
+        self._flat_shrink = min(self._shrinks, default=1.0)
         self._examples = 0
         self._batches = 0
         self._last_norms: torch.Tensor | None = None
@@ -550,9 +554,8 @@ class PerSampleClipper:
             if self._rule is not None:
                 self._rule.observe(norms, self._bounds[0])
                 flat_factors = self._rule.factors(norms, self._bounds[0])
-            shrink = self._rounding_shrink(self._params)
-            if shrink != 1.0:
-                flat_factors = flat_factors * shrink
+            if self._flat_shrink != 1.0:
+                flat_factors = flat_factors * self._flat_shrink
             self._last_norms = norms
         else:
             sq = torch.zeros(batch, len(self._params), dtype=torch.float64,
@@ -567,8 +570,7 @@ class PerSampleClipper:
                 factors_all = self._rule.factors(norms, bounds)
             else:
                 factors_all = self._factors(norms, bounds)
-            for k, p in enumerate(self._params):
-                shrink = self._rounding_shrink([p])
+            for k, shrink in enumerate(self._shrinks):
                 if shrink != 1.0:
                     factors_all[:, k] *= shrink
             self._last_norms = norms

@@ -205,6 +205,13 @@ def _unit_roundoff(dtype: torch.dtype) -> float:
             torch.float16: 2.0**-11}[dtype]
 
 
+def _raised(sq: torch.Tensor, slack: torch.Tensor | None) -> torch.Tensor:
+    """(||g_i|| + e_i)^2 for squared norms ``sq`` and round-off slacks e_i (None: 0): the norm a
+    clip factor must be taken from so that the contribution actually summed stays within C
+    (see :meth:`Usage.sq_norm_and_slack`)."""
+    return sq if slack is None else (sq.sqrt() + slack) ** 2
+
+
 def _gamma(n: int, unit: float) -> float:
     """gamma_n = n u / (1 - n u) (Higham 2002, section 3.1), for n u < 1/2."""
     if n * unit >= 0.5:
@@ -283,27 +290,24 @@ _SCRATCH = threading.local()
 _SCRATCH_MIN_ELEMENTS = 1 << 15
 
 
-def _overflow_capped_factors(factors: torch.Tensor, scale: float, operand: torch.Tensor,
-                             products: torch.Tensor) -> torch.Tensor:
+def _overflow_capped_factors(factors: torch.Tensor, scale: float, dtype: torch.dtype,
+                             largest: torch.Tensor, products: torch.Tensor) -> torch.Tensor:
     """The clip factors (float64, (B,)) lowered where needed so that a float32 clipped sum
-    cannot overflow: c_i |scale|, c_i |scale| max|x_i| and c_i |scale| S_i at most a quarter of
-    float32's largest value over B, for x_i the example's part of the operand the factors
-    scale and S_i = sum_t ||a_t|| ||g_t|| (which bounds every partial sum of the product). A
-    lowered factor shrinks the example's whole contribution, so the bound holds; it binds at
-    magnitudes near 10^38 (automatic clipping of a vanishing gradient: c = C / ||g_i|| of
-    10^40 times an activation of order 1 gave an inf release). float64 operands pass
-    through."""
+    cannot overflow: c_i |scale|, c_i |scale| L_i and c_i |scale| S_i at most a quarter of
+    float32's largest value over B, for L_i a bound on the entries of the example's part of the
+    operand the factors scale (the largest norm of its rows, which the round-off bounds have
+    already computed: no further pass over the operand) and S_i = sum_t ||a_t|| ||g_t|| (which
+    bounds every partial sum of the product). A lowered factor shrinks the example's whole
+    contribution, so the bound holds; it binds at magnitudes near 10^38 (automatic clipping of a
+    vanishing gradient: c = C / ||g_i|| of 10^40 times an activation of order 1 gave an inf
+    release). Products in float64 (``dtype``) pass through."""
     import torch
 
-    if operand.dtype == torch.float64:
+    if dtype == torch.float64 or int(factors.shape[0]) == 0:
         return factors
-    batch = int(factors.shape[0])
-    if batch == 0 or operand.numel() == 0:
-        return factors
-    largest = operand.reshape(batch, -1).abs().amax(dim=1).to(torch.float64)
-    limit = torch.finfo(torch.float32).max / (4.0 * batch)
+    limit = torch.finfo(torch.float32).max / (4.0 * int(factors.shape[0]))
     magnitude = torch.maximum(largest, products).clamp_min(1.0) * abs(scale)
-    return torch.minimum(factors, limit / magnitude.clamp_min(torch.finfo(torch.float64).tiny))
+    return torch.minimum(factors, limit / magnitude)
 
 
 def _scaled_rows(rows: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -631,7 +635,9 @@ class LinearUsage(_WeightBiasUsage):
         self._a_sq = input_sq if activations.shape[1] == 1 else None
         # T > 1 on the CPU Gram path: the weight's unscaled squared norms from the fused kernel
         self._sequence_sq: torch.Tensor | None = None
-        self._products: torch.Tensor | None = None  # see _position_products
+        # sum_t ||a_t|| ||g_t|| and the rows' squared norms (B, T): see _position_products
+        self._products: torch.Tensor | None = None
+        self._row_sq: tuple[torch.Tensor, torch.Tensor] | None = None
         self._matrices: tuple[torch.Tensor, torch.Tensor] | None = None  # see _rows2d
 
     def params(self) -> list[torch.nn.Parameter]:
@@ -744,10 +750,7 @@ class LinearUsage(_WeightBiasUsage):
         return self._a_sq
 
     def sq_norm(self, p: torch.nn.Parameter) -> torch.Tensor:
-        sq, slack = self.sq_norm_and_slack(p)
-        if slack is None:
-            return sq
-        return (sq.sqrt() + slack) ** 2
+        return _raised(*self.sq_norm_and_slack(p))
 
     def sq_norm_and_slack(self, p: torch.nn.Parameter
                           ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -835,7 +838,7 @@ class LinearUsage(_WeightBiasUsage):
         import torch
 
         g, a = self._rows2d()  # (B T, p), (B T, d), bfloat16
-        factors = _overflow_capped_factors(factors, self.scale, g, self._position_products())
+        factors = self._capped_factors(factors, activations=False)
         weights = _scaled_factors(factors, self.scale, torch.float32, int(self.g.shape[1]))
         rows = int(g.shape[0])
         total: torch.Tensor | None = None
@@ -864,12 +867,21 @@ class LinearUsage(_WeightBiasUsage):
             batch, positions = int(self.a.shape[0]), int(self.a.shape[1])
             rows = batch * positions
             a_sq = kernels.per_example_sq_norms(
-                self.a.reshape(rows, self.a.shape[2]).contiguous())
+                self.a.reshape(rows, self.a.shape[2]).contiguous()).reshape(batch, positions)
             g_sq = kernels.per_example_sq_norms(
-                self.g.reshape(rows, self.g.shape[2]).contiguous())
-            self._products = ((a_sq * g_sq).sqrt().reshape(batch, positions).sum(dim=1)
-                              * (1.0 + 1e-12))
+                self.g.reshape(rows, self.g.shape[2]).contiguous()).reshape(batch, positions)
+            self._row_sq = (a_sq, g_sq)
+            self._products = (a_sq * g_sq).sqrt().sum(dim=1) * (1.0 + 1e-12)
         return self._products
+
+    def _capped_factors(self, factors: torch.Tensor, *, activations: bool) -> torch.Tensor:
+        """:func:`_overflow_capped_factors` for a clipped sum that scales the stored activations
+        (``activations``) or output gradients, their entries bounded by the largest row norm."""
+        products = self._position_products()
+        assert self._row_sq is not None
+        rows_sq = self._row_sq[0 if activations else 1]
+        return _overflow_capped_factors(factors, self.scale, _wide(self.g[:0]).dtype,
+                                        rows_sq.amax(dim=1).sqrt(), products)
 
     def flat_sq_norm_term(self, params: list[torch.nn.Parameter]) -> kernels.SqNormTerm:
         if self.g.shape[1] == 1 and (all(q is not self.weight for q in params)
@@ -893,11 +905,9 @@ class LinearUsage(_WeightBiasUsage):
         if self._per_example_weight is not None:
             return None
         g, a = self._rows2d()
-        scaled = a if a.shape[1] < g.shape[1] else g  # the smaller of the two stored tensors
-        factors = _overflow_capped_factors(factors, self.scale, scaled,
-                                           self._position_products())
-        weights = self._row_weights(factors)
-        if scaled is a:
+        scale_a = a.shape[1] < g.shape[1]  # scale the smaller of the two stored tensors
+        weights = self._row_weights(self._capped_factors(factors, activations=scale_a))
+        if scale_a:
             return g.t(), _scaled_rows(a, weights)
         return _scaled_rows(g, weights).t(), a
 
@@ -991,7 +1001,9 @@ class ConvUsage(_WeightBiasUsage):
         self._row = int(inputs.shape[1]) * math.prod(kernel)  # d = C * prod(kernel)
         self._bias_rows: torch.Tensor | None = None
         self._per_example_weight: torch.Tensor | None = None  # unscaled (B, O, d)
-        self._products: torch.Tensor | None = None  # see _position_products
+        # sum_l ||g_l|| ||P_l|| and the largest ||g_l|| per example: see _position_products
+        self._products: torch.Tensor | None = None
+        self._largest_out_grad: torch.Tensor | None = None
 
     def params(self) -> list[torch.nn.Parameter]:
         return [p for p in (self.weight, self.bias) if p is not None]
@@ -1070,8 +1082,7 @@ class ConvUsage(_WeightBiasUsage):
         return out * s2
 
     def sq_norm(self, p: torch.nn.Parameter) -> torch.Tensor:
-        sq, slack = self.sq_norm_and_slack(p)
-        return sq if slack is None else (sq.sqrt() + slack) ** 2
+        return _raised(*self.sq_norm_and_slack(p))
 
     def sq_norm_and_slack(self, p: torch.nn.Parameter
                           ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -1117,6 +1128,7 @@ class ConvUsage(_WeightBiasUsage):
             patch_sq = conv(channel_sq, ones, None, stride, padding, dilation)
             patch_sq = patch_sq.reshape(self.batch_size, -1)
             g_sq = self.g.to(torch.float64).square().sum(dim=1)  # (B, L)
+            self._largest_out_grad = g_sq.amax(dim=1).sqrt()  # bounds its entries
             self._products = ((patch_sq.clamp_min(0.0) * g_sq).sqrt().sum(dim=1)
                               * (1.0 + 1e-12))
         return self._products
@@ -1144,8 +1156,10 @@ class ConvUsage(_WeightBiasUsage):
         if x.is_cuda and x.dtype != torch.float64:
             x, g = x.to(torch.float64), g.to(torch.float64)
         # lowered where a float32 product could overflow (_overflow_capped_factors)
-        weights = _overflow_capped_factors(factors, self.scale, g,
-                                           self._position_products()) * self.scale
+        products = self._position_products()
+        assert self._largest_out_grad is not None
+        weights = _overflow_capped_factors(factors, self.scale, g.dtype,
+                                           self._largest_out_grad, products) * self.scale
         scaled = (g * weights.to(g.dtype)[:, None, None]).reshape(self._out_grad_shape)
         kernel, stride, padding, dilation = self._geometry
         weight = p.detach().to(x.dtype)
@@ -1215,8 +1229,7 @@ class EmbeddingUsage(Usage):
         return self._out_grads.device.type == "cpu"
 
     def sq_norm(self, p: torch.nn.Parameter) -> torch.Tensor:
-        sq, slack = self.sq_norm_and_slack(p)
-        return (sq.sqrt() + slack) ** 2
+        return _raised(*self.sq_norm_and_slack(p))
 
     def sq_norm_and_slack(self, p: torch.nn.Parameter) -> tuple[torch.Tensor, torch.Tensor]:
         """The squared norm raised by its own round-off bound, and the clipped sum's (see
@@ -1635,5 +1648,4 @@ def tied_sq_norm(p: torch.nn.Parameter, usages: list[Usage]) -> torch.Tensor | N
     for c in crosses:
         assert c is not None
         total = total + 2.0 * c
-    total = total.clamp_min(0.0)
-    return (total.sqrt() + sum(slacks[1:], slacks[0])) ** 2
+    return _raised(total.clamp_min(0.0), sum(slacks[1:], slacks[0]))
