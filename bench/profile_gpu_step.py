@@ -59,11 +59,11 @@ def label_dpsharp_stages() -> list[tuple[object, str, object]]:
             if inspect.isfunction(value) and attr not in ("__init__", "params", "merge"):
                 wrap(cls, attr, f"{cls_name}.{attr}")
     for name in ("per_example_sq_norms", "per_example_dots", "clip_accumulate_noise",
-                 "release_noise", "linear_sequence_sq_norms"):
+                 "release_noise", "linear_sequence_sq_norms", "weighted_rows_float32"):
         if hasattr(kernels, name):
             wrap(kernels, name, f"kernels.{name}")
     for name in ("weighted_sum", "conv_patches", "_blocked_product", "tied_sq_norm",
-                 "_wide_bmm", "_device_weighted_sum"):
+                 "_wide_bmm", "_device_weighted_sum", "_bfloat16_weighted_sum"):
         if hasattr(usages, name):
             wrap(usages, name, f"usages.{name}")
     return saved
@@ -120,7 +120,11 @@ def _conv_per_example_grouped(self) -> torch.Tensor:
 VARIANTS = {
     "wsum-kernel": [("usages", "weighted_sum", _weighted_sum_kernel)],
     "conv-grouped": [("ConvUsage", "_weight_per_example", _conv_per_example_grouped)],
+    # linear layers under bf16 autocast on the Gram path (float64 Grams, split-bf16 clipped
+    # sums) instead of materialised bfloat16 per-example gradients
+    "gram-half": [("usages", "_HALF_MATERIALISED_PER_STORED", 0)],
 }
+DEFAULT_VARIANTS = ["gram-half"]
 
 
 class _Patched:
@@ -163,6 +167,8 @@ def phases(mode: str, name: str, amp: torch.dtype | None, steps: int) -> dict[st
         params = list(model.parameters())
     opt = torch.optim.AdamW(params, lr=LR)
     samples: dict[str, list[float]] = {"forward": [], "backward": [], "release": [], "step": []}
+    if DEVICE == "cuda":
+        torch.cuda.reset_peak_memory_stats()
     for i in range(steps + 3):
         opt.zero_grad(set_to_none=True)
         sync()
@@ -185,9 +191,14 @@ def phases(mode: str, name: str, amp: torch.dtype | None, steps: int) -> dict[st
         if i >= 3:
             for key, value in zip(samples, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
                 samples[key].append(value)
+    peak = torch.cuda.max_memory_allocated() / 2**30 if DEVICE == "cuda" else 0.0
     del model, x, y, opt, clipper
     _release_device_memory()
+    PEAK_GIB[mode] = peak
     return {k: statistics.median(v) for k, v in samples.items()}
+
+
+PEAK_GIB: dict[str, float] = {}  # the allocator's peak over each mode's steps in phases()
 
 
 def _warm_dp_step(name: str, amp: torch.dtype | None):
@@ -263,7 +274,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="+", default=["gpt2s", "resnet18"])
     ap.add_argument("--amp", nargs="+", choices=["none", "bf16"], default=["none", "bf16"])
-    ap.add_argument("--variants", nargs="*", default=sorted(VARIANTS),
+    ap.add_argument("--variants", nargs="*", default=DEFAULT_VARIANTS,
                     help="candidate stages to time against the library's (see VARIANTS)")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--profile-steps", type=int, default=2)
@@ -297,7 +308,7 @@ def main() -> None:
             lines.append(head)
             for m, p in ph.items():
                 row = f"  {m:11s} " + "  ".join(f"{k} {1e3 * v:8.2f}" for k, v in p.items())
-                row += f"  total {1e3 * sum(p.values()):8.2f}"
+                row += f"  total {1e3 * sum(p.values()):8.2f}  peak {PEAK_GIB.get(m, 0.0):6.2f} GiB"
                 lines.append(row)
             summary.append(f"{name}/{amp_name}: " + " | ".join(
                 f"{m} " + " ".join(f"{k[0]}{1e3 * v:.1f}" for k, v in p.items())

@@ -27,11 +27,12 @@ def _need_cuda() -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
-def test_sq_norms_match_cpu_and_reference(dtype: torch.dtype) -> None:
+@pytest.mark.parametrize("numel", [3003, 200_003])  # one block per example; sliced rows
+def test_sq_norms_match_cpu_and_reference(dtype: torch.dtype, numel: int) -> None:
     _need_cuda()
     from dpsharp.torch import kernels
 
-    x = torch.randn(17, 3, 1001, generator=torch.Generator().manual_seed(0)).to(dtype)
+    x = torch.randn(17, 3, numel // 3, generator=torch.Generator().manual_seed(0)).to(dtype)
     cpu = kernels.per_example_sq_norms(x)
     gpu = kernels.per_example_sq_norms(x.cuda())
     assert gpu.is_cuda and gpu.dtype == torch.float64
@@ -227,8 +228,9 @@ def test_sequence_linear_clipped_sum_under_autocast(amp: torch.dtype | None, seq
     """Linear layers on sequences on CUDA, on the Gram-norm path (seq 4, width 32: d p > T (d + p))
     and on the materialised path (seq 64, width 8), forward in float32 or under bf16 / fp16
     autocast (where the Gram matrices and per-example gradients are half-precision products
-    accumulated in float32): the clipped sum equals batch-size-1 autograd's within the forward
-    precision's rounding, and the sum's norm is at most batch * C."""
+    accumulated in float32, the materialised ones kept in bfloat16 under bf16): the clipped sum
+    equals batch-size-1 autograd's within the forward precision's rounding, and the sum's norm
+    is at most batch * C."""
     _need_cuda()
     torch.manual_seed(1)
     model = _SequenceModel(width, hidden).cuda()
@@ -256,6 +258,42 @@ def test_half_precision_products_are_float32_sums_of_exact_products(dtype: torch
     assert bool(((got.double() - want).abs() <= bound).all())
     # and the result is not merely the half-precision product widened
     assert not torch.equal(got, torch.bmm(m1, m2).float())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("batch", "numel"), [(1, 7), (5, 1000), (32, 300_001), (0, 10)])
+def test_weighted_rows_kernel_matches_float64(dtype: torch.dtype, batch: int, numel: int) -> None:
+    """sum_i c_i r_i in float32 from float32 / bfloat16 rows: float64 products and sums, one
+    rounding, so within 2^-24 relative of the float64 sum (plus float64 summation error), and for
+    one example never above c ||r|| (1 + 2^-24)."""
+    _need_cuda()
+    from dpsharp.torch import kernels
+
+    gen = torch.Generator().manual_seed(batch + numel)
+    rows = torch.randn(batch, numel, generator=gen).to(dtype)
+    factors = torch.rand(batch, generator=gen, dtype=torch.float64) * 10.0 ** torch.randint(
+        -20, 20, (batch,), generator=gen).double()
+    got = kernels.weighted_rows_float32(rows.cuda(), factors.cuda())
+    assert got.dtype == torch.float32 and got.shape == (numel,)
+    want = (factors[:, None] * rows.double()).sum(dim=0)
+    magnitude = (factors[:, None] * rows.double().abs()).sum(dim=0)
+    err = (got.double().cpu() - want).abs()
+    assert bool((err <= 2.0**-24 * want.abs() + 64 * 2.0**-53 * magnitude + 1e-300).all())
+    if batch == 1:
+        assert float(got.double().norm()) <= float(factors[0]) * float(rows.double().norm()) * (
+            1.0 + 2.0**-24)
+
+
+def test_weighted_rows_kernel_refuses_bad_input() -> None:
+    _need_cuda()
+    from dpsharp.torch import kernels
+
+    with pytest.raises(ValueError, match="rows must be a CUDA float32 or bfloat16"):
+        kernels.weighted_rows_float32(torch.zeros(2, 3, device="cuda", dtype=torch.float64),
+                                      torch.ones(2, dtype=torch.float64))
+    with pytest.raises(ValueError, match="factors must have shape"):
+        kernels.weighted_rows_float32(torch.zeros(2, 3, device="cuda"),
+                                      torch.ones(3, dtype=torch.float64))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
@@ -350,9 +388,21 @@ def _released_over_bound(model, run_backward, bound: float) -> float:
     return float(norm) / bound
 
 
+def _cancelling_example(gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """One example of 16 positions (d = p = 64) whose gradient's positions nearly cancel:
+    inputs a0 + noise, output gradients alternating +-g0 + noise."""
+    a0, g0 = torch.randn(64, generator=gen), torch.randn(64, generator=gen)
+    signs = torch.tensor([1.0, -1.0] * 8)
+    a = (a0 + 1e-2 * torch.randn(16, 64, generator=gen)).unsqueeze(0).cuda()
+    g = (100 * (signs[:, None] * g0 + 1e-2 * torch.randn(16, 64, generator=gen))
+         ).unsqueeze(0).cuda()
+    return a, g
+
+
 @pytest.mark.parametrize("amp", [None, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("tf32", [False, True])
-def test_linear_gram_path_contribution_within_bound_where_positions_cancel(amp, tf32) -> None:
+def test_linear_gram_path_contribution_within_bound_where_positions_cancel(amp, tf32,
+                                                                           monkeypatch) -> None:
     """The constructed cancelling example of tests/test_soundness_clipping_roundoff.py on a GPU
     (a linear layer on its Gram path: float64 Grams, the clipped sum's round-off bound added to
     the norm, with TF32 enabled or not): one example, noise 0, contribution <= C (1 + 1e-6).
@@ -360,15 +410,15 @@ def test_linear_gram_path_contribution_within_bound_where_positions_cancel(amp, 
     clipped sum's operands lose 13 bits, and the bound, amplified by this example's
     cancellation, clips it to about 0.8 C: sound, and the price of TF32 here."""
     _need_cuda()
+    from dpsharp.torch.layers import usages
+
+    # under bf16 this layer would materialise bfloat16 gradients (tested below): the Gram path
+    monkeypatch.setattr(usages, "_HALF_MATERIALISED_PER_STORED", 0)
     gen = torch.Generator().manual_seed(7)
     worst = 0.0
     with _tf32(tf32):
         for _ in range(10):
-            a0, g0 = torch.randn(64, generator=gen), torch.randn(64, generator=gen)
-            signs = torch.tensor([1.0, -1.0] * 8)
-            a = (a0 + 1e-2 * torch.randn(16, 64, generator=gen)).unsqueeze(0).cuda()
-            g = (100 * (signs[:, None] * g0 + 1e-2 * torch.randn(16, 64, generator=gen))
-                 ).unsqueeze(0).cuda()
+            a, g = _cancelling_example(gen)
             model = torch.nn.Linear(64, 64).cuda()
 
             def backward() -> None:
@@ -378,6 +428,42 @@ def test_linear_gram_path_contribution_within_bound_where_positions_cancel(amp, 
 
             worst = max(worst, _released_over_bound(model, backward, 1.0))
     assert (0.5 if tf32 else 0.99) < worst <= 1.0 + 1e-6
+
+
+@pytest.mark.parametrize("tf32", [False, True])
+def test_bfloat16_materialised_contribution_within_bound_where_positions_cancel(
+        tf32, monkeypatch) -> None:
+    """The same cancelling examples under bf16 autocast on the route that materialises
+    bfloat16 per-example gradients (d p <= 3 T (d + p)): the norm is measured on the stored
+    gradients and the weighted sum reads them with toward-zero bfloat16 factors, so one
+    example's contribution stays within C (1 + 1e-6) with no round-off slack: at least 0.99 C
+    even with TF32 enabled (which does not touch bfloat16 products)."""
+    _need_cuda()
+    from dpsharp.torch.layers import usages
+
+    calls = []
+    original = usages._bfloat16_weighted_sum
+
+    def counted(rows, weights):
+        calls.append(rows.shape)
+        return original(rows, weights)
+
+    monkeypatch.setattr(usages, "_bfloat16_weighted_sum", counted)
+    gen = torch.Generator().manual_seed(9)
+    worst = 0.0
+    with _tf32(tf32):
+        for _ in range(10):
+            a, g = _cancelling_example(gen)
+            model = torch.nn.Linear(64, 64).cuda()
+
+            def backward() -> None:
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    out = model(a)
+                (out.float() * g).sum().backward()
+
+            worst = max(worst, _released_over_bound(model, backward, 1.0))
+    assert calls  # the weight took the bfloat16 route
+    assert 0.99 < worst <= 1.0 + 1e-6
 
 
 @pytest.mark.parametrize("tf32", [False, True])

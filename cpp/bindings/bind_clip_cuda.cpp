@@ -74,6 +74,24 @@ void bind_clip_cuda(py::module_& m) {
       "CUDA: partial[i * slices + s] = sum over slice s of example i of a_j b_j, float64 "
       "(device addresses, caller's stream).");
   m.def(
+      "cuda_clip_weighted_rows",
+      [dtype_of](std::uintptr_t rows, int dtype_code, std::uintptr_t factors, std::int64_t batch,
+                 std::int64_t numel, std::uintptr_t out, std::uintptr_t stream) {
+        if (batch < 0 || numel < 0) throw py::value_error("batch and numel must be >= 0");
+        const clip::DType dtype = dtype_of(dtype_code);
+        if (dtype == clip::DType::kFloat64) {
+          throw py::value_error("dtype_code must be 0 (float32) or 2 (bfloat16) for rows");
+        }
+        py::gil_scoped_release release;
+        clip::cuda::weighted_rows_to_float32(
+            reinterpret_cast<const void*>(rows), dtype, reinterpret_cast<const double*>(factors),
+            batch, numel, reinterpret_cast<float*>(out), reinterpret_cast<void*>(stream));
+      },
+      py::arg("rows"), py::arg("dtype_code"), py::arg("factors"), py::arg("batch"),
+      py::arg("numel"), py::arg("out"), py::arg("stream"),
+      "CUDA: out[j] = float32(sum_i factors[i] rows[i, j]) in float64, float32 or bfloat16 "
+      "rows (device addresses, caller's stream).");
+  m.def(
       "cuda_clip_accumulate_noise",
       [dtype_of, stream_of](std::uintptr_t per_example, std::uintptr_t factors, std::int64_t batch,
                             std::uintptr_t base, std::uintptr_t out, int dtype_code,

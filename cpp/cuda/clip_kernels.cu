@@ -100,6 +100,23 @@ __global__ void dot_partials_kernel(const void* a, const void* b, DType dtype,
   if (threadIdx.x == 0) partial[example * gridDim.y + blockIdx.y] = sums[0];
 }
 
+// out[j] = float32(sum_i factors[i] * rows[i * numel + j]): one thread per column j at a time
+// (a grid-stride loop; consecutive threads read consecutive elements of each row), the products
+// and the sum over i = 0, 1, ... in float64, one rounding to float32. The row dtype is a
+// template parameter, so the load's dtype switch folds away.
+template <DType kRow>
+__global__ void weighted_rows_kernel(const void* rows, const double* factors, std::int64_t batch,
+                                     std::int64_t numel, float* out) {
+  for (std::int64_t j = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       j < numel; j += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    double acc = 0.0;
+    for (std::int64_t i = 0; i < batch; ++i) {
+      acc = __dadd_rn(acc, __dmul_rn(factors[i], load(rows, i * numel + j, kRow)));
+    }
+    out[j] = __double2float_rn(acc);
+  }
+}
+
 // One thread per block of the noise stream (noise_stream.hpp's layout): block b of chunk
 // c = b / 16, lane l = b mod 16, owns elements c * chunk + 16 m + l, m < normals per block
 // (10 for float32 / bfloat16 buffers, 8 for float64): the CPU's elements and normals exactly.
@@ -248,6 +265,25 @@ void per_example_dot_partials(const void* a, const void* b, DType dtype, std::in
   const dim3 grid(static_cast<unsigned>(batch), static_cast<unsigned>(slices));
   dot_partials_kernel<<<grid, kNormThreads, 0, s>>>(a, b, dtype, numel, slice_len, partial);
   check(cudaGetLastError(), "per_example_dot_partials launch");
+}
+
+void weighted_rows_to_float32(const void* rows, DType row_dtype, const double* factors,
+                              std::int64_t batch, std::int64_t numel, float* out, void* stream) {
+  if (numel <= 0) return;
+  if (row_dtype == DType::kFloat64) {
+    throw std::invalid_argument("weighted_rows_to_float32 reads float32 or bfloat16 rows");
+  }
+  constexpr int kThreads = 256;
+  auto s = static_cast<cudaStream_t>(stream);
+  const unsigned grid = grid_for(numel, kThreads);
+  if (row_dtype == DType::kBFloat16) {
+    weighted_rows_kernel<DType::kBFloat16><<<grid, kThreads, 0, s>>>(rows, factors, batch, numel,
+                                                                     out);
+  } else {
+    weighted_rows_kernel<DType::kFloat32><<<grid, kThreads, 0, s>>>(rows, factors, batch, numel,
+                                                                    out);
+  }
+  check(cudaGetLastError(), "weighted_rows_to_float32 launch");
 }
 
 void clip_accumulate_noise(const void* per_example, const double* factors, std::int64_t batch,

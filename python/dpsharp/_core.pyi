@@ -382,6 +382,12 @@ def cuda_clip_per_example_sq_norms(
 ) -> None:
     """CUDA: out[i] = sum_j g[i, j]^2 in float64 (device addresses, caller's stream)."""
 
+def cuda_clip_weighted_rows(
+    rows: int, dtype_code: int, factors: int, batch: int, numel: int, out: int, stream: int
+) -> None:
+    """CUDA: out[j] = float32(sum_i factors[i] rows[i, j]) in float64, float32 or bfloat16 rows
+    (device addresses, caller's stream)."""
+
 def cuda_clip_accumulate_noise(
     per_example: int,
     factors: int,

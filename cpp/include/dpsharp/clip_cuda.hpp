@@ -29,6 +29,12 @@ void per_example_sq_norms(const void* per_example, DType dtype, std::int64_t bat
 void per_example_dot_partials(const void* a, const void* b, DType dtype, std::int64_t batch,
                               std::int64_t numel, int slices, double* partial, void* stream);
 
+// out[j] = float32(sum_i factors[i] * rows[i * numel + j]) for float32 or bfloat16 rows (B,
+// numel), float64 factors (device buffers): float64 products and sums in order i = 0, 1, ...,
+// one rounding to float32 (a clipped sum of materialised bfloat16 per-example gradients).
+void weighted_rows_to_float32(const void* rows, DType row_dtype, const double* factors,
+                              std::int64_t batch, std::int64_t numel, float* out, void* stream);
+
 // out[j] = scale * (base[j] + sum_i factors[i] * per_example[i * numel + j] + noise_std * z_j);
 // factors is a device float64 buffer; per_example / base may be null; base may alias out.
 void clip_accumulate_noise(const void* per_example, const double* factors, std::int64_t batch,

@@ -518,6 +518,8 @@ class PerSampleClipper:
                 ps = [p for p in u.params() if id(p) in index]
                 if ps:
                     flat_terms.append(u.flat_sq_norm_term(ps))
+                    if isinstance(u, LinearUsage):  # its parameters are its own: see above
+                        u.release_stored()
         else:
             for pid, us in order:
                 p = self._params[index[pid]]

@@ -151,6 +151,11 @@ def per_example_sq_norms(per_example: torch.Tensor, *, threads: int | None = Non
     if src.is_cuda:
         _require_cuda_kernels("per_example", src)
         _check("per_example", src, dtype=src.dtype, numel=batch * numel, device=src.device)
+        if numel > _CUDA_NORM_SLICE:
+            # the one-block-per-example kernel leaves most of the device idle on long rows
+            # (materialised GPT-2-small gradients at batch 32 on an H100: 52 ms per step, as
+            # many blocks as examples); the dot kernel's slices give every example many blocks
+            return per_example_dots(src, src)
         out = torch.empty(batch, dtype=torch.float64, device=src.device)
         with torch.cuda.device(src.device):
             _core.cuda_clip_per_example_sq_norms(
@@ -163,6 +168,37 @@ def per_example_sq_norms(per_example: torch.Tensor, *, threads: int | None = Non
     _core.clip_per_example_sq_norms(
         src.data_ptr(), dtype_code(src.dtype), batch, numel, out.data_ptr(), _threads(threads)
     )
+    return out
+
+
+# Elements per block of the CUDA per-example dot kernel's slices; rows longer than one slice take
+# that kernel for their squared norms too.
+_CUDA_NORM_SLICE = 1 << 16
+
+
+def weighted_rows_float32(rows: torch.Tensor, factors: torch.Tensor) -> torch.Tensor:
+    """``sum_i factors[i] * rows[i]`` in float32 for CUDA rows (B, ...) of float32 or bfloat16
+    and float64 factors (B,): float64 products and sums in example order, rounded once (the
+    CUDA kernel ``weighted_rows_to_float32``; each column read once, no widened copy). So for a
+    single example the result is fl32(c r): within 2^-24 relative of the exact product."""
+    import torch
+
+    if not rows.is_cuda or rows.dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"rows must be a CUDA float32 or bfloat16 tensor, got {rows.dtype} "
+                         f"on {rows.device}")
+    _require_cuda_kernels("rows", rows)
+    batch = int(rows.shape[0])
+    src = rows.contiguous()
+    numel = src[0].numel() if batch else 0
+    weights = factors.to(device=rows.device, dtype=torch.float64).contiguous()
+    if weights.shape != (batch,):
+        raise ValueError(f"factors must have shape ({batch},), got {tuple(factors.shape)}")
+    out = torch.empty(rows.shape[1:], dtype=torch.float32, device=rows.device)
+    if batch == 0:
+        return out.zero_()
+    with torch.cuda.device(rows.device):
+        _core.cuda_clip_weighted_rows(src.data_ptr(), dtype_code(src.dtype), weights.data_ptr(),
+                                      batch, numel, out.data_ptr(), _stream_of(src))
     return out
 
 
@@ -193,7 +229,7 @@ def per_example_dots(a: torch.Tensor, b: torch.Tensor, *,
         # slice of at most 64 Ki elements), the slices of an example summed in order here.
         src_a, src_b = a.contiguous(), b.contiguous()
         numel = src_a[0].numel() if batch else 0
-        slices = max(1, min(1024, -(-numel // (1 << 16))))
+        slices = max(1, min(1024, -(-numel // _CUDA_NORM_SLICE)))
         partial = torch.empty(batch, slices, dtype=torch.float64, device=a.device)
         with torch.cuda.device(a.device):
             _core.cuda_clip_per_example_dot_partials(

@@ -73,6 +73,12 @@ _DEVICE_CHUNK_ELEMENTS = 1 << 24
 # clipped sum); measured, see LinearUsage._materialise_weight.
 _GRAM_PER_MATERIALISED = 40
 
+# Linear layers on sequences whose stored tensors are bfloat16 (autocast) on a device with
+# mixed-precision products (GPUs): materialise the per-example gradients, in bfloat16, while
+# they take at most this many times the memory of the example's stored input and output
+# gradient, d p <= ratio T (d + p) (see LinearUsage._materialise_weight).
+_HALF_MATERIALISED_PER_STORED = 3
+
 
 @functools.lru_cache(maxsize=None)
 def _vectorised_linear_norms() -> bool:
@@ -446,14 +452,79 @@ def _device_weighted_sum(rows: torch.Tensor, weights: torch.Tensor,
     return out
 
 
+def _materialises_in_bfloat16(device_type: str) -> bool:
+    """Whether bfloat16 per-example gradients are materialised in bfloat16 on ``device_type``
+    and summed by :func:`_bfloat16_weighted_sum` (:meth:`LinearUsage._half_per_example`):
+    where torch multiplies bfloat16 matrices with float32 accumulation and result."""
+    return _bmm_has_out_dtype(device_type)
+
+
+def _bfloat16_toward_zero(values: torch.Tensor) -> torch.Tensor:
+    """float64 ``values`` rounded toward zero to bfloat16, so that |result| <= |value| exactly:
+    to float32 (to nearest), one float32 step toward zero where that rounded away from it,
+    then the float32's low 16 bits cleared (bfloat16 is float32's top half, so clearing them
+    truncates the significand toward zero, subnormals included)."""
+    import torch
+
+    narrow = values.to(torch.float32)
+    away = narrow.to(torch.float64).abs() > values.abs()
+    narrow = torch.where(away, torch.nextafter(narrow, torch.zeros_like(narrow)), narrow)
+    return (narrow.view(torch.int32) & -65536).view(torch.float32).to(torch.bfloat16)
+
+
+def _bfloat16_weighted_sum(rows: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """sum_i weights[i] * rows[i] in float32 for bfloat16 rows (B, ...) and float64 weights
+    (B,), reading the rows once.
+
+    With the CUDA kernels built, :func:`dpsharp.torch.kernels.weighted_rows_float32`: float64
+    products and sums, one rounding to float32 (torch ran the mixed-precision product below
+    in an sm75 CUTLASS kernel on an H100: GPT-2 small's weighted sums at batch 32 took 30 ms
+    of a step that way).
+
+    Otherwise each weight w is split into two bfloat16 numbers rounded toward zero,
+    hi = rz(w) and lo = rz(w - hi) (w - hi is exact in float64: Sterbenz), so that
+    |hi + lo| <= |w| and |w - hi - lo| <= 2^-15 |w|. One (2, B) x (B, n) product with float32
+    accumulation and result (``torch.bmm(..., out_dtype=torch.float32)``, blocks of
+    :data:`_SUM_BLOCK_ROWS` examples summed in float64) gives sum_i hi_i r_i and
+    sum_i lo_i r_i, and the two rows are added. For one example both products are exact
+    (8-bit times 8-bit significands fit float32's 24) and the addition rounds once, so its
+    contribution is at most (1 + 2^-24) |w| ||r||: within its clip bound, with no round-off
+    slack to carry. Where torch has no such product (the CPU) the same arithmetic runs on
+    float32 copies."""
+    import torch
+
+    if rows.is_cuda and kernels.cuda_built():
+        return kernels.weighted_rows_float32(rows, weights)
+    batch = int(rows.shape[0])
+    flat = rows.reshape(batch, -1)
+    wide = weights.to(torch.float64)
+    high = _bfloat16_toward_zero(wide)
+    pair = torch.stack([high, _bfloat16_toward_zero(wide - high.to(torch.float64))])
+    mixed = _bmm_has_out_dtype(flat.device.type)
+    total: torch.Tensor | None = None
+    for lo in range(0, max(batch, 1), _SUM_BLOCK_ROWS):
+        hi = min(batch, lo + _SUM_BLOCK_ROWS)
+        if mixed:
+            part = torch.bmm(pair[None, :, lo:hi], flat[None, lo:hi], out_dtype=torch.float32)[0]
+        else:
+            part = torch.mm(pair[:, lo:hi].float(), flat[lo:hi].float())
+        if batch <= _SUM_BLOCK_ROWS:
+            return (part[0] + part[1]).reshape(rows.shape[1:])
+        total = part.to(torch.float64) if total is None else total.add_(part)
+    assert total is not None
+    return (total[0] + total[1]).to(torch.float32).reshape(rows.shape[1:])
+
+
 def weighted_sum(rows: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """sum_i weights[i] * rows[i] for rows (B, ...) and float64 weights (B,): on a GPU one
-    matrix product (float32 / float64 rows, :func:`_device_weighted_sum`), elsewhere the fused
-    kernel (float64 sums, in order) for the dtypes it reads, a torch reduction otherwise
-    (float16)."""
+    matrix product (float32 / float64 rows, :func:`_device_weighted_sum`; bfloat16 rows,
+    :func:`_bfloat16_weighted_sum`, in float32), elsewhere the fused kernel (float64 sums, in
+    order) for the dtypes it reads, a torch reduction otherwise (float16)."""
     import torch
 
     rows = rows.contiguous()
+    if rows.dtype == torch.bfloat16 and _materialises_in_bfloat16(rows.device.type):
+        return _bfloat16_weighted_sum(rows, weights)
     if rows.is_cuda and rows.dtype in (torch.float32, torch.float64):
         return _device_weighted_sum(rows, weights).reshape(rows.shape[1:])
     if rows.dtype in (torch.float32, torch.float64, torch.bfloat16):
@@ -606,7 +677,8 @@ class _WeightBiasUsage(Usage):
     def per_example(self, p: torch.nn.Parameter) -> torch.Tensor:
         if p is self.bias:
             return self._bias_per_example() * self.scale
-        return self._weight_per_example().reshape((self.batch_size, *p.shape)) * self.scale
+        # bfloat16 gradients (LinearUsage._half_per_example) are widened before scaling
+        return _wide(self._weight_per_example()).reshape((self.batch_size, *p.shape)) * self.scale
 
 
 class LinearUsage(_WeightBiasUsage):
@@ -679,7 +751,30 @@ class LinearUsage(_WeightBiasUsage):
             return False
         if self._fused_sequence_norms():
             return seq * seq * (d + p) > 2 * _GRAM_PER_MATERIALISED * d * p
+        if self._half_per_example():
+            return d * p <= _HALF_MATERIALISED_PER_STORED * seq * (d + p)
         return seq * d * p <= seq * seq * (d + p)
+
+    def _half_per_example(self) -> bool:
+        """Whether materialised per-example weight gradients are formed and kept in bfloat16:
+        bfloat16 stored tensors (autocast) on a device whose torch multiplies them with float32
+        accumulation (GPUs).
+
+        Such a gradient is one tensor-core product per example, rounded once to bfloat16, the
+        precision autocast gives the layer's ordinary weight gradient. Soundness needs no
+        round-off bound here: the norm is measured on the stored values (float64 sums of their
+        squares) and the clipped sum reads the same values (:func:`_bfloat16_weighted_sum`:
+        float64 sums rounded once to float32, or factors rounded toward zero), so what is summed
+        is what was measured. The Gram path instead
+        needs float64 Grams and a split product, each with its bound (GPT-2 small under bf16
+        autocast on an H200: 0.33x of the non-private step's throughput that way). The rule
+        trades memory for it: bfloat16 gradients up to
+        :data:`_HALF_MATERIALISED_PER_STORED` times the example's stored input and output
+        gradient."""
+        import torch
+
+        return (self.a.dtype == torch.bfloat16 and self.g.dtype == torch.bfloat16
+                and _materialises_in_bfloat16(self.g.device.type))
 
     def _fused_sequence_norms(self) -> bool:
         """Whether the Gram-path norms come from the fused CPU kernel (a CPU tensor and a
@@ -710,13 +805,16 @@ class LinearUsage(_WeightBiasUsage):
         if self._per_example_weight is None:
             g, a = self.g, self.a
             b, d, p = g.shape[0], a.shape[2], g.shape[2]
-            dtype = _wide(g[:0]).dtype  # half-precision operands give float32 gradients
+            half = self._half_per_example()  # bfloat16 gradients, see _half_per_example
+            # otherwise half-precision operands give float32 gradients
+            dtype = g.dtype if half else _wide(g[:0]).dtype
+            product = torch.bmm if half else _wide_bmm
             if d >= p:
                 out = arena_empty((b, p, d), dtype, g.device)
-                base = _wide_bmm(g.transpose(1, 2), a, out=out)
+                base = product(g.transpose(1, 2), a, out=out)
             else:
                 out = arena_empty((b, d, p), dtype, g.device)
-                base = _wide_bmm(a.transpose(1, 2), g, out=out)
+                base = product(a.transpose(1, 2), g, out=out)
             self._per_example_base = base
             self._per_example_weight = (base if (d >= p) == self._weight_is_pd
                                         else base.transpose(1, 2))
@@ -923,27 +1021,38 @@ class LinearUsage(_WeightBiasUsage):
         over its positions), in the stored tensors' dtype (see :func:`_scaled_factors`)."""
         return _scaled_factors(factors, self.scale, self.g.dtype, int(self.g.shape[1]))
 
+    def release_stored(self) -> None:
+        """Drop the stored input and output gradient once the weight's per-example gradients
+        are materialised in bfloat16 (:meth:`_half_per_example`) and the bias's rows formed:
+        the norms and clipped sums read only those from then on, and every layer's stored
+        tensors held to the end of the clip step added their size to its peak memory. The
+        clipper calls it once the usage's norms are taken and no other usage shares its
+        parameters. Anything else is left as it is."""
+        if self._per_example_weight is None or self.a is None or not self._half_per_example():
+            return
+        if self.bias is not None:
+            self._bias_per_example()
+        self.a = self.g = None  # type: ignore[assignment]
+        self._matrices = None
+
     def clipped_sum(self, p: torch.nn.Parameter, factors: torch.Tensor) -> torch.Tensor:
         import torch
 
-        if self.g.dtype in (torch.float32, torch.float64):
-            if p is self.bias:
-                # the per-example bias gradients sum_t g_it (B rows) against the float64
-                # factors, summed over the batch in float64 (not a float32 matrix-vector
-                # product over all B T positions; see _SUM_BLOCK_ROWS)
-                return weighted_sum(self._bias_per_example(), factors * self.scale)
-            product = self._clipped_product(p, factors)
-            if product is not None:
-                return _blocked_product(*product).reshape(p.shape)
+        if p is self.bias:
+            # the per-example bias gradients sum_t g_it (B rows, float32 at least) against the
+            # float64 factors, summed over the batch in float64 (not a float32 matrix-vector
+            # product over all B T positions; see _SUM_BLOCK_ROWS)
+            return weighted_sum(self._bias_per_example(), factors * self.scale)
+        if self._per_example_weight is not None:
             return self._materialised_clipped_sum(p, factors * self.scale)
+        if self.g.dtype in (torch.float32, torch.float64):
+            product = self._clipped_product(p, factors)
+            assert product is not None
+            return _blocked_product(*product).reshape(p.shape)
         # float16 / bfloat16 stored tensors (autocast): the float32 arithmetic above on widened
         # copies. A clip factor, or an operand scaled by it, rounded to half precision would
         # leave a clipped contribution up to 2^-9 above its bound (0.35% measured under bf16
         # autocast), and a half-precision product rounds its result the same way.
-        if p is self.bias:  # its per-example rows are float32 already
-            return weighted_sum(self._bias_per_example(), factors * self.scale)
-        if self._per_example_weight is not None:
-            return self._materialised_clipped_sum(p, factors * self.scale)
         if self._split_bf16_route():
             return self._split_bf16_clipped_sum(factors).reshape(p.shape)
         widened = type(self)(self.weight, self.bias, _wide(self.a), _wide(self.g), self.scale)
@@ -955,7 +1064,7 @@ class LinearUsage(_WeightBiasUsage):
         bias's matrix-vector product) accumulate into ``out`` directly, no intermediate."""
         import torch
 
-        if (self.g.dtype == out.dtype and out.is_contiguous()
+        if (self.g is not None and self.g.dtype == out.dtype and out.is_contiguous()
                 and out.dtype in (torch.float32, torch.float64)):
             if p is self.bias:
                 rows = self._bias_per_example().contiguous()
