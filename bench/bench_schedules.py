@@ -12,8 +12,9 @@ Schedules, Poisson q = 0.01, delta = 1e-5, one step per noise multiplier:
 
 For each schedule and number of steps (= distinct sigmas), in a fresh worker process: the
 certified epsilon of a fresh accountant, the time of the query alone (``epsilon`` on an
-accountant holding the composed events) and of the whole (events built, composed and queried),
-each the median of ``--repeat`` runs, and the number of distinct discretisations after the
+accountant holding the composed events) and of the whole (events built, composed and queried,
+after the process's one-off imports, which are timed apart: about 2 s of SciPy on a 2-core
+machine, paid once per process), each the median of ``--repeat`` runs, and the number of distinct discretisations after the
 rounding of the noise multipliers (with its quantum). ``--bounds`` adds the certified lower
 bound of ``epsilon_bounds`` and the relative gap (upper - lower) / upper (one run, timed
 separately). ``--baseline SRC`` times the same in workers that import dpsharp from the
@@ -72,6 +73,12 @@ def fresh(schedule: str, steps: int) -> Any:
 
 def measure(schedule: str, steps: int, repeat: int, bounds: bool) -> dict[str, Any]:
     """One worker's figures (see the module docstring)."""
+    start = time.perf_counter()
+    import dpsharp  # the one-off imports (SciPy's optimize and stats: seconds), timed apart
+    import dpsharp.torch.schedules  # noqa: F401
+
+    dpsharp.accountant("pld")
+    imported = time.perf_counter() - start
     totals, queries = [], []
     eps = float("nan")
     for _ in range(repeat):
@@ -83,7 +90,7 @@ def measure(schedule: str, steps: int, repeat: int, bounds: bool) -> dict[str, A
         totals.append(done - start)
         queries.append(done - built)
     out: dict[str, Any] = {"eps": eps, "total": statistics.median(totals),
-                           "query": statistics.median(queries)}
+                           "query": statistics.median(queries), "import": imported}
     quantum = accountant._rounding_quantum("remove", True)
     out["quantum"] = quantum
     keys = accountant._leaf_keys.get(("remove", quantum, True)) or accountant._exact_keys("remove")
@@ -159,8 +166,9 @@ def main() -> None:
     sizes = [int(x) for x in args.sizes.split(",")]
     lines = [f"# python {' '.join(sys.argv)}",
              f"# q={Q} delta={DELTA}; {os.cpu_count()} CPUs; query = epsilon() on the composed "
-             "events, total = events built + composed + epsilon(); medians; load = 1-minute "
-             "load average when the line was measured"]
+             "events, total = events built + composed + epsilon(), after the one-off imports "
+             "of a fresh process (import = dpsharp, its schedules and the accountants, with "
+             "SciPy); medians; load = 1-minute load average when the line was measured"]
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
 
     def report(line: str) -> None:
@@ -189,6 +197,7 @@ def main() -> None:
             total = statistics.median(o["total"] for o in ours)
             line = (f"dpsharp pld {schedule:5s} steps={steps:6d} distinct_sigmas={steps:6d} "
                     f"eps={first['eps']:.5f} query={query:.3f}s total={total:.3f}s "
+                    f"import={first['import']:.2f}s "
                     f"discretised={first['distinct']} quantum={first['quantum']:.3g}")
             if previous is not None:
                 line += f" growth x{query / previous[1]:.2f} for x{steps / previous[0]:g} events"

@@ -13,7 +13,9 @@ from scipy.signal import fftconvolve
 from scipy.special import ndtr
 
 from dpsharp import Gaussian, PLDAccountant, PoissonSampled
+from dpsharp.accountants import pld as pld_module
 from dpsharp.accountants.pld import (
+    _QUANTUM_STEPS,
     _ROUNDING_GAP,
     _Leaf,
     _quantized,
@@ -153,11 +155,12 @@ def test_rounded_schedule_brackets_an_independent_reference(
 
 def test_rounding_quantum_follows_the_requested_gap() -> None:
     """3,000 distinct noise multipliers (more than any quantum up to half the precision merges
-    into 512): the quantum is the coarsest of its ladder whose two roundings move the composed
-    loss-variance proxy V = sum_i v_i, v = min(mu^2, q^2 (e^{mu^2} - 1)) (written out here),
-    apart by at most _ROUNDING_GAP times the precision, relative; the next step of the ladder
-    would not be; and the certified bracket stays within 3 times the precision, for noise
-    multipliers from 80 down to 2 (epsilon moves little with each) and from 20 down to 0.5."""
+    into 512): the quantum is the coarsest of its ladder (``_QUANTUM_STEPS`` per doubling)
+    whose two roundings move the composed loss-variance proxy V = sum_i v_i, v = min(mu^2,
+    q^2 (e^{mu^2} - 1)) (written out here), apart by at most _ROUNDING_GAP times the precision,
+    relative; the next step of the ladder would not be; and the certified bracket stays within
+    3 times the precision, for noise multipliers from 80 down to 2 (epsilon moves little with
+    each) and from 20 down to 0.5."""
     precision, q = 1e-2, 0.01
 
     def proxy(sigmas: np.ndarray) -> float:
@@ -178,6 +181,42 @@ def test_rounding_quantum_follows_the_requested_gap() -> None:
             return (proxy(up) - proxy(down)) / proxy(sigmas)
 
         assert widening(quantum) <= _ROUNDING_GAP * precision
-        assert widening(quantum * 2.0**0.25) > _ROUNDING_GAP * precision
+        assert widening(quantum * 2.0 ** (1.0 / _QUANTUM_STEPS)) > _ROUNDING_GAP * precision
         lower, upper = accountant.epsilon_bounds(1e-5)
         assert 0.0 < upper - lower <= 3.0 * precision * upper
+
+
+def test_coarsened_schedule_grid_brackets_an_independent_reference(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A schedule whose noise multipliers are rounded is accounted on a grid twice the
+    formula's (forced here on three distinct events, with a negligible rounding quantum so that
+    the grid alone sets the bracket): the upper bound on that coarse grid and the lower bound of
+    ``epsilon_bounds`` (taken on the formula's grid) must bracket a direct convolution of the
+    finely discretised losses. The coarse grid's error is first order on the optimistic side:
+    the optimistic bound on the coarse grid lies below the reference, so an upper bound that
+    lost its pessimistic rounding there would fail, and the lower bound taken on the formula's
+    grid is the tighter one."""
+    monkeypatch.setattr(pld_module, "_LEAF_BUDGET", 2)
+    monkeypatch.setattr(pld_module, "_REFINE_UP_TO", 2)  # (no short-composition refinement)
+    monkeypatch.setattr(PLDAccountant, "_rounding_quantum", lambda self, *args: 1e-9)
+    q, delta = 0.2, 1e-3
+    sigmas = [1.2, 1.0, 0.9]
+    accountant = PLDAccountant(0.01)  # a coarse grid: its error dominates
+    for sigma in sigmas:
+        accountant.compose(PoissonSampled(Gaussian(sigma), q))
+    coarse = accountant._grid_step()
+    monkeypatch.setattr(pld_module, "_SCHEDULE_COARSENING", 1.0)
+    accountant._reset_caches()
+    assert coarse == 2.0 * accountant._grid_step()
+    monkeypatch.setattr(pld_module, "_SCHEDULE_COARSENING", 2.0)
+    accountant._reset_caches()
+    upper = accountant.epsilon(delta)
+    lower, bracket_upper = accountant.epsilon_bounds(delta)
+    assert bracket_upper == upper
+    coarse_lower = accountant._epsilon_side(delta, pessimistic=False, refinement=0)
+    reference_lower, reference_upper = _reference_bracket(sigmas, q, delta)
+    assert reference_upper - reference_lower <= 3e-3 * reference_upper
+    assert reference_lower <= upper and lower <= reference_upper
+    assert coarse_lower < reference_lower  # the coarse grid's first-order side is visible
+    assert coarse_lower < lower

@@ -440,6 +440,11 @@ class DiscretePLD:
         return self.log_mgf(chernoff_exponents())
 
     @cached_property
+    def mass_l1(self) -> float:
+        """An upper bound on ``sum |mass|`` (:func:`_l1`), computed once per PLD."""
+        return _l1(self.mass)
+
+    @cached_property
     def _coarse_cache(self) -> dict[int, tuple[int, np.ndarray] | None]:
         return {}
 
@@ -1244,14 +1249,38 @@ def _compose_by_products(
             transform = certified_forward(plds[single].folded(size), size)
             yield single, transform, _leaf_error(plds[single], size)
 
+    half = size // 2 + 1
+    rest = _log_growth(plds, counts, size)
+
     def product(chunk: range) -> tuple[np.ndarray, _LogModuli]:
-        out = np.ones(size // 2 + 1, dtype=complex)
-        logs = _LogModuli(np.zeros(size // 2 + 1), np.zeros(size // 2 + 1), 0)
+        """The chunk's product and log-moduli. Frequencies are dropped as they die: once the
+        partial ``upper`` plus ``rest`` (a bound on every factor's contribution, over all the
+        PLDs, :func:`_log_growth`) is at most ``_EXP_IS_ZERO - 2`` at frequency f, the final
+        ``upper`` there is below ``_EXP_IS_ZERO`` whatever the other factors, so the round-off
+        bound is the underflow slack alone, which also covers the exact product's modulus
+        (at most e^upper): the product is set to 0 there and the rest of the factors' logarithms
+        and powers are skipped (the recorded partial ``upper`` and ``lower`` stay below the
+        threshold, so :func:`_live_product_error` treats the entry as dead). The live entries
+        only ever shrink to a prefix (its length is recomputed after every factor), a band of
+        low frequencies for a composition of more than a few PLDs."""
+        out = np.ones(half, dtype=complex)
+        upper, lower = np.zeros(half), np.zeros(half)
+        total = 0
+        top = half
         for index, transform, error in transforms(chunk):
-            logs.add(transform, error, counts[index])
-            with np.errstate(under="ignore"):
-                out *= _integer_power(transform, counts[index])
-        return out, logs
+            count = counts[index]
+            head = transform[:top]
+            modulus = _modulus_upper(head)
+            with np.errstate(divide="ignore", under="ignore"):
+                upper[:top] += count * np.log(modulus + error)
+                lower[:top] += count * np.log(modulus)
+                out[:top] *= _integer_power(head, count)
+            total += count
+            if rest is not None:
+                alive = np.flatnonzero(upper[:top] > _EXP_IS_ZERO - 2.0 - rest)
+                top = int(alive[-1]) + 1 if alive.size else 0
+        out[top:] = 0.0
+        return out, _LogModuli(upper, lower, total)
 
     chunks = _chunks(len(plds), _PRODUCT_CHUNKS if parallel else 1)
     partial = parallel_map(product, chunks, threshold=2)
@@ -1264,6 +1293,33 @@ def _compose_by_products(
     band = int(significant[-1]) + 1 if significant.size else 0
     computed = np.ones(size // 2 + 1, dtype=bool)
     return _result_of_spectrum(window, spectrum, band, logs, computed)
+
+
+def _log_growth(plds: Sequence[DiscretePLD], counts: Sequence[int], size: int) -> float | None:
+    """An upper bound on ``sum_i c_i log(a_i + E_i)`` over every PLD at every frequency, for
+    the transforms of :func:`_compose_by_products` on ``size`` points (single or paired), or
+    None where it exceeds 1 (then no frequency is dropped early).
+
+    Every computed entry obeys ``|F^_f| <= |F_f| + E <= A + E`` with A the l1 bound of the
+    masses, so ``a = |F^_f| (1 + 4 u) <= (A + E)(1 + 4 u)``. Each error bound ``E`` is at most
+    ``4 (c + g + u) A_max + _UNDERFLOW``, with c = :func:`forward_error` and g the largest
+    folding's ``gamma_{rows - 1}``: :func:`_leaf_error` is ``(c (1 + g) + g) A`` and
+    :func:`_pair_errors` at most ``(2.1 c + 1.1 u + g) A_max + _UNDERFLOW``. The logarithm is
+    raised by 1e-12 for its own rounding."""
+    if not plds:
+        return 0.0
+    largest = max(_mass_l1(pld) for pld in plds)
+    rows = max(-(-pld.mass.size // size) for pld in plds)
+    folding = _gamma(rows - 1) if rows > 1 else 0.0
+    error = 4.0 * (forward_error(size) + folding + _UNIT) * largest + _UNDERFLOW
+    per_step = math.log((largest + error) * (1.0 + 8.0 * _UNIT) + error) + 1e-12
+    growth = max(per_step, 0.0) * sum(counts) * _MARGIN
+    return growth if growth <= 1.0 else None
+
+
+def _mass_l1(pld: DiscretePLD) -> float:
+    """:func:`_l1` of the PLD's masses, computed once per PLD."""
+    return pld.mass_l1
 
 
 def _integer_power(values: np.ndarray, exponent: int) -> np.ndarray:
