@@ -610,7 +610,17 @@ class PLDAccountant(Accountant):
         again."""
         keys = self._exact_leaf_keys.setdefault(direction, [])
         if len(keys) < len(self._counts):
-            keys.extend(self._leaves(leaf, direction) for leaf in islice(self._counts, len(keys), None))
+            # The step of a per-step schedule (a Poisson-subsampled Gaussian, q < 1) inline, the
+            # branch of _leaves it takes, without a method call per event.
+            code = _REMOVE if direction == "remove" else _ADD
+            leaves = self._leaves
+            keys.extend(
+                _Leaf(code, leaf.event.noise_multiplier, leaf.sampling_probability)
+                if type(leaf) is PoissonSampled and type(leaf.event) is Gaussian
+                and leaf.sampling_probability != 1.0
+                else leaves(leaf, direction)
+                for leaf in islice(self._counts, len(keys), None)
+            )
         return keys
 
     def _rounding_quantum(self, direction: str, pessimistic: bool) -> float:
@@ -761,6 +771,10 @@ class PLDAccountant(Accountant):
         # composed multiset, like every other choice here).
         if len(self._counts) * (block - 1) > steps // 8:
             block = 1
+        # The coarse grids are multiples of the formula's step: a rounded schedule's grid is
+        # already coarsened (_schedule_coarsening), so its factors are divided by that.
+        coarsening = self._schedule_coarsening()
+        factors = tuple(max(factor / coarsening, 1.0) for factor in _COARSE_FACTORS)
         for direction in directions[1:]:
             coarse = math.inf
             if block > 1:  # the end of the block of steps: one composition for its steps
@@ -772,7 +786,7 @@ class PLDAccountant(Accountant):
                     coarse = math.inf
                 if coarse <= best:
                     continue
-            for factor in _COARSE_FACTORS:  # the coarsest grid first: the cheapest check
+            for factor in factors:  # the coarsest grid first: the cheapest check
                 try:
                     coarse = upper_value(
                         self._composed(direction, True, factor * step, tail, coarse=True)
@@ -1296,11 +1310,9 @@ class _LeafColumns:
         if not leaves:
             empty = np.zeros(0)
             return cls(empty, empty, empty, np.zeros(0, dtype=bool), empty)
-        count = len(leaves)
-        mechanism, parameter, rate = (
-            np.fromiter((leaf[column] for leaf in leaves), dtype=float, count=count)
-            for column in range(3)
-        )
+        # (every field is an int code or a float: exact in float64)
+        table = np.array(leaves, dtype=float).reshape(len(leaves), 3)
+        mechanism, parameter, rate = (np.ascontiguousarray(table[:, j]) for j in range(3))
         rounded = ~np.isin(mechanism, (_LAPLACE,) + _KEPT_MECHANISMS)
         root = np.where(rounded, _variance_root(np.where(rounded, parameter, 1.0), rate), 1.0)
         columns = cls(mechanism, parameter, rate, rounded, root)
