@@ -246,3 +246,44 @@ def test_two_backward_passes_of_one_release_accumulate(bfloat16_route) -> None:
     clipper.release(noise_multiplier=0.0, expected_batch_size=1.0, noise=NoiseGenerator(0))
     assert len(bfloat16_route) == 2
     torch.testing.assert_close(model.weight.grad.double(), want, rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize(("d", "p"), [(13, 37), (37, 13), (9, 9), (16, 24)])
+@pytest.mark.parametrize("transposed_weight", [False, True])
+def test_odd_widths_are_padded_without_changing_norms_or_sums(bfloat16_route, d, p,
+                                                              transposed_weight) -> None:
+    """Rows that are not a multiple of 8 long are formed zero-padded (aligned tensor-core
+    kernels): the per-example gradients, their norms and the clipped sum equal float64
+    references built from the unpadded einsum (rounded to bfloat16 as stored), for nn.Linear's
+    (p, d) weight and a transposed (d, p) one (GPT-2's Conv1D)."""
+    from dpsharp.torch.layers.usages import LinearUsage, TransposedLinearUsage
+
+    gen = torch.Generator().manual_seed(d * 100 + p)
+    shape = (d, p) if transposed_weight else (p, d)
+    weight = torch.nn.Parameter(torch.zeros(shape))
+    a = torch.randn(4, 12, d, generator=gen).bfloat16()
+    g = torch.randn(4, 12, p, generator=gen).bfloat16()
+    kind = TransposedLinearUsage if transposed_weight else LinearUsage
+    usage = kind(weight, None, a, g)
+    assert usage._materialise_weight()
+    per = usage._weight_per_example()
+    assert per.shape == (4, *shape)
+    if max(d, p) % 8:
+        assert usage._per_example_base.shape[-1] == max(d, p) + (-max(d, p) % 8)
+    exact = torch.einsum("btp,btd->bpd", g.double(), a.double())
+    if transposed_weight:
+        exact = exact.transpose(1, 2)
+    magnitude = torch.einsum("btp,btd->bpd", g.double().abs(), a.double().abs())
+    if transposed_weight:
+        magnitude = magnitude.transpose(1, 2)
+    assert bool(((per.double() - exact).abs() <= 2.0**-8 * exact.abs()
+                 + 12 * 2.0**-23 * magnitude).all())
+    stored = per.double()
+    torch.testing.assert_close(usage.sq_norm(weight), stored.pow(2).sum(dim=(1, 2)),
+                               rtol=1e-12, atol=0)
+    factors = torch.rand(4, generator=gen, dtype=torch.float64)
+    got = usage.clipped_sum(weight, factors)
+    assert got.shape == weight.shape and got.is_contiguous()
+    want = (factors[:, None, None] * stored).sum(dim=0)
+    bound = (factors[:, None, None] * stored.abs()).sum(dim=0) * (2.0**-15 + 2.0**-21)
+    assert bool(((got.double() - want).abs() <= bound).all())

@@ -701,6 +701,8 @@ class LinearUsage(_WeightBiasUsage):
         # a transposed view of _per_example_base, the contiguous tensor bmm formed
         self._per_example_weight: torch.Tensor | None = None
         self._per_example_base: torch.Tensor | None = None
+        self._per_example_transposed = False  # _per_example_weight is a transposed view
+        self._per_example_width = 0  # the unpadded row length of _per_example_base
         self._bias_rows: torch.Tensor | None = None  # unscaled sum_t gy_t, (B, p)
         self._g_sq: torch.Tensor | None = None  # T = 1: ||gy_i||^2 (float64)
         # T = 1: ||a_i||^2 (float64), when the layer's forward already took it
@@ -799,8 +801,15 @@ class LinearUsage(_WeightBiasUsage):
         the longer rows: a product with short rows runs up to 10x slower on the CPU (a LoRA
         adapter's up-projection, d = 8 -> p = 1024 on 128 positions, batch 8: 4.4 ms as
         (p, d), 0.44 ms as (d, p), 1 thread). The contiguous product is
-        :attr:`_per_example_base`; norms and clipped sums read it in its own layout."""
+        :attr:`_per_example_base`; norms and clipped sums read it in its own layout.
+
+        bfloat16 gradients (:meth:`_half_per_example`) whose rows are not a multiple of 8
+        elements long are formed with their rows zero-padded to one (the operand that gives the
+        rows padded likewise), a view of them returned: torch multiplies misaligned bfloat16
+        matrices with slower kernels (GPT-2's 50,257-wide head on an H100 and an H200: sm75
+        CUTLASS kernels). The zero columns change neither norms nor sums."""
         import torch
+        import torch.nn.functional as F
 
         if self._per_example_weight is None:
             g, a = self.g, self.a
@@ -809,15 +818,20 @@ class LinearUsage(_WeightBiasUsage):
             # otherwise half-precision operands give float32 gradients
             dtype = g.dtype if half else _wide(g[:0]).dtype
             product = torch.bmm if half else _wide_bmm
+            width = max(d, p)  # the product's rows
+            pad = -width % 8 if half else 0
             if d >= p:
-                out = arena_empty((b, p, d), dtype, g.device)
-                base = product(g.transpose(1, 2), a, out=out)
+                out = arena_empty((b, p, d + pad), dtype, g.device)
+                base = product(g.transpose(1, 2), F.pad(a, (0, pad)) if pad else a, out=out)
             else:
-                out = arena_empty((b, d, p), dtype, g.device)
-                base = product(a.transpose(1, 2), g, out=out)
+                out = arena_empty((b, d, p + pad), dtype, g.device)
+                base = product(a.transpose(1, 2), F.pad(g, (0, pad)) if pad else g, out=out)
             self._per_example_base = base
-            self._per_example_weight = (base if (d >= p) == self._weight_is_pd
-                                        else base.transpose(1, 2))
+            self._per_example_width = width
+            rows = base[:, :, :width] if pad else base
+            self._per_example_transposed = (d >= p) != self._weight_is_pd
+            self._per_example_weight = (rows.transpose(1, 2) if self._per_example_transposed
+                                        else rows)
         return self._per_example_weight
 
     def _materialised_clipped_sum(self, p: torch.nn.Parameter,
@@ -826,7 +840,9 @@ class LinearUsage(_WeightBiasUsage):
         base = self._per_example_base
         assert base is not None and self._per_example_weight is not None
         total = weighted_sum(base, weights)
-        if base is not self._per_example_weight:
+        if total.shape[-1] != self._per_example_width:  # rows padded (_weight_per_example)
+            total = total[:, :self._per_example_width]
+        if self._per_example_transposed:
             total = total.t()
         return total.contiguous().reshape(p.shape)
 
