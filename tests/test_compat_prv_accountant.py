@@ -568,3 +568,40 @@ def test_bracket_wider_than_asked_is_returned_with_a_warning() -> None:
     exact = _randomized_response_epsilon(0.01, 300, 1e-5)
     assert lower <= exact <= upper and estimate == upper
     assert upper - lower > 2e-6
+
+
+def test_delta_below_the_lower_bounds_floor_answers_at_once_with_a_warning() -> None:
+    """Five Laplace mechanisms (3 x Lap(1), 2 x Lap(2): losses bounded by 4, top atom of mass
+    1/32) at delta 1e-14, below the round-off floor of the optimistic composition on every grid:
+    finer grids only raise that floor, so the search stops at the first refusal (it retried every
+    grid at every precision before, for minutes) and returns the certified bracket with a
+    RuntimeWarning. The upper end is the top-mass bound, against the closed form
+    epsilon = 4 + log(1 - 32 delta) (the continuous part above it is far below delta)."""
+    import mpmath
+
+    built()
+    acc = compat.PRVAccountant([compat.LaplaceMechanism(1.0), compat.LaplaceMechanism(0.5)],
+                               eps_error=1e-3, delta_error=1e-16, max_self_compositions=[3, 2])
+    calls = []
+    original = compat_accountant_module()._optimistic_epsilon
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(args[2])
+        return original(*args, **kwargs)
+
+    import unittest.mock
+
+    with unittest.mock.patch.object(compat_accountant_module(), "_optimistic_epsilon", counted):
+        with pytest.warns(RuntimeWarning, match="round-off floor"):
+            lower, estimate, upper = acc.compute_epsilon(1e-14, [3, 2])
+    assert len(calls) == 1  # one refusal, no finer grid, no second precision
+    exact = float(4 + mpmath.log1p(-32 * mpmath.mpf(1e-14)))
+    assert lower <= exact <= upper == estimate
+    assert upper <= exact + 1e-3 * 1e-14 + 4 * math.ulp(4.0)
+
+
+def compat_accountant_module():  # type: ignore[no-untyped-def]
+    """The module that holds the adapter's bracket search."""
+    import dpsharp.compat._prv.accountant as module
+
+    return module

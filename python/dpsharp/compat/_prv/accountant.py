@@ -192,8 +192,8 @@ def _pessimistic_epsilon(acc: _DpsharpAccountant, direction: str, grid_step: flo
                            coarse=coarse, refine=refine)
     try:
         acc._check_floor([result], delta)  # type: ignore[attr-defined]
-    except ValueError:
-        exact = result.support_epsilon() if hasattr(result, "support_epsilon") else None
+    except ValueError:  # below the FFT's floor the support bound still holds (as in epsilon)
+        exact = result.support_epsilon(delta) if hasattr(result, "support_epsilon") else None
         if exact is None:
             raise
         return float(exact)
@@ -253,33 +253,37 @@ def _first_refinement(acc: _DpsharpAccountant, width: float) -> int:
     return 1 if len(acc._directions()) > 1 else 0  # type: ignore[attr-defined]
 
 
-def _bounds(acc: _DpsharpAccountant, delta: float, width: float) -> tuple[float, float]:
+def _bounds(acc: _DpsharpAccountant, delta: float, width: float
+            ) -> tuple[float, float, bool]:
     """Certified (lower, upper) epsilon bounds at ``delta``, at most ``width`` apart where the
-    grids allow: the upper bound is the PLD accountant's one number (``epsilon``, on its grid);
-    the lower one comes from the optimistic composition of one direction
-    (:func:`_optimistic_epsilon`) on the grid halved :func:`_first_refinement` times, then
-    halved again (twice at once while the bracket is more than 3 times too wide) until the
-    width is met, the grid is 2^_MAX_LOWER_REFINEMENT times finer or the circle would exceed
-    the PLD accountant's largest; the largest lower bound found is kept (each is certified)."""
+    grids allow, and whether finer grids could still narrow them: the upper bound is the PLD
+    accountant's one number (``epsilon``, on its grid); the lower one comes from the optimistic
+    composition of one direction (:func:`_optimistic_epsilon`) on the grid halved
+    :func:`_first_refinement` times, then halved again (twice at once while the bracket is more
+    than 3 times too wide) until the width is met, the grid is 2^_MAX_LOWER_REFINEMENT times
+    finer or the circle would exceed the PLD accountant's largest; the largest lower bound found
+    is kept (each is certified). Where ``delta`` is below the optimistic composition's round-off
+    floor the search stops there, with False: a finer grid only raises the floor (a longer
+    transform), and retrying every finer grid at every precision cost minutes (five Laplace
+    mechanisms at delta 1e-14)."""
     upper = _upper_epsilon(acc, delta)
     if not math.isfinite(upper):
-        return (0.0, upper)
+        return (0.0, upper, True)
     lower = 0.0
     refinement = _first_refinement(acc, width)
     while True:
-        circle = 0
         try:
             value, circle = _optimistic_epsilon(acc, delta, refinement)
-            lower = max(lower, min(value, upper))
         except ValueError:  # below the optimistic side's round-off floor on this grid
-            pass
+            return (lower, upper, False)
+        lower = max(lower, min(value, upper))
         gap = upper - lower
         if gap <= width or refinement >= _MAX_LOWER_REFINEMENT or not math.isfinite(width):
-            return (lower, upper)
+            return (lower, upper, True)
         step = 2 if gap > 3.0 * width else 1
         step = min(step, _MAX_LOWER_REFINEMENT - refinement)
         if circle << step > _MAX_SIZE:
-            return (lower, upper)
+            return (lower, upper, True)
         refinement += step
 
 
@@ -437,8 +441,9 @@ class PRVAccountant:
         """(lower, estimate, upper) epsilon at ``delta``: certified bounds at most
         ``2 * eps_error`` apart; ``estimate`` is ``upper`` (dpsharp's certified number). Where
         the finest grids tried cannot bring the bracket within ``2 * eps_error`` (the upper
-        bound's precision halved 6 times, the lower bound's grid 16 times finer), the wider,
-        still certified, bracket is returned with a ``RuntimeWarning``."""
+        bound's precision halved 6 times, the lower bound's grid 16 times finer), or ``delta``
+        is below the round-off floor of the lower bound's composition, the wider, still
+        certified, bracket is returned with a ``RuntimeWarning``."""
         counts = self._requested(num_self_compositions)
         finite = _with_infinity(require_delta(delta), self._infinity(counts))
         if finite is None:
@@ -449,17 +454,20 @@ class PRVAccountant:
             acc = self._compose(counts, precision)
             if acc.is_empty:
                 return (0.0, 0.0, 0.0)
-            lower, upper = _bounds(acc, finite, 2.0 * self.eps_error)
+            lower, upper, refinable = _bounds(acc, finite, 2.0 * self.eps_error)
             best = lower = min(max(best, lower), upper)
             if upper - lower <= 2.0 * self.eps_error or not math.isfinite(upper):
                 return (lower, upper, upper)
+            if not refinable:  # the lower bound is at its round-off floor: see _bounds
+                break
             # the precision is the relative gap (upper - lower) / upper
             precision = min(0.5 * precision, 0.9 * 2.0 * self.eps_error / upper)
         warnings.warn(
             f"compute_epsilon: the certified bracket [{lower!r}, {upper!r}] at delta={delta!r} "
             f"is wider than 2 * eps_error = {2.0 * self.eps_error!r} on the finest grids tried; "
             "both ends are still certified bounds (the lower one is where the optimistic "
-            "discretisation errs most, e.g. an eps_error far below 1e-3 of epsilon)",
+            "discretisation errs most, e.g. an eps_error far below 1e-3 of epsilon, or a delta "
+            "below the round-off floor of its composition)",
             RuntimeWarning,
             stacklevel=2,
         )
