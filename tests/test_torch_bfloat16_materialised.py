@@ -287,3 +287,37 @@ def test_odd_widths_are_padded_without_changing_norms_or_sums(bfloat16_route, d,
     want = (factors[:, None, None] * stored).sum(dim=0)
     bound = (factors[:, None, None] * stored.abs()).sum(dim=0) * (2.0**-15 + 2.0**-21)
     assert bool(((got.double() - want).abs() <= bound).all())
+
+
+class _TiedLanguageModel(torch.nn.Module):
+    """An embedding whose weight is also the output projection (a tied language model head)."""
+
+    def __init__(self, vocab: int, width: int) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, width)
+        self.head = torch.nn.Linear(width, vocab, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.embed(idx)))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_tied_head_on_the_bfloat16_route_stays_within_the_bound(bfloat16_route, seed) -> None:
+    """A tied embedding and head (vocab 37: rows padded to 40), the head's gradients
+    materialised in bfloat16 and its cross term with the embedding read from them: one
+    example's released gradient stays within C (1 + 1e-6)."""
+    from dpsharp.torch import NoiseGenerator, PerSampleClipper
+
+    torch.manual_seed(seed)
+    model = _TiedLanguageModel(37, 16)
+    idx = torch.randint(0, 37, (1, 24))
+    clipper = PerSampleClipper(model, max_grad_norm=1.0)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(idx)
+    torch.nn.functional.cross_entropy(out.float().reshape(-1, 37), idx.reshape(-1),
+                                      reduction="sum").backward()
+    clipper.release(noise_multiplier=0.0, expected_batch_size=1.0, noise=NoiseGenerator(0))
+    assert bfloat16_route  # the head took the bfloat16 route
+    norm = float(torch.sqrt(sum(p.grad.double().pow(2).sum() for p in clipper.parameters)))
+    assert 0.99 < norm <= 1.0 + 1e-6

@@ -1818,8 +1818,11 @@ def tied_cross_dot(u: Usage, v: Usage, p: torch.nn.Parameter) -> torch.Tensor | 
             return None
         assert isinstance(v, LinearUsage)
         if v._per_example_weight is not None:
-            h, m = _common(u.g, v._per_example_weight)
+            # the looked-up rows first, then widened: a bfloat16 head's gradients widened
+            # whole would be a (B, V, d) float32 copy (4.9 GB for GPT-2 at batch 32)
+            m = v._per_example_weight
             rows = torch.gather(m, 1, idx.unsqueeze(2).expand(batch, positions, m.shape[2]))
+            h, rows = _common(u.g, rows)
             return kernels.per_example_dots(rows, h) * scale
         h, x, gy = _common(u.g, v.a, v.g)
         inner = _gram_bmm(x, h.transpose(1, 2))  # (B, S, T): x_s . h_t
@@ -1828,7 +1831,9 @@ def tied_cross_dot(u: Usage, v: Usage, p: torch.nn.Parameter) -> torch.Tensor | 
     if _plain_linear(u, p) and _plain_linear(v, p):
         assert isinstance(u, LinearUsage) and isinstance(v, LinearUsage)
         if u._per_example_weight is not None and v._per_example_weight is not None:
-            m1, m2 = _common(u._per_example_weight, v._per_example_weight)
+            m1, m2 = u._per_example_weight, v._per_example_weight
+            if m1.dtype != m2.dtype or m1.dtype == torch.float16:
+                m1, m2 = _common(m1, m2)  # (per_example_dots reads bfloat16 as it is)
             return kernels.per_example_dots(m1, m2) * scale
         x1, g1, x2, g2 = _common(u.a, u.g, v.a, v.g)
         return kernels.per_example_dots(_gram_bmm(g1, g2.transpose(1, 2)),
