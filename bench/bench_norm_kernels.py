@@ -20,10 +20,6 @@ denormal   the linear kernel (both accumulations) and the old path on inputs sca
 rule       LinearUsage end to end (norms and clipped sums of weight and bias) on the Gram path
            (fused kernel with either accumulation, usages._FUSED_GRAM_ACCUMULATION) and
            materialised, and which one LinearUsage._materialise_weight picks.
-step       one whole DP step of bench_transformers.py's GPT-2 and encoder (PerSampleClipper)
-           with either accumulation, and the non-private step, interleaved in one process,
-           timed by the process's CPU time (what the step's own work costs on a loaded
-           machine); median of 12 rounds.
 
 Every timed pair is also checked for agreement (max relative difference of the norms).
 
@@ -322,40 +318,8 @@ def section_rule(repeats: int) -> None:
                   f"{mat:.3f} | {mat / gram:.2f} | {mat / blocks:.2f} | {picks} |", flush=True)
 
 
-def section_step(repeats: int) -> None:
-    del repeats  # 12 rounds of whole steps
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from bench_transformers import build_step, make
-
-    print("| model | DP step ms, float64 kernel | DP step ms, float32 blocks | non-private ms | "
-          "float64 / blocks | DP / non-private (float64) | DP / non-private (blocks) |\n"
-          "|---|---|---|---|---|---|---|")
-    previous = usages._FUSED_GRAM_ACCUMULATION
-    try:
-        for name in ("gpt2", "encoder"):
-            model, x, y, kind = make(name)
-            dp_step = build_step("dpsharp", model, x, y, kind)
-            plain = build_step("nonprivate", *make(name))
-            times: dict[str, list[float]] = {"float64": [], "float32_blocks": [], "plain": []}
-            for rounds in (2, 12):  # two warm-up rounds, then the timed ones
-                for _ in range(rounds):
-                    for what in times:
-                        usages._FUSED_GRAM_ACCUMULATION = (
-                            what if what != "plain" else previous)
-                        t0 = time.process_time()
-                        (plain if what == "plain" else dp_step)()
-                        if rounds == 12:
-                            times[what].append((time.process_time() - t0) * 1e3)
-            f64, blocks, base = (statistics.median(times[k])
-                                 for k in ("float64", "float32_blocks", "plain"))
-            print(f"| {name} | {f64:.1f} | {blocks:.1f} | {base:.1f} | {f64 / blocks:.3f} | "
-                  f"{f64 / base:.3f} | {blocks / base:.3f} |", flush=True)
-    finally:
-        usages._FUSED_GRAM_ACCUMULATION = previous
-
-
 SECTIONS = {"linear": section_linear, "embedding": section_embedding, "real": section_real,
-            "denormal": section_denormal, "rule": section_rule, "step": section_step}
+            "denormal": section_denormal, "rule": section_rule}
 
 
 def main() -> None:
@@ -370,7 +334,7 @@ def main() -> None:
     for threads in args.threads:
         torch.set_num_threads(threads)
         for name in args.sections:
-            if name in ("denormal", "rule", "step") and threads != args.threads[0]:
+            if name in ("denormal", "rule") and threads != args.threads[0]:
                 continue  # single-thread sections
             print(f"\n## {name}, {threads} thread{'s' if threads > 1 else ''}\n")
             SECTIONS[name](args.repeats)
