@@ -438,7 +438,7 @@ def linear_sequence_sq_norms(a: torch.Tensor, g: torch.Tensor, *, bias: bool,
     - 'float64' (default): float32 rows widened as they are loaded (exact products), float64
       sums; an entry errs by at most gamma_n(2^-53) ||x|| ||y||, so the norm keeps its digits
       where an example's positions cancel.
-    - 'float32_blocks' (1.3-1.8x faster on AVX2): float32 lanes over blocks of
+    - 'float32_blocks' (1.2-1.5x faster on AVX2): float32 lanes over blocks of
       m = :func:`linear_norms_block_steps` products per lane, each block's lanes summed in
       float32, the blocks' sums in float64. An entry errs by at most
       kappa_n sum_k |x_k y_k| + (1 + kappa_n) n 2^-150, with

@@ -267,11 +267,10 @@ def gram_roundoff_factor(features_a: int, features_g: int, positions: int) -> fl
 
 # How the fused CPU kernel accumulates the Gram entries of float32 sequences on the Gram path
 # (LinearUsage.sq_norm_and_slack): 'float64' (exact products, float64 sums: the norm keeps its
-# digits, raised by gram_roundoff_factor, ~1e-13 relative) or 'float32_blocks' (1.3-1.8x
+# digits, raised by gram_roundoff_factor, ~1e-13 relative) or 'float32_blocks' (1.2-1.5x
 # faster kernel, bench/results/norm_kernels.txt; the norm raised by blocked_gram_roundoff,
-# about (m + 4) 2^-24 T relative on independent positions: 1.2e-6 T at m = 16, so that a
-# clipped example's contribution falls that much short of C, where float32 autograd's own
-# error is ~1e-7).
+# about (m + 4) 2^-24 T relative on independent positions: 1.2e-6 T at m = 16, so that every
+# clipped contribution is that much below C, against float32 autograd's ~1e-7).
 _FUSED_GRAM_ACCUMULATION = "float64"
 
 # The fused kernel's float32-block norms are recomputed with float64 Grams for the examples
