@@ -291,27 +291,3 @@ def test_overflow_underflow_and_cancellation_are_recomputed_in_float64(monkeypat
     for i in range(4):
         assert Fraction(float(used[i])) >= want[i]
         assert float(used[i]) <= float(want[i]) * (1.0 + 1e-3)
-
-
-def test_float32_blocks_do_not_depend_on_the_thread_count():
-    """Each example is one thread's: the same bits for any thread count, every build; the bias
-    norms (sum_{t,s} g_t . g_s from the same float32-block Grams) against the exact ones."""
-    from dpsharp.torch import kernels
-
-    gen = torch.Generator().manual_seed(7)
-    a = torch.randn(9, 19, 300, generator=gen)
-    g = torch.randn(9, 19, 70, generator=gen)
-    want_bias = g.double().sum(dim=1).pow(2).sum(dim=1)  # float64: a reference to ~1e-15
-    for implementation in kernels.linear_norms_implementations():
-        one = kernels.linear_sequence_sq_norms(a, g, bias=True, threads=1,
-                                               implementation=implementation,
-                                               accumulation="float32_blocks")
-        for threads in (2, 3):
-            many = kernels.linear_sequence_sq_norms(a, g, bias=True, threads=threads,
-                                                    implementation=implementation,
-                                                    accumulation="float32_blocks")
-            assert torch.equal(one[0], many[0])
-            assert one[1] is not None and many[1] is not None
-            assert torch.equal(one[1], many[1])
-        assert one[1] is not None
-        torch.testing.assert_close(one[1], want_bias, rtol=1e-5, atol=0.0)
