@@ -6,20 +6,17 @@ the caches; min and median over ``--repeats`` calls; ratio = old / new):
 
 linear     LinearUsage's Gram norms of weight and bias for T > 1: before, two batched Gram
            matmuls + kernels.per_example_dots + g.sum(dim=1) + kernels.per_example_sq_norms;
-           now kernels.linear_sequence_sq_norms (one fused pass over the pairs t <= s), with
-           its Gram entries accumulated in float64 ('float64', exact products) and in float32
-           blocks ('float32_blocks', see usages.blocked_gram_roundoff), all three timed in
-           turn. The bench transformer's four shapes first (bench_training.py: B = 64, T = 64).
+           now kernels.linear_sequence_sq_norms (one fused pass over the pairs t <= s). The
+           bench transformer's four shapes first (bench_training.py: B = 64, T = 64).
 embedding  EmbeddingUsage's norms and clipped sum: before, torch.unique + index_add (norms)
            and a scaled copy + index_add_ into zeros (clipped sum); now
            kernels.embedding_sq_norms / embedding_clipped_sum.
 real       both, on the activations / output gradients / indices that one DP step of the bench
            transformer records (are the kernels slowed by the real values, e.g. denormals?).
-denormal   the linear kernel (both accumulations) and the old path on inputs scaled so that
-           the float32 Gram products are denormal (slow paths in the CPU's FMA units).
+denormal   the linear kernel and the old path on inputs scaled so that the float32 Gram
+           products are denormal (slow paths in the CPU's FMA units).
 rule       LinearUsage end to end (norms and clipped sums of weight and bias) on the Gram path
-           (fused kernel with either accumulation, usages._FUSED_GRAM_ACCUMULATION) and
-           materialised, and which one LinearUsage._materialise_weight picks.
+           and materialised, and which one LinearUsage._materialise_weight picks.
 
 Every timed pair is also checked for agreement (max relative difference of the norms).
 
@@ -77,32 +74,23 @@ def linear_old(a: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     return weight_sq, bias_sq
 
 
-def linear_new(a: torch.Tensor, g: torch.Tensor, accumulation: str = "float64",
-               ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    return kernels.linear_sequence_sq_norms(a, g, bias=True, accumulation=accumulation)
+def linear_new(a: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    return kernels.linear_sequence_sq_norms(a, g, bias=True)
 
 
 def linear_row(label: str, a: torch.Tensor, g: torch.Tensor, repeats: int) -> str:
-    (old_min, old_med), (f64_min, f64_med), (blk_min, blk_med) = interleaved(
-        [lambda: linear_old(a, g), lambda: linear_new(a, g),
-         lambda: linear_new(a, g, "float32_blocks")], repeats)
+    (old_min, old_med), (new_min, new_med) = interleaved(
+        [lambda: linear_old(a, g), lambda: linear_new(a, g)], repeats)
     old_w, old_b = linear_old(a, g)
     new_w, new_b = linear_new(a, g)
-    blk_w, blk_b = linear_new(a, g, "float32_blocks")
-    assert new_b is not None and blk_b is not None
+    assert new_b is not None
     diff = max(rel_diff(new_w, old_w), rel_diff(new_b, old_b))
-    diff_blocks = max(rel_diff(blk_w, new_w), rel_diff(blk_b, new_b))
-    return (f"| {label} | {old_min:.3f} / {old_med:.3f} | {f64_min:.3f} / {f64_med:.3f} | "
-            f"{blk_min:.3f} / {blk_med:.3f} | {old_min / f64_min:.2f} | {old_min / blk_min:.2f} "
-            f"| {f64_min / blk_min:.2f} / {f64_med / blk_med:.2f} | {diff:.1e} / "
-            f"{diff_blocks:.1e} |")
+    return (f"| {label} | {old_min:.3f} / {old_med:.3f} | {new_min:.3f} / {new_med:.3f} | "
+            f"{old_min / new_min:.2f} / {old_med / new_med:.2f} | {diff:.1e} |")
 
 
-LINEAR_HEADER = ("| (B, T, d, p) | torch ms (min / median) | float64 kernel ms (min / median) | "
-                 "float32-block kernel ms (min / median) | torch / float64 kernel (min) | "
-                 "torch / blocks (min) | float64 / blocks (min / median) | max rel diff: "
-                 "float64 kernel vs torch / blocks vs float64 kernel |\n"
-                 "|---|---|---|---|---|---|---|---|")
+LINEAR_HEADER = ("| (B, T, d, p) | old ms (min / median) | kernel ms (min / median) | "
+                 "old / kernel (min / median) | max rel diff |\n|---|---|---|---|---|")
 
 LINEAR_SHAPES = [
     # the bench transformer: qkv, proj, fc1, fc2
@@ -252,21 +240,19 @@ def section_real(repeats: int) -> None:
 
 
 def section_denormal(repeats: int) -> None:
-    print("| input scale | torch ms (min) | float64 kernel ms (min) | blocks ms (min) | "
-          "torch / float64 kernel | float64 / blocks | float64 kernel vs scale 1 | "
-          "blocks vs scale 1 |\n|---|---|---|---|---|---|---|---|")
+    print("| input scale | old ms (min) | kernel ms (min) | old / kernel | kernel vs scale 1 |\n"
+          "|---|---|---|---|---|")
     gen = torch.Generator().manual_seed(2)
     a0 = torch.randn(64, 64, 128, generator=gen)
     g0 = torch.randn(64, 64, 384, generator=gen)
-    base: tuple[float, float] | None = None
+    base = None
     for scale in (1.0, 1e-5, 1e-19, 1e-21):
         a, g = a0 * scale, g0 * scale
-        (old, _), (new, _), (blocks, _) = interleaved(
-            [lambda a=a, g=g: linear_old(a, g), lambda a=a, g=g: linear_new(a, g),
-             lambda a=a, g=g: linear_new(a, g, "float32_blocks")], max(3, repeats // 5))
-        base = (new, blocks) if base is None else base
-        print(f"| {scale:g} | {old:.3f} | {new:.3f} | {blocks:.3f} | {old / new:.2f} | "
-              f"{new / blocks:.2f} | {new / base[0]:.1f}x | {blocks / base[1]:.1f}x |",
+        (old, _), (new, _) = interleaved(
+            [lambda a=a, g=g: linear_old(a, g), lambda a=a, g=g: linear_new(a, g)],
+            max(3, repeats // 5))
+        base = new if base is None else base
+        print(f"| {scale:g} | {old:.3f} | {new:.3f} | {old / new:.2f} | {new / base:.1f}x |",
               flush=True)
 
 
@@ -274,30 +260,23 @@ def section_denormal(repeats: int) -> None:
 
 
 def rule_total(a: torch.Tensor, g: torch.Tensor, weight: torch.nn.Parameter,
-               bias: torch.nn.Parameter, materialise: bool,
-               accumulation: str = "float64") -> Callable[[], None]:
+               bias: torch.nn.Parameter, materialise: bool) -> Callable[[], None]:
     factors = torch.rand(a.shape[0], dtype=torch.float64)
 
     def run() -> None:
-        previous = usages._FUSED_GRAM_ACCUMULATION
-        usages._FUSED_GRAM_ACCUMULATION = accumulation
-        try:
-            u = usages.LinearUsage(weight, bias, a, g, 64.0)
-            u._materialise_weight = lambda: materialise  # type: ignore[method-assign]
-            u.sq_norm(weight)
-            u.sq_norm(bias)
-            u.clipped_sum(weight, factors)
-            u.clipped_sum(bias, factors)
-        finally:
-            usages._FUSED_GRAM_ACCUMULATION = previous
+        u = usages.LinearUsage(weight, bias, a, g, 64.0)
+        u._materialise_weight = lambda: materialise  # type: ignore[method-assign]
+        u.sq_norm(weight)
+        u.sq_norm(bias)
+        u.clipped_sum(weight, factors)
+        u.clipped_sum(bias, factors)
 
     return run
 
 
 def section_rule(repeats: int) -> None:
-    print("| (d, p) | T | B | k = T^2 (d + p) / (2 d p) | Gram ms (float64 kernel) | "
-          "Gram ms (float32 blocks) | materialised ms | materialised / Gram (float64) | "
-          "materialised / Gram (blocks) | rule picks |\n|---|---|---|---|---|---|---|---|---|---|")
+    print("| (d, p) | T | B | k = T^2 (d + p) / (2 d p) | Gram ms | materialised ms | "
+          "materialised / Gram | rule picks |\n|---|---|---|---|---|---|---|---|")
     gen = torch.Generator().manual_seed(3)
     for d, p in [(128, 128), (128, 512), (512, 128), (64, 64), (256, 256), (32, 512)]:
         weight = torch.nn.Parameter(torch.empty(p, d))
@@ -306,16 +285,14 @@ def section_rule(repeats: int) -> None:
             batch = max(4, 4096 // seq)
             a = torch.randn(batch, seq, d, generator=gen)
             g = torch.randn(batch, seq, p, generator=gen)
-            (gram, _), (blocks, _), (mat, _) = interleaved(
-                [rule_total(a, g, weight, bias, False),
-                 rule_total(a, g, weight, bias, False, "float32_blocks"),
-                 rule_total(a, g, weight, bias, True)],
+            (gram, _), (mat, _) = interleaved(
+                [rule_total(a, g, weight, bias, False), rule_total(a, g, weight, bias, True)],
                 max(3, repeats // 5))
             picks = "materialised" if usages.LinearUsage(
                 weight, bias, a, g)._materialise_weight() else "Gram"
             k = seq * seq * (d + p) / (2 * d * p)
-            print(f"| ({d}, {p}) | {seq} | {batch} | {k:.1f} | {gram:.3f} | {blocks:.3f} | "
-                  f"{mat:.3f} | {mat / gram:.2f} | {mat / blocks:.2f} | {picks} |", flush=True)
+            print(f"| ({d}, {p}) | {seq} | {batch} | {k:.1f} | {gram:.3f} | {mat:.3f} | "
+                  f"{mat / gram:.2f} | {picks} |", flush=True)
 
 
 SECTIONS = {"linear": section_linear, "embedding": section_embedding, "real": section_real,

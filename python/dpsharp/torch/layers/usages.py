@@ -796,17 +796,14 @@ class LinearUsage(_WeightBiasUsage):
         (on the CPU in the fused kernel), and the materialised path writes, squares and re-reads
         p d elements per example. On the CPU (bench/bench_norm_kernels.py, "cost rule": norms
         plus clipped sums of weight and bias at 1 thread, (d, p) from (32, 512) to (512, 128),
-        T from 8 to 256) the two break even at T^2 (d + p) / 2 = 10 to 24 times d p since the
+        T from 8 to 256) the two break even at T^2 (d + p) / 2 = 12 to 24 times d p since the
         kernel accumulates its Gram entries in float64 (25 to 50 times with the float32
-        accumulation over all features it had before, which was unsound where positions
-        cancel; about 10 to 30 times with its float32-block accumulation,
-        :data:`_FUSED_GRAM_ACCUMULATION` = 'float32_blocks', measured on a loaded machine).
-        Materialising also keeps B d p elements per layer until the clip factors are known: at
-        the break-even the bench GPT-2 (bench/bench_transformers.py) took 1.52x the non-private
-        step's peak memory, against 1.16x with the rule at 40. So materialise when
+        accumulation it had before, which was unsound where positions cancel). Materialising
+        also keeps B d p elements per layer until the clip factors are known: at the break-even
+        the bench GPT-2 (bench/bench_transformers.py) took 1.52x the non-private step's peak
+        memory, against 1.16x with the rule at 40. So materialise when
         T^2 (d + p) / 2 > 40 d p, trading up to 1.8x on such a layer's norm and clipped sum for
-        the memory (up to 1.3x with the float32 blocks). Elsewhere (other devices, or a CPU
-        without AVX2) the
+        the memory. Elsewhere (other devices, or a CPU without AVX2) the
         Gram norms are two batched float64 matmuls over all T^2 pairs, and the old rule
         d p <= T (d + p) stays.
         """
