@@ -39,13 +39,6 @@ linear_norms::Isa to_linear_norms_isa(const std::string& name) {
                         name + "'");
 }
 
-linear_norms::Accumulation to_accumulation(const std::string& name) {
-  if (name == "float32_blocks") return linear_norms::Accumulation::kFloat32Blocks;
-  if (name == "float64") return linear_norms::Accumulation::kFloat64;
-  throw py::value_error("accumulation must be 'float32_blocks' or 'float64', got '" + name +
-                        "'");
-}
-
 void require_float_code(int dtype_code) {
   if (dtype_code != 0 && dtype_code != 1) {
     throw py::value_error("dtype_code must be 0 (float32) or 1 (float64), got " +
@@ -101,42 +94,35 @@ void bind_norms(py::module_& m) {
       "The implementations of the sequence-linear norm kernel this CPU can run ('avx512', "
       "'avx2', 'portable'); 'auto' picks the first.");
   m.def(
-      "linear_norms_block_steps", []() { return linear_norms::kFloat32BlockSteps; },
-      "Products per float32 lane in one block of the sequence-linear norm kernel's "
-      "'float32_blocks' accumulation (the m of its round-off bound).");
-  m.def(
       "linear_sequence_sq_norms",
       [](std::uintptr_t a, std::uintptr_t g, int dtype_code, std::int64_t batch,
          std::int64_t positions, std::int64_t in_features, std::int64_t out_features,
          std::uintptr_t weight_sq, std::uintptr_t bias_sq, int threads,
-         const std::string& implementation, const std::string& accumulation) {
+         const std::string& implementation) {
         if (batch < 0 || positions < 0 || in_features < 0 || out_features < 0) {
           throw py::value_error("batch, positions, in_features and out_features must be >= 0");
         }
         require_float_code(dtype_code);
         const linear_norms::Isa isa = to_linear_norms_isa(implementation);
-        const linear_norms::Accumulation sums = to_accumulation(accumulation);
         py::gil_scoped_release release;
         if (dtype_code == 0) {
-          linear_norms::sequence_sq_norms(isa, sums, as_ptr<const float>(a),
-                                          as_ptr<const float>(g), batch, positions, in_features,
-                                          out_features, as_ptr<double>(weight_sq),
-                                          as_ptr<double>(bias_sq), threads);
+          linear_norms::sequence_sq_norms(isa, as_ptr<const float>(a), as_ptr<const float>(g),
+                                          batch, positions, in_features, out_features,
+                                          as_ptr<double>(weight_sq), as_ptr<double>(bias_sq),
+                                          threads);
         } else {
-          linear_norms::sequence_sq_norms(isa, sums, as_ptr<const double>(a),
-                                          as_ptr<const double>(g), batch, positions,
-                                          in_features, out_features, as_ptr<double>(weight_sq),
-                                          as_ptr<double>(bias_sq), threads);
+          linear_norms::sequence_sq_norms(isa, as_ptr<const double>(a), as_ptr<const double>(g),
+                                          batch, positions, in_features, out_features,
+                                          as_ptr<double>(weight_sq), as_ptr<double>(bias_sq),
+                                          threads);
         }
       },
       py::arg("a"), py::arg("g"), py::arg("dtype_code"), py::arg("batch"), py::arg("positions"),
       py::arg("in_features"), py::arg("out_features"), py::arg("weight_sq"), py::arg("bias_sq"),
       py::arg("threads"), py::arg("implementation") = "auto",
-      py::arg("accumulation") = "float64",
       "weight_sq[i] = sum_{t,s} (a_it . a_is)(g_it . g_is) and, unless bias_sq is 0, "
       "bias_sq[i] = sum_{t,s} g_it . g_is (float64) for contiguous a (batch, positions, "
-      "in_features) and g (batch, positions, out_features); float32 Gram entries accumulated "
-      "in float32 blocks ('float32_blocks') or in float64 ('float64'), see linear_norms.hpp.");
+      "in_features) and g (batch, positions, out_features).");
   m.def(
       "embedding_sq_norms",
       [](std::uintptr_t indices, std::uintptr_t out_grads, int dtype_code, std::int64_t batch,

@@ -1,45 +1,37 @@
 // Per-example squared norms of a linear layer on sequences (linear_norms.hpp).
 //
 // One body (tile_dots, example_norms) is written over a small "lanes" type V that supplies a
-// register type and its operations: zero, load, load of the first `count` elements (the rest
+// register type and five operations: zero, load, load of the first `count` elements (the rest
 // zero: the masked tail of a row), fused multiply-add, and the horizontal sums of a tile's
-// accumulators (in V::Sum: float64 for the float64 lane types, float32 for the float32 block
-// ones). The body is compiled with V = 512-bit registers (AVX-512F), 256-bit registers (AVX2 +
-// FMA) and plain lanes (portable: the compiler vectorises them for the baseline ISA; a
-// multiply and an add, no FMA), each inside a wrapper that carries the matching target
-// attribute and is `flatten`ed, so that the body and V's operations are all inlined into it
-// (V's operations need that target; the body on its own has none, which is also why -Wpsabi
-// is silenced below: no vector ever crosses a call).
+// accumulators. The body is compiled three times, with V = 512-bit registers (AVX-512F),
+// 256-bit registers (AVX2 + FMA) and four plain lanes (portable: the compiler vectorises it
+// for the baseline ISA; a multiply and an add, no FMA), each inside a wrapper that carries the
+// matching target attribute and is `flatten`ed, so that the body and V's operations are all
+// inlined into it (V's operations need that target; the body on its own has none, which is
+// also why -Wpsabi is silenced below: no vector ever crosses a call).
 //
 // Tiles: kTile x kTile pairs (t, s) with t in [t0, t0 + kTile), s in [s0, s0 + kTile),
 // s0 >= t0, so that only the upper triangle of the two Gram matrices is visited. The tile's
 // kTile^2 dot products of activation rows and of output-gradient rows are accumulated in
-// kTile^2 registers (AVX-512: 4 x 4 = 16 of the 32 zmm registers, plus 8 for the rows; AVX2
-// and portable: 3 x 3 = 9, plus 6), each row chunk loaded once per tile. Pairs below the
-// diagonal of a diagonal tile and rows past the end of the sequence (the last block reads the
-// last row again) get weight 0, the diagonal weight 1, the rest 2.
+// kTile^2 registers (AVX-512: 4 x 4 = 16 of the 32 zmm registers, plus 8 for the rows), each
+// row chunk loaded once per tile. Pairs below the diagonal of a diagonal tile and rows past
+// the end of the sequence (the last block reads the last row again) get weight 0, the
+// diagonal weight 1, the rest 2.
 //
-// Rounding (the bounds are in linear_norms.hpp). Accumulation::kFloat32Blocks: the features
-// are taken in blocks of m = kFloat32BlockSteps vectors (8 m features on AVX2 and the portable
-// build, 16 m on AVX-512); within a block each lane is a float32 recursive sum of at most m
-// products (fused multiply-adds; the portable build rounds the product and the sum, which
-// Higham's bound covers as well), and at the block's end the lanes are summed in float32 in a
-// fixed tree of 3 (8 lanes) or 4 (16 lanes) levels: every product passes through at most m + 4
-// float32 roundings. The blocks' sums are widened (exactly) and added in float64, in order.
-// Accumulation::kFloat64: every Gram entry is accumulated in float64, float32 rows widened to
-// float64 lanes as they load (exact), so each product x_k y_k of two float32 numbers is exact
-// and only the float64 sums round. (A float32 accumulator over all d features would round each
-// entry by up to gamma_d ||a_t|| ||a_s||, and where an example's positions cancel,
-// sum_{t,s} P_ts Q_ts is far smaller than the entries it is formed from: a constructed
-// 16-position example lost 9% of its squared norm, so its clipped contribution reached 1.047 C.
-// The float32 blocks keep the bound at gamma_{m+4} whatever d, and the caller raises the norm
-// by it.) Either way the products P_ts Q_ts and their weighted sums are float64, per tile
-// entry, then in a fixed order. -ffp-contract=off does not affect the explicit FMA intrinsics.
+// Rounding: every Gram entry is accumulated in float64, float32 inputs included: the float32
+// lane types load a row chunk and widen it to float64 lanes (exact), so each product x_k y_k
+// of two float32 numbers is exact and only the float64 sums round. A Gram entry is a sum over
+// the features per lane, then over the lanes in a fixed tree; the products P_ts Q_ts and their
+// weighted sums are float64, per tile entry, then in a fixed order. (A float32 accumulator
+// would round each entry by up to gamma_d ||a_t|| ||a_s||, gamma_d ~ d 2^-24, and where an
+// example's positions cancel, sum_{t,s} P_ts Q_ts is far smaller than the entries it is formed
+// from: a constructed 16-position example lost 9% of its squared norm, so its clipped
+// contribution reached 1.047 C. In float64 the same bound is ~ d 2^-53 ||a_t|| ||a_s||.)
+// -ffp-contract=off does not affect the explicit FMA intrinsics.
 #include "dpsharp/linear_norms.hpp"
 
 #include <algorithm>
 #include <stdexcept>
-#include <type_traits>
 
 #include "dpsharp/parallel.hpp"
 
@@ -72,9 +64,6 @@ inline void accumulate_entries(const double* gram_a, const double* gram_g, const
   }
 }
 
-// Block length (in vectors) of the float64 accumulations: the whole row is one block.
-constexpr std::int64_t kWholeRow = std::int64_t{1} << 40;
-
 // Four plain float64 lanes (loads widen float32); the compiler maps them onto whatever vectors
 // the baseline ISA has.
 template <typename Element>
@@ -99,48 +88,9 @@ struct PortableLanes {
     for (int l = 0; l < kLanes; ++l) acc.lane[l] += x.lane[l] * y.lane[l];
     return acc;
   }
-  static constexpr std::int64_t kBlockSteps = kWholeRow;  // one block: the whole row
-  using Sum = double;
   static void sums(const Vec* acc, double* out) noexcept {
     for (int e = 0; e < kTile * kTile; ++e) {
       out[e] = (acc[e].lane[0] + acc[e].lane[1]) + (acc[e].lane[2] + acc[e].lane[3]);
-    }
-  }
-  static void accumulate(const double* gram_a, const double* gram_g, const double* w,
-                         double* products, double* out_grams) noexcept {
-    accumulate_entries(gram_a, gram_g, w, products, out_grams, kTile * kTile);
-  }
-};
-
-// Eight plain float32 lanes, a product and a sum per step (no FMA), summed in float32 at the
-// end of each block (Accumulation::kFloat32Blocks).
-struct PortableBlockLanes {
-  static constexpr int kLanes = 8;
-  static constexpr int kTile = 3;
-  static constexpr std::int64_t kBlockSteps = kFloat32BlockSteps;
-  using Sum = float;
-  struct Vec {
-    float lane[kLanes];
-  };
-  static Vec zero() noexcept { return Vec{}; }
-  static Vec load(const float* p) noexcept {
-    Vec v;
-    for (int l = 0; l < kLanes; ++l) v.lane[l] = p[l];
-    return v;
-  }
-  static Vec load_first(const float* p, std::int64_t count) noexcept {
-    Vec v{};
-    for (int l = 0; l < count; ++l) v.lane[l] = p[l];
-    return v;
-  }
-  static Vec fma(Vec x, Vec y, Vec acc) noexcept {
-    for (int l = 0; l < kLanes; ++l) acc.lane[l] += x.lane[l] * y.lane[l];
-    return acc;
-  }
-  static void sums(const Vec* acc, float* out) noexcept {
-    for (int e = 0; e < kTile * kTile; ++e) {
-      const float* l = acc[e].lane;
-      out[e] = ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
     }
   }
   static void accumulate(const double* gram_a, const double* gram_g, const double* w,
@@ -171,8 +121,6 @@ struct Avx2Lanes<double> {
   DPSHARP_AVX2 static Vec fma(Vec x, Vec y, Vec acc) noexcept {
     return _mm256_fmadd_pd(x, y, acc);
   }
-  static constexpr std::int64_t kBlockSteps = kWholeRow;  // one block: the whole row
-  using Sum = double;
   DPSHARP_AVX2 static void sums(const Vec* acc, double* out) noexcept {
     for (int e = 0; e < kTile * kTile; ++e) {
       __m128d h = _mm_add_pd(_mm256_castpd256_pd128(acc[e]), _mm256_extractf128_pd(acc[e], 1));
@@ -201,47 +149,6 @@ struct Avx2Lanes<float> : Avx2Lanes<double> {
   }
 };
 
-// Eight float32 lanes with fused multiply-adds, summed in float32 at the end of each block
-// (Accumulation::kFloat32Blocks).
-struct Avx2BlockLanes {
-  static constexpr int kLanes = 8;
-  static constexpr int kTile = 3;  // 9 accumulators + 6 rows of the 16 ymm registers
-  static constexpr std::int64_t kBlockSteps = kFloat32BlockSteps;
-  using Sum = float;
-  using Vec = __m256;
-  DPSHARP_AVX2 static Vec zero() noexcept { return _mm256_setzero_ps(); }
-  DPSHARP_AVX2 static Vec load(const float* p) noexcept { return _mm256_loadu_ps(p); }
-  DPSHARP_AVX2 static Vec load_first(const float* p, std::int64_t count) noexcept {
-    const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(count)),
-                                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-    return _mm256_maskload_ps(p, mask);
-  }
-  DPSHARP_AVX2 static Vec fma(Vec x, Vec y, Vec acc) noexcept {
-    return _mm256_fmadd_ps(x, y, acc);
-  }
-  // out[e] = sum of the 8 lanes of acc[e], e < 9, in three levels of additions: a transposing
-  // tree for the first eight accumulators (horizontal adds, then the two 128-bit halves), the
-  // ninth on its own.
-  DPSHARP_AVX2 static void sums(const Vec* acc, float* out) noexcept {
-    const __m256 quads0 = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]),
-                                         _mm256_hadd_ps(acc[2], acc[3]));
-    const __m256 quads1 = _mm256_hadd_ps(_mm256_hadd_ps(acc[4], acc[5]),
-                                         _mm256_hadd_ps(acc[6], acc[7]));
-    _mm256_storeu_ps(out, _mm256_add_ps(_mm256_permute2f128_ps(quads0, quads1, 0x20),
-                                        _mm256_permute2f128_ps(quads0, quads1, 0x31)));
-    static_assert(kTile * kTile == 9, "the tree covers 8 + 1 accumulators");
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc[8]), _mm256_extractf128_ps(acc[8], 1));
-    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_add_ss(h, _mm_movehdup_ps(h));
-    out[8] = _mm_cvtss_f32(h);
-  }
-  DPSHARP_AVX2 static void accumulate(const double* gram_a, const double* gram_g,
-                                      const double* w, double* products,
-                                      double* out_grams) noexcept {
-    accumulate_entries(gram_a, gram_g, w, products, out_grams, kTile * kTile);
-  }
-};
-
 template <typename Element>
 struct Avx512Lanes;
 
@@ -266,8 +173,6 @@ struct Avx512Lanes<double> {
     return _mm512_add_pd(_mm512_shuffle_f64x2(u0, u1, _MM_SHUFFLE(2, 0, 2, 0)),
                          _mm512_shuffle_f64x2(u0, u1, _MM_SHUFFLE(3, 1, 3, 1)));
   }
-  static constexpr std::int64_t kBlockSteps = kWholeRow;  // one block: the whole row
-  using Sum = double;
   // out[e] = sum of the 8 lanes of acc[e], e < 16, eight accumulators per reduction tree.
   DPSHARP_AVX512 static void sums(const Vec* acc, double* out) noexcept {
     for (int half = 0; half < 2; ++half) {
@@ -304,68 +209,17 @@ struct Avx512Lanes<float> : Avx512Lanes<double> {
     return _mm512_cvtps_pd(_mm512_castps512_ps256(head));
   }
 };
-
-// Sixteen float32 lanes with fused multiply-adds, summed in float32 at the end of each block
-// (Accumulation::kFloat32Blocks). The same logic as Avx2BlockLanes on wider registers.
-struct Avx512BlockLanes {
-  static constexpr int kLanes = 16;
-  static constexpr int kTile = 4;  // 16 accumulators + 8 rows of the 32 zmm registers
-  static constexpr std::int64_t kBlockSteps = kFloat32BlockSteps;
-  using Sum = float;
-  using Vec = __m512;
-  DPSHARP_AVX512 static Vec zero() noexcept { return _mm512_setzero_ps(); }
-  DPSHARP_AVX512 static Vec load(const float* p) noexcept { return _mm512_loadu_ps(p); }
-  DPSHARP_AVX512 static Vec load_first(const float* p, std::int64_t count) noexcept {
-    return _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << count) - 1u), p);
-  }
-  DPSHARP_AVX512 static Vec fma(Vec x, Vec y, Vec acc) noexcept {
-    return _mm512_fmadd_ps(x, y, acc);
-  }
-  // Per 128-bit block: [a0 + a1, b0 + b1, a2 + a3, b2 + b3] (a = x, b = y within the block).
-  DPSHARP_AVX512 static Vec pair_sums(Vec x, Vec y) noexcept {
-    return _mm512_add_ps(_mm512_unpacklo_ps(x, y), _mm512_unpackhi_ps(x, y));
-  }
-  // Per 128-bit block: the block's four-lane sums of the four accumulators behind xy and zw.
-  DPSHARP_AVX512 static Vec quad_sums(Vec xy, Vec zw) noexcept {
-    const __m512d x = _mm512_castps_pd(xy);
-    const __m512d y = _mm512_castps_pd(zw);
-    return _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
-                         _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
-  }
-  // Sums over the four 128-bit blocks: block j of the result holds the totals behind u_j.
-  DPSHARP_AVX512 static Vec block_sums(Vec u0, Vec u1, Vec u2, Vec u3) noexcept {
-    const Vec v01 = _mm512_add_ps(_mm512_shuffle_f32x4(u0, u1, _MM_SHUFFLE(2, 0, 2, 0)),
-                                  _mm512_shuffle_f32x4(u0, u1, _MM_SHUFFLE(3, 1, 3, 1)));
-    const Vec v23 = _mm512_add_ps(_mm512_shuffle_f32x4(u2, u3, _MM_SHUFFLE(2, 0, 2, 0)),
-                                  _mm512_shuffle_f32x4(u2, u3, _MM_SHUFFLE(3, 1, 3, 1)));
-    return _mm512_add_ps(_mm512_shuffle_f32x4(v01, v23, _MM_SHUFFLE(2, 0, 2, 0)),
-                         _mm512_shuffle_f32x4(v01, v23, _MM_SHUFFLE(3, 1, 3, 1)));
-  }
-  // out[e] = sum of the 16 lanes of acc[e], e < 16, in four levels of additions: a
-  // transposing tree (30 shuffles and 15 adds for all 16, not 16 separate horizontal sums).
-  DPSHARP_AVX512 static void sums(const Vec* acc, float* out) noexcept {
-    Vec u[4];
-    for (int q = 0; q < 4; ++q) {
-      u[q] = quad_sums(pair_sums(acc[4 * q], acc[4 * q + 1]),
-                       pair_sums(acc[4 * q + 2], acc[4 * q + 3]));
-    }
-    _mm512_storeu_ps(out, block_sums(u[0], u[1], u[2], u[3]));
-  }
-  DPSHARP_AVX512 static void accumulate(const double* gram_a, const double* gram_g,
-                                        const double* w, double* products,
-                                        double* out_grams) noexcept {
-    Avx512Lanes<double>::accumulate(gram_a, gram_g, w, products, out_grams);
-  }
-};
 #endif  // DPSHARP_NORMS_X86
 
-// The tile's accumulators over the elements [k, end) of its rows, from index k on: full vectors,
-// then (at the end of a row) the masked tail.
+// out[r * kTile + c] = x_r . y_c over `width` elements, for the kTile rows x_r = x[r] and y_c.
 template <class V, typename Element>
-inline void block_dots(const Element* const* x, const Element* const* y, std::int64_t k,
-                       std::int64_t end, typename V::Vec* acc) noexcept {
+inline void tile_dots(const Element* const* x, const Element* const* y, std::int64_t width,
+                      double* out) noexcept {
   constexpr int kTile = V::kTile;
-  for (; k + V::kLanes <= end; k += V::kLanes) {
+  typename V::Vec acc[kTile * kTile];
+  for (auto& entry : acc) entry = V::zero();
+  std::int64_t k = 0;
+  for (; k + V::kLanes <= width; k += V::kLanes) {
     typename V::Vec xs[kTile];
     typename V::Vec ys[kTile];
     for (int r = 0; r < kTile; ++r) xs[r] = V::load(x[r] + k);
@@ -374,42 +228,16 @@ inline void block_dots(const Element* const* x, const Element* const* y, std::in
       for (int c = 0; c < kTile; ++c) acc[r * kTile + c] = V::fma(xs[r], ys[c], acc[r * kTile + c]);
     }
   }
-  if (k < end) {
+  if (k < width) {
     typename V::Vec xs[kTile];
     typename V::Vec ys[kTile];
-    for (int r = 0; r < kTile; ++r) xs[r] = V::load_first(x[r] + k, end - k);
-    for (int c = 0; c < kTile; ++c) ys[c] = V::load_first(y[c] + k, end - k);
+    for (int r = 0; r < kTile; ++r) xs[r] = V::load_first(x[r] + k, width - k);
+    for (int c = 0; c < kTile; ++c) ys[c] = V::load_first(y[c] + k, width - k);
     for (int r = 0; r < kTile; ++r) {
       for (int c = 0; c < kTile; ++c) acc[r * kTile + c] = V::fma(xs[r], ys[c], acc[r * kTile + c]);
     }
   }
-}
-
-// out[r * kTile + c] = x_r . y_c over `width` elements, for the kTile rows x_r = x[r] and y_c:
-// per block of V::kBlockSteps vectors, accumulated in V's lanes from zero and summed over the
-// lanes in V::Sum, the blocks' sums added in float64 (the float64 lane types have one block
-// per row, whose sums are the result).
-template <class V, typename Element>
-inline void tile_dots(const Element* const* x, const Element* const* y, std::int64_t width,
-                      double* out) noexcept {
-  constexpr int kEntries = V::kTile * V::kTile;
-  constexpr std::int64_t kBlock = V::kBlockSteps * V::kLanes;
-  // The bound in linear_norms.hpp counts ceil(n / (8 m)) blocks and 4 levels of lane sums.
-  static_assert(V::kBlockSteps == kWholeRow || (V::kLanes >= 8 && V::kLanes <= 16),
-                "float32 blocks need 8 to 16 lanes");
-  for (int e = 0; e < kEntries; ++e) out[e] = 0.0;
-  for (std::int64_t start = 0; start < width; start += kBlock) {
-    typename V::Vec acc[kEntries];
-    for (auto& entry : acc) entry = V::zero();
-    block_dots<V>(x, y, start, std::min(width, start + kBlock), acc);
-    typename V::Sum sums[kEntries];
-    V::sums(acc, sums);
-    if (start == 0) {
-      for (int e = 0; e < kEntries; ++e) out[e] = static_cast<double>(sums[e]);
-    } else {
-      for (int e = 0; e < kEntries; ++e) out[e] += static_cast<double>(sums[e]);
-    }
-  }
+  V::sums(acc, out);
 }
 
 // How often the pair (t, s) of an upper-triangle tile counts in sum_{t,s}: twice above the
@@ -548,18 +376,6 @@ __attribute__((target("avx2,fma"), flatten)) void examples_avx2(
     double* weight_sq, double* bias_sq) noexcept {
   examples<Avx2Lanes<Element>>(a, g, shape, lo, hi, weight_sq, bias_sq);
 }
-
-__attribute__((target("avx512f,fma"), flatten)) void examples_avx512_blocks(
-    const float* a, const float* g, const Shape& shape, std::int64_t lo, std::int64_t hi,
-    double* weight_sq, double* bias_sq) noexcept {
-  examples<Avx512BlockLanes>(a, g, shape, lo, hi, weight_sq, bias_sq);
-}
-
-__attribute__((target("avx2,fma"), flatten)) void examples_avx2_blocks(
-    const float* a, const float* g, const Shape& shape, std::int64_t lo, std::int64_t hi,
-    double* weight_sq, double* bias_sq) noexcept {
-  examples<Avx2BlockLanes>(a, g, shape, lo, hi, weight_sq, bias_sq);
-}
 #endif
 
 template <typename Element>
@@ -568,50 +384,6 @@ __attribute__((flatten)) void examples_portable(const Element* a, const Element*
                                                 std::int64_t hi, double* weight_sq,
                                                 double* bias_sq) noexcept {
   examples<PortableLanes<Element>>(a, g, shape, lo, hi, weight_sq, bias_sq);
-}
-
-__attribute__((flatten)) void examples_portable_blocks(const float* a, const float* g,
-                                                       const Shape& shape, std::int64_t lo,
-                                                       std::int64_t hi, double* weight_sq,
-                                                       double* bias_sq) noexcept {
-  examples<PortableBlockLanes>(a, g, shape, lo, hi, weight_sq, bias_sq);
-}
-
-// Runs examples [lo, hi) with the lane type of `isa` and `accumulation`.
-template <typename Element>
-void run_examples(Isa isa, Accumulation accumulation, const Element* a, const Element* g,
-                  const Shape& shape, std::int64_t lo, std::int64_t hi, double* weight_sq,
-                  double* bias_sq) noexcept {
-  if constexpr (std::is_same_v<Element, float>) {
-    if (accumulation == Accumulation::kFloat32Blocks) {
-      switch (isa) {
-#if DPSHARP_NORMS_X86
-        case Isa::kAvx512:
-          examples_avx512_blocks(a, g, shape, lo, hi, weight_sq, bias_sq);
-          return;
-        case Isa::kAvx2:
-          examples_avx2_blocks(a, g, shape, lo, hi, weight_sq, bias_sq);
-          return;
-#endif
-        default:
-          examples_portable_blocks(a, g, shape, lo, hi, weight_sq, bias_sq);
-          return;
-      }
-    }
-  }
-  switch (isa) {
-#if DPSHARP_NORMS_X86
-    case Isa::kAvx512:
-      examples_avx512(a, g, shape, lo, hi, weight_sq, bias_sq);
-      return;
-    case Isa::kAvx2:
-      examples_avx2(a, g, shape, lo, hi, weight_sq, bias_sq);
-      return;
-#endif
-    default:
-      examples_portable(a, g, shape, lo, hi, weight_sq, bias_sq);
-      return;
-  }
 }
 
 }  // namespace
@@ -639,8 +411,8 @@ Isa best_isa() noexcept {
 }
 
 template <typename Element>
-void sequence_sq_norms(Isa isa, Accumulation accumulation, const Element* a, const Element* g,
-                       std::int64_t batch, std::int64_t positions, std::int64_t in_features,
+void sequence_sq_norms(Isa isa, const Element* a, const Element* g, std::int64_t batch,
+                       std::int64_t positions, std::int64_t in_features,
                        std::int64_t out_features, double* weight_sq, double* bias_sq,
                        int threads) {
   if (!isa_supported(isa)) {
@@ -658,15 +430,27 @@ void sequence_sq_norms(Isa isa, Accumulation accumulation, const Element* a, con
   parallel_ranges(runs, grain, threads, [&](std::int64_t run_lo, std::int64_t run_hi) {
     const std::int64_t lo = run_lo * run;
     const std::int64_t hi = std::min(batch, run_hi * run);
-    run_examples(isa, accumulation, a, g, shape, lo, hi, weight_sq, bias_sq);
+    switch (isa) {
+#if DPSHARP_NORMS_X86
+      case Isa::kAvx512:
+        examples_avx512(a, g, shape, lo, hi, weight_sq, bias_sq);
+        return;
+      case Isa::kAvx2:
+        examples_avx2(a, g, shape, lo, hi, weight_sq, bias_sq);
+        return;
+#endif
+      default:
+        examples_portable(a, g, shape, lo, hi, weight_sq, bias_sq);
+        return;
+    }
   });
 }
 
-template void sequence_sq_norms<float>(Isa, Accumulation, const float*, const float*,
-                                       std::int64_t, std::int64_t, std::int64_t, std::int64_t,
-                                       double*, double*, int);
-template void sequence_sq_norms<double>(Isa, Accumulation, const double*, const double*,
-                                        std::int64_t, std::int64_t, std::int64_t, std::int64_t,
-                                        double*, double*, int);
+template void sequence_sq_norms<float>(Isa, const float*, const float*, std::int64_t,
+                                       std::int64_t, std::int64_t, std::int64_t, double*,
+                                       double*, int);
+template void sequence_sq_norms<double>(Isa, const double*, const double*, std::int64_t,
+                                        std::int64_t, std::int64_t, std::int64_t, double*,
+                                        double*, int);
 
 }  // namespace dpsharp::linear_norms

@@ -184,15 +184,10 @@ def linear_sequence_sq_norms(
     bias_sq: int,
     threads: int,
     implementation: str = "auto",
-    accumulation: str = "float64",
 ) -> None:
     """weight_sq[i] = sum_{t,s} (a_it . a_is)(g_it . g_is) and, unless bias_sq is 0,
     bias_sq[i] = sum_{t,s} g_it . g_is (float64), for contiguous float32/64 a (batch,
-    positions, in_features) and g (batch, positions, out_features); float32 Gram entries
-    accumulated in float32 blocks ('float32_blocks') or in float64 ('float64')."""
-
-def linear_norms_block_steps() -> int:
-    """Products per float32 lane in one block of the 'float32_blocks' accumulation."""
+    positions, in_features) and g (batch, positions, out_features)."""
 
 def embedding_sq_norms(
     indices: int,

@@ -44,7 +44,6 @@ __all__ = [
     "embedding_clipped_sum",
     "embedding_sq_norms",
     "flat_clip_factors",
-    "linear_norms_block_steps",
     "linear_norms_implementations",
     "linear_sequence_sq_norms",
     "per_example_dots",
@@ -402,18 +401,8 @@ def linear_norms_implementations() -> list[str]:
     return list(_core.linear_norms_implementations())
 
 
-def linear_norms_block_steps() -> int:
-    """m: the products per float32 lane in one block of :func:`linear_sequence_sq_norms`'
-    'float32_blocks' accumulation (every build: the same m and the same round-off bound)."""
-    return int(_core.linear_norms_block_steps())
-
-
-_ACCUMULATIONS = ("float32_blocks", "float64")
-
-
 def linear_sequence_sq_norms(a: torch.Tensor, g: torch.Tensor, *, bias: bool,
                              threads: int | None = None, implementation: str = "auto",
-                             accumulation: str = "float64",
                              ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-example squared gradient norms of a linear layer y = x W^T + b on sequences.
 
@@ -427,28 +416,12 @@ def linear_sequence_sq_norms(a: torch.Tensor, g: torch.Tensor, *, bias: bool,
     (the Gram or "ghost" norm: Goodfellow 2015, "Efficient per-example gradient
     computations"; Li et al., ICLR 2022, "Large language models can be strong differentially
     private learners", section 4). The C++ kernel (cpp/src/linear_norms.cpp) visits the pairs
-    t <= s once, in register tiles, with fused multiply-adds; the products of the Gram entries
-    and their sums are float64. No per-example gradient and no Gram matrix is formed; cost
-    ~ B T^2 (d + p) / 2 multiply-adds. Examples are split over ``threads`` (default
-    ``torch.get_num_threads()``), so the result does not depend on the thread count.
-
-    The Gram entries x . y (n features) of float32 inputs are accumulated as ``accumulation``
-    says:
-
-    - 'float64' (default): float32 rows widened as they are loaded (exact products), float64
-      sums; an entry errs by at most gamma_n(2^-53) ||x|| ||y||, so the norm keeps its digits
-      where an example's positions cancel.
-    - 'float32_blocks' (1.2-1.5x faster on AVX2): float32 lanes over blocks of
-      m = :func:`linear_norms_block_steps` products per lane, each block's lanes summed in
-      float32, the blocks' sums in float64. An entry errs by at most
-      kappa_n sum_k |x_k y_k| + (1 + kappa_n) n 2^-150, with
-      kappa_n = (1 + gamma_{m+4}(2^-24)) (1 + gamma_{ceil(n / (8 m))}(2^-53)) - 1 and
-      gamma_k(u) = k u / (1 - k u) (Higham 2002, "Accuracy and Stability of Numerical
-      Algorithms", 2nd ed., eq. (3.4) and Lemma 3.1; the second term is float32's underflow);
-      see :func:`dpsharp.torch.layers.usages.blocked_gram_roundoff` for the bound it puts on
-      the norms. A sum past float32's range gives inf or NaN for that example.
-
-    float64 inputs are always accumulated in float64.
+    t <= s once, in register tiles: dot products in float64 with fused multiply-adds (float32
+    rows widened as they are loaded: exact products, float64 sums, so that the norm keeps its
+    digits where an example's positions cancel), their products and sums in float64. No
+    per-example gradient and no Gram matrix is formed; cost ~ B T^2 (d + p) / 2 multiply-adds.
+    Examples are split over ``threads`` (default ``torch.get_num_threads()``), so the result
+    does not depend on the thread count.
 
     ``a`` and ``g`` are CPU tensors of one dtype, float32 or float64, agreeing in B and T.
     ``implementation`` is 'auto' or one of :func:`linear_norms_implementations` (they agree
@@ -471,9 +444,6 @@ def linear_sequence_sq_norms(a: torch.Tensor, g: torch.Tensor, *, bias: bool,
     if a.shape[:2] != g.shape[:2]:
         raise ValueError(f"a and g must agree in batch and positions, got shapes "
                          f"{tuple(a.shape)} and {tuple(g.shape)}")
-    if accumulation not in _ACCUMULATIONS:
-        raise ValueError(f"accumulation must be 'float32_blocks' or 'float64', got "
-                         f"{accumulation!r}")
     src_a, src_g = a.contiguous(), g.contiguous()
     batch, positions, in_features = (int(v) for v in src_a.shape)
     weight_sq = torch.empty(batch, dtype=torch.float64)
@@ -482,7 +452,7 @@ def linear_sequence_sq_norms(a: torch.Tensor, g: torch.Tensor, *, bias: bool,
         src_a.data_ptr(), src_g.data_ptr(), dtype_code(src_a.dtype), batch, positions,
         in_features, int(src_g.shape[2]), weight_sq.data_ptr(),
         bias_sq.data_ptr() if bias_sq is not None and batch else 0, _threads(threads),
-        implementation, accumulation)
+        implementation)
     return weight_sq, bias_sq
 
 

@@ -265,66 +265,6 @@ def gram_roundoff_factor(features_a: int, features_g: int, positions: int) -> fl
             * (1.0 + _gamma(positions * positions + 1, unit)) - 1.0)
 
 
-# How the fused CPU kernel accumulates the Gram entries of float32 sequences on the Gram path
-# (LinearUsage.sq_norm_and_slack): 'float64' (exact products, float64 sums: the norm keeps its
-# digits, raised by gram_roundoff_factor, ~1e-13 relative) or 'float32_blocks' (1.2-1.5x
-# faster kernel, bench/results/norm_kernels.txt; the norm raised by blocked_gram_roundoff,
-# about (m + 4) 2^-24 T relative on independent positions: 1.2e-6 T at m = 16, so that every
-# clipped contribution is that much below C, against float32 autograd's ~1e-7).
-_FUSED_GRAM_ACCUMULATION = "float64"
-
-# The fused kernel's float32-block norms are recomputed with float64 Grams for the examples
-# whose round-off bound (blocked_gram_roundoff) exceeds this fraction of the computed squared
-# norm (the norm raised by more than about 0.4%: positions that cancel, entries near float32's
-# underflow) or whose norm is not finite (float32 overflow). Independent Gaussian positions
-# stay far below it at the T the Gram path is taken for (bench/results/clip_slack.md).
-_BLOCKED_GRAM_REDO = 2.0**-7
-
-
-def blocked_gram_roundoff(features_a: int, features_g: int, positions: int
-                          ) -> tuple[float, float, float, float]:
-    """(kappa, mu_a, mu_g, mu_ag) with, for a ghost norm sum_{t,s} A_ts G_ts of float32 rows
-    from the fused kernel's float32-block Grams
-    (:func:`dpsharp.torch.kernels.linear_sequence_sq_norms`, accumulation 'float32_blocks'),
-    S = sum_t ||a_t|| ||g_t||, S_a = sum_t ||a_t|| and S_g = sum_t ||g_t||::
-
-        |computed - exact| <= kappa S^2 + mu_a S_g^2 + mu_g S_a^2 + mu_ag.
-
-    Each Gram entry A_ts of n = ``features_a`` features is a float32 recursive sum of at most
-    m products per lane (m = :func:`dpsharp.torch.kernels.linear_norms_block_steps`), its
-    lanes summed in float32 in at most 4 levels, and at most ceil(n / (8 m)) such block sums
-    added in float64, so |fl(A_ts) - A_ts| <= k_n ||a_t|| ||a_s|| + e_n with
-    k_n = (1 + gamma_{m+4}(2^-24)) (1 + gamma_{ceil(n/(8m))}(2^-53)) - 1 (Higham 2002,
-    "Accuracy and Stability of Numerical Algorithms", 2nd ed., eq. (3.4) and Lemma 3.1; fused
-    multiply-adds included) and e_n = (1 + k_n) n 2^-150 (a product that underflows float32
-    errs by at most half its smallest subnormal spacing; additions that underflow are exact);
-    likewise G_ts with p = ``features_g``. A term A_ts G_ts then errs by at most
-    |dA| |G| + |A| |dG| + |dA| |dG| with |A_ts| <= ||a_t|| ||a_s||; summed over the T^2 pairs
-    (sum_{t,s} ||a_t|| ||a_s|| ||g_t|| ||g_s|| = S^2, sum_{t,s} ||g_t|| ||g_s|| = S_g^2), with
-    the float64 products and sums' own gamma_{T^2+1}(2^-53) (as in
-    :func:`gram_roundoff_factor`) on top:
-
-        kappa = (1 + k_d)(1 + k_p) c - 1,   c = 1 + gamma_{T^2+1}(2^-53),
-        mu_a = c (1 + k_p) e_d,   mu_g = c (1 + k_d) e_p,   mu_ag = c e_d e_p T^2.
-
-    kappa is about 2 (m + 4) 2^-24 (2.4e-6 at m = 16) against 2^-53 (d + p) for float64 Grams:
-    on independent positions S^2 is about T times the squared norm, so the norm is raised by
-    about (m + 4) 2^-24 T relative (3e-4 at T = 256; bench/results/clip_slack.md). Used where
-    :data:`_FUSED_GRAM_ACCUMULATION` is 'float32_blocks'."""
-    steps = kernels.linear_norms_block_steps()
-    block = _gamma(steps + 4, 2.0**-24)
-
-    def entry(features: int) -> tuple[float, float]:
-        k = (1.0 + block) * (1.0 + _gamma(-(-features // (8 * steps)), 2.0**-53)) - 1.0
-        return k, (1.0 + k) * features * 2.0**-150
-
-    k_d, e_d = entry(features_a)
-    k_p, e_p = entry(features_g)
-    c = 1.0 + _gamma(positions * positions + 1, 2.0**-53)
-    return ((1.0 + k_d) * (1.0 + k_p) * c - 1.0, c * (1.0 + k_p) * e_d, c * (1.0 + k_d) * e_p,
-            c * e_d * e_p * positions * positions)
-
-
 def split_product_roundoff_factor(terms: int) -> float:
     """kappa of :func:`product_roundoff_factor` for the split bfloat16 clipped sum
     (:meth:`LinearUsage._split_bf16_clipped_sum`): the scale, the clip factor and their product
@@ -962,34 +902,7 @@ class LinearUsage(_WeightBiasUsage):
             # the norm does not see the layout
             return kernels.per_example_sq_norms(self._per_example_base) * s2, None
         if self._fused_sequence_norms():
-            import torch
-
-            if (_FUSED_GRAM_ACCUMULATION == "float32_blocks"
-                    and _wide(self.a[:0]).dtype == torch.float32):
-                # float32-block Grams: raised by their bound (blocked_gram_roundoff); examples
-                # whose bound is not small against the norm, or whose norm overflowed, are
-                # recomputed with float64 Grams (raised below like the other routes)
-                if self._sequence_sq is None:
-                    self._sequence_sq = kernels.linear_sequence_sq_norms(
-                        _wide(self.a), _wide(self.g), bias=False,
-                        accumulation="float32_blocks")[0]
-                sq = self._sequence_sq
-                self._position_products()
-                assert self._row_sq is not None
-                kappa, mu_a, mu_g, mu_ag = blocked_gram_roundoff(
-                    int(self.a.shape[2]), int(self.g.shape[2]), positions)
-                sum_a, sum_g = (r.sqrt().sum(dim=1) * (1.0 + 1e-12) for r in self._row_sq)
-                bound = (kappa * self._position_products().square() + mu_a * sum_g.square()
-                         + mu_g * sum_a.square() + mu_ag)
-                redo = ~torch.isfinite(sq) | (bound > _BLOCKED_GRAM_REDO * sq)
-                sq = sq + bound
-                if bool(redo.any()):
-                    rows = redo.nonzero().squeeze(1)
-                    sq[rows] = kernels.linear_sequence_sq_norms(
-                        _wide(self.a[rows]), _wide(self.g[rows]), bias=False,
-                        accumulation="float64")[0]
-            else:
-                sq = self._sequence_norms()
+            sq = self._sequence_norms()
         else:
             gram_a = _gram_bmm(self.a, self.a.transpose(1, 2))
             gram_g = _gram_bmm(self.g, self.g.transpose(1, 2))
