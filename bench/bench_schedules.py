@@ -10,17 +10,18 @@ Schedules, Poisson q = 0.01, delta = 1e-5, one step per noise multiplier:
 * ``adp``: ADP-SGD over a polynomially decaying learning rate eta_t = 0.5 / sqrt(1 + t / 100),
   scale 1.0 (sigma from 1 up to about 3.2).
 
-For each schedule and number of steps (= distinct sigmas), in a fresh worker process: the
-certified epsilon of a fresh accountant, the time of the query alone (``epsilon`` on an
-accountant holding the composed events) and of the whole (events built, composed and queried,
-after the process's one-off imports, which are timed apart: about 2 s of SciPy on a 2-core
-machine, paid once per process), each the median of ``--repeat`` runs, and the number of distinct discretisations after the
-rounding of the noise multipliers (with its quantum). ``--bounds`` adds the certified lower
+For each schedule and number of steps (= distinct sigmas), in a fresh worker process: the certified
+epsilon of a fresh accountant, the time of the query alone (``epsilon`` on an accountant holding
+the composed events) and of the whole (events built, composed and queried, after the process's
+one-off imports, which are timed apart: about 2 s of SciPy on a 2-core machine, paid once per
+process), each the median of ``--repeat`` runs, and the number of distinct discretisations after
+the rounding of the noise multipliers (with its quantum). ``--bounds`` adds the certified lower
 bound of ``epsilon_bounds`` and the relative gap (upper - lower) / upper (one run, timed
-separately). ``--baseline SRC`` times the same in workers that import dpsharp from the
-directory SRC instead (e.g. an older checkout's ``python/``, with its compiled ``_core``),
-alternating with the current code (or the one in ``--source``) for ``--rounds`` rounds on the
-same machine, and reports the ratio of the medians. The peers (dp-accounting 0.6.0 PLD at
+separately). ``--baseline SRC`` times the same in workers that import dpsharp from the directory
+SRC instead (e.g. an older checkout's ``python/``, with its compiled ``_core``), alternating with
+the current code (or the one in ``--source``) for ``--rounds`` rounds on the same machine, and
+reports the ratio of the medians, in wall-clock and in the process's CPU time (all threads: the
+work done, steadier than wall-clock on a shared machine). The peers (dp-accounting 0.6.0 PLD at
 1e-4, prv-accountant 0.2.0) compose the ``adp`` schedule's first ``--peer-steps`` steps
 (``--peer-steps 0`` skips them; they take minutes). Every line is printed and saved to ``--out``.
 """
@@ -79,18 +80,21 @@ def measure(schedule: str, steps: int, repeat: int, bounds: bool) -> dict[str, A
 
     dpsharp.accountant("pld")
     imported = time.perf_counter() - start
-    totals, queries = [], []
+    totals, queries, cpus = [], [], []
     eps = float("nan")
     for _ in range(repeat):
         start = time.perf_counter()
         accountant = fresh(schedule, steps)
         built = time.perf_counter()
+        cpu = time.process_time()
         eps = accountant.epsilon(DELTA)
         done = time.perf_counter()
+        cpus.append(time.process_time() - cpu)
         totals.append(done - start)
         queries.append(done - built)
     out: dict[str, Any] = {"eps": eps, "total": statistics.median(totals),
-                           "query": statistics.median(queries), "import": imported}
+                           "query": statistics.median(queries), "import": imported,
+                           "query_cpu": statistics.median(cpus)}
     quantum = accountant._rounding_quantum("remove", True)
     out["quantum"] = quantum
     keys = accountant._leaf_keys.get(("remove", quantum, True)) or accountant._exact_keys("remove")
@@ -209,9 +213,12 @@ def main() -> None:
             if theirs:
                 old_query = statistics.median(t["query"] for t in theirs)
                 old_total = statistics.median(t["total"] for t in theirs)
+                cpu = statistics.median(o["query_cpu"] for o in ours)
+                old_cpu = statistics.median(t["query_cpu"] for t in theirs)
                 line += (f" | baseline eps={theirs[0]['eps']:.5f} query={old_query:.3f}s "
                          f"total={old_total:.3f}s discretised={theirs[0]['distinct']}: query "
-                         f"x{old_query / query:.2f} faster, total x{old_total / total:.2f}")
+                         f"x{old_query / query:.2f} faster, total x{old_total / total:.2f}, "
+                         f"query CPU time {old_cpu:.3f}s -> {cpu:.3f}s (x{old_cpu / cpu:.2f})")
             line += f" load={min(loads):.1f}-{max(loads):.1f}"
             report(line)
     if args.peer_steps <= 0:

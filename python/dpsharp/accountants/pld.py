@@ -15,12 +15,14 @@ Jalko, Honkela 2020), and the folding of the linear result onto the FFT circle i
 with Chernoff bounds (see :mod:`dpsharp.accountants._pld_numerics`). A schedule with many distinct
 events (a different noise multiplier at every step) rounds the multipliers onto a grid geometric
 in the root of the per-step loss variance (pessimistically for the upper bound; sampling rates
-are kept), discretises them in batches that share the
-sigma-independent work, and composes them in two levels with the first level's truncation
-accounted on each side (``_pld_numerics._compose_two_level``). A long composition (from 2^15
-steps) of few distinct events is done in two stages when that is predicted to be cheaper: blocks
-of steps on the fine grid, each block moved to a coarser grid by a mean-preserving spread
-(pessimistic) or contraction (optimistic), then the blocks (``_pld_numerics.compose_staged``).
+are kept) and accounts them on a grid twice the formula's (the rounding, not the grid, sets
+such a schedule's bracket; its lower bound is taken on the formula's grid), discretises them in
+batches that share the sigma-independent work, and composes them in two levels with the first
+level's truncation accounted on each side (``_pld_numerics._compose_two_level``). A long
+composition (from 2^15 steps) of few distinct events is done in two stages when that is
+predicted to be cheaper: blocks of steps on the fine grid, each block moved to a coarser grid
+by a mean-preserving spread (pessimistic) or contraction (optimistic), then the blocks
+(``_pld_numerics.compose_staged``).
 A long composition's spectrum is confined to a band of low frequencies; such a composition is
 kept as that band and its epsilon and delta queries are answered from closed-form sums over it,
 without the inverse transform of the circle (``_pld_band``). A narrow per-step PLD composed many
@@ -757,9 +759,9 @@ class PLDAccountant(Accountant):
         check decides. With many distinct
         events the coarse pass also rounds the noise multipliers on a coarser grid
         (``_COARSE_QUANTUM``; still pessimistic), except its last, finest check, on twice the
-        schedule's grid with its own rounding (each still a certified upper bound). Under Poisson sampling the remove direction
-        usually dominates, and this saves most of the add direction's FFTs; the answer is still
-        a function of the multiset only."""
+        schedule's grid with its own rounding (each still a certified upper bound). Under
+        Poisson sampling the remove direction usually dominates, and this saves most of the add
+        direction's FFTs; the answer is still a function of the multiset only."""
         directions = self._directions()
         step = self._grid_step(refinement)
         best = upper_value(self._composed(directions[0], True, step, tail))
