@@ -321,3 +321,47 @@ def test_tied_head_on_the_bfloat16_route_stays_within_the_bound(bfloat16_route, 
     assert bfloat16_route  # the head took the bfloat16 route
     norm = float(torch.sqrt(sum(p.grad.double().pow(2).sum() for p in clipper.parameters)))
     assert 0.99 < norm <= 1.0 + 1e-6
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_convolution_on_the_bfloat16_route(bfloat16_route, monkeypatch, seed) -> None:
+    """A convolution whose per-example gradients are materialised (few channels, many
+    positions), its device route forced on the CPU: under bf16 autocast they are kept in
+    bfloat16, one example's released gradient stays within C (1 + 1e-6), and a batch's released
+    weight gradient equals float64 clipping of the stored per-example gradients."""
+    from dpsharp.torch import NoiseGenerator, PerSampleClipper
+    from dpsharp.torch.layers.usages import ConvUsage
+
+    monkeypatch.setattr(ConvUsage, "_fused_kernel", lambda self: False)
+    stored = []
+    original = ConvUsage._weight_per_example
+
+    def keep(self):  # type: ignore[no-untyped-def]
+        out = original(self)
+        stored.append(out)
+        return out
+
+    monkeypatch.setattr(ConvUsage, "_weight_per_example", keep)
+    torch.manual_seed(seed)
+    model = torch.nn.Conv2d(3, 4, 3, padding=1, bias=False)
+    for batch in (1, 5):
+        model.weight.grad = None
+        x = torch.randn(batch, 3, 8, 8) * 10.0 ** (seed - 2)
+        target = torch.randn(batch, 4, 8, 8)
+        clipper = PerSampleClipper(model, max_grad_norm=1.0)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = model(x)
+        ((out.float() - target) ** 2).sum().backward()
+        clipper.release(noise_multiplier=0.0, expected_batch_size=1.0, noise=NoiseGenerator(0))
+        clipper.remove()
+        per = stored[-1]
+        assert per.dtype == torch.bfloat16 and bfloat16_route
+        got = model.weight.grad.double().reshape(-1)
+        if batch == 1:
+            assert 0.99 < float(got.norm()) <= 1.0 + 1e-6
+        else:
+            rows = per.double().reshape(batch, -1)
+            factors = (1.0 / rows.norm(dim=1)).clamp(max=1.0)
+            want = (factors[:, None] * rows).sum(dim=0)
+            bound = (factors[:, None] * rows.abs()).sum(dim=0) * (2.0**-15 + 2.0**-21)
+            assert bool(((got - want).abs() <= bound).all())

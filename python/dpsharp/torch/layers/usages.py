@@ -120,15 +120,18 @@ def _wide_bmm(m1: torch.Tensor, m2: torch.Tensor,
     the product of widened copies, without writing the copies, and at the half-precision
     matrix rate (a GPT-2-small layer under bf16 autocast: its Gram matrices in float32 ran at
     about a tenth of the non-private backward's rate on an H200). Elsewhere the operands are
-    widened first; float32 operands on a GPU are multiplied in float64
-    (:func:`_float64_bmm`). ``out``, when given, receives the float32 (or plain) product."""
+    widened first; float32 operands on a GPU where the user enabled TF32 (or a lowered matmul
+    precision) are multiplied in float64 (:func:`_float64_bmm`), so that the per-example
+    gradients keep float32 accuracy (their norms and sums read the stored values, so soundness
+    does not depend on it). ``out``, when given, receives the float32 (or plain) product."""
     import torch
 
     half = (torch.float16, torch.bfloat16)
     if m1.dtype in half and m1.dtype == m2.dtype and _bmm_has_out_dtype(m1.device.type):
         product = torch.bmm(m1, m2, out_dtype=torch.float32)
         return product if out is None else out.copy_(product)
-    if m1.is_cuda and m1.dtype == torch.float32 and m2.dtype == torch.float32:
+    if (m1.is_cuda and m1.dtype == torch.float32 and m2.dtype == torch.float32
+            and _float32_operand_roundoff(m1.device)):
         product = _float64_bmm(m1, m2)
         return product.to(torch.float32) if out is None else out.copy_(product)
     return torch.bmm(_wide(m1), _wide(m2), out=out)
@@ -1171,14 +1174,28 @@ class ConvUsage(_WeightBiasUsage):
         if self._per_example_weight is None:
             b, out_channels, positions = self.g.shape
             g = self.g
-            pe = torch.empty(b, out_channels, self._row, dtype=_wide(g[:0]).dtype,
-                             device=g.device)
+            half = self._half_per_example()  # bfloat16 gradients, as for linear layers
+            dtype = g.dtype if half else _wide(g[:0]).dtype
+            product = torch.bmm if half else _wide_bmm
+            pe = torch.empty(b, out_channels, self._row, dtype=dtype, device=g.device)
             step = self._step(positions * self._row)
             for lo in range(0, b, step):
                 hi = min(b, lo + step)
-                _wide_bmm(g[lo:hi], self._patches(lo, hi), out=pe[lo:hi])
+                product(g[lo:hi], self._patches(lo, hi), out=pe[lo:hi])
             self._per_example_weight = pe
         return self._per_example_weight
+
+    def _half_per_example(self) -> bool:
+        """Whether materialised per-example weight gradients are formed and kept in bfloat16,
+        as :meth:`LinearUsage._half_per_example` decides for linear layers (bfloat16 input and
+        output gradient under autocast, off the CPU's fused kernel, on a device with
+        mixed-precision products): their norms are measured on the stored values and the
+        clipped sum reads the same values, so no round-off bound is needed, and they take half
+        the memory of float32 ones."""
+        import torch
+
+        return (self.x.dtype == torch.bfloat16 and self.g.dtype == torch.bfloat16
+                and not self._fused_kernel() and _materialises_in_bfloat16(self.x.device.type))
 
     def _bias_per_example(self) -> torch.Tensor:
         if self._bias_rows is None:  # summed over positions in float32 at least
