@@ -382,6 +382,13 @@ def cuda_clip_per_example_sq_norms(
 ) -> None:
     """CUDA: out[i] = sum_j g[i, j]^2 in float64 (device addresses, caller's stream)."""
 
+def cuda_clip_per_example_dot_partials(
+    a: int, b: int, dtype_code: int, batch: int, numel: int, slices: int, partial: int,
+    stream: int,
+) -> None:
+    """CUDA: partial[i * slices + s] = sum over slice s of example i of a_j b_j, float64
+    (device addresses, caller's stream)."""
+
 def cuda_clip_weighted_rows(
     rows: int, dtype_code: int, factors: int, batch: int, numel: int, out: int, stream: int
 ) -> None:
