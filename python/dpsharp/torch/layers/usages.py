@@ -462,60 +462,30 @@ def _materialises_in_bfloat16(device_type: str) -> bool:
     return _bmm_has_out_dtype(device_type)
 
 
-def _bfloat16_toward_zero(values: torch.Tensor) -> torch.Tensor:
-    """float64 ``values`` rounded toward zero to bfloat16, so that |result| <= |value| exactly:
-    to float32 (to nearest), one float32 step toward zero where that rounded away from it,
-    then the float32's low 16 bits cleared (bfloat16 is float32's top half, so clearing them
-    truncates the significand toward zero, subnormals included)."""
-    import torch
-
-    narrow = values.to(torch.float32)
-    away = narrow.to(torch.float64).abs() > values.abs()
-    narrow = torch.where(away, torch.nextafter(narrow, torch.zeros_like(narrow)), narrow)
-    return (narrow.view(torch.int32) & -65536).view(torch.float32).to(torch.bfloat16)
-
-
 def _bfloat16_weighted_sum(rows: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """sum_i weights[i] * rows[i] in float32 for bfloat16 rows (B, ...) and float64 weights
-    (B,), reading the rows once.
+    (B,): float64 products and sums, rounded once to float32, so a single example's part is
+    within 2^-24 relative of c r (a tied weight's uses, each rounded once, stay within the tied
+    norm's slack however they cancel).
 
-    With the CUDA kernels built, :func:`dpsharp.torch.kernels.weighted_rows_float32`: float64
-    products and sums, one rounding to float32 (torch ran the mixed-precision product below
-    in an sm75 CUTLASS kernel on an H100: GPT-2 small's weighted sums at batch 32 took 30 ms
-    of a step that way).
-
-    Otherwise each weight w is split into two bfloat16 numbers rounded toward zero,
-    hi = rz(w) and lo = rz(w - hi) (w - hi is exact in float64: Sterbenz), so that
-    |hi + lo| <= |w| and |w - hi - lo| <= 2^-15 |w|. One (2, B) x (B, n) product with float32
-    accumulation and result (``torch.bmm(..., out_dtype=torch.float32)``, blocks of
-    :data:`_SUM_BLOCK_ROWS` examples summed in float64) gives sum_i hi_i r_i and
-    sum_i lo_i r_i, and the two rows are added. For one example both products are exact
-    (8-bit times 8-bit significands fit float32's 24) and the addition rounds once, so its
-    contribution is at most (1 + 2^-24) |w| ||r||: within its clip bound, with no round-off
-    slack to carry. Where torch has no such product (the CPU) the same arithmetic runs on
-    float32 copies."""
+    With the CUDA kernels built, :func:`dpsharp.torch.kernels.weighted_rows_float32`, which
+    reads each bfloat16 element once (torch ran a mixed-precision product of the same shape in
+    an sm75 CUTLASS kernel on an H100: GPT-2 small's weighted sums at batch 32 took 30 ms of a
+    step that way). Elsewhere one float64 matrix product per block of columns (2^24 float64
+    elements of widened rows at a time)."""
     import torch
 
     if rows.is_cuda and kernels.cuda_built():
         return kernels.weighted_rows_float32(rows, weights)
     batch = int(rows.shape[0])
     flat = rows.reshape(batch, -1)
-    wide = weights.to(torch.float64)
-    high = _bfloat16_toward_zero(wide)
-    pair = torch.stack([high, _bfloat16_toward_zero(wide - high.to(torch.float64))])
-    mixed = _bmm_has_out_dtype(flat.device.type)
-    total: torch.Tensor | None = None
-    for lo in range(0, max(batch, 1), _SUM_BLOCK_ROWS):
-        hi = min(batch, lo + _SUM_BLOCK_ROWS)
-        if mixed:
-            part = torch.bmm(pair[None, :, lo:hi], flat[None, lo:hi], out_dtype=torch.float32)[0]
-        else:
-            part = torch.mm(pair[:, lo:hi].float(), flat[lo:hi].float())
-        if batch <= _SUM_BLOCK_ROWS:
-            return (part[0] + part[1]).reshape(rows.shape[1:])
-        total = part.to(torch.float64) if total is None else total.add_(part)
-    assert total is not None
-    return (total[0] + total[1]).to(torch.float32).reshape(rows.shape[1:])
+    wide = weights.to(device=rows.device, dtype=torch.float64).reshape(1, batch)
+    out = torch.empty(flat.shape[1], dtype=torch.float32, device=rows.device)
+    step = max(1, (1 << 24) // max(batch, 1))
+    for lo in range(0, int(flat.shape[1]), step):
+        hi = min(int(flat.shape[1]), lo + step)
+        out[lo:hi] = torch.mm(wide, flat[:, lo:hi].to(torch.float64))[0]
+    return out.reshape(rows.shape[1:])
 
 
 def weighted_sum(rows: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -769,10 +739,10 @@ class LinearUsage(_WeightBiasUsage):
         precision autocast gives the layer's ordinary weight gradient. Soundness needs no
         round-off bound here: the norm is measured on the stored values (float64 sums of their
         squares) and the clipped sum reads the same values (:func:`_bfloat16_weighted_sum`:
-        float64 sums rounded once to float32, or factors rounded toward zero), so what is summed
-        is what was measured. The Gram path instead
-        needs float64 Grams and a split product, each with its bound (GPT-2 small under bf16
-        autocast on an H200: 0.33x of the non-private step's throughput that way). The rule
+        float64 sums rounded once to float32), so what is summed is what was measured. The
+        Gram path instead needs float64 Grams and a split product, each with its bound (GPT-2
+        small under bf16 autocast on an H200: 0.33x of the non-private step's throughput that
+        way). The rule
         trades memory for it: bfloat16 gradients up to
         :data:`_HALF_MATERIALISED_PER_STORED` times the example's stored input and output
         gradient."""
@@ -895,15 +865,16 @@ class LinearUsage(_WeightBiasUsage):
                 return self.out_grad_sq() * s2, None
             return kernels.per_example_sq_norms(self._bias_per_example()) * s2, None
         positions = int(self.a.shape[1])
+        # materialised (by the rule below, or by tied_sq_norm): the norm of the stored values,
+        # which the clipped sum reads (the norm does not see the layout)
+        if self._per_example_weight is not None or (positions > 1 and self._materialise_weight()):
+            self._weight_per_example()
+            return kernels.per_example_sq_norms(self._per_example_base) * s2, None
         if positions == 1:  # ||a_i g_i^T||_F^2 = ||a_i||^2 ||g_i||^2
             sq = self._input_sq() * self.out_grad_sq() * s2
             if self._product_kappa() <= 2.0**-21:
                 return sq, None
             return sq, sq.sqrt() * self._product_kappa()
-        if self._materialise_weight():
-            self._weight_per_example()
-            # the norm does not see the layout
-            return kernels.per_example_sq_norms(self._per_example_base) * s2, None
         if self._fused_sequence_norms():
             sq = self._sequence_norms()
         else:
@@ -1776,6 +1747,17 @@ def tied_sq_norm(p: torch.nn.Parameter, usages: list[Usage]) -> torch.Tensor | N
     pairs = [(u, v) for k, u in enumerate(usages) for v in usages[k + 1:]]
     if not all(_cross_covered(u, v, p) for u, v in pairs):
         return None
+    # A materialised use's gradient is its stored values (rounded: bfloat16, or a float32
+    # product), and its norm and clipped sum read them; a cross term with another linear use
+    # must read the same values, so where one linear use materialises, all of them do (two
+    # linear uses whose gradients cancel, one materialised and the other's cross term taken
+    # from exact Grams, released 1614 C under bf16 and 168 C with float32 products).
+    linear = [u for u in usages if isinstance(u, LinearUsage)]
+    if len(linear) > 1 and any(u._per_example_weight is not None
+                               or (int(u.a.shape[1]) > 1 and u._materialise_weight())
+                               for u in linear):
+        for u in linear:
+            u._weight_per_example()
     # first: a usage may materialise its gradients
     norms_and_slacks = [u.sq_norm_and_slack(p) for u in usages]
     norms = [sq for sq, _ in norms_and_slacks]
