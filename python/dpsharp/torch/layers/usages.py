@@ -742,8 +742,7 @@ class LinearUsage(_WeightBiasUsage):
         float64 sums rounded once to float32), so what is summed is what was measured. The
         Gram path instead needs float64 Grams and a split product, each with its bound (GPT-2
         small under bf16 autocast on an H200: 0.33x of the non-private step's throughput that
-        way). The rule
-        trades memory for it: bfloat16 gradients up to
+        way). The rule trades memory for it: bfloat16 gradients up to
         :data:`_HALF_MATERIALISED_PER_STORED` times the example's stored input and output
         gradient."""
         import torch
