@@ -612,17 +612,7 @@ class PLDAccountant(Accountant):
         again."""
         keys = self._exact_leaf_keys.setdefault(direction, [])
         if len(keys) < len(self._counts):
-            # The step of a per-step schedule (a Poisson-subsampled Gaussian, q < 1) inline, the
-            # branch of _leaves it takes, without a method call per event.
-            code = _REMOVE if direction == "remove" else _ADD
-            leaves = self._leaves
-            keys.extend(
-                _Leaf(code, leaf.event.noise_multiplier, leaf.sampling_probability)
-                if type(leaf) is PoissonSampled and type(leaf.event) is Gaussian
-                and leaf.sampling_probability != 1.0
-                else leaves(leaf, direction)
-                for leaf in islice(self._counts, len(keys), None)
-            )
+            keys.extend(self._leaves(leaf, direction) for leaf in islice(self._counts, len(keys), None))
         return keys
 
     def _rounding_quantum(self, direction: str, pessimistic: bool) -> float:
