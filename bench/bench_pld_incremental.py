@@ -1,16 +1,19 @@
 """Incremental accounting: the tight accountant's epsilon after every step of a run (what a
 budget check does), against fresh compositions of the same ledger.
 
-    python bench/bench_pld_incremental.py [--steps 2000] [--check-every 250]
+    python bench/bench_pld_incremental.py [--steps 2000] [--check-every 100] [--check-first 40]
                                           [--out bench/results/pld_incremental.txt] [--profile]
                                           [--against OTHER/python --rounds 3]
 
 One accountant composes ``PoissonSampled(Gaussian(1.0), 0.01)`` one step at a time and is asked
 epsilon(1e-5) after each step; the time per step (compose + query) is reported for the whole run,
 for the first 10 steps, and per quarter, in wall-clock and in this process's CPU time (the
-machine is shared: CPU time is the steadier of the two). Every ``--check-every`` steps (and at
-the last) a fresh accountant composes the same number of steps at once: its answer must equal
-the incremental one bit for bit, and its query time gives the ratio fresh / incremental per step.
+machine is shared: CPU time is the steadier of the two). At every one of the first
+``--check-first`` steps (short compositions, whose grid is refined per bucket of step counts),
+every ``--check-every`` steps and at the last, a fresh accountant composes the same number of
+steps at once: its answer must equal the incremental one bit for bit, and its query time gives
+the ratio fresh / incremental per step (shown for the first step of each bucket, every tenth
+check and any difference).
 ``--profile`` runs the loop under cProfile and appends where a step's time goes (the functions
 with the most own time, grouped: transforms, epsilon searches, discretisation, the rest).
 ``--against DIR`` also times the same loop with the dpsharp package found in DIR (e.g. the
@@ -37,7 +40,8 @@ DELTA = 1e-5
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=2000)
-    parser.add_argument("--check-every", type=int, default=250)
+    parser.add_argument("--check-every", type=int, default=100)
+    parser.add_argument("--check-first", type=int, default=40)
     parser.add_argument("--sigma", type=float, default=1.0)
     parser.add_argument("--q", type=float, default=0.01)
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results",
@@ -82,7 +86,8 @@ def main() -> None:
         chunk, chunk_cpu = per_step[begin:end], cpu[begin:end]
         lines.append(f"  steps {begin + 1:5d}-{end:5d}: {sum(chunk) / len(chunk) * 1e3:.3f} ms "
                      f"per step (CPU {sum(chunk_cpu) / len(chunk) * 1e3:.3f} ms)")
-    checks = sorted({*range(args.check_every, args.steps + 1, args.check_every), args.steps})
+    checks = sorted({*range(1, min(args.check_first, args.steps) + 1),
+                     *range(args.check_every, args.steps + 1, args.check_every), args.steps})
     mismatches = 0
     for step in checks:
         start = time.perf_counter()
@@ -90,9 +95,12 @@ def main() -> None:
         seconds = time.perf_counter() - start
         same = fresh == answers[step]
         mismatches += not same
-        lines.append(f"  step {step:5d}: fresh {fresh:.9f} in {seconds * 1e3:.1f} ms "
-                     f"({seconds / per_step[step - 1]:.1f}x the incremental step); "
-                     f"{'equal' if same else 'DIFFERENT: ' + repr(answers[step])}")
+        shown = step > args.check_first and (step % (10 * args.check_every) == 0
+                                             or step == args.steps)
+        if shown or not same or step in (1, 2, 3, 5, 9, 17, 33):
+            lines.append(f"  step {step:5d}: fresh {fresh:.9f} in {seconds * 1e3:.1f} ms "
+                         f"({seconds / per_step[step - 1]:.1f}x the incremental step); "
+                         f"{'equal' if same else 'DIFFERENT: ' + repr(answers[step])}")
     lines.append(f"answers equal to a fresh composition: {len(checks) - mismatches} of "
                  f"{len(checks)} checked")
     if profile is not None:

@@ -136,7 +136,12 @@ import numpy as np
 import scipy.signal
 
 from dpsharp._native import core as _core
-from dpsharp.accountants._pld_band import BAND_FRACTION, BandSpectrum, remember_read_only
+from dpsharp.accountants._pld_band import (
+    BAND_FRACTION,
+    BandSpectrum,
+    CrossingHint,
+    remember_read_only,
+)
 
 __all__ = [
     "ComposedPLD",
@@ -438,6 +443,12 @@ class DiscretePLD:
         """:meth:`log_mgf` at the Chernoff exponents (:func:`chernoff_exponents`), computed once
         per PLD (a heterogeneous composition computes it on the worker that discretised it)."""
         return self.log_mgf(chernoff_exponents())
+
+    @cached_property
+    def non_negative(self) -> bool:
+        """Whether every stored mass is >= 0 (then so is every mass of an exact composition of
+        such PLDs, and its hockey-stick curve is non-increasing), computed once per PLD."""
+        return bool((self.mass >= 0.0).all())
 
     @cached_property
     def mass_l1(self) -> float:
@@ -761,9 +772,17 @@ class ComposedPLD:
         value = mass_above - discount * weighted_above + constant
         return min(max(value, 0.0), 1.0)
 
-    def epsilon(self, delta: float, *, pessimistic: bool) -> float:
+    def epsilon(
+        self, delta: float, *, pessimistic: bool, hint: CrossingHint | None = None
+    ) -> float:
         """The smallest eps >= 0 with ``delta(eps) <= delta`` (exact for the discrete curve, which
-        is ``A - e^eps B`` between grid points); inf when the +inf mass alone exceeds delta."""
+        is ``A - e^eps B`` between grid points); inf when the +inf mass alone exceeds delta.
+
+        ``hint`` (a composition held as a band): the grid point where a previous query crossed,
+        looked at first (:meth:`BandSpectrum.crossing`, the same answer in a few evaluations
+        instead of a bisection; the curve computed is within ``noise`` plus the band's
+        evaluation bound of the exact composition's, which is non-increasing), and updated
+        to this query's crossing."""
         constant, low_mass = self._constants(pessimistic, from_masses=self.spectral is None)
         h = self.grid_step
         first = self.start * h
@@ -782,10 +801,16 @@ class ComposedPLD:
             # is the constant alone (empty suffix sums said inf, an unsound lower bound).
             return 0.0 if constant <= delta else float("inf")
         if self.spectral is not None:
-            found = self.spectral.crossing(i0, constant, delta)
+            local = None if hint is None or hint.index is None else hint.index - self.start
+            found = self.spectral.crossing(
+                i0, constant, delta, hint=local,
+                margin=(self.noise + self.spectral.error) * _MARGIN,
+            )
             if found is None:
                 return float("inf")
             j, tail_mass, tail_weighted = found
+            if hint is not None:
+                hint.index = self.start + j
             j_from = j - i0
         else:
             # The curve tested is A (1 + s) + constant - W (1 - s) (``_slack``).
@@ -880,10 +905,12 @@ def compose(
     spectra: dict[Any, LeafSpectrum] | None = None,
     keys: list[Any] | None = None,
     refine: bool = True,
+    window_counts: list[int] | None = None,
 ) -> ComposedPLD:
     """The composition of ``counts[i]`` copies of ``plds[i]``, on a circle (a 2-3-5-smooth size,
     fast for pocketfft; the folding argument holds for any size) just wide
-    enough for the Chernoff window at ``e^{log_tail}``.
+    enough for the Chernoff window at ``e^{log_tail}`` (with ``window_counts``, at least as
+    long as the circle of that composition: any circle holding the window is sound).
 
     The spectrum of the composition is ``prod_i F_i^{c_i}`` with ``F_i`` the transform of PLD
     ``i``. With a spectrum cache (few distinct PLDs, incremental use) it is computed as
@@ -909,7 +936,7 @@ def compose(
         return _compose_two_level(plds, counts, log_tail=log_tail, pessimistic=pessimistic)
     if len(plds) == 1 and counts[0] == 1:
         return _one_copy(plds[0])
-    window = _Window.of(plds, counts, log_tail)
+    window = _Window.of(plds, counts, log_tail, window_counts)
     size = window.size
     leaf_keys = keys if keys is not None else list(range(len(plds)))
     leaf_spectra = parallel_map(
@@ -1147,7 +1174,16 @@ class _Window:
     grid_step: float
 
     @classmethod
-    def of(cls, plds: Sequence[DiscretePLD], counts: Sequence[int], log_tail: float) -> _Window:
+    def of(
+        cls,
+        plds: Sequence[DiscretePLD],
+        counts: Sequence[int],
+        log_tail: float,
+        span_counts: Sequence[int] | None = None,
+    ) -> _Window:
+        """The window of the composition of ``counts`` copies of ``plds``; with
+        ``span_counts``, its circle is at least as long as that composition's would be (a
+        longer circle holds the same window with less folded onto it)."""
         grid_step = plds[0].grid_step
         log_mgf_total = np.zeros(2 * _CHERNOFF_T.size)
         support_low = support_high = 0
@@ -1161,6 +1197,8 @@ class _Window:
         start = max(int(np.floor(a / grid_step)), support_low)
         stop = min(int(np.ceil(b / grid_step)), support_high)
         size = _circle_size(max(stop - start + 1, 2))
+        if span_counts is not None:
+            size = max(size, cls.of(plds, span_counts, log_tail).size)
         return cls(start, size, support_low, support_low, support_high, log_mgf_total, log_finite, grid_step)
 
     def result(self, circular: np.ndarray, bounds: _Bounds) -> ComposedPLD:
