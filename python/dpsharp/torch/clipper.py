@@ -184,6 +184,26 @@ class _ArmedRelease:
     key: ReleaseKey
 
 
+def _without_vanishing_factors(factors: torch.Tensor, usages: list[Any]) -> torch.Tensor:
+    """The clip factors (float64, >= 0) with every factor c for which c |scale| falls below
+    float32's smallest normal number (2^-126) for some usage's loss scale set to zero: that
+    example then contributes nothing, through every use of every parameter alike (so the uses
+    of a tied weight still cancel as they did in its norm).
+
+    The usages round c |scale| to the stored tensors' dtype; below the normal range float32
+    and bfloat16 keep fewer significant bits (1.0e-45 rounds up to 1.40e-45) and the clipped
+    contribution would grow with the rounding, past C, where the round-off bounds assume a
+    relative error of 2^-24 (``dpsharp.torch.layers.usages._flush_subnormal``). Such a factor
+    belongs to an example whose gradient norm exceeds C 2^126 / |scale|."""
+    import torch
+
+    scales = [abs(float(u.scale)) for u in usages if float(u.scale) != 0.0]
+    if not scales:
+        return factors
+    floor = torch.finfo(torch.float32).tiny / min(scales)
+    return torch.where(factors < floor, torch.zeros_like(factors), factors)
+
+
 class PerSampleClipper:
     """Clips per-example gradients of ``module`` and accumulates their sum for DP-SGD.
 
@@ -558,6 +578,7 @@ class PerSampleClipper:
                 flat_factors = self._rule.factors(norms, self._bounds[0])
             if self._flat_shrink != 1.0:
                 flat_factors = flat_factors * self._flat_shrink
+            flat_factors = _without_vanishing_factors(flat_factors, merged)
             self._last_norms = norms
         else:
             sq = torch.zeros(batch, len(self._params), dtype=torch.float64,
@@ -575,6 +596,7 @@ class PerSampleClipper:
             for k, shrink in enumerate(self._shrinks):
                 if shrink != 1.0:
                     factors_all[:, k] *= shrink
+            factors_all = _without_vanishing_factors(factors_all, merged)
             self._last_norms = norms
 
         accumulators = self._accumulators

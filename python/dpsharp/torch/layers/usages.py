@@ -319,6 +319,26 @@ def _overflow_capped_factors(factors: torch.Tensor, scale: float, dtype: torch.d
     return torch.minimum(factors, limit / magnitude)
 
 
+def _flush_subnormal(weights: torch.Tensor) -> torch.Tensor:
+    """Set to zero, in place, the clip weights (factor times loss scale, already rounded to a
+    reduced dtype) that fell below the dtype's normal range, and return them.
+
+    Below the smallest normal number (2^-126 in float32 and bfloat16) a value keeps fewer
+    significant bits: float32 rounds 1.0e-45 up to 2^-149 = 1.40e-45, and a weight rounded up
+    scales the example's whole contribution with it (one example released 1.40 C, and 1.86 C
+    through an MSE loss on one crafted record, each gradient finite). The round-off bounds
+    assume a relative unit round-off of 2^-24, which only normal numbers have. A weight that
+    small belongs to an example whose gradient norm exceeds C 2^126 / scale; dropping that
+    example's contribution is within its bound. The clipper zeroes such factors for every use
+    of an example at once (``PerSampleClipper``): this catches the weights that overflow capping
+    lowered further."""
+    import torch
+
+    if weights.dtype == torch.float64:
+        return weights
+    return weights.masked_fill_(weights.abs() < torch.finfo(weights.dtype).tiny, 0.0)
+
+
 def _scaled_rows(rows: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """``rows * weights[:, None]`` for a 2-D ``rows`` (N, k), written into this thread's scratch
     buffer (kept between calls, grown as needed) rather than a fresh tensor: a clipped sum's
@@ -418,6 +438,7 @@ def _scaled_factors(factors: torch.Tensor, scale: float, dtype: torch.dtype,
                             out=torch.empty(factors.shape, dtype=dtype, device=factors.device))
         finite = torch.finfo(dtype).max
         weights.clamp_(-finite, finite)
+        _flush_subnormal(weights)
         if repeat != 1:
             weights = weights.repeat_interleave(repeat)
         memo[1][key] = weights
@@ -445,7 +466,7 @@ def _device_weighted_sum(rows: torch.Tensor, weights: torch.Tensor,
         # measured through a LayerNorm, emulated)
         flat = flat.to(torch.float64)
     finite = torch.finfo(flat.dtype).max  # see _scaled_factors
-    row_weights = weights.clamp(-finite, finite).to(flat.dtype).reshape(1, batch)
+    row_weights = _flush_subnormal(weights.clamp(-finite, finite).to(flat.dtype)).reshape(1, batch)
     if out is None:
         return _blocked_product(row_weights, flat).reshape(-1).to(rows.dtype)
     if flat.dtype != out.dtype:  # the float64 product added to out, rounded once
@@ -504,7 +525,11 @@ def weighted_sum(rows: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         out = torch.empty(rows.shape[1:], dtype=rows.dtype, device=rows.device)
         return kernels.clip_accumulate_noise(out, per_example=rows,
                                              factors=weights.to(torch.float64).contiguous())
-    return (_per_row(weights.to(rows.dtype), rows) * rows).sum(dim=0)
+    # float16 (normal only above 6e-5): the products in float32, the factors rounded once to
+    # it; the sum rounded once back
+    wide = rows.to(torch.float32)
+    return (_per_row(_flush_subnormal(weights.to(torch.float32)), wide) * wide).sum(dim=0).to(
+        rows.dtype)
 
 
 # Clipped sums reduce over the whole batch (B T rows of a linear layer on sequences, B L
@@ -1272,7 +1297,8 @@ class ConvUsage(_WeightBiasUsage):
         assert self._largest_out_grad is not None
         weights = _overflow_capped_factors(factors, self.scale, g.dtype,
                                            self._largest_out_grad, products) * self.scale
-        scaled = (g * weights.to(g.dtype)[:, None, None]).reshape(self._out_grad_shape)
+        scaled = (g * _flush_subnormal(weights.to(g.dtype))[:, None, None]).reshape(
+            self._out_grad_shape)
         kernel, stride, padding, dilation = self._geometry
         weight = p.detach().to(x.dtype)
         batch, positions = self.batch_size, int(self.g.shape[2])
