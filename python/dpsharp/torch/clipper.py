@@ -39,12 +39,13 @@ for a release with the data loader's batch. A mismatch raises ValueError explain
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from dpsharp._validation import require_positive_finite, require_real
 from dpsharp.torch import kernels
+from dpsharp.torch.buffers import BufferWatch
 
 if TYPE_CHECKING:
     import torch
@@ -219,12 +220,26 @@ class PerSampleClipper:
         ``"flat"`` (one bound over the concatenation of all gradients) or ``"per_layer"``.
     loss_reduction:
         ``"mean"`` if the loss averages over the batch (output gradients are multiplied by the
-        batch size to recover per-example gradients), ``"sum"`` if it sums.
+        batch size to recover per-example gradients), ``"sum"`` if it sums. Either way the
+        loss must be a sum of per-example terms (times a constant): a loss averaged over the
+        batch's *tokens* (the Hugging Face ``labels=`` loss with padding) divides every
+        example's gradient by a count that depends on the other examples, so one example
+        moves the others' clipped gradients (4.6 C measured); sum each example's token losses
+        (or average within each example) and average over the examples instead.
+    rule:
+        A clip-factor rule from :mod:`dpsharp.torch.clipping` (automatic, adaptive quantile)
+        in place of min(1, C / ||g_i||); None for that standard rule.
+    public_buffers:
+        Names (as ``module.named_buffers()`` gives them) of buffers that the training forward
+        may change without reading the data, e.g. ``torch.nn.utils.spectral_norm``'s
+        power-iteration vectors. Every other buffer is watched: a backward pass after a
+        forward that wrote one raises RuntimeError, since buffers are released with the model
+        without noise (a running maximum or a quantisation observer would copy data into it).
     """
 
     def __init__(self, module: nn.Module, *, max_grad_norm: float | Sequence[float],
                  clipping: str = "flat", loss_reduction: str = "mean",
-                 rule: Any = None) -> None:
+                 rule: Any = None, public_buffers: Iterable[str] = ()) -> None:
         from torch import nn
 
         from dpsharp.torch.layers import LayerHandle, patch_module
@@ -236,6 +251,9 @@ class PerSampleClipper:
         if loss_reduction not in ("mean", "sum"):
             raise ValueError(f"loss_reduction must be 'mean' or 'sum', got {loss_reduction!r}")
         self._module = module
+        # the model's buffers are released with it, without noise: a training forward that
+        # writes one (from the data) is refused at the end of its backward pass
+        self._buffer_watch = BufferWatch(module, public_buffers)
         self._clipping = clipping
         self._loss_reduction = loss_reduction
         # A clip-factor rule (dpsharp.torch.clipping: automatic, adaptive quantile) in place of
@@ -479,6 +497,17 @@ class PerSampleClipper:
         usages, self._pending = self._pending, []
         if not usages:
             return
+        written = self._buffer_watch.changed()
+        if written:
+            raise RuntimeError(
+                f"the model's buffers {written} were written since the clipper was built "
+                "(e.g. running statistics or a quantisation observer updated by the training "
+                "forward); buffers are released with the model without noise, so a buffer "
+                "computed from the data leaks it. Make the module stop updating it in training "
+                "(BatchNorm-like layers: replace them, see dpsharp.torch.fix; observers: freeze "
+                "them), or, for a buffer computed from the parameters only, declare it with "
+                "PerSampleClipper(..., public_buffers=[names])"
+            )
         begin_backward_pass()
         inputs, self._input_batches = self._input_batches, set()
         outputs, self._output_batches = self._output_batches, set()
