@@ -254,6 +254,8 @@ class PerSampleClipper:
         # the model's buffers are released with it, without noise: a training forward that
         # writes one (from the data) is refused at the end of its backward pass
         self._buffer_watch = BufferWatch(module, public_buffers)
+        # (graph task id, {parameter id: whether that pass accumulates its gradient})
+        self._pass_answers: tuple[int | None, dict[int, bool]] = (None, {})
         self._clipping = clipping
         self._loss_reduction = loss_reduction
         # A clip-factor rule (dpsharp.torch.clipping: automatic, adaptive quantile) in place of
@@ -482,10 +484,48 @@ class PerSampleClipper:
     def _record(self, usage: Any) -> None:
         import torch
 
+        if not self._pass_writes_gradients(usage):
+            # a backward pass that computes no gradient of these parameters (autograd.grad of
+            # the inputs, as adversarial training and input-gradient penalties take it) is not
+            # a micro-batch: clipped and counted, it would add the examples' contribution a
+            # second time (2 C per example measured) and p.grad would not be written by it
+            return
+
         self._pending.append(usage)
         if not self._callback_queued:
             self._callback_queued = True
             torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
+
+    def _pass_writes_gradients(self, usage: Any) -> bool:
+        """Whether the backward pass under way accumulates into ``.grad`` a gradient of one of
+        ``usage``'s parameters: ``loss.backward()`` does, ``torch.autograd.grad`` and
+        ``backward(inputs=...)`` without them do not. Asked of the autograd engine once per
+        parameter and pass (``torch._C._will_engine_execute_node`` on the parameter's
+        gradient accumulator, the test torch.utils.checkpoint makes); where this torch lacks
+        it, every pass counts, as before."""
+        import torch
+
+        will_execute = getattr(torch._C, "_will_engine_execute_node", None)
+        task_id = getattr(torch._C, "_current_graph_task_id", None)
+        if will_execute is None or task_id is None:
+            return True
+        task = task_id()
+        if self._pass_answers[0] != task:
+            self._pass_answers = (task, {})
+        answers = self._pass_answers[1]
+        for p in usage.params():
+            answer = answers.get(id(p))
+            if answer is None:
+                with torch.enable_grad():
+                    accumulator = p.view_as(p).grad_fn.next_functions[0][0]
+                try:
+                    answer = bool(will_execute(accumulator))
+                except RuntimeError:  # autograd.grad with a parameter among its inputs
+                    answer = False
+                answers[id(p)] = answer
+            if answer:
+                return True
+        return False
 
     def _finish_backward(self) -> None:
         import torch
