@@ -352,8 +352,8 @@ class PerSampleClipper:
         self._accumulators: list[torch.Tensor | None] = [None] * len(self._params)
         # clip factors lowered for half-precision parameters' roundings (_rounding_shrink):
         # per parameter, and for flat clipping the lowest of them
-        self._shrinks = [self._rounding_shrink([p]) for p in self._params]
-        self._flat_shrink = min(self._shrinks, default=1.0)
+        self._shrink_dtypes: tuple[torch.dtype, ...] = ()
+        self._update_shrinks()
         self._examples = 0
         self._batches = 0
         self._last_norms: torch.Tensor | None = None
@@ -537,6 +537,7 @@ class PerSampleClipper:
         usages, self._pending = self._pending, []
         if not usages:
             return
+        self._update_shrinks()  # the model may have been cast since (Module.to keeps params)
         written = self._buffer_watch.changed()
         if written:
             raise RuntimeError(
@@ -758,6 +759,15 @@ class PerSampleClipper:
         units = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
         unit = max((units.get(p.dtype, 0.0) for p in params), default=0.0)
         return 1.0 / (1.0 + 4.0 * unit) if unit else 1.0
+
+    def _update_shrinks(self) -> None:
+        """The shrinks of :meth:`_rounding_shrink` for the parameters' dtypes now (kept
+        until a dtype changes)."""
+        dtypes = tuple(p.dtype for p in self._params)
+        if dtypes != self._shrink_dtypes:
+            self._shrinks = [self._rounding_shrink([p]) for p in self._params]
+            self._flat_shrink = min(self._shrinks, default=1.0)
+            self._shrink_dtypes = dtypes
 
     @staticmethod
     def _factors(norms: torch.Tensor, bound: Any) -> torch.Tensor:

@@ -408,18 +408,22 @@ class DPOptimizer(torch.optim.Optimizer):
                 expected_batch_size=self._expected_batch_size,
                 noise=self.noise,
             )
-        if self._adaptive_clipping:
-            # The count of unclipped examples of this lot, noised, moves the bound for the
-            # next lot (Andrew et al. 2021, Algorithm 1); charged with the gradient above.
-            bound = self.clip_rule.release(noise=self.noise,
-                                           expected_batch_size=self._expected_batch_size,
-                                           realised_batch_size=examples)
-            self.clipper.set_max_grad_norm(bound)
-            self.max_grad_norm = bound
-        self._releases += 1
-        self._lot_pending = False
-        for hook in self._release_hooks:
-            hook(self)
+        # The noisy gradient is in p.grad now: the release counts as done even if what follows
+        # raises, so that a retry of the same lot is a new release, charged again.
+        try:
+            if self._adaptive_clipping:
+                # The count of unclipped examples of this lot, noised, moves the bound for the
+                # next lot (Andrew et al. 2021, Algorithm 1); charged with the gradient above.
+                bound = self.clip_rule.release(noise=self.noise,
+                                               expected_batch_size=self._expected_batch_size,
+                                               realised_batch_size=examples)
+                self.clipper.set_max_grad_norm(bound)
+                self.max_grad_norm = bound
+        finally:
+            self._releases += 1
+            self._lot_pending = False
+            for hook in self._release_hooks:
+                hook(self)
         self.original_optimizer.step()
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
