@@ -256,14 +256,14 @@ def test_materialised_per_example_gradients_reuse_one_buffer_across_steps(monkey
     from dpsharp.torch.layers import usages
 
     handed: list[list[tuple[int, int]]] = []
-    original = usages.arena_empty
+    original = usages.Arena.empty
 
-    def recording(shape, dtype, device):
-        out = original(shape, dtype, device)
+    def recording(self, shape, dtype, device):
+        out = original(self, shape, dtype, device)
         handed[-1].append((out.data_ptr(), out.data_ptr() + out.numel() * out.element_size()))
         return out
 
-    monkeypatch.setattr(usages, "arena_empty", recording)
+    monkeypatch.setattr(usages.Arena, "empty", recording)
     monkeypatch.setattr(usages.LinearUsage, "_materialise_weight", lambda self: True)
     model = nn.Sequential(nn.Linear(3, 7), nn.Tanh(), nn.Linear(7, 5), nn.Tanh(),
                           nn.Linear(5, 2)).double()
@@ -300,8 +300,8 @@ def test_materialised_gradients_formed_with_the_longer_rows(d_in, d_out, transpo
     bases: list[tuple[int, ...]] = []
     original = usages.LinearUsage._weight_per_example
 
-    def recording(self):
-        out = original(self)
+    def recording(self, arena=None):
+        out = original(self, arena)
         bases.append(tuple(self._per_example_base.shape))
         assert self._per_example_base.is_contiguous()
         return out

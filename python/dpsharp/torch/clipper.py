@@ -349,6 +349,15 @@ class PerSampleClipper:
 
         self._pending: list[Any] = []
         self._callback_queued = False
+        # Parameters held by more than one module (tied weights): their usages' cross terms
+        # read the stored tensors, so those usages never materialise early (_record).
+        counts: dict[int, int] = {}
+        for _, p in module.named_parameters(remove_duplicate=False):
+            counts[id(p)] = counts.get(id(p), 0) + 1
+        self._tied_ids = {pid for pid, n in counts.items() if n > 1}
+        # the arena of the per-example gradients materialised during the backward pass under
+        # way (_record), None between passes
+        self._open_arena: Any = None
         self._accumulators: list[torch.Tensor | None] = [None] * len(self._params)
         # clip factors lowered for half-precision parameters' roundings (_rounding_shrink):
         # per parameter, and for flat clipping the lowest of them
@@ -491,6 +500,18 @@ class PerSampleClipper:
             # second time (2 C per example measured) and p.grad would not be written by it
             return
 
+        from dpsharp.torch.layers import LinearUsage
+        from dpsharp.torch.layers.usages import early_arena
+
+        if isinstance(usage, LinearUsage) and not any(
+                id(p) in self._tied_ids for p in usage.params()):
+            # A layer whose per-example gradients the cost rule materialises: formed now, and
+            # its stored input and output gradient freed while the backward pass goes on
+            # (LinearUsage.materialise_early); the same values the clip step would form.
+            if self._open_arena is None:
+                self._open_arena = early_arena()
+                self._open_arena.open_pass(id(self))
+            usage.materialise_early(self._open_arena)
         self._pending.append(usage)
         if not self._callback_queued:
             self._callback_queued = True
@@ -528,6 +549,15 @@ class PerSampleClipper:
         return False
 
     def _finish_backward(self) -> None:
+        try:
+            self._finish_pass()
+        finally:
+            # the gradients materialised during the pass are read: their memory may go again
+            if self._open_arena is not None:
+                self._open_arena.close_pass(id(self))
+                self._open_arena = None
+
+    def _finish_pass(self) -> None:
         import torch
 
         from dpsharp.torch.layers import LinearUsage
@@ -721,8 +751,11 @@ class PerSampleClipper:
             group = groups.pop((id(u.weight), id(u.bias)), None)
             if group is None:
                 continue  # merged with an earlier call of the same layer
-            shapes = {(tuple(g.a.shape[2:]), tuple(g.g.shape[2:])) for g in group}
-            if len(group) > 1 and len(shapes) == 1:
+            # calls whose gradients were materialised early are merged by summing them
+            early = any(g.a is None for g in group)
+            shapes = {(tuple(g.a.shape[2:]), tuple(g.g.shape[2:])) for g in group
+                      if g.a is not None}
+            if len(group) > 1 and (early or len(shapes) == 1):
                 merged.append(LinearUsage.merge(group))
             else:
                 merged.extend(group)

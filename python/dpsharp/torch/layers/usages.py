@@ -53,9 +53,9 @@ from dpsharp.torch import kernels
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["AffineUsage", "BlockUsage", "ConvUsage", "EmbeddingUsage", "LinearUsage",
+__all__ = ["AffineUsage", "Arena", "BlockUsage", "ConvUsage", "EmbeddingUsage", "LinearUsage",
            "PerExampleUsage", "TransposedLinearUsage", "Usage", "arena_empty",
-           "begin_backward_pass", "conv_patches", "tied_cross_dot", "tied_sq_norm",
+           "begin_backward_pass", "conv_patches", "early_arena", "tied_cross_dot", "tied_sq_norm",
            "weighted_sum"]
 
 # Elements of the patch / Gram scratch built at once (per chunk of examples): 512 KiB of
@@ -360,28 +360,13 @@ def _scaled_rows(rows: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     return torch.mul(rows, weights[:, None], out=out)
 
 
-_ARENA = threading.local()
 _ARENA_ALIGN = 16  # elements: 64-byte alignment of every tensor handed out (float32)
 
 
-def begin_backward_pass() -> None:
-    """Mark the start of a clip step on this thread: the tensors :func:`arena_empty` handed
-    out during the previous one are no longer in use, and its memory is handed out again. A
-    buffer that was too small for the previous step is dropped here, and one of the size that
-    step needed is made at the next request (never two buffers alive at once)."""
-    for entry in getattr(_ARENA, "buffers", {}).values():
-        buffer, used = entry[0], entry[1]
-        if buffer is None or used > buffer.numel():
-            entry[0] = None
-            entry[2] = max(entry[2], used)
-        entry[1] = 0
-
-
-def arena_empty(shape: tuple[int, ...], dtype: torch.dtype,
-                device: torch.device) -> torch.Tensor:
-    """An uninitialised tensor for a per-example gradient that lives only until the end of the
-    clip step (from its norms to its clipped sum), carved from a buffer kept on this thread
-    between steps, sized to the largest step seen.
+class Arena:
+    """Memory for per-example gradients that live only until the end of one clip step (from
+    their norms to their clipped sum), carved from buffers kept between steps, one per
+    (dtype, device), each sized to the largest step seen.
 
     Materialised per-example gradients are the largest transient tensors of a step (GPT-2 of
     bench/bench_transformers.py: 40 MB per step). Freshly allocated, each step pays their page
@@ -390,26 +375,91 @@ def arena_empty(shape: tuple[int, ...], dtype: torch.dtype,
     write, which cost 3 microseconds per 4 KiB page on the 2-core bench machine (about 10 ms
     per step for those 40 MB). A request that does not fit the buffer gets fresh memory (the
     first step, or a larger batch), and the next step gets a buffer of the size this one
-    needed. Valid until :func:`begin_backward_pass` on this thread: the clipper calls it when a
-    backward pass ends, before the usages of that pass are read. CPU only: other devices'
+    needed. A tensor handed out is valid until the next :meth:`begin`. CPU only: other devices'
     caching allocators keep their memory already."""
-    import torch
 
-    if torch.device(device).type != "cpu":
-        return torch.empty(shape, dtype=dtype, device=device)
-    numel = math.prod(shape)
-    buffers = getattr(_ARENA, "buffers", None)
-    if buffers is None:
-        buffers = _ARENA.buffers = {}
-    entry = buffers.setdefault((dtype, torch.device(device)), [None, 0, 0])
-    buffer, offset, wanted = entry
-    if buffer is None and wanted > 0:
-        buffer = entry[0] = torch.empty(wanted, dtype=dtype, device=device)
-    end = offset + numel
-    entry[1] = end + (-end) % _ARENA_ALIGN
-    if buffer is None or end > buffer.numel():
-        return torch.empty(shape, dtype=dtype, device=device)
-    return buffer[offset:end].view(shape)
+    def __init__(self) -> None:
+        # (dtype, device) -> [buffer or None, elements handed out, elements wanted]
+        self._buffers: dict[Any, list[Any]] = {}
+        self._open: set[int] = set()  # owners whose pass is under way (open_pass)
+
+    def open_pass(self, owner: int) -> None:
+        """``owner`` starts handing out tensors for one pass: :meth:`begin` first if no other
+        owner's pass is under way (two clippers whose backward passes interleave share the
+        buffers without reusing each other's memory; what does not fit gets fresh memory)."""
+        if not self._open:
+            self.begin()
+        self._open.add(owner)
+
+    def close_pass(self, owner: int) -> None:
+        """``owner``'s pass is over: its tensors may be handed out again from the next
+        :meth:`open_pass` on."""
+        self._open.discard(owner)
+
+    def begin(self) -> None:
+        """The tensors handed out since the last call are no longer in use: hand their memory
+        out again. A buffer that was too small is dropped here, and one of the size the last
+        step needed is made at the next request (never two buffers alive at once)."""
+        for entry in self._buffers.values():
+            buffer, used = entry[0], entry[1]
+            if buffer is None or used > buffer.numel():
+                entry[0] = None
+                entry[2] = max(entry[2], used)
+            entry[1] = 0
+
+    def empty(self, shape: tuple[int, ...], dtype: torch.dtype,
+              device: torch.device) -> torch.Tensor:
+        """An uninitialised tensor of ``shape``, valid until the next :meth:`begin`."""
+        import torch
+
+        if torch.device(device).type != "cpu":
+            return torch.empty(shape, dtype=dtype, device=device)
+        numel = math.prod(shape)
+        entry = self._buffers.setdefault((dtype, torch.device(device)), [None, 0, 0])
+        buffer, offset, wanted = entry
+        if buffer is None and wanted > 0:
+            buffer = entry[0] = torch.empty(wanted, dtype=dtype, device=device)
+        end = offset + numel
+        entry[1] = end + (-end) % _ARENA_ALIGN
+        if buffer is None or end > buffer.numel():
+            return torch.empty(shape, dtype=dtype, device=device)
+        return buffer[offset:end].view(shape)
+
+
+_ARENA = threading.local()
+
+
+def _thread_arena() -> Arena:
+    arena = getattr(_ARENA, "arena", None)
+    if arena is None:
+        arena = _ARENA.arena = Arena()
+    return arena
+
+
+def early_arena() -> Arena:
+    """This thread's arena for per-example gradients materialised during a backward pass
+    (:meth:`LinearUsage.materialise_early`), held until the pass's clip step is over; its
+    users bracket each pass with :meth:`Arena.open_pass` and :meth:`Arena.close_pass`."""
+    arena = getattr(_ARENA, "early", None)
+    if arena is None:
+        arena = _ARENA.early = Arena()
+    return arena
+
+
+def begin_backward_pass() -> None:
+    """Mark the start of a clip step on this thread: the tensors :func:`arena_empty` handed
+    out during the previous one are no longer in use, and its memory is handed out again
+    (:meth:`Arena.begin` of this thread's arena)."""
+    _thread_arena().begin()
+
+
+def arena_empty(shape: tuple[int, ...], dtype: torch.dtype,
+                device: torch.device) -> torch.Tensor:
+    """An uninitialised tensor for a per-example gradient that lives only until the end of the
+    clip step, from this thread's :class:`Arena`: valid until :func:`begin_backward_pass` on
+    this thread (the clipper calls it when a backward pass ends, before the usages of that
+    pass are read)."""
+    return _thread_arena().empty(shape, dtype, device)
 
 
 _MEMO = threading.local()
@@ -695,6 +745,7 @@ class LinearUsage(_WeightBiasUsage):
         self.g = out_grads
         self.scale = float(scale)
         self.batch_size = int(activations.shape[0])
+        self.positions = int(activations.shape[1])  # T (kept when a and g are dropped)
         # unscaled per-example weight gradients in the weight's layout ((B, p, d) here), maybe
         # a transposed view of _per_example_base, the contiguous tensor bmm formed
         self._per_example_weight: torch.Tensor | None = None
@@ -722,8 +773,50 @@ class LinearUsage(_WeightBiasUsage):
         import torch
 
         first = usages[0]
+        if any(u.a is None for u in usages):
+            return LinearUsage._merge_materialised(usages)
         return type(first)(first.weight, first.bias, torch.cat([u.a for u in usages], dim=1),
                            torch.cat([u.g for u in usages], dim=1), first.scale)
+
+    @staticmethod
+    def _merge_materialised(usages: list[LinearUsage]) -> LinearUsage:
+        """:meth:`merge` where some calls materialised their per-example gradients already and
+        dropped their stored tensors (:meth:`materialise_early`): every call's per-example
+        gradients (and bias rows) materialised, and summed. The merged usage's norms and
+        clipped sums read these sums, so what is summed is what is measured, as for one
+        materialised call."""
+        import copy
+
+        for u in usages:
+            if u.scale != usages[0].scale:
+                raise ValueError("calls of one layer with different loss scales in one pass")
+            u._weight_per_example()
+            if u.bias is not None:
+                u._bias_per_example()
+        first = usages[0]
+        merged = copy.copy(first)
+        base = first._per_example_base
+        assert base is not None
+        total = base.clone()
+        for u in usages[1:]:
+            assert u._per_example_base is not None
+            total.add_(u._per_example_base)
+        merged._per_example_base = total
+        rows = total[:, :, :first._per_example_width] if (
+            total.shape[2] != first._per_example_width) else total
+        merged._per_example_weight = rows.transpose(1, 2) if first._per_example_transposed \
+            else rows
+        if first.bias is not None:
+            bias_rows = first._bias_per_example().clone()
+            for u in usages[1:]:
+                bias_rows.add_(u._bias_per_example())
+            merged._bias_rows = bias_rows
+        merged.positions = sum(u.positions for u in usages)
+        merged.a = merged.g = None  # type: ignore[assignment]
+        merged._matrices = None
+        merged._sequence_sq = merged._products = merged._row_sq = None
+        merged._g_sq = merged._a_sq = None
+        return merged
 
     def _materialise_weight(self) -> bool:
         """Materialise g_i(W) (p x d per example) or take the Gram path (T > 1 only).
@@ -791,8 +884,9 @@ class LinearUsage(_WeightBiasUsage):
     # The weight's layout: (p, d) for nn.Linear, (d, p) for a transposed weight (Conv1D).
     _weight_is_pd = True
 
-    def _weight_per_example(self) -> torch.Tensor:
-        """g_i(W) for every example (unscaled), in the weight's layout (maybe a view).
+    def _weight_per_example(self, arena: Arena | None = None) -> torch.Tensor:
+        """g_i(W) for every example (unscaled), in the weight's layout (maybe a view), formed
+        in ``arena`` (default: this thread's, :func:`arena_empty`).
 
         bmm forms either G_i^T A_i, (p, d), or its transpose A_i^T G_i, (d, p), whichever has
         the longer rows: a product with short rows runs up to 10x slower on the CPU (a LoRA
@@ -818,10 +912,12 @@ class LinearUsage(_WeightBiasUsage):
             width = max(d, p)  # the product's rows
             pad = -width % 8 if half else 0
             if d >= p:
-                out = arena_empty((b, p, d + pad), dtype, g.device)
+                out = (arena.empty if arena is not None else arena_empty)(
+                    (b, p, d + pad), dtype, g.device)
                 base = product(g.transpose(1, 2), F.pad(a, (0, pad)) if pad else a, out=out)
             else:
-                out = arena_empty((b, d, p + pad), dtype, g.device)
+                out = (arena.empty if arena is not None else arena_empty)(
+                    (b, d, p + pad), dtype, g.device)
                 base = product(a.transpose(1, 2), F.pad(g, (0, pad)) if pad else g, out=out)
             self._per_example_base = base
             self._per_example_width = width
@@ -885,10 +981,10 @@ class LinearUsage(_WeightBiasUsage):
         a norm of 0 and a contribution of 2 C."""
         s2 = self.scale * self.scale
         if p is self.bias:
-            if self.g.shape[1] == 1:
+            if self.positions == 1:
                 return self.out_grad_sq() * s2, None
             return kernels.per_example_sq_norms(self._bias_per_example()) * s2, None
-        positions = int(self.a.shape[1])
+        positions = self.positions
         # materialised (by the rule below, or by tied_sq_norm): the norm of the stored values,
         # which the clipped sum reads (the norm does not see the layout)
         if self._per_example_weight is not None or (positions > 1 and self._materialise_weight()):
@@ -996,7 +1092,7 @@ class LinearUsage(_WeightBiasUsage):
                                         rows_sq.amax(dim=1).sqrt(), products)
 
     def flat_sq_norm_term(self, params: list[torch.nn.Parameter]) -> kernels.SqNormTerm:
-        if self.g.shape[1] == 1 and (all(q is not self.weight for q in params)
+        if self.positions == 1 and (all(q is not self.weight for q in params)
                                      or self._product_kappa() <= 2.0**-21):
             # One position per example: ||g_i(W)||^2 = ||gy_i||^2 ||a_i||^2 and
             # ||g_i(b)||^2 = ||gy_i||^2, so the term needs only the two vectors of norms (where
@@ -1048,6 +1144,36 @@ class LinearUsage(_WeightBiasUsage):
             self._bias_per_example()
         self.a = self.g = None  # type: ignore[assignment]
         self._matrices = None
+
+    def materialise_early(self, arena: Arena) -> bool:
+        """Materialise the weight's per-example gradients now, in the backward pass, where the
+        cost rule (:meth:`_materialise_weight`) picks them anyway, form the bias's rows, and
+        drop the stored input and output gradient; True if it did.
+
+        Only float32 / float64 stored tensors on the CPU, sequences (T > 1) and a trainable
+        weight. The gradients and rows are exactly those the clip step would form at the end
+        of the backward pass (the same products of the same tensors), and from then on its
+        norms and clipped sums read only them. What changes is the memory: the input and
+        output gradient (T (d + p) elements per example) are freed here instead of at the end
+        of the clip step, while the rest of the backward pass runs (the attention
+        projections of the encoder in bench/bench_transformers.py: 6 MiB per layer; its peak
+        memory in training fell from 100 to 88 MiB, median of 5 runs of each, alternating).
+        ``arena`` holds the gradients until its owner's next pass. The caller must know that no other usage of the pass
+        reads this one's stored tensors (a tied weight's cross terms do); several calls of one
+        layer are merged from the materialised gradients (:meth:`merge`)."""
+        import torch
+
+        if (self.weight is None or self.a is None or self.positions <= 1
+                or self.a.device.type != "cpu" or self._per_example_weight is not None
+                or self.a.dtype not in (torch.float32, torch.float64)
+                or self.g.dtype != self.a.dtype or not self._materialise_weight()):
+            return False
+        self._weight_per_example(arena)
+        if self.bias is not None:
+            self._bias_per_example()
+        self.a = self.g = None  # type: ignore[assignment]
+        self._matrices = None
+        return True
 
     def clipped_sum(self, p: torch.nn.Parameter, factors: torch.Tensor) -> torch.Tensor:
         import torch
