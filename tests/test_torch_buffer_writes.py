@@ -128,3 +128,20 @@ def test_public_buffers_are_checked() -> None:
     with pytest.raises(TypeError, match="not one str"):
         BufferWatch(model, "0.seen_max")
     assert BufferWatch(model, ["0.seen_max"]).changed() == []
+
+
+def test_make_private_passes_public_buffers_to_its_clipper() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(CallCounter(), nn.Linear(4, 1))
+    x, y = torch.randn(32, 4), torch.randn(32, 1)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=8)
+    engine = PrivacyEngine()
+    model, optimizer, loader = engine.make_private(
+        model, torch.optim.SGD(model.parameters(), lr=0.1), loader, max_grad_norm=1.0,
+        noise_multiplier=1.0, delta=1e-5, seed=0, public_buffers=["0.calls"])
+    for xb, yb in loader:
+        ((model(xb) - yb) ** 2).mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    assert optimizer.releases >= 1
+    assert int(model[0].calls) >= optimizer.releases

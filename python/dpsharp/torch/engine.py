@@ -425,6 +425,7 @@ class PrivacyEngine:
         seed: int | None = None,
         poisson_sampling: bool | None = None,
         batch_probe: bool = True,
+        public_buffers: Sequence[str] = (),
     ) -> tuple[torch.nn.Module, DPOptimizer, DPDataLoader]:
         """Return ``(module, dp_optimizer, dp_loader)``.
 
@@ -490,6 +491,11 @@ class PrivacyEngine:
             are not probed (logged). ``batch_probe=False`` skips it (only
             for a model checked by other means, e.g. one whose forward cannot run without
             gradients); :attr:`batch_probe_result` holds what the probe found.
+        public_buffers:
+            Names of the model's buffers that its training forward may change without reading
+            the data (see :class:`~dpsharp.torch.PerSampleClipper`); a backward pass after a
+            forward that wrote any other buffer is refused, since buffers are released with
+            the model without noise.
         """
         if self.optimizer is not None:
             raise RuntimeError("this PrivacyEngine already made a model private; use a new engine")
@@ -618,6 +624,7 @@ class PrivacyEngine:
             secure=self.secure_mode,
             distributed=ddp,
             process_group=process_group,
+            public_buffers=public_buffers,
         )
         dp_optimizer.attach_loader(loader)
         dp_optimizer.add_budget_check(self._check_budget)

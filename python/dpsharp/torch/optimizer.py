@@ -124,6 +124,7 @@ class DPOptimizer(torch.optim.Optimizer):
         distributed: bool = False,
         process_group: Any = None,
         stability: float = 0.01,
+        public_buffers: Sequence[str] = (),
     ) -> None:
         if isinstance(optimizer, DPOptimizer):
             raise TypeError("optimizer is already a DPOptimizer")
@@ -144,9 +145,12 @@ class DPOptimizer(torch.optim.Optimizer):
 
             clipper = PerSampleClipper(
                 module, max_grad_norm=self.max_grad_norm, clipping=structure,
-                loss_reduction=loss_reduction, rule=rule,
+                loss_reduction=loss_reduction, rule=rule, public_buffers=public_buffers,
             )
         else:
+            if public_buffers:
+                raise ValueError("public_buffers is for the clipper built from module; give it "
+                                 "to PerSampleClipper(..., public_buffers=...) instead")
             given_rule = getattr(clipper, "rule", None)
             if rule is not None and given_rule is not rule:
                 raise ValueError(
