@@ -439,7 +439,7 @@ class PLDAccountant(Accountant):
         refined = self._short_step(step)
         # (a refined short grid: its compositions' circles are sized for the whole bucket of
         # step counts, see _short_step)
-        self._short_span = refined < step
+        self._short_span = refined < step and self._smooth_leaves()
         step = _laplace_aligned(refined, self._laplace_losses())
         self._base_steps = {key: step}  # only the latest multiset is asked about again
         return step
@@ -483,22 +483,23 @@ class PLDAccountant(Accountant):
         ``step`` and at least ``step / 2^_SHORT_LEVELS``, at which the linear support of its
         bucket, 1 + ceil((B / T) sum_i c_i (n_i - 1)) grid points with n_i the points of leaf i
         (about proportional to 1/h), T the number of steps and B its bucket (the smallest power
-        of two >= T, at least 4: :func:`_step_bucket`), stays within ``_SHORT_POINTS``
+        of two >= T, at least 4: :func:`_step_bucket`; B = T where some loss has an atom,
+        :meth:`_smooth_leaves`), stays within ``_SHORT_POINTS``
         (scaled by sqrt(1e-3 / precision), like the step, and at most a quarter of the largest
         circle); ``step`` itself when not even one halving fits. The FFT circle of a composition
         is never longer than its linear support (and a refined composition's circle is sized
         for its bucket, :meth:`_composed`), so this bounds the cost of the finer grid; a
         long composition (whose support is far longer than its circle) keeps ``step``.
 
-        The step is the same for every count of a bucket (of one event), so a query after every
-        step moves to a new grid (discretisation and transforms) about log2(T) times instead
-        of at nearly every step: 4 grids over the first 32 steps of q = 0.01, sigma = 1 instead
-        of 10 (22 over the first 54), where a new grid cost about 88 ms per step over the first
-        ten. The grid of T steps is up to twice the one of its own support's budget (that of B
-        steps; up to 5 times for one step), whose O(h^2) rounding stays far below the precision
-        (epsilon at delta = 1e-5 moved by at most 1e-5 relative over the first 60 steps of
-        q = 0.01, sigma = 1 and of q = 0.2, sigma = 0.5; the most at 33 to 54 steps, which the
-        bucket of 64 puts on the formula's grid)."""
+        The step is the same for every count of a bucket (of smooth losses), so a query after
+        every step moves to a new grid (discretisation and transforms) about log2(T) times
+        instead of at nearly every step: 4 grids over the first 32 steps of q = 0.01,
+        sigma = 1 instead of 10 (22 over the first 54), where a new grid cost about 88 ms per
+        step over the first ten. The grid of T steps is up to twice the one of its own
+        support's budget (that of B steps; up to 5 times for one step), whose O(h^2) rounding
+        stays far below the precision (epsilon at delta = 1e-5 moved by at most 1e-5 relative
+        over the first 60 steps of q = 0.01, sigma = 1 and of q = 0.2, sigma = 0.5; the most at
+        33 to 54 steps, which the bucket of 64 puts on the formula's grid)."""
         budget = min(_SHORT_POINTS * math.sqrt(1e-3 / self._precision), _MAX_SIZE / 4)
         steps = self._steps()
         # Every discretised leaf has at least two points: support >= steps + 1.
@@ -508,8 +509,12 @@ class PLDAccountant(Accountant):
         # scaled by bucket / steps, rounded up): one grid for every count of the bucket, so that
         # a query after every step discretises and transforms the leaves once per bucket, not at
         # every step (the circle is sized for the bucket too, see :meth:`_composed`).
-        bucket = _step_bucket(steps)
-        if 2 * (bucket + 1) > budget:
+        # (Losses with atoms, whose rounding errs to first order, keep the grid of their own
+        # count, as every composition did before: B = T in the support below.)
+        smooth = self._smooth_leaves()
+        bucket = _step_bucket(steps, smooth)
+        span = bucket if smooth else steps
+        if 2 * (span + 1) > budget:
             return step
         tail = _TAIL_BUDGET / bucket
         support = 0
@@ -535,7 +540,7 @@ class PLDAccountant(Accountant):
                 # only the latest, taken over by the composition's cache when used.
                 self._short_plds = {(key, step, tail): pld for key, pld in zip(missing, made)}
             linear = sum(leaves[key] * (sizes[(key, step, tail)] - 1) for key in order)
-            support = max(support, 1 + -(-linear * bucket // steps))
+            support = max(support, 1 + -(-linear * span // steps))
             if 2 * support > budget:
                 return step
         if 2 * support > budget:
@@ -569,7 +574,7 @@ class PLDAccountant(Accountant):
         # checkpoint restore: the caches below are keyed by those parameters and only save work.
         steps = self._steps()
         self._check_floor_up_front(2.0, 1.0)  # before anything is allocated
-        bucket = _step_bucket(steps)
+        bucket = _step_bucket(steps, self._smooth_leaves())
         per_step_tail = tail / bucket
         quantum = self._rounding_quantum(direction, pessimistic)
         if coarse and quantum:
@@ -696,6 +701,20 @@ class PLDAccountant(Accountant):
         memo[memo_key] = quantum
         return quantum
 
+    def _smooth_leaves(self) -> bool:
+        """Whether every composed event is a (sampled) Gaussian mechanism in every direction, whose
+        privacy loss has no atom (see ``_FIRST_BUCKET``); kept per number of distinct events
+        (the set of events only grows between resets)."""
+        memo = self._smooth_memo
+        if not memo or memo[0] != len(self._counts):
+            smooth = all(
+                key.mechanism in _SMOOTH_MECHANISMS
+                for direction in self._directions()
+                for key in self._exact_keys(direction)
+            )
+            self._smooth_memo = memo = [len(self._counts), smooth]
+        return bool(memo[1])
+
     def _hint(self, result: ComposedPLD, delta: float) -> CrossingHint:
         """Where the last epsilon query at ``delta`` on this grid crossed (for the next one of an
         incremental run, which crosses a few grid points away; only a starting point, the
@@ -711,6 +730,7 @@ class PLDAccountant(Accountant):
     def _reset_caches(self) -> None:
         self._caches = {}
         self._crossing_hints: dict[tuple[float, float], CrossingHint] = {}
+        self._smooth_memo: list[Any] = []  # [events, _smooth_leaves' value]
         self._exact_leaf_keys: dict[str, list[_Leaf]] = {}
         self._leaf_keys: dict[tuple[str, float, bool], list[_Leaf]] = {}
         self._quantum_memo: dict[tuple[str, bool, int], float] = {}
@@ -1139,21 +1159,28 @@ _COARSE_QUANTUM = 0.05
 _COARSE_FACTORS = (16.0, 4.0)
 
 
-def _step_bucket(steps: int) -> int:
+def _step_bucket(steps: int, smooth: bool) -> int:
     """The bucket of a step count: the smallest power of two >= steps, and at least
-    ``_FIRST_BUCKET``. The per-step truncation budget is the tail budget over the bucket, and a
+    ``_FIRST_BUCKET`` when every composed loss is ``smooth`` (:meth:`PLDAccountant.
+    _smooth_leaves`). The per-step truncation budget is the tail budget over the bucket, and a
     short composition's refined grid and circle are those of the bucket
     (:meth:`PLDAccountant._short_step`), so every count of a bucket shares its leaves'
     discretisations and spectra."""
-    return max(_FIRST_BUCKET, 1 << max(steps - 1, 0).bit_length())
+    bucket = 1 << max(steps - 1, 0).bit_length()
+    return max(_FIRST_BUCKET, bucket) if smooth else bucket
 
 
-#: The first bucket of step counts (1 to 4 steps share a grid): its refined grid puts one step's
-#: epsilon within 1.4e-8 relative of the exact one (q from 0.001 to 0.5, sigma from 0.5 to 2,
-#: delta 1e-5, against the closed form of tests/test_pld_incremental.py), where each count's own
-#: grid put it within 5e-9, at a fifth of the cost (the first query's 729 000-point
-#: discretisation becomes a 149 000-point one, and 2 steps no longer need their own grid).
+#: The first bucket of step counts of smooth losses (1 to 4 steps share a grid): its refined
+#: grid puts one step's epsilon within 1.4e-8 relative of the exact one (Poisson-subsampled
+#: Gaussians, q from 0.001 to 0.5, sigma from 0.5 to 2, delta 1e-5, against the closed form of
+#: tests/test_pld_incremental.py), where each count's own grid put it within 5e-9, at a fifth
+#: of the cost (the first query's 729 000-point discretisation becomes a 149 000-point one, and
+#: 2 steps no longer need their own grid). Not for losses with atoms (randomized response,
+#: Laplace, the atoms of _pld_atoms), whose rounding onto the grid errs to first order: one
+#: randomized response step (p = 0.01, k = 3) moved by 4e-5 on the grid of 4 steps.
 _FIRST_BUCKET = 4
+#: Mechanisms whose privacy loss has a density (no atom): a coarser grid errs to second order.
+_SMOOTH_MECHANISMS = (_GAUSSIAN, _REMOVE, _ADD, _SYMMETRIC)
 
 
 def _check_block(steps: int) -> int:
