@@ -39,7 +39,7 @@ for a release with the data loader's batch. A mismatch raises ValueError explain
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -203,6 +203,21 @@ def _without_vanishing_factors(factors: torch.Tensor, usages: list[Any]) -> torc
         return factors
     floor = torch.finfo(torch.float32).tiny / min(scales)
     return torch.where(factors < floor, torch.zeros_like(factors), factors)
+
+
+def _refuse_unclipped_gradient(name: str) -> Callable[[Any], None]:
+    """A tensor hook for the clipped parameter ``name``: raise if autograd computes a
+    gradient for it (one that did not come through its patched layer)."""
+
+    def hook(grad: Any) -> None:
+        if grad is not None:
+            raise RuntimeError(
+                f"parameter '{name}' received a gradient outside its layer (a functional use "
+                "such as F.linear(x, layer.weight), or a module the clipper did not patch); "
+                "that use is neither clipped nor part of the release. Call the layer itself, "
+                "or move the use into a module of its own")
+
+    return hook
 
 
 class PerSampleClipper:
@@ -377,6 +392,15 @@ class PerSampleClipper:
         self._input_hook = module.register_forward_pre_hook(self._record_input,
                                                             with_kwargs=True)
         self._output_hook = module.register_forward_hook(self._record_output)
+        # A clipped parameter's gradient reaches autograd only through its patched layer,
+        # which hands the engine none (the clipper writes p.grad at the release). A gradient
+        # arriving means a use outside that layer (F.linear(x, layer.weight)): not clipped,
+        # and overwritten at the release, so the training would be silently wrong.
+        names = {id(p): name for name, p in module.named_parameters()}
+        self._gradient_hooks = [
+            p.register_hook(_refuse_unclipped_gradient(names.get(id(p), "?")))
+            for p in self._params
+        ]
 
     # ------------------------------------------------------------------ public state
     @property
@@ -933,5 +957,8 @@ class PerSampleClipper:
         self._handles = []
         self._input_hook.remove()
         self._output_hook.remove()
+        for hook in self._gradient_hooks:
+            hook.remove()
+        self._gradient_hooks = []
         self.reset()
         self._removed = True

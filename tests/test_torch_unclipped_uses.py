@@ -1,0 +1,57 @@
+"""A clipped parameter used outside its layer is refused, not silently dropped.
+
+The clipper writes each clipped parameter's gradient at the release, from its patched layer's
+per-example gradients. A functional use of the same parameter (``F.linear(x, layer.weight)``)
+would add a gradient that is neither clipped nor released: the released gradient would be
+wrong (51% off in the measured case) with no error.
+"""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+F = nn.functional
+
+from dpsharp.torch import NoiseGenerator, PerSampleClipper  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+
+class FunctionalUse(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(5, 5)
+        self.out = nn.Linear(5, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.lin(x) + 5 * F.linear(x, self.lin.weight))
+
+
+def test_a_functional_use_of_a_clipped_weight_is_refused() -> None:
+    torch.manual_seed(0)
+    model = FunctionalUse()
+    clipper = PerSampleClipper(model, max_grad_norm=1.0)
+    with pytest.raises(RuntimeError, match="'lin.weight' received a gradient outside its layer"):
+        model(torch.randn(4, 5)).pow(2).sum().backward()
+    clipper.remove()
+    # without the clipper the same model trains as plain PyTorch
+    model(torch.randn(4, 5)).pow(2).sum().backward()
+    assert model.lin.weight.grad is not None
+
+
+def test_the_layers_own_calls_are_accepted_and_released_exactly() -> None:
+    # C large enough that nothing is clipped: the release is the plain gradient
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 5), nn.Tanh(), nn.Linear(5, 1)).double()
+    x = torch.randn(4, 5, dtype=torch.float64)
+    model(x).pow(2).sum().backward()
+    plain = [p.grad.clone() for p in model.parameters()]
+    for p in model.parameters():
+        p.grad = None
+    clipper = PerSampleClipper(model, max_grad_norm=1e9, loss_reduction="sum")
+    model(x).pow(2).sum().backward()
+    clipper.release(noise_multiplier=0.0, expected_batch_size=1.0, noise=NoiseGenerator(0))
+    for p, expected in zip(model.parameters(), plain):
+        torch.testing.assert_close(p.grad, expected, rtol=1e-12, atol=1e-12)
+    clipper.remove()
