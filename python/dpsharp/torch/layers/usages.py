@@ -597,13 +597,17 @@ _SUM_BLOCK_ROWS = 4096
 
 
 def _blocked_product(m1: torch.Tensor, m2: torch.Tensor,
-                     base: torch.Tensor | None = None) -> torch.Tensor:
+                     base: torch.Tensor | None = None, *, wide: bool = False) -> torch.Tensor:
     """``m1 @ m2`` (``base += m1 @ m2`` in place when given) for m1 (n, K), m2 (K, k): one
     matrix product when K fits a block of :data:`_SUM_BLOCK_ROWS` rows or the operands are
     float64, else one float32 product per block of K, the blocks (and ``base``) summed in
-    float64 and rounded once."""
+    float64 and rounded once. ``wide``: every block's product in float64 instead (the float32
+    operands widened block by block, their products exact), for the clipped sums whose rows
+    mix examples with cancelling positions (:func:`_wide_blocked_product`)."""
     import torch
 
+    if wide and m1.dtype != torch.float64:
+        return _wide_blocked_product(m1, m2, base)
     rows = int(m1.shape[1])
     if rows <= _SUM_BLOCK_ROWS or m1.dtype == torch.float64:
         return torch.mm(m1, m2) if base is None else base.addmm_(m1, m2)
@@ -614,6 +618,37 @@ def _blocked_product(m1: torch.Tensor, m2: torch.Tensor,
         torch.mm(m1[:, lo:hi], m2[lo:hi], out=part)
         total = part.to(torch.float64) if total is None else total.add_(part)
     assert total is not None
+    if base is None:
+        return total.to(m1.dtype)
+    return base.copy_(total)
+
+
+# Widened blocks of _wide_blocked_product hold at most this many float64 entries per operand.
+_WIDE_BLOCK_ENTRIES = 1 << 24
+
+
+def _wide_blocked_product(m1: torch.Tensor, m2: torch.Tensor,
+                          base: torch.Tensor | None) -> torch.Tensor:
+    """``m1 @ m2`` (or ``base += m1 @ m2``) accumulated in float64 over the whole reduction,
+    rounded once to ``m1``'s dtype.
+
+    A linear layer's clipped sum on sequences is one product over the B T rows of all
+    examples. In float32, one example whose positions cancel (a_1 g_1^T = -a_2 g_2^T, huge)
+    drives the running sums to magnitudes C / kappa, where kappa ~ T 2^-24 is its norm's
+    round-off slack, and every other example's part added to them is rounded to that
+    magnitude's spacing (about C / 10): one ordinary example moved the release by 1.010 C.
+    In float64 that spacing is 2^-29 times smaller. Blocks of at most
+    :data:`_WIDE_BLOCK_ENTRIES` entries per widened operand bound the transient memory."""
+    import torch
+
+    rows = int(m1.shape[1])
+    width = max(int(m1.shape[0]), int(m2.shape[1]), 1)
+    step = max(1, min(rows, _WIDE_BLOCK_ENTRIES // width))
+    total = (torch.zeros((m1.shape[0], m2.shape[1]), dtype=torch.float64, device=m1.device)
+             if base is None else base.to(torch.float64))
+    for lo in range(0, rows, step):
+        hi = min(rows, lo + step)
+        total.addmm_(m1[:, lo:hi].to(torch.float64), m2[lo:hi].to(torch.float64))
     if base is None:
         return total.to(m1.dtype)
     return base.copy_(total)
@@ -1119,6 +1154,13 @@ class LinearUsage(_WeightBiasUsage):
             return g.t(), _scaled_rows(a, weights)
         return _scaled_rows(g, weights).t(), a
 
+    def _mixes_cancelling_rows(self) -> bool:
+        """Whether the weight's clipped sum, one product over all examples' rows, must
+        accumulate in float64 (:func:`_wide_blocked_product`): when an example has more than
+        one position, whose products may cancel. With one position per example each row is
+        the example's whole (rank-one) gradient, whose clipped part is at most C."""
+        return int(self.a.shape[1]) > 1
+
     def _rows2d(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(G, A): the output gradients (B T, p) and activations (B T, d) as matrices (views)."""
         if self._matrices is None:
@@ -1188,7 +1230,8 @@ class LinearUsage(_WeightBiasUsage):
         if self.g.dtype in (torch.float32, torch.float64):
             product = self._clipped_product(p, factors)
             assert product is not None
-            return _blocked_product(*product).reshape(p.shape)
+            return _blocked_product(*product, wide=self._mixes_cancelling_rows()).reshape(
+                p.shape)
         # float16 / bfloat16 stored tensors (autocast): the float32 arithmetic above on widened
         # copies. A clip factor, or an operand scaled by it, rounded to half precision would
         # leave a clipped contribution up to 2^-9 above its bound (0.35% measured under bf16
@@ -1217,7 +1260,7 @@ class LinearUsage(_WeightBiasUsage):
                 return
             product = self._clipped_product(p, factors)
             if product is not None and out.dim() == 2:
-                _blocked_product(*product, base=out)
+                _blocked_product(*product, base=out, wide=self._mixes_cancelling_rows())
                 return
         super().add_clipped_sum(p, factors, out)
 
