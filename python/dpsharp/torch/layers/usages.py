@@ -68,6 +68,12 @@ _CHUNK_ELEMENTS = 1 << 17
 # chunks per layer: 549 examples/s against 20,051 non-private on an H200 (bench/bench_gpu.py).
 _DEVICE_CHUNK_ELEMENTS = 1 << 24
 
+# Per-example weight gradients formed at once by a Gram-route clipped sum
+# (LinearUsage._per_example_product_sum): 2 MiB of float32, two examples of the bench
+# transformers' feed-forward layers (one per chunk ran 10-20% slower: more passes over the
+# float64 total).
+_PRODUCT_CHUNK_ELEMENTS = 1 << 19
+
 # Linear layers on sequences, CPU: how many multiply-adds of the fused Gram-norm kernel cost as
 # much as one element of materialised per-example gradient (written, squared, read back by the
 # clipped sum); measured, see LinearUsage._materialise_weight.
@@ -1228,6 +1234,9 @@ class LinearUsage(_WeightBiasUsage):
         if self._per_example_weight is not None:
             return self._materialised_clipped_sum(p, factors * self.scale)
         if self.g.dtype in (torch.float32, torch.float64):
+            summed = self._per_example_product_sum(factors)
+            if summed is not None:
+                return summed.to(self.g.dtype).reshape(p.shape)
             product = self._clipped_product(p, factors)
             assert product is not None
             return _blocked_product(*product, wide=self._mixes_cancelling_rows()).reshape(
@@ -1258,11 +1267,65 @@ class LinearUsage(_WeightBiasUsage):
                                               factors=(factors * self.scale).contiguous(),
                                               base=out)
                 return
+            summed = self._per_example_product_sum(factors, base=out)
+            if summed is not None and summed.shape == out.shape:
+                out.copy_(summed)
+                return
             product = self._clipped_product(p, factors)
             if product is not None and out.dim() == 2:
                 _blocked_product(*product, base=out, wide=self._mixes_cancelling_rows())
                 return
         super().add_clipped_sum(p, factors, out)
+
+    def _per_example_product_sum(self, factors: torch.Tensor,
+                                 base: torch.Tensor | None = None) -> torch.Tensor | None:
+        """The weight's clipped sum on the Gram route (``base`` + sum_i scale c_i g_i(W)),
+        float64 in the weight's layout, from one float32 product per example; None where this
+        route does not apply (the caller then takes the float64 product over all rows).
+
+        Each example's g_i(W) = G_i^T A_i is formed by its own float32 product of T terms per
+        entry, a chunk of examples at a time in a scratch buffer (no per-example gradient is
+        kept); the chunk's weighted sum runs in float64 and is rounded once to float32
+        (:func:`dpsharp.torch.kernels.clip_accumulate_noise`), and the chunks are added in
+        float64. So no example's positions share a float32 running sum with another
+        example's: the cancelling example of :func:`_wide_blocked_product` only rounds its
+        own part, by at most gamma_{T+3} sum_t ||a_t|| ||g_t|| (Higham 2002, section 3.1),
+        the slack its norm carries already (:meth:`sq_norm_and_slack`,
+        :func:`product_roundoff_factor` of T terms). The products are the non-private
+        weight gradient's multiply-adds in float32, where the float64 product over all rows
+        cost 2-3x that (the bench encoder's feed-forward layers at 1 thread). CPU, float32
+        stored tensors, 1 < T <= :data:`_SUM_BLOCK_ROWS` (the slack's terms), and per-example
+        gradients whose entries stay far inside float32's range (sum_t ||a_t|| ||g_t|| below
+        1e37); factors capped as the matrix product's are (:meth:`_capped_factors`)."""
+        import torch
+
+        a, g = self.a, self.g
+        if (a is None or a.device.type != "cpu" or a.dtype != torch.float32
+                or g.dtype != torch.float32 or not 1 < self.positions <= _SUM_BLOCK_ROWS
+                or int(a.shape[0]) == 0):
+            return None
+        products = self._position_products()
+        if not bool(products.max() < 1e37):
+            return None
+        weights = (self._capped_factors(factors, activations=False) * self.scale).to(
+            torch.float64).contiguous()
+        b, d, p = int(a.shape[0]), int(a.shape[2]), int(g.shape[2])
+        shape = (p, d) if self._weight_is_pd else (d, p)
+        total = (torch.zeros(shape, dtype=torch.float64) if base is None
+                 else base.reshape(shape).to(torch.float64))
+        n = max(1, min(b, _PRODUCT_CHUNK_ELEMENTS // max(d * p, 1)))
+        chunk = torch.empty((n, *shape), dtype=torch.float32)
+        part = torch.empty(shape, dtype=torch.float32)
+        for lo in range(0, b, n):
+            hi = min(b, lo + n)
+            out = chunk[:hi - lo]
+            if self._weight_is_pd:
+                torch.bmm(g[lo:hi].transpose(1, 2), a[lo:hi], out=out)
+            else:
+                torch.bmm(a[lo:hi].transpose(1, 2), g[lo:hi], out=out)
+            kernels.clip_accumulate_noise(part, per_example=out, factors=weights[lo:hi])
+            total.add_(part)
+        return total
 
 
 class ConvUsage(_WeightBiasUsage):
