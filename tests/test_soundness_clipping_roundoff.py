@@ -332,7 +332,9 @@ def test_device_embedding_norm_bound_covers_exact_float64_cancellation(monkeypat
 def test_tied_embedding_and_projection_that_cancel_keep_the_bound():
     """A language model's tied input embedding and output projection, one position each, whose
     gradients of the shared row cancel up to 1 / R: each use's own rounding (u ||g^u||) is R
-    times the tied norm. Without the per-use rounding terms this reached 1.0019 C at R = 10^5."""
+    times the tied norm. Without the per-use rounding terms this reached 1.0019 C at R = 10^5.
+    Beyond a cancellation of 4 the norm is taken as sum_u ||g^u|| / 4 (tied_sq_norm), so the
+    contribution reaches C only where the uses cancel little (R = 1)."""
 
     class TiedHead(torch.nn.Module):
         def __init__(self) -> None:
@@ -345,7 +347,8 @@ def test_tied_embedding_and_projection_that_cancel_keep_the_bound():
             return self.embedding(idx), self.projection(x)
 
     worst = 0.0
-    for ratio in (1e2, 1e5):
+    reached = 0.0
+    for ratio in (1.0, 1e2, 1e5):
         for trial in range(10):
             gen = torch.Generator().manual_seed(trial)
             idx = torch.tensor([[3]])
@@ -361,7 +364,10 @@ def test_tied_embedding_and_projection_that_cancel_keep_the_bound():
 
             released, _ = contribution_of_one_example(model, backward, bound=1e-9)
             worst = max(worst, released / 1e-9)
-    assert 0.9 < worst <= 1.0 + TOLERANCE
+            if ratio == 1.0:
+                reached = max(reached, released / 1e-9)
+    assert worst <= 1.0 + TOLERANCE
+    assert reached > 0.9
 
 
 @pytest.mark.parametrize("layer", ["linear", "layernorm", "embedding"])

@@ -55,3 +55,62 @@ def test_a_cancelling_example_does_not_round_an_ordinary_one(width: int, monkeyp
         worst = max(worst, float((both - alone).norm()))
     assert worst <= 1.0 + 1e-6
     assert worst > 0.99  # the ordinary example is clipped to C: that is what is measured
+
+
+class _TiedLanguageModel(nn.Module):
+    """An embedding tied to its output layer, the two uses fed separately."""
+
+    def __init__(self, vocabulary: int, width: int) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(vocabulary, width)
+        self.head = nn.Linear(width, vocabulary, bias=False)
+        self.head.weight = self.embedding.weight
+
+    def forward(self, tokens: torch.Tensor, hidden: torch.Tensor):
+        return self.embedding(tokens), self.head(hidden)
+
+
+@pytest.mark.parametrize(("adversaries", "tolerance"), [(1, 1e-6), (32, 1e-4)])
+def test_examples_whose_tied_uses_cancel_do_not_round_an_ordinary_one(
+        adversaries: int, tolerance: float) -> None:
+    # Each adversarial example's embedding use and head use cancel (tied gradient 0), so its
+    # clip factor came from the round-off slack alone and each use's part was about 1.6e6 C:
+    # the ordinary example's part of the head's batch sum was rounded to that spacing (1.048 C
+    # beside one such example, 32 C beside 128). The norm of a tied parameter is now at least
+    # sum_u ||g^u|| / 4; what remains is the float32 rounding of sums of parts of a few C.
+    vocabulary, width = 8, 4
+    model = _TiedLanguageModel(vocabulary, width)
+    batch = 1 + adversaries
+
+    def release(rows: list[int], tokens, embedding_grads, hidden, head_grads) -> torch.Tensor:
+        model.embedding.weight.grad = None
+        clipper = PerSampleClipper(model, max_grad_norm=1.0, loss_reduction="sum")
+        try:
+            e, h = model(tokens[rows], hidden[rows])
+            ((e * embedding_grads[rows]).sum() + (h * head_grads[rows]).sum()).backward()
+            clipper.release(noise_multiplier=0.0, expected_batch_size=1.0,
+                            noise=NoiseGenerator(0))
+            return model.embedding.weight.grad.double().clone()
+        finally:
+            clipper.remove()
+
+    worst = 0.0
+    for k in range(384, 800, 16):
+        m = math.sqrt(10.0 ** (k / 64))
+        tokens = torch.zeros(batch, 1, dtype=torch.long)
+        embedding_grads = torch.zeros(batch, 1, width)
+        hidden = torch.zeros(batch, 1, width)
+        head_grads = torch.zeros(batch, 1, vocabulary)
+        # the ordinary example (first): head gradient 3 (0.95 e0 e0^T + 0.312 e1 e0^T)
+        hidden[0, 0, 0] = 1.0
+        head_grads[0, 0, 0], head_grads[0, 0, 1] = 3 * 0.95, 3 * math.sqrt(1 - 0.95**2)
+        for j in range(1, batch):
+            mj = m * (1 + 0.001 * j)
+            embedding_grads[j, 0, 0] = mj * mj  # row 0 looked up: + mj^2 e0 e0^T
+            hidden[j, 0, 0], head_grads[j, 0, 0] = mj, -mj  # the head: - mj^2 e0 e0^T
+        data = (tokens, embedding_grads, hidden, head_grads)
+        both = release(list(range(batch)), *data)
+        without = release(list(range(1, batch)), *data)
+        worst = max(worst, float((both - without).norm()))
+    assert worst <= 1.0 + tolerance
+    assert worst > 0.99

@@ -1995,12 +1995,20 @@ def tied_cross_dot(u: Usage, v: Usage, p: torch.nn.Parameter) -> torch.Tensor | 
     return None
 
 
+# The largest factor by which the uses of a tied parameter may cancel in one example before
+# its clip factor is taken from sum_u ||g_i^u|| / this instead of its tied norm (tied_sq_norm).
+_TIED_CANCELLATION_LIMIT = 4.0
+
+
 def tied_sq_norm(p: torch.nn.Parameter, usages: list[Usage]) -> torch.Tensor | None:
     """||sum_u g_i^u(p)||^2 for every example, float64 (B,), for a parameter used by several
     usages: sum_u ||g_i^u||^2 + 2 sum_{u < v} <g_i^u, g_i^v> (:func:`tied_cross_dot`), clamped
     at 0 against round-off (a NaN stays NaN), then raised to (||.|| + sum_u e_u)^2 by the
     usages' clipped-sum round-off bounds e_u (:meth:`Usage.sq_norm_and_slack`; the parameter's
-    clipped sum is the sum of theirs, so their errors add). None when a pair is not covered."""
+    clipped sum is the sum of theirs, so their errors add), and at least
+    (sum_u ||g_i^u|| / :data:`_TIED_CANCELLATION_LIMIT`)^2. None when a pair is not covered."""
+    import torch
+
     pairs = [(u, v) for k, u in enumerate(usages) for v in usages[k + 1:]]
     if not all(_cross_covered(u, v, p) for u, v in pairs):
         return None
@@ -2034,4 +2042,15 @@ def tied_sq_norm(p: torch.nn.Parameter, usages: list[Usage]) -> torch.Tensor | N
     for c in crosses:
         assert c is not None
         total = total + 2.0 * c
-    return _raised(total.clamp_min(0.0), sum(slacks[1:], slacks[0]))
+    raised = _raised(total.clamp_min(0.0), sum(slacks[1:], slacks[0]))
+    # Each use's clipped sum is summed over the whole batch (in the parameter's dtype) before
+    # the uses are added. An example whose uses cancel each other has a small tied norm, so a
+    # large clip factor, while each use's part c ||g_i^u|| is huge: every other example's part
+    # of that use was rounded to the spacing of those running sums (an ordinary example moved
+    # the release by 32 C beside 128 such examples of an embedding tied to its output layer).
+    # The norm is therefore at least sum_u ||g_i^u|| / _TIED_CANCELLATION_LIMIT, so that each
+    # use's part stays within _TIED_CANCELLATION_LIMIT C, as an untied layer's within C.
+    uses = norms[0].clamp_min(0.0).sqrt()
+    for n in norms[1:]:
+        uses = uses + n.clamp_min(0.0).sqrt()
+    return torch.maximum(raised, (uses / _TIED_CANCELLATION_LIMIT).square())
