@@ -875,7 +875,10 @@ class LinearUsage(_WeightBiasUsage):
         the bench GPT-2 (bench/bench_transformers.py) took 1.52x the non-private step's peak
         memory, against 1.16x with the rule at 40. So materialise when
         T^2 (d + p) / 2 > 40 d p, trading up to 1.8x on such a layer's norm and clipped sum for
-        the memory. Elsewhere (other devices, or a CPU without AVX2) the
+        the memory. (Since the Gram route's float32 clipped sum accumulates across examples in
+        float64, :meth:`_per_example_product_sum`, the trade is larger: materialising the
+        bench encoder's feed-forward layers, rule 20, took 1.13x against 1.35x the
+        non-private step's time, one process, 1 thread, and 1.5x-1.7x its peak memory.) Elsewhere (other devices, or a CPU without AVX2) the
         Gram norms are two batched float64 matmuls over all T^2 pairs, and the old rule
         d p <= T (d + p) stays.
         """
