@@ -271,6 +271,7 @@ class PerSampleClipper:
         self._buffer_watch = BufferWatch(module, public_buffers)
         # (graph task id, {parameter id: whether that pass accumulates its gradient})
         self._pass_answers: tuple[int | None, dict[int, bool]] = (None, {})
+        self._accumulator_nodes: dict[int, Any] = {}  # parameter id -> its AccumulateGrad
         self._clipping = clipping
         self._loss_reduction = loss_reduction
         # A clip-factor rule (dpsharp.torch.clipping: automatic, adaptive quantile) in place of
@@ -561,8 +562,12 @@ class PerSampleClipper:
         for p in usage.params():
             answer = answers.get(id(p))
             if answer is None:
-                with torch.enable_grad():
-                    accumulator = p.view_as(p).grad_fn.next_functions[0][0]
+                accumulator = self._accumulator_nodes.get(id(p))
+                if accumulator is None:
+                    # held here, so the same node serves every later pass (cheap to ask)
+                    with torch.enable_grad():
+                        accumulator = p.view_as(p).grad_fn.next_functions[0][0]
+                    self._accumulator_nodes[id(p)] = accumulator
                 try:
                     answer = bool(will_execute(accumulator))
                 except RuntimeError:  # autograd.grad with a parameter among its inputs
@@ -960,5 +965,6 @@ class PerSampleClipper:
         for hook in self._gradient_hooks:
             hook.remove()
         self._gradient_hooks = []
+        self._accumulator_nodes = {}
         self.reset()
         self._removed = True
