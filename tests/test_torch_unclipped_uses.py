@@ -55,3 +55,22 @@ def test_the_layers_own_calls_are_accepted_and_released_exactly() -> None:
     for p, expected in zip(model.parameters(), plain):
         torch.testing.assert_close(p.grad, expected, rtol=1e-12, atol=1e-12)
     clipper.remove()
+
+
+def test_the_clipper_works_on_after_a_refused_pass() -> None:
+    # The refused pass is dropped whole: the next passes are clipped and released as usual.
+    torch.manual_seed(0)
+    model = FunctionalUse()
+    clipper = PerSampleClipper(model, max_grad_norm=1e9, loss_reduction="sum")
+    with pytest.raises(RuntimeError, match="outside its layer"):
+        model(torch.randn(4, 5)).pow(2).sum().backward()
+    x = torch.randn(4, 5)
+    model.out(model.lin(x)).pow(2).sum().backward()
+    assert clipper.accumulated_batches == 1
+    clipper.release(noise_multiplier=0.0, expected_batch_size=1.0, noise=NoiseGenerator(0))
+    released = model.lin.weight.grad.clone()
+    clipper.remove()
+    for p in model.parameters():
+        p.grad = None
+    model.out(model.lin(x)).pow(2).sum().backward()
+    torch.testing.assert_close(released, model.lin.weight.grad, rtol=1e-5, atol=1e-6)

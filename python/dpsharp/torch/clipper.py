@@ -205,12 +205,15 @@ def _without_vanishing_factors(factors: torch.Tensor, usages: list[Any]) -> torc
     return torch.where(factors < floor, torch.zeros_like(factors), factors)
 
 
-def _refuse_unclipped_gradient(name: str) -> Callable[[Any], None]:
+def _refuse_unclipped_gradient(name: str,
+                               abandon: Callable[[], None]) -> Callable[[Any], None]:
     """A tensor hook for the clipped parameter ``name``: raise if autograd computes a
-    gradient for it (one that did not come through its patched layer)."""
+    gradient for it (one that did not come through its patched layer), after ``abandon``
+    (the clipper drops what the failing pass recorded: its end-of-pass step will not run)."""
 
     def hook(grad: Any) -> None:
         if grad is not None:
+            abandon()
             raise RuntimeError(
                 f"parameter '{name}' received a gradient outside its layer (a functional use "
                 "such as F.linear(x, layer.weight), or a module the clipper did not patch); "
@@ -399,7 +402,8 @@ class PerSampleClipper:
         # and overwritten at the release, so the training would be silently wrong.
         names = {id(p): name for name, p in module.named_parameters()}
         self._gradient_hooks = [
-            p.register_hook(_refuse_unclipped_gradient(names.get(id(p), "?")))
+            p.register_hook(_refuse_unclipped_gradient(names.get(id(p), "?"),
+                                                       self._abandon_pass))
             for p in self._params
         ]
 
@@ -541,6 +545,16 @@ class PerSampleClipper:
         if not self._callback_queued:
             self._callback_queued = True
             torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
+
+    def _abandon_pass(self) -> None:
+        """Drop what the backward pass under way recorded (nothing of it is clipped or
+        counted) and close its arena: the pass is failing, and autograd will not run the
+        end-of-pass step queued for it."""
+        self._pending = []
+        self._callback_queued = False
+        if self._open_arena is not None:
+            self._open_arena.close_pass(id(self))
+            self._open_arena = None
 
     def _pass_writes_gradients(self, usage: Any) -> bool:
         """Whether the backward pass under way accumulates into ``.grad`` a gradient of one of
