@@ -74,3 +74,26 @@ def test_the_clipper_works_on_after_a_refused_pass() -> None:
         p.grad = None
     model.out(model.lin(x)).pow(2).sum().backward()
     torch.testing.assert_close(released, model.lin.weight.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_a_backward_pass_that_fails_midway_is_dropped_and_training_goes_on() -> None:
+    # An exception inside a backward pass (here a hook on an activation; out of memory in
+    # practice) skips the pass's end-of-pass step. The next pass must be clipped as usual.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 5), nn.Tanh(), nn.Linear(5, 1))
+    clipper = PerSampleClipper(model, max_grad_norm=1e9, loss_reduction="sum")
+    hidden = model[1](model[0](torch.randn(4, 5)))
+    hidden.register_hook(lambda grad: (_ for _ in ()).throw(MemoryError("simulated")))
+    with pytest.raises(MemoryError):
+        model[2](hidden).pow(2).sum().backward()
+    x = torch.randn(4, 5)
+    model(x).pow(2).sum().backward()
+    assert clipper.accumulated_batches == 1
+    clipper.release(noise_multiplier=0.0, expected_batch_size=1.0, noise=NoiseGenerator(0))
+    released = [p.grad.clone() for p in model.parameters()]
+    clipper.remove()
+    for p in model.parameters():
+        p.grad = None
+    model(x).pow(2).sum().backward()
+    for got, p in zip(released, model.parameters()):
+        torch.testing.assert_close(got, p.grad, rtol=1e-5, atol=1e-6)

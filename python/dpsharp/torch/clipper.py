@@ -223,6 +223,17 @@ def _refuse_unclipped_gradient(name: str,
     return hook
 
 
+class _NodeCache(dict):
+    """Parameter id -> its autograd AccumulateGrad node. A cache only: copies and pickles of a
+    clipper start it empty (autograd nodes cannot be copied)."""
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _NodeCache:
+        return _NodeCache()
+
+    def __reduce__(self) -> tuple[type, tuple[()]]:
+        return (_NodeCache, ())
+
+
 class PerSampleClipper:
     """Clips per-example gradients of ``module`` and accumulates their sum for DP-SGD.
 
@@ -274,7 +285,7 @@ class PerSampleClipper:
         self._buffer_watch = BufferWatch(module, public_buffers)
         # (graph task id, {parameter id: whether that pass accumulates its gradient})
         self._pass_answers: tuple[int | None, dict[int, bool]] = (None, {})
-        self._accumulator_nodes: dict[int, Any] = {}  # parameter id -> its AccumulateGrad
+        self._accumulator_nodes = _NodeCache()  # parameter id -> its AccumulateGrad
         self._clipping = clipping
         self._loss_reduction = loss_reduction
         # A clip-factor rule (dpsharp.torch.clipping: automatic, adaptive quantile) in place of
@@ -475,6 +486,7 @@ class PerSampleClipper:
         # the torch.func fallback re-runs a module per example inside the backward pass
         if any(getattr(h, "bypass", False) for h in self._handles):
             return
+        self._drop_failed_pass()
         batch = _leading_dim((*args, *kwargs.values()))
         if batch is not None:
             self._input_batches.add(batch)
@@ -545,6 +557,17 @@ class PerSampleClipper:
         if not self._callback_queued:
             self._callback_queued = True
             torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
+
+    def _drop_failed_pass(self) -> None:
+        """Outside any backward pass, drop a pass that recorded usages but never reached its
+        end-of-pass step (an exception inside it, caught by the caller, e.g. out of memory):
+        its examples were never clipped, and its pending step would otherwise block every
+        later pass from queueing its own (they would all go unclipped, silently)."""
+        import torch
+
+        current = getattr(torch._C, "_current_graph_task_id", None)
+        if self._callback_queued and current is not None and current() == -1:
+            self._abandon_pass()
 
     def _abandon_pass(self) -> None:
         """Drop what the backward pass under way recorded (nothing of it is clipped or
@@ -877,6 +900,7 @@ class PerSampleClipper:
         noise is used (this is how an armed release with no backward pass goes out).
         """
         sigma, b = self._release_arguments(noise_multiplier, expected_batch_size, noise)
+        self._drop_failed_pass()
         if self._pending:
             raise RuntimeError("release() called in the middle of a backward pass")
         if self._released_in_backward and self._batches == 0:
@@ -979,6 +1003,6 @@ class PerSampleClipper:
         for hook in self._gradient_hooks:
             hook.remove()
         self._gradient_hooks = []
-        self._accumulator_nodes = {}
+        self._accumulator_nodes = _NodeCache()
         self.reset()
         self._removed = True
