@@ -114,3 +114,35 @@ def test_examples_whose_tied_uses_cancel_do_not_round_an_ordinary_one(
         worst = max(worst, float((both - without).norm()))
     assert worst <= 1.0 + tolerance
     assert worst > 0.99
+
+
+def test_a_convolution_keeps_each_example_in_its_own_product(monkeypatch) -> None:
+    # The convolution's Gram route formed its clipped sum by one float32 weight-gradient
+    # convolution per block of examples: nineteen examples whose first and last positions
+    # cancel rounded the ordinary example's part of the same block (1.0006 C).
+    monkeypatch.setattr(usages.ConvUsage, "_materialise_weight", lambda self: False)
+    positions, width, batch, magnitude = 200, 8, 20, 316.0
+    conv = nn.Conv1d(width, width, 1, bias=False)
+    x = torch.zeros(batch, width, positions)
+    g = torch.zeros(batch, width, positions)
+    # the ordinary example: gradient 3 (0.8 e00 + 0.6 e11), clipped to C = 1
+    x[0, 0, 0], g[0, 0, 0] = 1.0, 3 * 0.8
+    x[0, 1, 1], g[0, 1, 1] = 1.0, 3 * 0.6
+    for j in range(1, batch):
+        s = magnitude * (1 + 0.001 * (j - 1))
+        x[j, 0, 0], g[j, 0, 0] = s, s
+        x[j, 0, -1], g[j, 0, -1] = s, -s
+
+    def release(rows: list[int]) -> torch.Tensor:
+        conv.weight.grad = None
+        clipper = PerSampleClipper(conv, max_grad_norm=1.0, loss_reduction="sum")
+        try:
+            (conv(x[rows]) * g[rows]).sum().backward()
+            clipper.release(noise_multiplier=0.0, expected_batch_size=1.0,
+                            noise=NoiseGenerator(0))
+            return conv.weight.grad.double().clone()
+        finally:
+            clipper.remove()
+
+    moved = float((release(list(range(batch))) - release(list(range(1, batch)))).norm())
+    assert 0.99 < moved <= 1.0 + 1e-6

@@ -1536,8 +1536,13 @@ class ConvUsage(_WeightBiasUsage):
             self._out_grad_shape)
         kernel, stride, padding, dilation = self._geometry
         weight = p.detach().to(x.dtype)
-        batch, positions = self.batch_size, int(self.g.shape[2])
-        step = batch if x.dtype == torch.float64 else max(1, _SUM_BLOCK_ROWS // max(positions, 1))
+        batch = self.batch_size
+        # In float32 (the CPU), one example per product: in a block of several, one example
+        # whose positions cancel (a large clip factor, terms near C / kappa) shared the
+        # backend's float32 running sums with the others and rounded their parts to its
+        # spacing (1.0006 C for one ordinary example, L = 200, 19 such examples). Alone, each
+        # example's product errs only by the slack its norm carries; the sum is in float64.
+        step = batch if x.dtype == torch.float64 else 1
         total: torch.Tensor | None = None
         for lo in range(0, batch, step):
             hi = min(batch, lo + step)
