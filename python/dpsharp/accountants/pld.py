@@ -1160,24 +1160,24 @@ _COARSE_FACTORS = (16.0, 4.0)
 
 
 def _step_bucket(steps: int, smooth: bool) -> int:
-    """The bucket of a step count: the smallest power of two >= steps, and at least
-    ``_FIRST_BUCKET`` when every composed loss is ``smooth`` (:meth:`PLDAccountant.
-    _smooth_leaves`). The per-step truncation budget is the tail budget over the bucket, and a
+    """The bucket of a step count: the smallest power of two >= steps, except that counts up
+    to ``_FIRST_BUCKET`` of ``smooth`` losses (:meth:`PLDAccountant._smooth_leaves`) are each
+    their own bucket. The per-step truncation budget is the tail budget over the bucket, and a
     short composition's refined grid and circle are those of the bucket
     (:meth:`PLDAccountant._short_step`), so every count of a bucket shares its leaves'
     discretisations and spectra."""
-    bucket = 1 << max(steps - 1, 0).bit_length()
-    return max(_FIRST_BUCKET, bucket) if smooth else bucket
+    if smooth and steps <= _FIRST_BUCKET:
+        return max(steps, 1)
+    return 1 << max(steps - 1, 0).bit_length()
 
 
-#: The first bucket of step counts of smooth losses (1 to 4 steps share a grid): its refined
-#: grid puts one step's epsilon within 1.4e-8 relative of the exact one (Poisson-subsampled
-#: Gaussians, q from 0.001 to 0.5, sigma from 0.5 to 2, delta 1e-5, against the closed form of
-#: tests/test_pld_incremental.py), where each count's own grid put it within 5e-9, at a fifth
-#: of the cost (the first query's 729 000-point discretisation becomes a 149 000-point one, and
-#: 2 steps no longer need their own grid). Not for losses with atoms (randomized response,
-#: Laplace, the atoms of _pld_atoms), whose rounding onto the grid errs to first order: one
-#: randomized response step (p = 0.01, k = 3) moved by 4e-5 on the grid of 4 steps.
+#: Step counts of smooth losses up to this keep a grid of their own (above it, powers of two
+#: share one). One grid for 1 to 4 steps cost a fifth of the discretisation at the first query,
+#: but its coarser grid put three steps (q = 0.2, sigma = 0.5) 7.4e-10 relative above
+#: dp-accounting's default delta at epsilon 1 (tests/test_pld_peer_defaults.py); each count's
+#: own grid is below it. Losses with atoms (randomized response, Laplace, the atoms of
+#: _pld_atoms), whose rounding onto the grid errs to first order, round every count up to a
+#: power of two for the tail budget only, and keep the grid of their own count.
 _FIRST_BUCKET = 4
 #: Mechanisms whose privacy loss has a density (no atom): a coarser grid errs to second order.
 _SMOOTH_MECHANISMS = (_GAUSSIAN, _REMOVE, _ADD, _SYMMETRIC)
