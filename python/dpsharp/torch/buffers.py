@@ -39,9 +39,8 @@ class BufferWatch:
         The model.
     public:
         Names of buffers (as ``named_buffers`` gives them) that the forward may change without
-        reading the data, e.g. the power-iteration vectors of ``torch.nn.utils.spectral_norm``,
-        which depend on the weights only. They are not watched. A name that is not a buffer of
-        ``module`` is a ValueError.
+        reading the data, e.g. a count of training steps. They are not watched. A name that is
+        not a buffer of ``module`` is a ValueError.
     """
 
     def __init__(self, module: nn.Module, public: Iterable[str] = ()) -> None:

@@ -260,8 +260,8 @@ class PerSampleClipper:
         in place of min(1, C / ||g_i||); None for that standard rule.
     public_buffers:
         Names (as ``module.named_buffers()`` gives them) of buffers that the training forward
-        may change without reading the data, e.g. ``torch.nn.utils.spectral_norm``'s
-        power-iteration vectors. Every other buffer is watched: a backward pass after a
+        may change without reading the data, e.g. a count of training steps. Every other
+        buffer is watched: a backward pass after a
         forward that wrote one raises RuntimeError, since buffers are released with the model
         without noise (a running maximum or a quantisation observer would copy data into it).
     """
