@@ -261,9 +261,9 @@ class PerSampleClipper:
     public_buffers:
         Names (as ``module.named_buffers()`` gives them) of buffers that the training forward
         may change without reading the data, e.g. a count of training steps. Every other
-        buffer is watched: a backward pass after a
-        forward that wrote one raises RuntimeError, since buffers are released with the model
-        without noise (a running maximum or a quantisation observer would copy data into it).
+        buffer is watched: a backward pass after a forward that wrote one raises RuntimeError,
+        since buffers are released with the model without noise (a running maximum or a
+        quantisation observer would copy data into it).
     """
 
     def __init__(self, module: nn.Module, *, max_grad_norm: float | Sequence[float],
