@@ -878,9 +878,9 @@ class LinearUsage(_WeightBiasUsage):
         the memory. (Since the Gram route's float32 clipped sum accumulates across examples in
         float64, :meth:`_per_example_product_sum`, the trade is larger: materialising the
         bench encoder's feed-forward layers, rule 20, took 1.13x against 1.35x the
-        non-private step's time, one process, 1 thread, and 1.5x-1.7x its peak memory.) Elsewhere (other devices, or a CPU without AVX2) the
-        Gram norms are two batched float64 matmuls over all T^2 pairs, and the old rule
-        d p <= T (d + p) stays.
+        non-private step's time, one process, 1 thread, and 1.5x-1.7x its peak memory.)
+        Elsewhere (other devices, or a CPU without AVX2) the Gram norms are two batched
+        float64 matmuls over all T^2 pairs, and the old rule d p <= T (d + p) stays.
         """
         _, seq, d = self.a.shape
         p = self.g.shape[2]
@@ -1209,9 +1209,10 @@ class LinearUsage(_WeightBiasUsage):
         of the clip step, while the rest of the backward pass runs (the attention
         projections of the encoder in bench/bench_transformers.py: 6 MiB per layer; its peak
         memory in training fell from 100 to 88 MiB, median of 5 runs of each, alternating).
-        ``arena`` holds the gradients until its owner's next pass. The caller must know that no other usage of the pass
-        reads this one's stored tensors (a tied weight's cross terms do); several calls of one
-        layer are merged from the materialised gradients (:meth:`merge`)."""
+        ``arena`` holds the gradients until its owner's next pass. The caller must know that
+        no other usage of the pass reads this one's stored tensors (a tied weight's cross terms
+        do); several calls of one layer are merged from the materialised gradients
+        (:meth:`merge`)."""
         import torch
 
         if (self.weight is None or self.a is None or self.positions <= 1
