@@ -216,6 +216,43 @@ def test_clip_accumulate_noise_equals_reference(dtype):
         out3, noise_std=2.0, key=5, parameter=1, release=2))
 
 
+def test_clip_accumulate_noise_mixed_dtypes():
+    """The two CPU mixes, bit for bit against float64 arithmetic in the kernel's order: float32
+    rows added into a float64 sum (no rounding of the rows' part), and a float64 sum released
+    into float32 with its noise added before the one rounding (the float32 stream, as a float32
+    release draws it). Every other mix is refused."""
+    torch.manual_seed(2)
+    batch, shape = 3, (41, 17)
+    rows = torch.randn(batch, *shape) * 5
+    factors = torch.rand(batch, dtype=torch.float64)
+    total = torch.randn(shape, dtype=torch.float64)
+    want = total.clone()
+    for i in range(batch):
+        want = want + factors[i].item() * rows[i].to(torch.float64)
+    kernels.clip_accumulate_noise(total, per_example=rows, factors=factors, base=total,
+                                  threads=2)
+    assert total.dtype == torch.float64 and torch.equal(total, want)
+    # no base: the sum from zero, still in float64
+    fresh = torch.empty(shape, dtype=torch.float64)
+    kernels.clip_accumulate_noise(fresh, per_example=rows, factors=factors)
+    assert torch.equal(fresh, kernels.reference_clip_accumulate_noise(
+        fresh, per_example=rows, factors=factors))
+    # float64 sum -> float32 release: round(scale * (sum + std z)) with z the float32 stream
+    z = kernels.reference_gaussian(key=8, parameter=3, release=4, rank=0, numel=total.numel(),
+                                   precision="float32").to(torch.float64).reshape(shape)
+    out = torch.empty(shape)
+    kernels.clip_accumulate_noise(out, base=total, noise_std=0.9, key=8, parameter=3, release=4,
+                                  scale=0.125)
+    assert torch.equal(out, ((total + 0.9 * z) * 0.125).to(torch.float32))
+    for kwargs in (dict(per_example=rows.to(torch.bfloat16), factors=factors),
+                   dict(per_example=rows, factors=factors, base=total)):
+        with pytest.raises(ValueError):
+            kernels.clip_accumulate_noise(torch.empty(shape), **kwargs)
+    with pytest.raises(ValueError):
+        kernels.clip_accumulate_noise(torch.empty(shape, dtype=torch.float64),
+                                      base=torch.randn(shape))
+
+
 @pytest.mark.parametrize("noise_std", [0.7, 0.0])
 def test_release_noise_equals_reference_for_every_buffer(noise_std):
     """The multi-buffer release pass (the clipper's release: scale * (base + std * z_k)) against
@@ -236,6 +273,13 @@ def test_release_noise_equals_reference_for_every_buffer(noise_std):
                           scale=0.25, parameters=parameters, threads=2)
     for out, want in zip(outs, wants):
         assert torch.equal(out, want)
+    # a float64 base released into a float32 buffer: the noise before the one rounding
+    wide_base = torch.randn(37, 29, dtype=torch.float64)
+    out = torch.empty(37, 29)
+    kernels.release_noise([out], [wide_base], noise_std=noise_std, key=123, release=5,
+                          parameters=[4])
+    assert torch.equal(out, kernels.reference_clip_accumulate_noise(
+        out, base=wide_base, noise_std=noise_std, key=123, parameter=4, release=5))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])

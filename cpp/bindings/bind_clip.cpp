@@ -222,54 +222,74 @@ void bind_clip(py::module_& m) {
       [](std::uintptr_t per_example, std::uintptr_t factors, std::int64_t batch,
          std::uintptr_t base, std::uintptr_t out, int dtype_code, std::int64_t numel,
          double noise_std, const KeyWords& key, std::uint32_t parameter, std::uint32_t release,
-         std::uint32_t rank, double scale, int threads) {
+         std::uint32_t rank, double scale, int threads, int rows_dtype_code,
+         int base_dtype_code) {
         if (batch < 0 || numel < 0) throw py::value_error("batch and numel must be >= 0");
         check_stream_length(numel, "numel");
         if (per_example != 0 && factors == 0) {
           throw py::value_error("factors must be given with per_example");
         }
         const clip::DType dtype = to_dtype(dtype_code);
+        const clip::DType rows_dtype = rows_dtype_code < 0 ? dtype : to_dtype(rows_dtype_code);
+        const clip::DType base_dtype = base_dtype_code < 0 ? dtype : to_dtype(base_dtype_code);
         const clip::NoiseStream stream = to_stream(key, parameter, release, rank);
-        py::gil_scoped_release gil;
-        clip::clip_accumulate_noise(as_ptr<const void>(per_example),
-                                    as_ptr<const double>(factors), batch,
-                                    as_ptr<const void>(base), as_ptr<void>(out), dtype, numel,
-                                    noise_std, stream, scale, threads);
+        try {
+          py::gil_scoped_release gil;
+          clip::clip_accumulate_noise(as_ptr<const void>(per_example),
+                                      as_ptr<const double>(factors), batch,
+                                      as_ptr<const void>(base), as_ptr<void>(out), dtype, numel,
+                                      noise_std, stream, scale, threads, rows_dtype,
+                                      base_dtype);
+        } catch (const std::invalid_argument& e) {
+          throw py::value_error(e.what());
+        }
       },
       py::arg("per_example"), py::arg("factors"), py::arg("batch"), py::arg("base"),
       py::arg("out"), py::arg("dtype_code"), py::arg("numel"), py::arg("noise_std"),
       py::arg("key"), py::arg("parameter"), py::arg("release"), py::arg("rank"),
-      py::arg("scale"), py::arg("threads"),
+      py::arg("scale"), py::arg("threads"), py::arg("rows_dtype_code") = -1,
+      py::arg("base_dtype_code") = -1,
       "out = scale * (base + sum_i factors[i] g[i] + noise_std * z) with z the noise stream "
       "(ChaCha8 + Box-Muller) of key (8 words), parameter, release, rank; addresses of 0 mean "
-      "'absent' for per_example and base.");
+      "'absent' for per_example and base. rows_dtype_code / base_dtype_code (-1: out's) give "
+      "per_example's and base's element types: float32 rows into a float64 base and out, or a "
+      "float64 base into a float32 out (one rounding after the noise).");
   m.def(
       "clip_release_noise",
       [](const std::vector<std::uintptr_t>& outs, const std::vector<std::uintptr_t>& bases,
          const std::vector<std::int64_t>& numels, const std::vector<int>& dtype_codes,
          const std::vector<std::uint32_t>& parameters, double noise_std, const KeyWords& key,
-         std::uint32_t release, std::uint32_t rank, double scale, int threads) {
+         std::uint32_t release, std::uint32_t rank, double scale, int threads,
+         const std::vector<int>& base_dtype_codes) {
         const std::size_t count = outs.size();
         if (bases.size() != count || numels.size() != count || dtype_codes.size() != count ||
-            parameters.size() != count) {
-          throw py::value_error("outs, bases, numels, dtype_codes and parameters must have the "
-                                "same length");
+            parameters.size() != count ||
+            (!base_dtype_codes.empty() && base_dtype_codes.size() != count)) {
+          throw py::value_error("outs, bases, numels, dtype_codes, parameters and "
+                                "base_dtype_codes (when given) must have the same length");
         }
         std::vector<clip::ReleaseBuffer> buffers(count);
         for (std::size_t b = 0; b < count; ++b) {
           if (numels[b] < 0) throw py::value_error("numels must be >= 0");
           check_stream_length(numels[b], "numel");
-          buffers[b] = clip::ReleaseBuffer{as_ptr<const void>(bases[b]), as_ptr<void>(outs[b]),
-                                           numels[b], to_dtype(dtype_codes[b]), parameters[b]};
+          const clip::DType dtype = to_dtype(dtype_codes[b]);
+          buffers[b] = clip::ReleaseBuffer{
+              as_ptr<const void>(bases[b]), as_ptr<void>(outs[b]), numels[b], dtype,
+              parameters[b], base_dtype_codes.empty() ? dtype : to_dtype(base_dtype_codes[b])};
         }
         const clip::NoiseStream stream = to_stream(key, 0, release, rank);
-        py::gil_scoped_release gil;
-        clip::release_noise(buffers.data(), static_cast<std::int64_t>(count), noise_std, stream,
-                            scale, threads);
+        try {
+          py::gil_scoped_release gil;
+          clip::release_noise(buffers.data(), static_cast<std::int64_t>(count), noise_std,
+                              stream, scale, threads);
+        } catch (const std::invalid_argument& e) {
+          throw py::value_error(e.what());
+        }
       },
       py::arg("outs"), py::arg("bases"), py::arg("numels"), py::arg("dtype_codes"),
       py::arg("parameters"), py::arg("noise_std"), py::arg("key"), py::arg("release"),
       py::arg("rank"), py::arg("scale"), py::arg("threads"),
+      py::arg("base_dtype_codes") = std::vector<int>{},
       "For every buffer b: outs[b] = scale * (bases[b] + noise_std * z) with z the noise stream "
       "of parameter index parameters[b] (one call for a whole model's release; base address 0 "
       "means 'absent').");

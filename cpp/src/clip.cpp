@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <stdexcept>
 #include <type_traits>
 #include <vector>
 
@@ -89,69 +90,83 @@ struct TileArgs {
 };
 
 // out = scale * (base + noise_std * z) in one pass (no per-example rows: the release pass).
-template <typename T, typename Z, bool kBase, bool kNoise>
+template <typename TBase, typename TOut, typename Z, bool kBase, bool kNoise>
 __attribute__((always_inline)) inline void release_tile(const TileArgs& a, std::int64_t lo,
                                                        std::int64_t len, const Z* z) noexcept {
   const double std_dev = a.noise_std;
   const double scale = a.scale;
   for (std::int64_t j = 0; j < len; ++j) {
-    double v = kBase ? Elem<T>::load(a.base, lo + j) : 0.0;
+    double v = kBase ? Elem<TBase>::load(a.base, lo + j) : 0.0;
     if constexpr (kNoise) v += std_dev * static_cast<double>(z[j]);
-    Elem<T>::store(a.out, lo + j, v * scale);
+    Elem<TOut>::store(a.out, lo + j, v * scale);
   }
 }
 
-template <typename T, typename Z>
+// TIn: the per-example rows' element type; TBase: base's; TOut: out's (the noise z is out's
+// stream). Every sum in float64, one rounding to TOut.
+template <typename TIn, typename TBase, typename TOut, typename Z>
 __attribute__((always_inline)) inline void tile_body(const TileArgs& a, std::int64_t lo,
                                                     std::int64_t len, const Z* z) noexcept {
   if (!a.per_example) {
     if (a.base && z) {
-      release_tile<T, Z, true, true>(a, lo, len, z);
+      release_tile<TBase, TOut, Z, true, true>(a, lo, len, z);
     } else if (z) {
-      release_tile<T, Z, false, true>(a, lo, len, z);
+      release_tile<TBase, TOut, Z, false, true>(a, lo, len, z);
     } else if (a.base) {
-      release_tile<T, Z, true, false>(a, lo, len, z);
+      release_tile<TBase, TOut, Z, true, false>(a, lo, len, z);
     } else {
-      release_tile<T, Z, false, false>(a, lo, len, z);
+      release_tile<TBase, TOut, Z, false, false>(a, lo, len, z);
     }
     return;
   }
   double acc[kTile];
   if (a.base) {
-    for (std::int64_t j = 0; j < len; ++j) acc[j] = Elem<T>::load(a.base, lo + j);
+    for (std::int64_t j = 0; j < len; ++j) acc[j] = Elem<TBase>::load(a.base, lo + j);
   } else {
     for (std::int64_t j = 0; j < len; ++j) acc[j] = 0.0;
   }
   for (std::int64_t i = 0; i < a.batch; ++i) {
     const double c = a.factors[i];
     const std::int64_t row = i * a.numel + lo;
-    for (std::int64_t j = 0; j < len; ++j) acc[j] += c * Elem<T>::load(a.per_example, row + j);
+    for (std::int64_t j = 0; j < len; ++j) acc[j] += c * Elem<TIn>::load(a.per_example, row + j);
   }
   if (z) {
     const double std_dev = a.noise_std;
     for (std::int64_t j = 0; j < len; ++j) acc[j] += std_dev * static_cast<double>(z[j]);
   }
   const double scale = a.scale;
-  for (std::int64_t j = 0; j < len; ++j) Elem<T>::store(a.out, lo + j, acc[j] * scale);
+  for (std::int64_t j = 0; j < len; ++j) Elem<TOut>::store(a.out, lo + j, acc[j] * scale);
 }
 
-#define DPSHARP_TILE_BUILDS(T, Z, suffix)                                                    \
+#define DPSHARP_TILE_BUILDS(TIn, TBase, TOut, Z, suffix)                                     \
   __attribute__((always_inline)) inline void tile_##suffix##_body(                           \
       const TileArgs& a, std::int64_t lo, std::int64_t len, const Z* z) noexcept {           \
-    tile_body<T, Z>(a, lo, len, z);                                                          \
+    tile_body<TIn, TBase, TOut, Z>(a, lo, len, z);                                           \
   }                                                                                          \
   DPSHARP_WIDTH_BUILDS(tile_##suffix,                                                        \
                        (const TileArgs& a, std::int64_t lo, std::int64_t len, const Z* z),   \
                        (a, lo, len, z))
-DPSHARP_TILE_BUILDS(float, float, f32)
-DPSHARP_TILE_BUILDS(double, double, f64)
-DPSHARP_TILE_BUILDS(BF16, float, bf16)
+DPSHARP_TILE_BUILDS(float, float, float, float, f32)
+DPSHARP_TILE_BUILDS(double, double, double, double, f64)
+DPSHARP_TILE_BUILDS(BF16, BF16, BF16, float, bf16)
+// float32 rows added into a float64 sum (chunks of a clipped sum kept in float64)
+DPSHARP_TILE_BUILDS(float, double, double, double, f32_into_f64)
+// a float64 sum released into a float32 buffer (its noise the float32 stream)
+DPSHARP_TILE_BUILDS(double, double, float, float, f64_into_f32)
 #undef DPSHARP_TILE_BUILDS
 
-template <typename T, typename Z>
+// The element types of one call: rows, base, out.
+enum class Mix { kSame, kF32IntoF64, kF64IntoF32 };
+
+// T is out's element type.
+template <typename T, Mix kMix, typename Z>
 void run_tile(Width width, const TileArgs& a, std::int64_t lo, std::int64_t len,
               const Z* z) noexcept {
-  if constexpr (std::is_same_v<T, float>) {
+  if constexpr (kMix == Mix::kF32IntoF64) {
+    DPSHARP_WIDTH_DISPATCH(width, tile_f32_into_f64, a, lo, len, z)
+  } else if constexpr (kMix == Mix::kF64IntoF32) {
+    DPSHARP_WIDTH_DISPATCH(width, tile_f64_into_f32, a, lo, len, z)
+  } else if constexpr (std::is_same_v<T, float>) {
     DPSHARP_WIDTH_DISPATCH(width, tile_f32, a, lo, len, z)
   } else if constexpr (std::is_same_v<T, double>) {
     DPSHARP_WIDTH_DISPATCH(width, tile_f64, a, lo, len, z)
@@ -161,11 +176,11 @@ void run_tile(Width width, const TileArgs& a, std::int64_t lo, std::int64_t len,
 }
 
 // Tile `tile` of one buffer: its normals into z (when noise_std != 0), then the tile loops.
-// float64 buffers take the float64 noise stream, the others the float32 one.
+// float64 outputs take the float64 noise stream, the others the float32 one.
 template <typename T>
 using NoiseOf = std::conditional_t<std::is_same_v<T, double>, double, float>;
 
-template <typename T>
+template <typename T, Mix kMix = Mix::kSame>
 void process_tile(Width width, NormalsIsa isa, const TileArgs& args, const NoiseStream& stream,
                   std::int64_t tile, NoiseOf<T>* z) noexcept {
   const std::int64_t lo = tile * kTile;
@@ -179,10 +194,10 @@ void process_tile(Width width, NormalsIsa isa, const TileArgs& args, const Noise
     }
     noise = z;
   }
-  run_tile<T, NoiseOf<T>>(width, args, lo, len, noise);
+  run_tile<T, kMix, NoiseOf<T>>(width, args, lo, len, noise);
 }
 
-template <typename T>
+template <typename T, Mix kMix = Mix::kSame>
 void clip_accumulate_noise_typed(const TileArgs& args, const NoiseStream& stream, int threads) {
   const Width width = vector_width();
   const NormalsIsa isa = best_normals_isa();
@@ -192,7 +207,7 @@ void clip_accumulate_noise_typed(const TileArgs& args, const NoiseStream& stream
                   [&](std::int64_t tile_lo, std::int64_t tile_hi) {
     alignas(64) NoiseOf<T> z[kTile];
     for (std::int64_t tile = tile_lo; tile < tile_hi; ++tile) {
-      process_tile<T>(width, isa, args, stream, tile, z);
+      process_tile<T, kMix>(width, isa, args, stream, tile, z);
     }
   });
 }
@@ -283,11 +298,52 @@ void per_example_sq_norms(const void* per_example, DType dtype, std::int64_t bat
   per_example_dots(per_example, per_example, dtype, batch, numel, out, threads);
 }
 
+namespace {
+
+// The mix of element types of one call (rows, base, out), or throws for one with no build.
+// Absent rows take base's type, an absent base the type the call's other operands need.
+Mix mix_of(bool rows, bool base, DType rows_dtype, DType base_dtype, DType out_dtype) {
+  if (!base) base_dtype = rows && rows_dtype != out_dtype ? DType::kFloat64 : out_dtype;
+  if (!rows) rows_dtype = base_dtype;
+  if (rows_dtype == base_dtype && base_dtype == out_dtype) return Mix::kSame;
+  if (rows_dtype == DType::kFloat32 && base_dtype == DType::kFloat64 &&
+      out_dtype == DType::kFloat64) {
+    return Mix::kF32IntoF64;
+  }
+  if (rows_dtype == DType::kFloat64 && base_dtype == DType::kFloat64 &&
+      out_dtype == DType::kFloat32) {
+    return Mix::kF64IntoF32;
+  }
+  throw std::invalid_argument(
+      "clip_accumulate_noise: the element types of per_example, base and out must be equal, "
+      "or float32 rows into a float64 base and out, or a float64 base (and rows) into a "
+      "float32 out");
+}
+
+}  // namespace
+
 void clip_accumulate_noise(const void* per_example, const double* factors, std::int64_t batch,
                            const void* base, void* out, DType dtype, std::int64_t numel,
                            double noise_std, const NoiseStream& stream, double scale,
                            int threads) {
+  clip_accumulate_noise(per_example, factors, batch, base, out, dtype, numel, noise_std, stream,
+                        scale, threads, dtype, dtype);
+}
+
+void clip_accumulate_noise(const void* per_example, const double* factors, std::int64_t batch,
+                           const void* base, void* out, DType dtype, std::int64_t numel,
+                           double noise_std, const NoiseStream& stream, double scale,
+                           int threads, DType rows_dtype, DType base_dtype) {
   const TileArgs args{per_example, factors, batch, base, out, numel, noise_std, scale};
+  switch (mix_of(per_example != nullptr, base != nullptr, rows_dtype, base_dtype, dtype)) {
+    case Mix::kF32IntoF64:
+      clip_accumulate_noise_typed<double, Mix::kF32IntoF64>(args, stream, threads);
+      return;
+    case Mix::kF64IntoF32:
+      clip_accumulate_noise_typed<float, Mix::kF64IntoF32>(args, stream, threads);
+      return;
+    case Mix::kSame: break;
+  }
   switch (dtype) {
     case DType::kFloat32: clip_accumulate_noise_typed<float>(args, stream, threads); break;
     case DType::kFloat64: clip_accumulate_noise_typed<double>(args, stream, threads); break;
@@ -297,6 +353,15 @@ void clip_accumulate_noise(const void* per_example, const double* factors, std::
 
 void release_noise(const ReleaseBuffer* buffers, std::int64_t count, double noise_std,
                    const NoiseStream& stream, double scale, int threads) {
+  for (std::int64_t b = 0; b < count; ++b) {
+    const ReleaseBuffer& buffer = buffers[b];
+    if (buffer.base && buffer.base_dtype != buffer.dtype &&
+        mix_of(false, true, buffer.base_dtype, buffer.base_dtype, buffer.dtype) !=
+            Mix::kF64IntoF32) {
+      throw std::invalid_argument("release_noise: a base's element type must be its out's, or "
+                                  "float64 into a float32 out");
+    }
+  }
   // The tiles of all buffers form one index space (prefix sums of their tile counts), so that
   // threads share the work evenly however the parameters are sized.
   std::vector<std::int64_t> first_tile(static_cast<std::size_t>(count) + 1, 0);
@@ -319,6 +384,11 @@ void release_noise(const ReleaseBuffer* buffers, std::int64_t count, double nois
       NoiseStream s = stream;
       s.parameter = buffer.parameter;
       const std::int64_t local = tile - first_tile[static_cast<std::size_t>(b)];
+      if (buffer.base && buffer.base_dtype != buffer.dtype) {  // checked by the caller
+        process_tile<float, Mix::kF64IntoF32>(width, isa, args, s, local,
+                                              reinterpret_cast<float*>(z));
+        continue;
+      }
       switch (buffer.dtype) {
         case DType::kFloat32:
           process_tile<float>(width, isa, args, s, local, reinterpret_cast<float*>(z));

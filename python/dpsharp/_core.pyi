@@ -304,9 +304,12 @@ def clip_accumulate_noise(
     rank: int,
     scale: float,
     threads: int,
+    rows_dtype_code: int = -1,
+    base_dtype_code: int = -1,
 ) -> None:
     """out = scale * (base + sum_i factors[i] g[i] + noise_std * z), z the ChaCha8 noise stream
-    of key (8 words), parameter, release, rank."""
+    of key (8 words), parameter, release, rank; rows / base dtype codes -1 mean out's (the
+    mixes: float32 rows into a float64 base and out, a float64 base into a float32 out)."""
 
 def layer_norm_affine_rows(
     x: int,
@@ -335,9 +338,11 @@ def clip_release_noise(
     rank: int,
     scale: float,
     threads: int,
+    base_dtype_codes: Sequence[int] = (),
 ) -> None:
     """For every buffer b: outs[b] = scale * (bases[b] + noise_std * z), z the noise stream of
-    parameter index parameters[b]."""
+    parameter index parameters[b] (base_dtype_codes, when given: float64 bases of float32 outs
+    allowed)."""
 
 def gaussian_stream(
     key: Sequence[int],

@@ -42,6 +42,16 @@ void clip_accumulate_noise(const void* per_example, const double* factors, std::
                            double noise_std, const NoiseStream& stream, double scale,
                            int threads);
 
+// The same with per_example of element type rows_dtype and base of base_dtype, where they
+// differ from out's (dtype): float32 rows into a float64 base and out (a float64 sum of float32
+// chunks), or a float64 base (and rows) into a float32 out (its noise the float32 stream: a
+// float64 sum released with one rounding after the noise). Other mixes throw
+// std::invalid_argument.
+void clip_accumulate_noise(const void* per_example, const double* factors, std::int64_t batch,
+                           const void* base, void* out, DType dtype, std::int64_t numel,
+                           double noise_std, const NoiseStream& stream, double scale,
+                           int threads, DType rows_dtype, DType base_dtype);
+
 // One parameter of a release: out = scale * (base + noise_std * z), z from the stream with
 // parameter index `parameter` (base may be null: taken as 0; base may alias out).
 struct ReleaseBuffer {
@@ -50,6 +60,7 @@ struct ReleaseBuffer {
   std::int64_t numel;  // <= kMaxNoiseElements
   DType dtype;
   std::uint32_t parameter;
+  DType base_dtype;  // dtype, or float64 for a float32 out (one rounding after the noise)
 };
 
 // clip_accumulate_noise without per-example terms for `count` buffers at once (the release of

@@ -577,6 +577,11 @@ def clip_accumulate_noise(
     ``base`` may be ``out`` itself (accumulate in place) or None (zero); ``per_example`` has
     shape (B, *out.shape) with float64 ``factors`` of shape (B,). Arithmetic in float64, one
     rounding to ``out.dtype`` at the end. Returns ``out``.
+
+    ``per_example`` and ``base`` have ``out``'s dtype, except on the CPU in two mixes: float32
+    ``per_example`` into a float64 ``out`` (and base), a float64 sum of float32 chunks; and a
+    float64 ``base`` (and ``per_example``) into a float32 ``out``, a float64 sum released with
+    its noise and one rounding to float32.
     """
     import torch
 
@@ -591,21 +596,31 @@ def clip_accumulate_noise(
         device = out.device
     _check("out", out, dtype=out.dtype, numel=numel, device=device)
     code = dtype_code(out.dtype)
+    # the other operands' dtype: out's, or the one mix this out allows on the CPU
+    other = {torch.float32: torch.float64, torch.float64: torch.float32}.get(out.dtype)
     pe_ptr = 0
     f_ptr = 0
     batch = 0
+    rows_dtype = base_dtype = out.dtype
     if per_example is not None:
         if factors is None:
             raise ValueError("factors must be given with per_example")
         batch = int(per_example.shape[0])
-        _check("per_example", per_example, dtype=out.dtype, numel=batch * numel, device=device)
+        rows_dtype = (per_example.dtype if device is None and per_example.dtype == other
+                      else out.dtype)
+        _check("per_example", per_example, dtype=rows_dtype, numel=batch * numel,
+               device=device)
         _check("factors", factors, dtype=torch.float64, numel=batch, device=device)
         pe_ptr = per_example.data_ptr()
         f_ptr = factors.data_ptr()
     b_ptr = 0
     if base is not None:
-        _check("base", base, dtype=out.dtype, numel=numel, device=device)
+        base_dtype = (torch.float64 if device is None and base.dtype == torch.float64
+                      else out.dtype)
+        _check("base", base, dtype=base_dtype, numel=numel, device=device)
         b_ptr = base.data_ptr()
+    # any other mix is refused by the kernel (ValueError)
+    mixed = (rows_dtype, base_dtype) != (out.dtype, out.dtype)
     if device is not None:
         with torch.cuda.device(device):
             _core.cuda_clip_accumulate_noise(
@@ -618,6 +633,7 @@ def clip_accumulate_noise(
         pe_ptr, f_ptr, batch, b_ptr, out.data_ptr(), code, numel, float(noise_std),
         key_words(key), int(parameter) & _MASK32, int(release) & _MASK32,
         int(rank) & _MASK32, float(scale), _threads(threads),
+        dtype_code(rows_dtype) if mixed else -1, dtype_code(base_dtype) if mixed else -1,
     )
     return out
 
@@ -681,7 +697,8 @@ def release_noise(
 ) -> None:
     """``outs[k] = scale * (bases[k] + noise_std * z_k)`` in place for every k, with ``z_k`` the
     noise stream of parameter index ``parameters[k]`` (default k; see
-    :func:`clip_accumulate_noise`; ``bases[k]`` may be ``outs[k]`` or None). One C++ call for
+    :func:`clip_accumulate_noise`; ``bases[k]`` may be ``outs[k]`` or None, and on the CPU a
+    float64 base of a float32 out: the noise added in float64, one rounding). One C++ call for
     all CPU buffers, processed in the order given (whose tiles the threads share); CUDA buffers
     go one by one to the CUDA kernel."""
     import torch
@@ -704,7 +721,9 @@ def release_noise(
             continue
         _check(f"outs[{position}]", out, dtype=out.dtype, numel=out.numel())
         if base is not None and base is not out:
-            _check(f"bases[{position}]", base, dtype=out.dtype, numel=out.numel())
+            wide = out.dtype == torch.float32 and base.dtype == torch.float64
+            _check(f"bases[{position}]", base, dtype=torch.float64 if wide else out.dtype,
+                   numel=out.numel())
         cpu.append((k, out, base))
     if not cpu:
         return
@@ -716,6 +735,7 @@ def release_noise(
         [k for k, _, _ in cpu],
         float(noise_std), key_words(key), int(release) & _MASK32, int(rank) & _MASK32,
         float(scale), _threads(threads),
+        [dtype_code(out.dtype if base is None else base.dtype) for _, out, base in cpu],
     )
 
 

@@ -1289,10 +1289,10 @@ class LinearUsage(_WeightBiasUsage):
 
         Each example's g_i(W) = G_i^T A_i is formed by its own float32 product of T terms per
         entry, a chunk of examples at a time in a scratch buffer (no per-example gradient is
-        kept); the chunk's weighted sum runs in float64 and is rounded once to float32
-        (:func:`dpsharp.torch.kernels.clip_accumulate_noise`), and the chunks are added in
-        float64. So no example's positions share a float32 running sum with another
-        example's: the cancelling example of :func:`_wide_blocked_product` only rounds its
+        kept), and added with its weight into the float64 total
+        (:func:`dpsharp.torch.kernels.clip_accumulate_noise`, float32 rows into a float64
+        sum). So no example's positions share a float32 running sum or a rounding with
+        another example's: the cancelling example of :func:`_wide_blocked_product` only rounds its
         own part, by at most gamma_{T+3} sum_t ||a_t|| ||g_t|| (Higham 2002, section 3.1),
         the slack its norm carries already (:meth:`sq_norm_and_slack`,
         :func:`product_roundoff_factor` of T terms). The products are the non-private
@@ -1319,7 +1319,6 @@ class LinearUsage(_WeightBiasUsage):
                  else base.reshape(shape).to(torch.float64))
         n = max(1, min(b, _PRODUCT_CHUNK_ELEMENTS // max(d * p, 1)))
         chunk = torch.empty((n, *shape), dtype=torch.float32)
-        part = torch.empty(shape, dtype=torch.float32)
         for lo in range(0, b, n):
             hi = min(b, lo + n)
             out = chunk[:hi - lo]
@@ -1327,8 +1326,9 @@ class LinearUsage(_WeightBiasUsage):
                 torch.bmm(g[lo:hi].transpose(1, 2), a[lo:hi], out=out)
             else:
                 torch.bmm(a[lo:hi].transpose(1, 2), g[lo:hi], out=out)
-            kernels.clip_accumulate_noise(part, per_example=out, factors=weights[lo:hi])
-            total.add_(part)
+            # the chunk's float32 products added into the float64 total, example by example
+            kernels.clip_accumulate_noise(total, per_example=out, factors=weights[lo:hi],
+                                          base=total)
         return total
 
 
