@@ -22,7 +22,7 @@ import pytest
 from scipy import optimize
 
 from dpsharp.accountants.pld import PLDAccountant
-from dpsharp.events import DiscreteLaplace, RandomizedResponse
+from dpsharp.events import DiscreteLaplace, Laplace, RandomizedResponse
 
 
 def _rr_delta(eps0: float, count: int, eps: float) -> mpmath.mpf:
@@ -140,3 +140,52 @@ def test_pulled_atoms_are_below_every_delta_of_random_atoms() -> None:
         exact = np.maximum(-np.expm1(eps_grid[:, None] - losses[None, :]), 0.0) @ masses
         ours = np.maximum(-np.expm1(eps_grid[:, None] - grid[None, :]), 0.0) @ out
         assert np.all(ours <= exact + 1e-15)
+
+
+@pytest.mark.parametrize("delta", [1e-12, 1e-14, 1e-15, 1e-20])
+def test_bounds_below_the_round_off_floor_from_the_top_atom(delta: float) -> None:
+    """Ten releases of randomized response (eps0 = log 3) and of the discrete Laplace mechanism
+    (a = 1, s = 1) at deltas at and below the FFT's round-off floor. The optimistic
+    composition's curve cannot be read there; its top atom (every release at its largest
+    loss, mass prod m_i) still gives epsilon >= L + log(1 - delta / m). The bracket holds the
+    exact epsilon (mpmath and the lattice convolution) and is narrow; the lower bound was 0.0
+    at 1e-12 and 1e-14 and both queries raised at 1e-15."""
+    eps0 = math.log(3.0)
+    acc = PLDAccountant(neighbouring="replace_one").compose(_rr(eps0), 10)
+    lower, upper = acc.epsilon_bounds(delta)
+    assert _rr_delta(eps0, 10, lower) >= delta >= _rr_delta(eps0, 10, upper)
+    assert 0.0 < upper - lower <= 1e-4 * upper
+    assert upper == acc.epsilon(delta)
+
+    # discrete Laplace: its atoms lie on the grid, so the bracket is within a few ulp of exact
+    acc = PLDAccountant().compose(DiscreteLaplace(1.0, 1), 10)
+    lower, upper = acc.epsilon_bounds(delta)
+    top_mass = mpmath.mpf(1) / (1 + mpmath.exp(-1))  # P(z <= 0): the loss is a there
+    exact = 10 + mpmath.log1p(-mpmath.mpf(delta) / top_mass**10)  # only the top atom counts
+    assert lower <= float(exact) <= upper
+    assert upper - lower <= 1e-13
+
+
+def test_laplace_lower_bound_below_the_round_off_floor() -> None:
+    """Ten Laplace mechanisms at delta 1e-12: the lower bound was 0.0. Now it comes from the
+    optimistic composition's top atom, one grid step per release below the largest loss 10:
+    below the top-mass reference 10 + log(1 - 2^10 delta) (itself below the exact epsilon,
+    see tests/test_pld_top_mass.py) and within 10 grid steps of it."""
+    delta = 1e-12
+    acc = PLDAccountant().compose(Laplace(1.0), 10)
+    lower, upper = acc.epsilon_bounds(delta)
+    reference = float(10 + mpmath.log1p(-1024 * mpmath.mpf(delta)))
+    assert lower <= reference <= upper
+    assert reference - lower <= 10 * acc._grid_step(0) + 1e-12
+
+
+def test_delta_lower_bound_includes_the_top_atom() -> None:
+    """delta_bounds' lower end stays below the exact delta of randomized response (mpmath) at
+    epsilons close to the largest loss, where only the top atom contributes."""
+    eps0 = math.log(3.0)
+    acc = PLDAccountant(neighbouring="replace_one").compose(_rr(eps0), 10)
+    for eps in (9.0, 10.5, 10.98):
+        lower, upper = acc.delta_bounds(eps)
+        exact = float(_rr_delta(eps0, 10, eps))
+        assert lower <= exact <= upper
+        assert lower >= 0.5 * exact

@@ -87,11 +87,13 @@ from dpsharp.accountants._pld_numerics import (
 from dpsharp.accountants.base import Accountant, PrivacyGuarantee
 from dpsharp.accountants.registry import register
 from dpsharp.events import (
+    DiscreteLaplace,
     Event,
     Gaussian,
     Laplace,
     Neighbouring,
     PoissonSampled,
+    RandomizedResponse,
     SampledWithoutReplacement,
     Shuffled,
     SingleEpochTreeAggregation,
@@ -138,6 +140,11 @@ class _Composition(ComposedPLD):
     support_loss: float = math.inf
     bounded: bool = False
     log_top_mass: float = math.inf
+    #: the composition's largest loss with mass (every leaf at its top non-zero point) and
+    #: a lower bound on the log of that mass, for lower bounds (:meth:`top_epsilon_lower`);
+    #: -inf where none is certified (a leaf with a negative mass somewhere, or unbounded)
+    atom_loss: float = math.inf
+    log_atom_mass_lower: float = -math.inf
     #: composed in one level from discretised leaves with non-negative masses: the exact
     #: composition's hockey-stick curve is non-increasing, so an epsilon query may start its
     #: search at a hint (:meth:`ComposedPLD.epsilon`)
@@ -156,19 +163,26 @@ class _Composition(ComposedPLD):
         top = sum(count * (pld.offset + pld.mass.size - 1) for pld, count in zip(plds, counts))
         bounded = all(pld.infinity_mass == 0.0 for pld in plds) and result.infinity_mass == 0.0
         log_top = math.inf
+        atom_loss, log_atom_lower = math.inf, -math.inf
         if bounded:
             tops = [float(pld.mass[-1]) for pld in plds]
             if min(tops, default=0.0) <= 0.0:
                 log_top = -math.inf  # no mass at the support's top point
             else:
-                terms = [count * math.log(top) for top, count in zip(tops, counts)]
-                # each log within 1 ulp, each product and the correctly rounded sum within
-                # half an ulp: 8 u of the terms' moduli (and of the sum) bounds them all
-                log_top = math.fsum(terms) + 8.0 * 2.0**-53 * (
-                    math.fsum(abs(term) for term in terms) + 1.0
-                )
+                log_top = _log_product_bound(tops, counts, upper=True)
+            if plds and all(pld.non_negative for pld in plds):
+                atoms = [_top_atom(pld.mass) for pld in plds]
+                if all(index >= 0 for index, _ in atoms):
+                    atom_loss = result.grid_step * sum(
+                        count * (pld.offset + index)
+                        for pld, (index, _), count in zip(plds, atoms, counts)
+                    )
+                    log_atom_lower = _log_product_bound(
+                        [mass for _, mass in atoms], counts, upper=False
+                    )
         return cls(**values, support_loss=top * result.grid_step, bounded=bounded,
-                   log_top_mass=log_top, monotone=monotone)
+                   log_top_mass=log_top, atom_loss=atom_loss,
+                   log_atom_mass_lower=log_atom_lower, monotone=monotone)
 
     def delta(self, epsilon: float, *, pessimistic: bool) -> float:
         if pessimistic and self.bounded and epsilon >= self.support_loss:
@@ -195,6 +209,43 @@ class _Composition(ComposedPLD):
         value = math.exp(self.log_top_mass) * -math.expm1(epsilon - loss)
         return min(value * (1.0 + 4.0 * 2.0**-53), 1.0)
 
+    def top_epsilon_lower(self, delta: float) -> float | None:
+        """A certified lower bound on epsilon(delta) from one atom alone, for an optimistic
+        composition of bounded leaves with non-negative masses; None where there is none.
+
+        Its delta(epsilon) = sum_L p(L) (1 - e^{epsilon - L})_+ is a sum of non-negative
+        terms and at most the true delta(epsilon) (the optimistic side). One term is the
+        composition's largest loss with mass, L = ``atom_loss`` (every leaf at its top
+        non-zero point: the only way to reach it), of mass m = prod_i m_i^{c_i}. So
+        epsilon(delta) >= L + log(1 - delta / m) for delta < m, with no FFT: a lower bound
+        that holds below the FFT's round-off floor, where the composition's own curve cannot
+        be read (e.g. k-fold randomized response or discrete Laplace at delta 1e-14). m is
+        taken from ``log_atom_mass_lower`` and every rounding is covered by margins (4 u of
+        the terms, as :meth:`support_epsilon`)."""
+        loss = self.atom_loss
+        if (not math.isfinite(loss) or not self.log_atom_mass_lower > -700.0
+                or not 0.0 < delta < 1.0):
+            return None
+        # m rounded down (exp within 1 ulp), the ratio rounded up
+        ratio = delta / (math.exp(self.log_atom_mass_lower) * (1.0 - 2.0**-52))
+        ratio *= 1.0 + 2.0**-52
+        if not ratio < 1.0:
+            return None
+        shift = math.log1p(-ratio)
+        value = loss + shift - 4.0 * 2.0**-52 * (abs(loss) + abs(shift))
+        return max(value, 0.0)
+
+    def top_delta_lower(self, epsilon: float) -> float:
+        """A certified lower bound on delta(epsilon) from the same atom (see
+        :meth:`top_epsilon_lower`): m (1 - e^{epsilon - L}) for epsilon < L, rounded down,
+        else 0."""
+        loss = self.atom_loss
+        if (not math.isfinite(loss) or not self.log_atom_mass_lower > -700.0
+                or not epsilon < loss):
+            return 0.0
+        value = math.exp(self.log_atom_mass_lower) * -math.expm1(epsilon - loss)
+        return max(value * (1.0 - 4.0 * 2.0**-52), 0.0)
+
     def support_epsilon(self, delta: float | None = None) -> float | None:
         """For a bounded composition, max(support_loss, 0) (delta is 0 there), and with
         ``delta`` the smaller bound of the top mass (class docstring): L + log(1 - delta / m)
@@ -213,6 +264,27 @@ class _Composition(ComposedPLD):
             shift = math.log1p(-ratio)
             below = max(below, loss + shift + 4.0 * 2.0**-52 * (abs(loss) + abs(shift)))
         return max(min(below, loss), 0.0)
+
+
+def _log_product_bound(masses: Sequence[float], counts: Sequence[int], *, upper: bool) -> float:
+    """An upper (``upper``) or lower bound on log prod_i masses[i]^counts[i] (masses > 0):
+    each log within 1 ulp, each product and the correctly rounded sum within half an ulp, so
+    8 u of the terms' moduli (and of the sum) bounds them all."""
+    terms = [count * math.log(mass) for mass, count in zip(masses, counts)]
+    margin = 8.0 * 2.0**-53 * (math.fsum(abs(term) for term in terms) + 1.0)
+    total = math.fsum(terms)
+    return total + margin if upper else total - margin
+
+
+def _top_atom(mass: np.ndarray) -> tuple[int, float]:
+    """(index, mass) of the last positive entry of ``mass``, or (-1, 0.0) if none."""
+    for width in (64, mass.size):  # the top few points first: usually they hold it
+        tail = mass[mass.size - width:] if width < mass.size else mass
+        positive = np.flatnonzero(tail > 0.0)
+        if positive.size:
+            index = int(positive[-1]) + mass.size - tail.size
+            return index, float(mass[index])
+    return -1, 0.0
 
 
 @functools.cache
@@ -652,6 +724,8 @@ class PLDAccountant(Accountant):
         if pessimistic:
             monotone = plan is None and few_leaves and all(pld.non_negative for pld in plds)
             result = _Composition.of(result, plds, counts, monotone=monotone)
+        else:  # (its top atom: lower bounds below the round-off floor)
+            result = _Composition.of(result, plds, counts)
         cache.results = {(pessimistic, tuple(order), counts): result}
         return result
 
@@ -784,9 +858,20 @@ class PLDAccountant(Accountant):
         # is skipped (under Poisson sampling the add direction, half of the work).
         directions = self._directions()
         step = self._grid_step(refinement)
-        first = self._composed(directions[0], False, step, tail)
-        self._check_floor([first], delta)
-        best = first.epsilon(delta, pessimistic=False)
+
+        def certified_lower(result: ComposedPLD) -> float:
+            top = (result.top_epsilon_lower(delta) if isinstance(result, _Composition)
+                   else None)
+            try:
+                self._check_floor([result], delta)
+            except ValueError:
+                if top is None:  # below the round-off floor, and no top atom to read
+                    raise
+                return top
+            value = result.epsilon(delta, pessimistic=False)
+            return value if top is None else max(value, top)
+
+        best = certified_lower(self._composed(directions[0], False, step, tail))
         for direction in directions[1:]:
             try:
                 coarse = self._composed(direction, True, 4.0 * step, tail, coarse=True)
@@ -795,9 +880,7 @@ class PLDAccountant(Accountant):
                     continue
             except ValueError:  # below the coarse round-off floor: no shortcut for it
                 pass
-            result = self._composed(direction, False, step, tail)
-            self._check_floor([result], delta)
-            best = max(best, result.epsilon(delta, pessimistic=False))
+            best = max(best, certified_lower(self._composed(direction, False, step, tail)))
         return best
 
     def _worst_direction(
@@ -900,10 +983,12 @@ class PLDAccountant(Accountant):
         return value
 
     def _bounded_loss_only(self) -> bool:
-        """Whether every composed event is a Laplace mechanism (bounded loss, whose support
-        bound needs no FFT, see :class:`_Composition`)."""
+        """Whether every composed event is a Laplace, discrete Laplace or randomized response
+        mechanism (bounded loss: the support bound and the top atom answer without the FFT,
+        see :class:`_Composition`)."""
         return all(
-            isinstance(leaf.event if isinstance(leaf, Shuffled) else leaf, Laplace)
+            isinstance(leaf.event if isinstance(leaf, Shuffled) else leaf,
+                       (Laplace, DiscreteLaplace, RandomizedResponse))
             for leaf in self._counts
         )
 
@@ -984,8 +1069,10 @@ class PLDAccountant(Accountant):
         certified number, whichever entry point asks. The lower bound's grid is refined
         (halving h) until (upper - lower) <= precision * upper or the FFT circle would exceed
         2^24 points (at most 4 halvings, none with more than 64 distinct events); then the
-        wider, still honest, bracket is returned (a lower bound of 0.0 where the optimistic
-        composition cannot certify ``delta`` at all, below its round-off floor)."""
+        wider, still honest, bracket is returned. Below the FFT's round-off floor a
+        composition of bounded losses (Laplace, discrete Laplace, randomized response) is
+        bracketed by its support and its top atom alone (:class:`_Composition`); any other
+        has a lower bound of 0.0 there."""
         delta = require_delta(delta)
         if self.is_empty:
             return 0.0, 0.0
@@ -1025,7 +1112,11 @@ class PLDAccountant(Accountant):
         upper, tail = self._delta_upper(epsilon)
         # (a rounded schedule's lower bound on the formula's grid, see _schedule_coarsening)
         lowers = self._bounds_at(1 if self._schedule_coarsening() > 1.0 else 0, tail, False)
-        lower = max(r.delta(epsilon, pessimistic=False) for r in lowers)
+        lower = max(
+            max(r.delta(epsilon, pessimistic=False),
+                r.top_delta_lower(epsilon) if isinstance(r, _Composition) else 0.0)
+            for r in lowers
+        )
         return min(lower, upper), upper
 
     def guarantee(self, delta: float) -> PrivacyGuarantee:
