@@ -186,6 +186,27 @@ def test_gradient_noise_multiplier_is_andrew_et_al_formula() -> None:
         gradient_noise_multiplier(1.0, 0.5)  # 2 sigma_b = z: nothing left for the gradient
 
 
+def test_gradient_noise_multiplier_under_zero_out() -> None:
+    """Under zero-out a record with b = 0 replaced by a null record (zero gradient, b = 1)
+    moves the count by 1 while the gradient moves by at most C: the count's Gaussian has
+    multiplier sigma_b, not 2 sigma_b, so z_grad = (z^-2 - sigma_b^-2)^(-1/2)."""
+    mpmath = pytest.importorskip("mpmath")
+    mpmath.mp.dps = 50
+    for z, sigma_b in [(1.0, 3.2), (0.7, 0.72), (5.0, 100.0)]:
+        got = gradient_noise_multiplier(z, sigma_b, 1.0)
+        total = (mpmath.mpf(got) ** -2 + mpmath.mpf(sigma_b) ** -2) ** mpmath.mpf(-0.5)
+        assert float(total) == pytest.approx(z, rel=1e-12)
+        assert got > gradient_noise_multiplier(z, sigma_b)  # more of the budget to the count
+    with pytest.raises(ValueError, match="zero-out"):
+        gradient_noise_multiplier(1.0, 0.9, 1.0)  # fine at sensitivity 1/2, not at 1
+    rule = AdaptiveQuantileClipping(count_noise_std=3.2)
+    rule.bind(1.0, 64)
+    rule.set_neighbouring("zero_out")
+    assert rule.gradient_noise_multiplier(1.0) == gradient_noise_multiplier(1.0, 3.2, 1.0)
+    rule.set_neighbouring("replace_one")  # both parts double: the ratio stays 1/2
+    assert rule.gradient_noise_multiplier(1.0) == gradient_noise_multiplier(1.0, 3.2)
+
+
 def test_adaptive_bound_follows_algorithm_1_and_clips_at_the_current_bound() -> None:
     """sigma = 0 and sigma_b = 0: every step must clip at the bound C_t of Andrew et al.'s
     Algorithm 1 recomputed here from float64 per-example norms,

@@ -482,6 +482,8 @@ def test_select_random_repetitions_releases_the_best_run() -> None:
     )
     assert result.runs == len(runs_seen) >= 1
     assert result.candidate == max(runs_seen) == result.model
+    # K is the search's secret randomness: not in the result's repr (printing it is common)
+    assert "runs" not in repr(result) and f"={result.runs})" not in repr(result)
     assert result.event == TruncatedNegativeBinomialTuning(base, 1.0, 0.2)
     mixed = select_random_repetitions(
         train, [1, 2], candidate_event=lambda c: Repeated(PoissonSampled(Gaussian(float(c)), 0.01), 100),

@@ -21,18 +21,23 @@ factors), and may keep state between releases:
 
 Privacy of adaptive clipping. Both releases of a step read the same sampled batch. Scaled by
 their noise, (clipped sum / (z_grad C_t), centred count / sigma_b) is one Gaussian mechanism
-with unit noise whose sensitivity is sqrt(z_grad^-2 + (2 sigma_b)^-2) (and twice that under
-replace-one, where both parts double): one sampled Gaussian with noise multiplier
+with unit noise whose sensitivity is sqrt(z_grad^-2 + (s / sigma_b)^2), s the count's
+sensitivity relative to the gradient's C: s = 1/2 under add/remove (a record's centred bit
+b - 1/2 is +-1/2) and under replace-one (both parts double: 2 C and 1), but s = 1 under
+zero-out, where a record with b = 0 is replaced by a null record whose zero gradient is
+unclipped (b = 1): the gradient moves by at most C, the count by 1. So one sampled Gaussian
+with noise multiplier
 
-    z = (z_grad^-2 + (2 sigma_b)^-2)^(-1/2)
+    z = (z_grad^-2 + (s / sigma_b)^2)^(-1/2)
 
 per step (Andrew et al. 2021, section 3; the Gaussian composition of Dong, Roth, Su 2019,
 Corollary 3.3, or Mironov 2017, Proposition 7, on the joint vector). dpsharp therefore keeps
 the optimizer's ``noise_multiplier`` = z, the *total* per-step noise multiplier that the engine
 charges to its accountant (one event per step for both releases, exactly as for plain
-DP-SGD), and noises the gradient with the larger z_grad = (z^-2 - (2 sigma_b)^-2)^(-1/2),
-which needs 2 sigma_b > z. So a run with adaptive clipping is accounted, budgeted and
-calibrated exactly like a plain run at sigma = z.
+DP-SGD), and noises the gradient with the larger z_grad = (z^-2 - (s / sigma_b)^2)^(-1/2),
+which needs sigma_b / s > z. So a run with adaptive clipping is accounted, budgeted and
+calibrated exactly like a plain run at sigma = z. The engine tells the rule the relation it
+accounts under (:meth:`AdaptiveQuantileClipping.set_neighbouring`).
 """
 
 from __future__ import annotations
@@ -111,31 +116,37 @@ class AutomaticClipping(ClipRule):
         return f"AutomaticClipping(stability={self.stability}, structure={self.structure!r})"
 
 
-def gradient_noise_multiplier(noise_multiplier: float, count_noise_std: float) -> float:
-    """z_grad = (z^-2 - (2 sigma_b)^-2)^(-1/2): the gradient's noise multiplier that, composed
-    with the count released at noise std sigma_b (sensitivity 1/2), is one Gaussian mechanism
-    of noise multiplier z (Andrew et al. 2021, section 3). z = 0 gives 0 (no privacy either
-    way); needs 2 sigma_b > z otherwise."""
+def gradient_noise_multiplier(noise_multiplier: float, count_noise_std: float,
+                              count_sensitivity: float = 0.5) -> float:
+    """z_grad = (z^-2 - (s / sigma_b)^-2)^(-1/2): the gradient's noise multiplier that,
+    composed with the count released at noise std sigma_b and relative sensitivity s
+    (``count_sensitivity``: 1/2 under add/remove and replace-one, 1 under zero-out; module
+    docstring), is one Gaussian mechanism of noise multiplier z (Andrew et al. 2021, section
+    3). z = 0 gives 0 (no privacy either way); needs sigma_b / s > z otherwise."""
     z = require_real("noise_multiplier", noise_multiplier)
     if z < 0.0:
         raise ValueError(f"noise_multiplier must be in [0, inf), got {noise_multiplier!r}")
     sigma_b = require_real("count_noise_std", count_noise_std)
     if not (sigma_b >= 0.0 and math.isfinite(sigma_b)):
         raise ValueError(f"count_noise_std must be a finite number >= 0, got {count_noise_std!r}")
+    if count_sensitivity not in (0.5, 1.0):
+        raise ValueError(f"count_sensitivity must be 0.5 or 1.0, got {count_sensitivity!r}")
     if z == 0.0:
         return 0.0
     if math.isinf(z):
         raise ValueError("noise_multiplier must be finite with adaptive clipping")
-    count_multiplier = 2.0 * sigma_b
+    count_multiplier = sigma_b / count_sensitivity  # exact: a division by 1/2 or 1
     if not count_multiplier > z:
+        relation = "" if count_sensitivity == 0.5 else " (the count's sensitivity 1 under zero-out)"
         raise ValueError(
-            f"adaptive clipping needs 2 * count_noise_std > noise_multiplier (the count's "
-            f"release must leave privacy for the gradient); got count_noise_std={sigma_b!r}, "
-            f"noise_multiplier={z!r}: raise count_noise_std above {z / 2!r}"
+            f"adaptive clipping needs count_noise_std / {count_sensitivity!r} > "
+            f"noise_multiplier{relation}: the count's release must leave privacy for the "
+            f"gradient; got count_noise_std={sigma_b!r}, noise_multiplier={z!r}: raise "
+            f"count_noise_std above {z * count_sensitivity!r}"
         )
-    # z_grad = z 2 sigma_b / sqrt((2 sigma_b - z)(2 sigma_b + z)): the difference is exact
-    # when the two are close (Sterbenz), so every operation is correctly rounded and the result
-    # is within a few ulp even as 2 sigma_b -> z (1 - (z / (2 sigma_b))^2 would cancel).
+    # z_grad = z m / sqrt((m - z)(m + z)), m = sigma_b / s: the difference is exact when the
+    # two are close (Sterbenz), so every operation is correctly rounded and the result is
+    # within a few ulp even as m -> z (1 - (z / m)^2 would cancel).
     return z * count_multiplier / math.sqrt((count_multiplier - z) * (count_multiplier + z))
 
 
@@ -188,6 +199,8 @@ class AdaptiveQuantileClipping(ClipRule):
         self.bound: float | None = None  # C_t, set by bind()
         self.unclipped = 0  # examples with ||g_i|| <= C_t since the last release
         self.last_fraction: float | None = None  # b~ of the last release
+        #: the count's sensitivity relative to the gradient's (module docstring)
+        self.count_sensitivity = 0.5
 
     def bind(self, bound: float, expected_batch_size: float) -> None:
         """Start at ``bound``; fix sigma_b = B / 20 if it was left None."""
@@ -206,11 +219,21 @@ class AdaptiveQuantileClipping(ClipRule):
     def reset(self) -> None:
         self.unclipped = 0
 
+    def set_neighbouring(self, neighbouring: Any) -> None:
+        """The relation the run is accounted under (a :class:`dpsharp.events.Neighbouring` or
+        its value): zero-out gives the count sensitivity 1 against the gradient's C (a null
+        record's zero gradient counts as unclipped), add/remove and replace-one 1/2."""
+        from dpsharp.events import Neighbouring
+
+        relation = Neighbouring(neighbouring)
+        self.count_sensitivity = 1.0 if relation is Neighbouring.ZERO_OUT else 0.5
+
     def gradient_noise_multiplier(self, noise_multiplier: float) -> float:
         """z_grad for the optimizer's total noise multiplier z (module docstring)."""
         if self.count_noise_std is None:
             raise RuntimeError("bind() the rule to an optimizer first")
-        return gradient_noise_multiplier(noise_multiplier, self.count_noise_std)
+        return gradient_noise_multiplier(noise_multiplier, self.count_noise_std,
+                                         self.count_sensitivity)
 
     def release(self, *, noise: NoiseGenerator, expected_batch_size: float,
                 realised_batch_size: int) -> float:
