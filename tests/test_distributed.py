@@ -142,6 +142,18 @@ def _worker(rank: int, port: int, out: str) -> None:
         result["empty_sizes"] = sizes
         result["empty_weights"] = [p.detach().clone() for p in module.module.parameters()]
         result["empty_steps"] = engine.steps
+
+        # 5. The ranks disagree (rank 1 with half the noise multiplier, then another
+        # expected batch size): refused on every rank, nothing released.
+        for sigma, batch in ((3.0 / (1 + rank), 4.0), (3.0, 4.0 + rank)):
+            clipper = PerSampleClipper(big, max_grad_norm=2.0)
+            big.weight.grad = None
+            try:
+                distributed_release(clipper, noise_multiplier=sigma, expected_batch_size=batch,
+                                    noise=NoiseGenerator(9, rank=rank))
+                result.setdefault("mismatch", []).append(None)
+            except ValueError as error:
+                result.setdefault("mismatch", []).append((str(error), big.weight.grad is None))
         torch.save(result, os.path.join(out, f"rank{rank}.pt"))
     except BaseException:
         Path(out, f"rank{rank}.err").write_text(traceback.format_exc())
@@ -251,6 +263,18 @@ def test_empty_batches_on_one_rank(results: list[dict[str, Any]]) -> None:
     assert results[0]["empty_steps"] == results[1]["empty_steps"] == len(results[1]["empty_sizes"])
     for w0, w1 in zip(results[0]["empty_weights"], results[1]["empty_weights"]):
         torch.testing.assert_close(w0, w1, rtol=0, atol=0)
+
+
+def test_ranks_that_disagree_on_the_privacy_parameters_are_refused(
+        results: list[dict[str, Any]]) -> None:
+    """A rank with half the noise multiplier would make the all-reduced noise 0.71 of what
+    every rank's accountant charges; a rank with another expected batch size (sampling rate or
+    dataset size) another mechanism. Both are refused on every rank before anything is
+    released, naming the parameter and the range of the ranks' values."""
+    for r in results:
+        (first, first_empty), (second, second_empty) = r["mismatch"]
+        assert "noise_multiplier in [1.5, 3.0]" in first and first_empty
+        assert "expected_batch_size in [4.0, 5.0]" in second and second_empty
 
 
 def test_ddp_refuses_a_whole_dataset_loader() -> None:

@@ -54,6 +54,7 @@ __all__ = [
     "distributed_release",
     "from_dataloader_distributed",
     "prepare_ddp",
+    "require_agreement",
     "unwrap_ddp",
 ]
 
@@ -147,12 +148,47 @@ def distributed_release(clipper: Any, *, noise_multiplier: float, expected_batch
             f"the noise generator's rank ({noise.rank}) must be this process's rank ({rank}) so "
             "that ranks draw distinct noise"
         )
+    require_agreement(
+        {"noise_multiplier": float(noise_multiplier),
+         "expected_batch_size": float(expected_batch_size),
+         "max_grad_norm": float(clipper.overall_bound)},
+        device=clipper.parameters[0].device if clipper.parameters else None, group=group,
+    )
     clipper.release(
         noise_multiplier=float(noise_multiplier) / math.sqrt(world),
         expected_batch_size=expected_batch_size,
         noise=noise,
     )
     all_reduce_gradients(clipper.parameters, group)
+
+
+def require_agreement(values: dict[str, float], *, device: Any = None, group: Any = None) -> None:
+    """Refuse a release whose privacy parameters differ between ranks.
+
+    Every rank accounts the global mechanism from its own values (its noise share is
+    sigma / sqrt(W) of its own sigma, its normaliser and sampling rate its own loader's), so
+    one rank with another noise multiplier, expected batch size (sampling rate or dataset size)
+    or clipping bound would make the released noise differ from what every rank's accountant
+    is told (a rank with half the sigma: the all-reduced noise 0.71 of what is charged). One
+    all-reduce of (v, -v) with MAX over the group, at every release (a few floats): every rank
+    calls it, so it cannot deadlock, and it compares the exact values. Raises ValueError on
+    every rank, naming the values that differ and their range."""
+    import torch
+
+    dist = _dist()
+    names = list(values)
+    local = torch.tensor([values[k] for k in names] + [-values[k] for k in names],
+                         dtype=torch.float64, device=device)
+    dist.all_reduce(local, op=dist.ReduceOp.MAX, group=group)
+    highest, lowest = local[: len(names)].tolist(), [-v for v in local[len(names):].tolist()]
+    differ = [f"{k} in [{lo!r}, {hi!r}]" for k, lo, hi in zip(names, lowest, highest)
+              if lo != hi]
+    if differ:
+        raise ValueError(
+            "the ranks disagree on the privacy parameters of this release: "
+            + ", ".join(differ) + "; every rank must use the same noise_multiplier, clipping "
+            "bound and global expected batch size (the same dataset size and sample rate)"
+        )
 
 
 class DistributedPoissonDataLoader(PoissonDataLoader):
