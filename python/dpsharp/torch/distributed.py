@@ -23,7 +23,10 @@ What each rank does per logical step (one noisy release):
    ``torch.distributed.all_reduce`` of a flat buffer, where B is the *global* expected batch
    size q n. Every rank ends with the same ``p.grad`` and takes the same optimizer step.
 5. **Accounting.** Every rank's engine composes one event per logical step (the global
-   mechanism), never one per rank.
+   mechanism), never one per rank. Each rank accounts it from its own noise multiplier,
+   clipping bound and global expected batch size, so every release first checks that the
+   ranks agree on them (:func:`require_agreement`, one small all-reduce) and refuses
+   otherwise.
 
 DDP's own gradient all-reduce is switched off (``ddp.require_backward_grad_sync = False``, the
 flag :meth:`DistributedDataParallel.no_sync` sets, and ``require_forward_param_sync = False`` so
