@@ -273,7 +273,10 @@ def test_restoring_the_optimizer_without_the_engine_is_refused() -> None:
         fresh.epsilon()
     with pytest.raises(RuntimeError, match=message):
         fresh.report()
-    # restoring both from the same checkpoint is fine
+    # restoring both from the same checkpoint is fine, into a loader that has drawn nothing
+    # (loader2 drew the refused batch: loading a state into it would rewind its sampler)
+    fresh, model2, optimizer2, loader2 = _private("rdp", sigma=2.0, seed=9)
+    optimizer2.load_state_dict(opt_state)
     fresh.load_state_dict(engine.state_dict())
     _train(optimizer2, loader2, model2, steps=8)
     assert fresh.steps == 15 and sum(c for _, c in fresh.accountant.composed) == 15

@@ -26,6 +26,12 @@ clipping norm C of the clipped *sum*. Every loader is seeded (or takes its rando
 CSPRNG with ``secure=True``), resumable mid-epoch from :meth:`DPDataLoader.state_dict`, and can
 split a logical batch into physical chunks (``max_physical_batch_size``) whose gradients the
 optimizer accumulates into one noisy release.
+
+An engine charges every release as a fresh draw of the loader it was made private with, so a
+loader only moves forward: its sampling parameters (``dataset``, ``batch_size``, the sample
+rate) are read-only, and :meth:`DPDataLoader.load_state_dict` resumes a checkpoint only into a
+loader that has not drawn a batch (it would otherwise rewind the sampler and replay released
+batches). Iterate the same loader for every epoch: each pass is a new epoch, drawn afresh.
 """
 
 from __future__ import annotations
@@ -230,8 +236,8 @@ class DPDataLoader:
             size = len(dataset)  # type: ignore[arg-type]
         except TypeError:
             raise TypeError("dataset must be a map-style dataset with a length") from None
-        self.dataset = dataset
-        self.dataset_size = require_count("len(dataset)", size, minimum=1)
+        self._dataset = dataset
+        self._dataset_size = require_count("len(dataset)", size, minimum=1)
         self.collate_fn = collate_fn if collate_fn is not None else default_collate
         self.max_physical_batch_size = (
             None
@@ -244,7 +250,39 @@ class DPDataLoader:
         self._logical_batches = 0  # logical batches drawn in total
         self._lot_open = False  # a logical batch has chunks still to yield
         self._last_batch_size = 0
+        # logical batches this object has drawn (not restored from a checkpoint): once one is
+        # drawn, load_state_dict would rewind the sampler (see there)
+        self._drawn_here = 0
         self._listeners: list[Callable[[DPDataLoader, int], None]] = []
+
+    def _fixed(self, name: str) -> AttributeError:
+        """The error for assigning a sampling parameter (they are fixed at construction)."""
+        return AttributeError(
+            f"{type(self).__name__}.{name} is fixed at construction: the privacy accounting of "
+            "a run is for the sampling its loader was built with, and changing it mid-run "
+            "would release records in a way that accounting does not describe (e.g. records "
+            "used twice in one reshuffled epoch). Build a new loader with the new value and "
+            "call make_private with it: a new, separately accounted run"
+        )
+
+    # ----------------------------------------------------------------- fixed sampling
+    @property
+    def dataset(self) -> Dataset[Any]:
+        """The records sampled from (read-only)."""
+        return self._dataset
+
+    @dataset.setter
+    def dataset(self, value: Dataset[Any]) -> None:
+        raise self._fixed("dataset")
+
+    @property
+    def dataset_size(self) -> int:
+        """n = len(dataset) at construction (read-only)."""
+        return self._dataset_size
+
+    @dataset_size.setter
+    def dataset_size(self, value: int) -> None:
+        raise self._fixed("dataset_size")
 
     # ----------------------------------------------------------------- what the loader is
     @property
@@ -342,6 +380,7 @@ class DPDataLoader:
             indices = self._draw()
             self._position += 1
             self._logical_batches += 1
+            self._drawn_here += 1
             self._last_batch_size = int(len(indices))
             for callback in list(self._listeners):
                 callback(self, self._last_batch_size)
@@ -386,6 +425,24 @@ class DPDataLoader:
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume from :meth:`state_dict`, into a loader that has not drawn a batch yet.
+
+        A loader that has drawn a batch refuses: loading would rewind its sampler (a seeded
+        sampler replays the same batches; a reshuffled epoch releases its records again) while
+        every release is accounted as a fresh draw, so the ledger would miss the reuse. Resume
+        a checkpoint into a new loader (and a new engine: ``PrivacyEngine.load_state_dict``
+        loads this), e.g. in a new process; to train further, keep iterating this loader.
+        """
+        if self._drawn_here > 0:
+            raise RuntimeError(
+                f"load_state_dict refused: this {type(self).__name__} has drawn "
+                f"{self._drawn_here} logical batches, and loading a state would rewind its "
+                "sampler (replaying batches that were released and accounted as fresh draws). "
+                "Keep iterating this loader to train further (each pass is a new epoch, drawn "
+                "afresh and accounted); load a checkpoint only into a new loader that has not "
+                "drawn a batch (PrivacyEngine.load_state_dict on the engine of a new "
+                "make_private call)"
+            )
         if state.get("format") != _STATE_FORMAT or state.get("sampling") != self.sampling:
             raise ValueError(
                 f"state is not a {type(self).__name__} checkpoint (sampling "
@@ -507,11 +564,20 @@ class _FixedSizeLoader(DPDataLoader):
             collate_fn=collate_fn,
             max_physical_batch_size=max_physical_batch_size,
         )
-        self.batch_size = require_count("batch_size", batch_size, minimum=1)
-        if self.batch_size > self.dataset_size:
+        self._batch_size = require_count("batch_size", batch_size, minimum=1)
+        if self._batch_size > self.dataset_size:
             raise ValueError(
                 f"batch_size must be in [1, len(dataset)={self.dataset_size}], got {batch_size}"
             )
+
+    @property
+    def batch_size(self) -> int:
+        """b, the records of each logical batch (read-only: fixed at construction)."""
+        return self._batch_size
+
+    @batch_size.setter
+    def batch_size(self, value: int) -> None:
+        raise self._fixed("batch_size")
 
     @property
     def sample_rate(self) -> float:

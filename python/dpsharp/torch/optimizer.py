@@ -133,7 +133,7 @@ class DPOptimizer(torch.optim.Optimizer):
                 f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}"
             )
         self._noise_multiplier = _require_noise_multiplier(noise_multiplier)
-        self.max_grad_norm = _require_max_grad_norm(max_grad_norm)
+        self._max_grad_norm = _require_max_grad_norm(max_grad_norm)
         self._expected_batch_size = require_positive_finite("expected_batch_size", expected_batch_size)
         if (module is None) == (clipper is None):
             raise ValueError("give exactly one of module (a clipper is built for it) and clipper")
@@ -144,7 +144,7 @@ class DPOptimizer(torch.optim.Optimizer):
             from dpsharp.torch.clipper import PerSampleClipper
 
             clipper = PerSampleClipper(
-                module, max_grad_norm=self.max_grad_norm, clipping=structure,
+                module, max_grad_norm=self._max_grad_norm, clipping=structure,
                 loss_reduction=loss_reduction, rule=rule, public_buffers=public_buffers,
             )
         else:
@@ -159,20 +159,20 @@ class DPOptimizer(torch.optim.Optimizer):
                 )
             rule = given_rule
             bound = getattr(clipper, "max_grad_norm", None)
-            if bound is not None and bound != self.max_grad_norm:
+            if bound is not None and bound != self._max_grad_norm:
                 raise ValueError(
-                    f"max_grad_norm={self.max_grad_norm!r} differs from the clipper's bound "
+                    f"max_grad_norm={self._max_grad_norm!r} differs from the clipper's bound "
                     f"{bound!r}; the noise must be calibrated to the bound actually used"
                 )
         self.clipper = clipper
         self.clip_rule = rule
         self._adaptive_clipping = isinstance(rule, AdaptiveQuantileClipping)
         if self._adaptive_clipping:
-            if isinstance(self.max_grad_norm, list):
+            if isinstance(self._max_grad_norm, list):
                 raise ValueError("adaptive clipping needs one max_grad_norm (flat clipping)")
             if distributed:
                 raise ValueError("adaptive clipping is not supported with distributed=True")
-            rule.bind(self.max_grad_norm, self._expected_batch_size)
+            rule.bind(self._max_grad_norm, self._expected_batch_size)
             rule.gradient_noise_multiplier(self._noise_multiplier)  # 2 sigma_b > sigma?
         handled = {id(p) for p in clipper.parameters}
         # Frozen parameters (requires_grad=False: a frozen base under LoRA adapters) may stay
@@ -214,6 +214,7 @@ class DPOptimizer(torch.optim.Optimizer):
         self._release_hooks: list[Callable[[DPOptimizer], None]] = []
         self._loader: DPDataLoader | None = None
         self._lot_pending = False
+        self._last_draw: int | None = None  # the attached loader's draw count at its last batch
         # torch.optim.Optimizer plumbing that Optimizer.__init__ would have set up.
         self._optimizer_step_pre_hooks: OrderedDict[int, Callable[..., Any]] = OrderedDict()
         self._optimizer_step_post_hooks: OrderedDict[int, Callable[..., Any]] = OrderedDict()
@@ -263,7 +264,7 @@ class DPOptimizer(torch.optim.Optimizer):
     def __repr__(self) -> str:
         return (
             f"DPOptimizer({type(self.original_optimizer).__name__}, noise_multiplier="
-            f"{self._noise_multiplier}, max_grad_norm={self.max_grad_norm}, "
+            f"{self._noise_multiplier}, max_grad_norm={self._max_grad_norm}, "
             f"expected_batch_size={self._expected_batch_size})"
         )
 
@@ -286,6 +287,50 @@ class DPOptimizer(torch.optim.Optimizer):
         if online and self._releases > 0 and sigma != self._noise_multiplier:
             self._noise_chosen_online = True
         self._noise_multiplier = sigma
+
+    @property
+    def max_grad_norm(self) -> float | list[float]:
+        """C: the clipping bound of the next release (one per parameter tensor with per-layer
+        clipping), as the clipper holds it.
+
+        Assigning a number changes the flat bound from the next release on, through the
+        clipper (:meth:`~dpsharp.torch.PerSampleClipper.set_max_grad_norm`), so that the
+        clipping factors min(1, C / ||g_i||) and the noise std sigma C move together. A
+        release's privacy depends on sigma = noise std / C alone (the clipped sum has
+        sensitivity C and noise std sigma C), so a C chosen from earlier outputs costs nothing
+        more (Andrew et al. 2021 move C from released counts): unlike a change of
+        :attr:`noise_multiplier`, it is not an adaptive choice of privacy parameters and needs
+        no privacy filter. Refused mid-lot (between ``backward`` and ``step``: the lot was
+        clipped at the old bound), with per-layer bounds (fixed at construction), and with
+        adaptive clipping, whose rule moves the bound itself. With ``distributed=True`` set it
+        on every rank: a release refuses ranks whose bounds differ
+        (:mod:`dpsharp.torch.distributed`)."""
+        bound = getattr(self.clipper, "max_grad_norm", None)
+        return self._max_grad_norm if bound is None else bound
+
+    @max_grad_norm.setter
+    def max_grad_norm(self, value: float) -> None:
+        if self._adaptive_clipping:
+            raise RuntimeError(
+                "max_grad_norm is moved by the adaptive clipping rule after every release; "
+                "give the starting bound to make_private (max_grad_norm=...) or limit it with "
+                "AdaptiveQuantileClipping(min_bound=..., max_bound=...)"
+            )
+        if isinstance(self._max_grad_norm, list) or isinstance(value, (list, tuple)):
+            raise ValueError(
+                "max_grad_norm can be changed only for flat clipping (one bound C); per-layer "
+                "bounds are fixed at construction: build a new optimizer (make_private) with "
+                "the new bounds"
+            )
+        bound = require_positive_finite("max_grad_norm", value)
+        setter = getattr(self.clipper, "set_max_grad_norm", None)
+        if setter is None:
+            raise TypeError(
+                f"the clipper ({type(self.clipper).__name__}) has no set_max_grad_norm, so its "
+                "bound cannot be changed; build a new optimizer with the new max_grad_norm"
+            )
+        setter(bound)  # refuses mid-lot: the bound of a release is the one it clipped with
+        self._max_grad_norm = bound
 
     @property
     def noise_chosen_online(self) -> bool:
@@ -312,14 +357,45 @@ class DPOptimizer(torch.optim.Optimizer):
         return self._releases
 
     # ----------------------------------------------------------------- engine wiring
+    @property
+    def loader(self) -> DPDataLoader | None:
+        """The loader whose logical batches the releases are tied to (:meth:`attach_loader`)."""
+        return self._loader
+
+    @property
+    def accounted(self) -> bool:
+        """Whether an engine accounts the releases (it has added a budget check or a charge
+        hook): the attached loader is then fixed (:meth:`attach_loader`)."""
+        return bool(self._budget_checks or self._charge_hooks)
+
     def attach_loader(self, loader: DPDataLoader) -> None:
         """Tie releases to ``loader``'s logical batches: one release per logical batch, chunks
         of a batch accumulate, an empty batch releases pure noise, and a batch drawn before the
-        previous one was released is an error (it would change the sampling mechanism)."""
+        previous one was released is an error (it would change the sampling mechanism).
+
+        Attaching the loader already attached changes nothing. Once an engine accounts the
+        releases (:attr:`accounted`: ``PrivacyEngine.make_private`` attaches its loader and
+        then its hooks) another loader is refused: the engine charges every release as a
+        draw of *its* loader (its sampling rate, batch size and epoch counter), so batches
+        drawn from another one would be released unaccounted. Iterate the loader make_private
+        returned for every epoch (each pass over it is a new epoch, drawn and charged afresh),
+        or call make_private with the new loader for a new, separately accounted run."""
+        if loader is self._loader:
+            return
+        if self.accounted:
+            raise RuntimeError(
+                f"attach_loader refused: an engine accounts this optimizer's releases as draws "
+                f"of the loader it was made private with ({self._loader!r}); batches of another "
+                "loader would be released under that loader's accounting. Iterate the loader "
+                "make_private returned for every epoch (each pass is a new epoch, drawn afresh "
+                "and accounted), or call make_private with the new loader for a new, separately "
+                "accounted run"
+            )
         if self._loader is not None:
             self._loader.remove_listener(self._on_logical_batch)
         self._loader = loader
         self._lot_pending = False
+        self._last_draw = None
         loader.add_listener(self._on_logical_batch)
 
     def add_budget_check(self, check: Callable[[DPOptimizer], str | None]) -> None:
@@ -336,6 +412,15 @@ class DPOptimizer(torch.optim.Optimizer):
         self._release_hooks.append(hook)
 
     def _on_logical_batch(self, loader: DPDataLoader, batch_size: int) -> None:
+        drawn = loader.logical_batches_drawn
+        if self._last_draw is not None and drawn <= self._last_draw:
+            raise RuntimeError(
+                f"the loader's draw count went back from {self._last_draw} to {drawn}: its "
+                "sampler was rewound, so this batch repeats one already released. Every "
+                "release must be a fresh draw; keep iterating the loader without restoring "
+                "its state"
+            )
+        self._last_draw = drawn
         if self._lot_pending:
             raise RuntimeError(
                 "a new logical batch was drawn before optimizer.step() released the previous "
@@ -422,7 +507,7 @@ class DPOptimizer(torch.optim.Optimizer):
                                                expected_batch_size=self._expected_batch_size,
                                                realised_batch_size=examples)
                 self.clipper.set_max_grad_norm(bound)
-                self.max_grad_norm = bound
+                self._max_grad_norm = bound
         finally:
             self._releases += 1
             self._lot_pending = False
@@ -500,7 +585,7 @@ class DPOptimizer(torch.optim.Optimizer):
         self.clip_rule.load_state_dict(dict(state))
         if self._adaptive_clipping:
             self.clipper.set_max_grad_norm(self.clip_rule.bound)
-            self.max_grad_norm = self.clip_rule.bound
+            self._max_grad_norm = self.clip_rule.bound
 
 
 class _Algorithm2Adam(torch.optim.Optimizer):
