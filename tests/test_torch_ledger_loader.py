@@ -133,6 +133,29 @@ def test_reshuffling_epochs_come_from_the_accounted_loader_and_are_each_charged(
     assert exact <= engine.epsilon(DELTA) <= exact * (1 + 1e-2)
 
 
+@pytest.mark.peers
+def test_replacing_the_engines_loader_is_refused_at_the_next_release() -> None:
+    """engine.loader replaced by a q = 0.01 loader while the attached q = 0.5 loader is
+    iterated used to charge PoissonSampled(Gaussian(1), 0.01) for q = 0.5 draws (epsilon 0.25
+    reported for 2 steps). Nothing is released until the accounted loader is back."""
+    engine, model, optimizer, loader = private(PoissonDataLoader(dataset(100), sample_rate=0.5,
+                                                                 seed=1))
+    engine.loader = PoissonDataLoader(dataset(100), sample_rate=0.01, seed=3)
+    batches = iter(loader)
+    x, _ = next(batches)
+    model(x).sum().backward()
+    with pytest.raises(RuntimeError, match="was engine.loader replaced"):
+        optimizer.step()
+    assert optimizer.releases == 0 and engine.accountant.is_empty
+    engine.loader = loader
+    optimizer.step()
+    optimizer.zero_grad()
+    release(model, optimizer, next(batches))
+    assert engine.accountant.composed == ((PoissonSampled(Gaussian(1.0), 0.5), 2),)
+    reference = poisson_epsilon_reference(0.5, 1.0, 2, DELTA)
+    assert engine.epsilon(DELTA) == pytest.approx(reference, rel=2e-2)
+
+
 def test_reattaching_the_accounted_loader_keeps_the_pending_batch() -> None:
     """Re-attaching the same loader used to forget a drawn, unreleased batch, so the next one
     could be drawn without releasing it: a skipped (possibly data-dependent) release."""

@@ -404,7 +404,9 @@ class DPOptimizer(torch.optim.Optimizer):
 
     def add_charge_hook(self, hook: Callable[[DPOptimizer], None]) -> None:
         """``hook(self)`` runs after the budget checks passed and before the release writes
-        anything; if it raises, nothing is released (the lot stays pending)."""
+        anything; if it raises, nothing is released (the lot stays pending). If the hook is a
+        method of an object with a ``loader`` attribute (an engine), every release first
+        checks that this is the attached loader (:meth:`attach_loader`)."""
         self._charge_hooks.append(hook)
 
     def add_release_hook(self, hook: Callable[[DPOptimizer], None]) -> None:
@@ -460,7 +462,24 @@ class DPOptimizer(torch.optim.Optimizer):
             )
         return True
 
+    def _require_accounted_loader(self) -> None:
+        """The accounting hooks' owner (an engine) must account the attached loader: an owner
+        whose ``loader`` is another one (e.g. ``engine.loader`` replaced after make_private)
+        would charge that loader's sampling for batches drawn from this one."""
+        for hook in (*self._budget_checks, *self._charge_hooks):
+            owner = getattr(hook, "__self__", None)
+            accounted = getattr(owner, "loader", None) if owner is not None else None
+            if accounted is not None and accounted is not self._loader:
+                raise RuntimeError(
+                    f"the engine accounting this optimizer's releases accounts {accounted!r}, "
+                    f"but the batches are drawn from {self._loader!r} (was engine.loader "
+                    "replaced?); nothing was released. Keep the loader make_private returned "
+                    "(engine.loader), or call make_private with the new loader for a new, "
+                    "separately accounted run"
+                )
+
     def _refusal(self) -> str | None:
+        self._require_accounted_loader()
         for check in self._budget_checks:
             reason = check(self)
             if reason is not None:
