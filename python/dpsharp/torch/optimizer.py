@@ -264,7 +264,7 @@ class DPOptimizer(torch.optim.Optimizer):
     def __repr__(self) -> str:
         return (
             f"DPOptimizer({type(self.original_optimizer).__name__}, noise_multiplier="
-            f"{self._noise_multiplier}, max_grad_norm={self._max_grad_norm}, "
+            f"{self._noise_multiplier}, max_grad_norm={self.max_grad_norm}, "
             f"expected_batch_size={self._expected_batch_size})"
         )
 
