@@ -277,6 +277,19 @@ def test_ranks_that_disagree_on_the_privacy_parameters_are_refused(
         assert "expected_batch_size in [4.0, 5.0]" in second and second_empty
 
 
+def test_the_rank_split_is_read_only() -> None:
+    """Setting every rank's loader to one rank with a shared seed would make each drawn record
+    be summed world_size times: rank and world_size are fixed at construction."""
+    from dpsharp.torch import DistributedPoissonDataLoader
+
+    loader = DistributedPoissonDataLoader(_data(), rank=1, world_size=2, expected_batch_size=4,
+                                          seed=0)
+    for name in ("rank", "world_size"):
+        with pytest.raises(AttributeError, match=f"{name} is fixed at construction"):
+            setattr(loader, name, 0)
+    assert (loader.rank, loader.world_size) == (1, 2)
+
+
 def test_ddp_refuses_a_whole_dataset_loader() -> None:
     from dpsharp.torch import PoissonDataLoader
     from dpsharp.torch.distributed import from_dataloader_distributed

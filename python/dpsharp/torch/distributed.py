@@ -229,9 +229,28 @@ class DistributedPoissonDataLoader(PoissonDataLoader):
         rank = require_count("rank", rank)
         if rank >= world_size:
             raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
-        self.rank = rank
-        self.world_size = world_size
+        self._rank = rank
+        self._world_size = world_size
         super().__init__(dataset, **kwargs)
+
+    @property
+    def rank(self) -> int:
+        """This process's rank: it keeps the records i with i % world_size == rank
+        (read-only: fixed at construction)."""
+        return self._rank
+
+    @rank.setter
+    def rank(self, value: int) -> None:
+        raise self._fixed("rank")
+
+    @property
+    def world_size(self) -> int:
+        """The number of ranks the dataset is split over (read-only: fixed at construction)."""
+        return self._world_size
+
+    @world_size.setter
+    def world_size(self, value: int) -> None:
+        raise self._fixed("world_size")
 
     @property
     def local_expected_batch_size(self) -> float:
