@@ -87,6 +87,7 @@ from __future__ import annotations
 import inspect
 import logging
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -287,6 +288,62 @@ class _Ledger:
         self.non_private_releases = non_private
         self.charged = charged
 
+    def snapshot(self) -> tuple[dict[str, Any], tuple[int, float] | None, int, int]:
+        """What :meth:`restore` puts back (the ledger as it is, unvalidated)."""
+        return (self.accountant.state_dict(), self.last_epoch_charge, self.non_private_releases,
+                self.charged)
+
+    def restore(self, snapshot: tuple[dict[str, Any], tuple[int, float] | None, int, int]) -> None:
+        self.accountant.load_state_dict(snapshot[0])
+        self.last_epoch_charge, self.non_private_releases, self.charged = snapshot[1:]
+
+    def dropped(self, before: tuple[tuple[Event, int], ...], non_private: int) -> str | None:
+        """What the ledger held (``before``: its composed multiset, and ``non_private``
+        releases without noise) that it no longer holds, or None if it only grew."""
+        counts = dict(self.accountant.composed)
+        for event, count in before:
+            if counts.get(event, 0) < count:
+                return f"{count} x {event!r} (now {counts.get(event, 0)})"
+        if self.non_private_releases < non_private:
+            return f"{non_private} releases without noise (now {self.non_private_releases})"
+        return None
+
+
+#: The attribute make_private sets on every submodule of the model it made private. A module
+#: carrying it is refused by every later make_private.
+_PRIVATE_MARKER = "_dpsharp_made_private"
+
+
+class _PrivateMarker(str):
+    """The marker's value: a string in the module's ``__dict__``, not a parameter or buffer,
+    so the model's ``state_dict`` is unchanged.
+
+    ``copy.deepcopy`` of the model keeps it: within a process a copy's weights carry the same
+    releases as the original's, so a new engine on the copy would understate them just the
+    same. Pickling (``torch.save`` of a whole model) writes an empty string instead: a pickle
+    is how a model reaches a new process, where a run is resumed by loading the engine's
+    checkpoint into the new engine (:meth:`PrivacyEngine.load_state_dict`), and a marker
+    carried there would refuse that resume."""
+
+    def __copy__(self) -> _PrivateMarker:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _PrivateMarker:
+        return self
+
+    def __reduce__(self) -> tuple[type[str], tuple[str]]:
+        return (str, ("",))
+
+
+def _made_private(module: torch.nn.Module) -> str | None:
+    """How a PrivacyEngine made ``module``, or a submodule of it, private (None if none did
+    in this process)."""
+    for each in module.modules():
+        found = vars(each).get(_PRIVATE_MARKER)
+        if found:
+            return str(found)
+    return None
+
 
 def _require_flag(name: str, value: object) -> bool:
     if not isinstance(value, bool):
@@ -395,6 +452,15 @@ class PrivacyEngine:
         # for the release in progress (a release that failed after its charge is not re-charged)
         self._released = 0
         self._pending_charge: tuple[int, float] | None = None
+        # What this engine did in this process, never restored from a checkpoint: the releases
+        # it made, whether it charged a release (one that then failed included), and the ledger
+        # versions of its last own change (make_private, load_state_dict): a ledger only grows
+        # within a process, so load_state_dict refuses once any of these moved
+        self._released_here = 0
+        self._charged_here = False
+        self._versions: tuple[int, int | None] | None = None
+        # each ledger as the engine last left it: (ledger, version, composed, non-private)
+        self._held: list[tuple[_Ledger, int, dict[Event, int], int]] = []
         #: What make_private's batch probe found at the first training batch it could probe
         #: (dpsharp.torch.batch_probe.BatchProbeResult), None before that or without the probe.
         self.batch_probe_result: Any = None
@@ -431,6 +497,10 @@ class PrivacyEngine:
 
         Parameters
         ----------
+        module:
+            The model. One made private by an earlier make_private (or a ``copy.deepcopy`` of
+            one) is refused: its weights carry that engine's releases, which a second engine
+            would not account. Build a new model for a new, separately accounted run.
         data_loader:
             A :class:`~dpsharp.torch.data.DPDataLoader` (used as is), or a torch DataLoader whose
             sampler is replaced by ``sampling`` ("poisson" with q = batch_size / n, "shuffle" or
@@ -469,7 +539,9 @@ class PrivacyEngine:
         accounting:
             The sampling to account for (default: the loader's). A different one is refused
             unless ``allow_accounting_mismatch=True``; then both epsilons are reported by
-            :meth:`report` and the budget applies to the requested accounting.
+            :meth:`report` and the budget applies to the requested accounting, whose number is
+            not a bound for the loader's actual sampling: ``report().certified`` is False and
+            :meth:`epsilon` / :meth:`get_epsilon` warn (UserWarning) at every call.
         seed:
             Seeds the noise stream, and the sampler when the loader is built here (seeded
             runs are for testing and reproducibility; refused in secure mode).
@@ -501,6 +573,18 @@ class PrivacyEngine:
             raise RuntimeError("this PrivacyEngine already made a model private; use a new engine")
         if not isinstance(module, torch.nn.Module):
             raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
+        earlier = _made_private(module)
+        if earlier is not None:
+            raise ValueError(
+                f"module was already made private by {earlier} (or is a copy of such a model): "
+                "its weights carry that engine's releases, whose privacy cost is in that "
+                "engine's ledger, and a second engine would account only its own. Keep using "
+                "the first engine's optimizer and loader to train on, or build a new model for "
+                "a new, separately accounted run (to train these weights further on other data "
+                "under separate accounting, load their state_dict into a freshly built model "
+                "and make that one private; the first engine's epsilon still covers what they "
+                "carry)"
+            )
         if isinstance(optimizer, DPOptimizer):
             raise TypeError("optimizer is already a DPOptimizer; pass the plain torch optimizer")
         if not isinstance(optimizer, torch.optim.Optimizer):
@@ -634,11 +718,18 @@ class PrivacyEngine:
         self.optimizer, self.loader, self.module = dp_optimizer, loader, module
         self.budget, self.delta = budget, delta
         self.allow_approximation = allow_approximation
+        self._versions = self._ledger_versions()
+        self._hold_ledgers()
         if adaptive_noise:
             self._adaptive = True
             self._adaptive_reason = "declared with adaptive_noise=True"
         if batch_probe:
             self._install_batch_probe(_distributed.unwrap_ddp(module), dp_optimizer, loader)
+        # The last step: a make_private that raised leaves the model open to another engine.
+        marker = _PrivateMarker(
+            f"a PrivacyEngine (accountant {main.name!r}, {accounting!r} accounting)")
+        for each in _distributed.unwrap_ddp(module).modules():
+            object.__setattr__(each, _PRIVATE_MARKER, marker)
         return module, dp_optimizer, loader
 
     def _install_batch_probe(self, model: torch.nn.Module, optimizer: DPOptimizer,
@@ -741,7 +832,14 @@ class PrivacyEngine:
         )
 
     def get_epsilon(self, delta: float) -> float:
-        """Opacus' name for :meth:`epsilon`: epsilon(delta) of everything released so far."""
+        """Opacus' name for :meth:`epsilon`: epsilon(delta) of everything released so far (with
+        ``allow_accounting_mismatch=True`` not a bound for the loader's actual sampling, and a
+        UserWarning says so: see :meth:`epsilon`)."""
+        if self._honest is not None:
+            warnings.warn(self._mismatch_words(), UserWarning, stacklevel=2)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                return self.epsilon(delta)
         return self.epsilon(delta)
 
     # ----------------------------------------------------------------- soundness checks
@@ -791,6 +889,36 @@ class PrivacyEngine:
         self._adaptive_reason = reason
         self._allowance = None
 
+    def _ledger_versions(self) -> tuple[int, int | None]:
+        assert self._main is not None
+        return (self._main.accountant.version,
+                None if self._honest is None else self._honest.accountant.version)
+
+    def _refuse_rewind(self) -> None:
+        """load_state_dict replaces the ledger, so it is refused once this engine has released
+        or charged anything in this process, or its ledger was composed into by hand since
+        make_private or the last load (a ledger only grows within a process)."""
+        released = self._released_here
+        if released or self._charged_here:
+            what = (f"released {released} noisy gradient{'s' if released != 1 else ''}"
+                    if released else "charged a release (whose release then failed)")
+            raise RuntimeError(
+                f"load_state_dict refused: this engine has {what} in this process, and loading "
+                "a checkpoint would replace its ledger with the checkpoint's. A checkpoint is "
+                "loaded into a fresh engine (the engine of a new make_private call) when "
+                "resuming in a new process; restoring an earlier state in the same run would "
+                "drop releases already made from the ledger, and choosing among checkpoints is "
+                "post-processing of every release made. Keep this engine's ledger and restore "
+                "only the weights if you want the best checkpoint's: the model's "
+                "(module.load_state_dict) and the wrapped torch optimizer's "
+                "(optimizer.original_optimizer.load_state_dict)")
+        if self._versions != self._ledger_versions():
+            raise RuntimeError(
+                "load_state_dict refused: events were composed into engine.accountant by hand "
+                "since make_private (or the last load_state_dict), and loading a checkpoint "
+                "would replace the ledger that holds them. Load the checkpoint first, then "
+                "compose them")
+
     def _require_consistent(self) -> None:
         """The optimizer's release count must be the engine's: otherwise a state was restored
         into one of them only, and the ledger misses (or invents) releases."""
@@ -802,6 +930,37 @@ class PrivacyEngine:
                 "checkpoint without engine.load_state_dict() (or from another checkpoint). "
                 "Restore both from the same checkpoint; refusing to release or report"
             )
+        self._require_grown()
+
+    def _hold_ledgers(self) -> None:
+        """Record the ledgers as the engine leaves them (make_private, a charge, a load)."""
+        self._held = [(each, each.accountant.version, dict(each.accountant.composed),
+                       each.non_private_releases)
+                      for each in (self._main, self._honest) if each is not None]
+
+    def _require_grown(self) -> None:
+        """A ledger changed outside the engine may only have grown (events composed by hand);
+        one that lost events (``engine.accountant.load_state_dict`` of an earlier state) drops
+        releases already made, and nothing more is released or reported."""
+        changed = False
+        for ledger, version, composed, non_private in self._held:
+            if ledger.accountant.version == version and ledger.non_private_releases == non_private:
+                continue
+            changed = True
+            counts = dict(ledger.accountant.composed)
+            lost = [f"{count - counts.get(event, 0)} x {event!r}"
+                    for event, count in composed.items() if counts.get(event, 0) < count]
+            if ledger.non_private_releases < non_private:
+                lost.append(f"{non_private - ledger.non_private_releases} releases without noise")
+            if lost:
+                raise RuntimeError(
+                    f"the engine's {ledger.accounting!r} ledger lost {', '.join(lost)} since "
+                    "the engine last charged it: its accountant's state was replaced in this "
+                    "process (accountant.load_state_dict), dropping releases already made. A "
+                    "ledger only grows; refusing to release or report"
+                )
+        if changed:
+            self._hold_ledgers()
 
     def _require_support(self, ledger: _Ledger, loader: DPDataLoader, accounting: str) -> None:
         probe = self._event(accounting, loader, 1.0)
@@ -985,6 +1144,7 @@ class PrivacyEngine:
         marker = (optimizer.releases, sigma)
         if self._pending_charge == marker:
             return  # this release was charged by an attempt that then failed to release
+        self._charged_here = True
         for ledger in (self._honest, self._main):
             if ledger is None:
                 continue
@@ -1006,10 +1166,12 @@ class PrivacyEngine:
                                        ledger.accountant.version)
                 else:
                     self._allowance = None
+        self._hold_ledgers()
         self._pending_charge = marker
 
     def _on_release(self, optimizer: DPOptimizer) -> None:
         self._released += 1
+        self._released_here += 1
         self._pending_charge = None
 
     # ----------------------------------------------------------------- queries
@@ -1037,13 +1199,31 @@ class PrivacyEngine:
     def epsilon(self, delta: float | None = None) -> float:
         """epsilon(delta) of everything released so far (inf after a release without noise):
         the accountant's composition of the ledger. For adaptively chosen noise this is only a
-        reading; :meth:`report` gives the guarantee and says whether it is certified."""
+        reading; :meth:`report` gives the guarantee and says whether it is certified.
+
+        With ``allow_accounting_mismatch=True`` (an accounting other than the loader's
+        sampling) this is the requested accounting's number, which is *not* a bound for the
+        sampling the loader really does: a UserWarning says so at every call, and
+        :meth:`report` gives the loader's own epsilon as ``honest_epsilon`` (its ``certified``
+        is False)."""
         ledger = self._ledger()
         self._require_consistent()
         delta = require_delta(self._delta_or(delta))
+        if self._honest is not None:
+            warnings.warn(self._mismatch_words(), UserWarning, stacklevel=2)
         if ledger.non_private_releases:
             return math.inf
         return ledger.accountant.epsilon(delta)
+
+    def _mismatch_words(self) -> str:
+        """Why the requested accounting's epsilon is not a bound for this loader."""
+        assert self._main is not None and self.loader is not None
+        return (
+            f"the run is accounted as {self._main.accounting!r} sampling at the user's request "
+            f"(allow_accounting_mismatch=True), but the loader samples by "
+            f"{self.loader.sampling!r}: this epsilon is not a bound for the loader's actual "
+            "sampling (report().honest_epsilon is the epsilon of the sampling it does)"
+        )
 
     def _delta_or(self, delta: float | None) -> float:
         if delta is not None:
@@ -1104,7 +1284,21 @@ class PrivacyEngine:
                 f"epsilon {honest_eps:.6g}"
                 + ("" if honest_certified else " (not certified)")
             )
-        if not certified and not ledger.accountant.certified:
+        guarantee = RELATION_WORDS[ledger.neighbouring]
+        if self._honest is not None:
+            # The requested accounting's number describes a sampling the loader does not do:
+            # whatever its accountant proves, it proves it for that other sampling.
+            certified = False
+            mismatch = (f"{self._mismatch_words()}; epsilon {epsilon:.6g} is the "
+                        f"{ledger.accounting!r} accounting's, honest_epsilon "
+                        f"{honest_eps:.6g} the loader's")
+            warning = mismatch if warning is None else f"{warning}; {mismatch}"
+            sampling = self.loader.sampling  # type: ignore[union-attr]
+            guarantee = (
+                f"{guarantee}, for {ledger.accounting!r} sampling, which the loader does not "
+                f"do: not a bound for its {sampling!r} sampling (see honest_epsilon)"
+            )
+        elif not certified and not ledger.accountant.certified:
             notes.append(f"epsilon {epsilon:.6g} is an approximation, not a certified bound")
         return PrivacyReport(
             epsilon=epsilon,
@@ -1120,7 +1314,7 @@ class PrivacyEngine:
             certified=certified,
             warning=warning,
             honest_certified=honest_certified,
-            guarantee=RELATION_WORDS[ledger.neighbouring],
+            guarantee=guarantee,
         )
 
     def within_budget(self) -> bool:
@@ -1190,9 +1384,29 @@ class PrivacyEngine:
 
         The checkpoint is validated, not trusted: its ledger must hold at least the events its
         release count implies, and the budget's allowance is recomputed from the ledger (a
-        stored allowance, from older checkpoints, is ignored)."""
+        stored allowance, from older checkpoints, is ignored). A refused checkpoint restores
+        nothing.
+
+        The ledger only grows within a process: an engine that has released (or charged) a
+        noisy gradient, or whose ledger was composed into by hand, refuses to load (it would
+        drop releases already made from the ledger: in the same run, restoring an earlier
+        state to go on training, or to report the best checkpoint's epsilon, understates the
+        run, since choosing among checkpoints is post-processing of every release made); so
+        does a checkpoint whose ledger lacks events of one loaded before. To keep the best
+        checkpoint's weights, restore only the model's and the wrapped torch optimizer's
+        states and keep this engine's ledger.
+
+        Raises
+        ------
+        RuntimeError
+            If this engine released or charged anything, or was composed into by hand, since
+            ``make_private`` (or the last load) in this process.
+        ValueError
+            If the checkpoint is inconsistent, or belongs to a different setup.
+        """
         ledger = self._ledger()
         assert self.optimizer is not None and self.loader is not None
+        self._refuse_rewind()
         if state.get("format") not in (1, _STATE_FORMAT):
             raise ValueError(f"unsupported engine state format {state.get('format')!r}")
         if (state["honest"] is None) != (self._honest is None):
@@ -1214,31 +1428,71 @@ class PrivacyEngine:
         adaptive = state.get("adaptive")
         if adaptive is not None and not self._adaptive and self.budget is not None:
             self._require_filter(ledger)
-        ledger.load_state_dict(state["main"], releases)
-        if self._honest is not None:
-            self._honest.load_state_dict(state["honest"], releases)
-        self.loader.load_state_dict(state["loader"])
-        charge = ledger.last_epoch_charge
-        if charge is not None:
-            paid = self._event(ledger.accounting, self.loader, charge[1])
-            if charge[0] > self.loader.epoch or paid not in dict(ledger.accountant.composed):
-                raise ValueError(
-                    f"the checkpoint says epoch {charge[0]} was paid at noise multiplier "
-                    f"{charge[1]!r}, which its ledger and loader do not show; refusing it"
-                )
-        self.optimizer.noise.load_state_dict(state["noise"])
-        self.optimizer._releases = releases
-        self.optimizer._set_noise_multiplier(sigma, online=False)
-        self.optimizer._noise_chosen_online = bool(state.get("noise_chosen_online", False))
-        self.optimizer._lot_pending = bool(state["lot_pending"])
-        # A checkpoint holds no clipped sums: what was accumulated since it (e.g. a lot whose
-        # release was refused) is dropped, unreleased, exactly as in a fresh process.
-        self.optimizer.clipper.reset()
-        if state.get("clipping") is not None:
-            self.optimizer._load_clipping_state(state["clipping"])
+        # Everything below is undone if any of it raises: a refused checkpoint restores nothing.
+        held = [(each, each.snapshot(), each.accountant.composed, each.non_private_releases)
+                for each in (ledger, self._honest) if each is not None]
+        optimizer = self.optimizer
+        try:
+            loader_state: dict[str, Any] | None = self.loader.state_dict()
+        except RuntimeError:  # in the middle of a logical batch: its load refuses as well
+            loader_state = None
+        before = (loader_state, optimizer.noise.state_dict(), optimizer._releases,
+                  optimizer.noise_multiplier, optimizer.noise_chosen_online,
+                  optimizer._lot_pending,
+                  None if optimizer.clip_rule is None else optimizer.clip_rule.state_dict())
+        loader_loaded = False
+        try:
+            ledger.load_state_dict(state["main"], releases)
+            if self._honest is not None:
+                self._honest.load_state_dict(state["honest"], releases)
+            # A ledger only grows: a checkpoint loaded over one loaded before (nothing was
+            # released in between, see _refuse_rewind) must hold everything that one held.
+            for each, _, composed, non_private in held:
+                lost = each.dropped(composed, non_private)
+                if lost is not None:
+                    raise ValueError(
+                        f"the checkpoint's ledger lacks {lost} that this engine's ledger held "
+                        "(from a checkpoint loaded before): loading it would shrink the ledger "
+                        "and drop releases it records; refusing it")
+            self.loader.load_state_dict(state["loader"])
+            loader_loaded = True
+            charge = ledger.last_epoch_charge
+            if charge is not None:
+                paid = self._event(ledger.accounting, self.loader, charge[1])
+                if charge[0] > self.loader.epoch or paid not in dict(ledger.accountant.composed):
+                    raise ValueError(
+                        f"the checkpoint says epoch {charge[0]} was paid at noise multiplier "
+                        f"{charge[1]!r}, which its ledger and loader do not show; refusing it"
+                    )
+            optimizer.noise.load_state_dict(state["noise"])
+            optimizer._releases = releases
+            optimizer._set_noise_multiplier(sigma, online=False)
+            optimizer._noise_chosen_online = bool(state.get("noise_chosen_online", False))
+            optimizer._lot_pending = bool(state["lot_pending"])
+            # A checkpoint holds no clipped sums: what was accumulated since it (e.g. a lot
+            # whose release was refused) is dropped, unreleased, exactly as in a fresh process.
+            optimizer.clipper.reset()
+            if state.get("clipping") is not None:
+                optimizer._load_clipping_state(state["clipping"])
+        except BaseException:
+            for each, snapshot, _, _ in held:
+                each.restore(snapshot)
+            if loader_loaded and before[0] is not None:
+                self.loader.load_state_dict(before[0])
+            optimizer.noise.load_state_dict(before[1])
+            optimizer._releases = before[2]
+            optimizer._set_noise_multiplier(before[3], online=False)
+            optimizer._noise_chosen_online, optimizer._lot_pending = before[4], before[5]
+            if before[6] is not None:
+                optimizer._load_clipping_state(before[6])
+            self._versions = self._ledger_versions()  # the same ledger as before, restored
+            self._hold_ledgers()
+            raise
         self._released = releases
         self._pending_charge = None
         self._allowance = None
+        self._versions = self._ledger_versions()
+        self._hold_ledgers()
         if adaptive is not None and not self._adaptive:
             self._adaptive = True
             self._adaptive_reason = str(adaptive)
