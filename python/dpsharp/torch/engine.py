@@ -928,7 +928,9 @@ class PrivacyEngine:
                 f"the optimizer has released {self.optimizer.releases} noisy gradients but this "
                 f"engine accounted {self._released}: optimizer.load_state_dict() restored a "
                 "checkpoint without engine.load_state_dict() (or from another checkpoint). "
-                "Restore both from the same checkpoint; refusing to release or report"
+                "Restore both from the same checkpoint into a fresh engine (in the same run, "
+                "restore only the wrapped torch optimizer's state: "
+                "optimizer.original_optimizer.load_state_dict); refusing to release or report"
             )
         self._require_grown()
 
