@@ -207,6 +207,54 @@ def test_gradient_noise_multiplier_under_zero_out() -> None:
     assert rule.gradient_noise_multiplier(1.0) == gradient_noise_multiplier(1.0, 3.2)
 
 
+def _zero_out_release(first_row: torch.Tensor, n: int, sampling: str) -> tuple[Any, ...]:
+    """One adaptive-clipping release through the engine on n records (record 0 = first_row,
+    the others zero), every seed fixed: the released gradient and count (times B), z_grad and
+    sigma_b. Record 0 = 0 is the null record of zero-out (its zero gradient is unclipped)."""
+    from torch.utils.data import TensorDataset
+
+    from dpsharp.torch import PoissonDataLoader, ShuffledDataLoader
+
+    x = torch.zeros(n, 2, dtype=torch.float64)
+    x[0] = first_row
+    model = nn.Linear(2, 1, bias=False).double()
+    with torch.no_grad():
+        model.weight.zero_()
+    options: dict[str, Any] = {}
+    if sampling == "shuffle":  # zero-out is the reshuffling loader's relation
+        loader: Any = ShuffledDataLoader(TensorDataset(x), batch_size=n, seed=1)
+    else:
+        loader = PoissonDataLoader(TensorDataset(x), expected_batch_size=0.999 * n, seed=1)
+        options["neighbouring"] = "zero_out"
+    engine = PrivacyEngine("pld", accountant_options=options)
+    module, optimizer, loader = engine.make_private(
+        model, torch.optim.SGD(model.parameters(), lr=0.0), loader, noise_multiplier=1.0,
+        max_grad_norm=1.0, clipping="adaptive", delta=1e-5, seed=3, batch_probe=False,
+        loss_reduction="sum")
+    for (xb,) in loader:
+        module(xb).sum().backward()
+        optimizer.step()
+        break
+    b = optimizer.expected_batch_size
+    return (model.weight.grad.detach().clone() * b, optimizer.clip_rule.last_fraction * b,
+            optimizer.gradient_noise_multiplier, optimizer.clip_rule.count_noise_std)
+
+
+@pytest.mark.parametrize(("sampling", "n"), [("shuffle", 64), ("shuffle", 256), ("poisson", 64)])
+def test_adaptive_release_under_zero_out_is_the_gaussian_charged(sampling: str, n: int) -> None:
+    """The real code on D (record 0 clipped: b = 0) and on D with record 0 replaced by the null
+    record (zero gradient: b = 1), same seeds: the releases differ by exactly the sensitivity
+    (1 C in the gradient, 1 in the count), and the joint Gaussian they form has
+    mu = hypot(1 / z_grad, 1 / sigma_b) = 1 / z, the multiplier the engine charges. It was
+    1.036 at n = 64 when the count was taken to move by 1/2."""
+    g_d, c_d, z_grad, sigma_b = _zero_out_release(torch.tensor([10.0, 0.0]), n, sampling)
+    g_n, c_n, _, _ = _zero_out_release(torch.tensor([0.0, 0.0]), n, sampling)
+    shift_gradient, shift_count = float((g_d - g_n).norm()), abs(c_d - c_n)
+    assert shift_gradient == pytest.approx(1.0, rel=1e-9)
+    assert shift_count == pytest.approx(1.0, rel=1e-9)
+    assert math.hypot(shift_gradient / z_grad, shift_count / sigma_b) <= 1.0 + 1e-9
+
+
 def test_adaptive_bound_follows_algorithm_1_and_clips_at_the_current_bound() -> None:
     """sigma = 0 and sigma_b = 0: every step must clip at the bound C_t of Andrew et al.'s
     Algorithm 1 recomputed here from float64 per-example norms,

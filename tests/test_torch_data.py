@@ -208,6 +208,13 @@ def test_from_dataloader_uses_the_batch_size_not_len_loader() -> None:
     shuffled = from_dataloader(plain, sampling="shuffle", seed=0)
     assert isinstance(shuffled, ShuffledDataLoader) and shuffled.batch_size == 64
     assert from_dataloader(poisson) is poisson
+    # a DP loader is used as built: a physical batch size given beside it was silently ignored
+    assert from_dataloader(poisson, max_physical_batch_size=None) is poisson
+    with pytest.raises(ValueError, match="max_physical_batch_size=8 was given with a "
+                                         "PoissonDataLoader"):
+        from_dataloader(poisson, max_physical_batch_size=8)
+    chunked = PoissonDataLoader(dataset, expected_batch_size=64, max_physical_batch_size=8)
+    assert from_dataloader(chunked, max_physical_batch_size=8) is chunked
 
 
 def test_secure_sampling_refuses_seeds_and_samples() -> None:

@@ -724,6 +724,14 @@ def from_dataloader(
     the batch size. A DP loader is returned unchanged.
     """
     if isinstance(loader, DPDataLoader):
+        if (max_physical_batch_size is not None
+                and max_physical_batch_size != loader.max_physical_batch_size):
+            raise ValueError(
+                f"max_physical_batch_size={max_physical_batch_size!r} was given with a "
+                f"{type(loader).__name__}, which is used as built (its "
+                f"max_physical_batch_size is {loader.max_physical_batch_size!r}); give it when "
+                "building the loader"
+            )
         return loader
     if not isinstance(loader, DataLoader):
         raise TypeError(

@@ -104,6 +104,7 @@ from dpsharp.accountants import Accountant, available
 from dpsharp.accountants import accountant as make_accountant
 from dpsharp.accountants.registry import _REGISTRY
 from dpsharp.events import RELATION_WORDS, Event, Neighbouring, event_from_dict, event_to_dict
+from dpsharp.torch.clipping import AdaptiveQuantileClipping
 from dpsharp.torch.data import (
     SAMPLINGS,
     DPDataLoader,
@@ -710,6 +711,14 @@ class PrivacyEngine:
             process_group=process_group,
             public_buffers=public_buffers,
         )
+        if isinstance(dp_optimizer.clip_rule, AdaptiveQuantileClipping):
+            # The released count's sensitivity depends on the relation (1 under zero-out, 1/2
+            # otherwise, dpsharp.torch.clipping): the largest of those the run is reported under.
+            relations = {main.neighbouring} | ({honest.neighbouring} if honest else set())
+            dp_optimizer.clip_rule.set_neighbouring(
+                Neighbouring.ZERO_OUT if Neighbouring.ZERO_OUT in relations
+                else main.neighbouring)
+            dp_optimizer.gradient_noise_multiplier  # noqa: B018 - refuses a too small count noise
         dp_optimizer.attach_loader(loader)
         dp_optimizer.add_budget_check(self._check_budget)
         dp_optimizer.add_charge_hook(self._charge_release)
