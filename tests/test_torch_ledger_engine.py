@@ -24,11 +24,13 @@ import warnings
 import pytest
 
 torch = pytest.importorskip("torch")
-stats = pytest.importorskip("scipy.stats")
-optimize = pytest.importorskip("scipy.optimize")
+pytest.importorskip("mpmath")  # the exact Gaussian reference
 
 from torch import nn  # noqa: E402
 from torch.utils.data import TensorDataset  # noqa: E402
+
+from _gaussian_reference import exact_epsilon_bisect  # noqa: E402
+from _peer_reference import poisson_gaussian_epsilon  # noqa: E402
 
 from dpsharp.events import Gaussian, PoissonSampled  # noqa: E402
 from dpsharp.torch import (  # noqa: E402
@@ -45,26 +47,6 @@ DELTA = 1e-5
 
 
 # ------------------------------------------------------------------------------- references
-def poisson_reference(q: float, sigma: float, steps: int, delta: float = DELTA) -> float:
-    """dp-accounting's PLD epsilon of ``steps`` Poisson-subsampled Gaussians (add/remove)."""
-    dp_accounting = pytest.importorskip("dp_accounting")
-    accountant = dp_accounting.pld.PLDAccountant(value_discretization_interval=1e-4)
-    event = dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma))
-    accountant.compose(event, steps)
-    return accountant.get_epsilon(delta)
-
-
-def gaussian_epsilon(mu: float, delta: float = DELTA) -> float:
-    """epsilon(delta) of mu-GDP (Balle and Wang 2018, Theorem 8):
-    delta = Phi(-eps / mu + mu / 2) - e^eps Phi(-eps / mu - mu / 2), solved for eps."""
-
-    def excess(eps: float) -> float:
-        return (stats.norm.cdf(-eps / mu + mu / 2)
-                - math.exp(eps) * stats.norm.cdf(-eps / mu - mu / 2) - delta)
-
-    return optimize.brentq(excess, 0.0, 200.0, xtol=1e-12)
-
-
 # ------------------------------------------------------------------------------- helpers
 def dataset(n: int, seed: int = 1) -> TensorDataset:
     generator = torch.Generator().manual_seed(seed)
@@ -123,8 +105,8 @@ def test_an_engine_that_released_refuses_an_earlier_state_and_keeps_its_budget()
     start = copy.deepcopy(engine.state_dict())
     released = train(optimizer, loader, model, steps=1000)
     # the budget stopped it where the reference says it must
-    assert poisson_reference(0.2, 2.0, released) <= budget.epsilon * (1 + 1e-3)
-    assert poisson_reference(0.2, 2.0, released + 1) > budget.epsilon
+    assert poisson_gaussian_epsilon(0.2, 2.0, released, DELTA) <= budget.epsilon * (1 + 1e-3)
+    assert poisson_gaussian_epsilon(0.2, 2.0, released + 1, DELTA) > budget.epsilon
     ledger, noise = list(engine.accountant.ledger), optimizer.noise.state_dict()
     with pytest.raises(RuntimeError, match=f"released {released} noisy gradients in this "
                        "process.*choosing among checkpoints is post-processing"):
@@ -134,7 +116,8 @@ def test_an_engine_that_released_refuses_an_earlier_state_and_keeps_its_budget()
     assert optimizer.noise.state_dict() == noise
     assert not engine.within_budget() and engine.steps_left() == 0
     assert engine.steps == optimizer.releases == released
-    assert engine.epsilon() == pytest.approx(poisson_reference(0.2, 2.0, released), rel=2e-3)
+    reference = poisson_gaussian_epsilon(0.2, 2.0, released, DELTA)
+    assert engine.epsilon() == pytest.approx(reference, rel=2e-3)
 
 
 def test_restoring_the_best_checkpoint_keeps_the_ledger_of_every_release() -> None:
@@ -157,10 +140,12 @@ def test_restoring_the_best_checkpoint_keeps_the_ledger_of_every_release() -> No
         assert torch.equal(value, best["model"][name])
     report = engine.report()
     assert report.steps == total and report.certified
-    assert report.epsilon == pytest.approx(poisson_reference(0.1, 1.0, total), rel=2e-3)
+    reference = poisson_gaussian_epsilon(0.1, 1.0, total, DELTA)
+    assert report.epsilon == pytest.approx(reference, rel=2e-3)
     # training on from the restored weights is accounted on top of every release made
     assert train(optimizer, loader, model, steps=2) == 2
-    assert engine.epsilon() == pytest.approx(poisson_reference(0.1, 1.0, total + 2), rel=2e-3)
+    reference = poisson_gaussian_epsilon(0.1, 1.0, total + 2, DELTA)
+    assert engine.epsilon() == pytest.approx(reference, rel=2e-3)
 
 
 def test_a_checkpoint_resumes_into_a_fresh_engine_and_a_ledger_only_grows() -> None:
@@ -176,7 +161,7 @@ def test_a_checkpoint_resumes_into_a_fresh_engine_and_a_ledger_only_grows() -> N
     fresh.load_state_dict(late["engine"])
     fresh.load_state_dict(late["engine"])  # the same again: nothing released in between
     assert fresh.steps == 12
-    assert fresh.epsilon() == pytest.approx(poisson_reference(0.2, 1.0, 12), rel=2e-3)
+    assert fresh.epsilon() == pytest.approx(poisson_gaussian_epsilon(0.2, 1.0, 12, DELTA), rel=2e-3)
     # an earlier checkpoint over a later one would shrink the ledger: refused, nothing restored
     ledger, loader_state = list(fresh.accountant.ledger), loader2.state_dict()
     with pytest.raises(ValueError, match="lacks 12 x PoissonSampled.*shrink the ledger"):
@@ -184,7 +169,7 @@ def test_a_checkpoint_resumes_into_a_fresh_engine_and_a_ledger_only_grows() -> N
     assert list(fresh.accountant.ledger) == ledger and loader2.state_dict() == loader_state
     assert fresh.steps == optimizer2.releases == 12
     assert train(optimizer2, loader2, model2, steps=3) == 3
-    assert fresh.epsilon() == pytest.approx(poisson_reference(0.2, 1.0, 15), rel=2e-3)
+    assert fresh.epsilon() == pytest.approx(poisson_gaussian_epsilon(0.2, 1.0, 15, DELTA), rel=2e-3)
     with pytest.raises(RuntimeError, match="released 3 noisy gradients in this process"):
         fresh.load_state_dict(late["engine"])
 
@@ -234,7 +219,7 @@ def test_a_refused_checkpoint_restores_nothing() -> None:
     fresh.load_state_dict(genuine["engine"])
     assert fresh.steps == 6 and loader2.epoch == 2
     # two reshuffled epochs under zero-out: mu = sqrt(2) / sigma
-    assert fresh.epsilon() == pytest.approx(gaussian_epsilon(math.sqrt(2.0)), rel=2e-3)
+    assert fresh.epsilon() == pytest.approx(exact_epsilon_bisect(DELTA, math.sqrt(2.0)), rel=2e-3)
 
 
 # ------------------------------------------------------------------------------- two engines
@@ -249,7 +234,7 @@ def test_a_model_made_private_is_refused_by_a_second_engine() -> None:
     # the first engine goes on, and its epsilon covers every release of the model
     assert train(optimizer, loader, model, steps=5) == 5
     assert first.steps == 10
-    assert first.epsilon() == pytest.approx(poisson_reference(0.2, 1.0, 10), rel=2e-3)
+    assert first.epsilon() == pytest.approx(poisson_gaussian_epsilon(0.2, 1.0, 10, DELTA), rel=2e-3)
     # a freshly built model (here with these weights) is a new, separately accounted run
     rebuilt = new_model(seed=3)
     rebuilt.load_state_dict(model.state_dict())
@@ -290,9 +275,9 @@ def test_a_mismatched_accounting_is_not_certified_and_its_epsilon_warns() -> Non
     assert report.certified is False
     assert "not a bound for its 'shuffle' sampling" in report.guarantee
     assert "not a bound for the loader's actual sampling" in report.warning
-    assert report.epsilon == pytest.approx(poisson_reference(0.1, 1.0, 10), rel=2e-3)
+    assert report.epsilon == pytest.approx(poisson_gaussian_epsilon(0.1, 1.0, 10, DELTA), rel=2e-3)
     # the loader's own sampling: one reshuffled epoch under zero-out is 1-GDP at sigma 1
-    assert report.honest_epsilon == pytest.approx(gaussian_epsilon(1.0), rel=2e-3)
+    assert report.honest_epsilon == pytest.approx(exact_epsilon_bisect(DELTA, 1.0), rel=2e-3)
     assert report.honest_certified is True and report.honest_epsilon > report.epsilon
     for query in (engine.get_epsilon, engine.epsilon):
         with pytest.warns(UserWarning, match="not a bound for the loader's actual sampling"):
@@ -306,4 +291,5 @@ def test_a_mismatched_accounting_is_not_certified_and_its_epsilon_warns() -> Non
     assert report.certified and report.warning is None and "not a bound" not in report.guarantee
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert honest.get_epsilon(DELTA) == pytest.approx(gaussian_epsilon(1.0), rel=2e-3)
+        exact = exact_epsilon_bisect(DELTA, 1.0)
+        assert honest.get_epsilon(DELTA) == pytest.approx(exact, rel=2e-3)

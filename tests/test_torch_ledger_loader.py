@@ -17,10 +17,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 stats = pytest.importorskip("scipy.stats")
-optimize = pytest.importorskip("scipy.optimize")
+pytest.importorskip("mpmath")  # the exact Gaussian reference
 
 from torch import nn  # noqa: E402
 from torch.utils.data import TensorDataset  # noqa: E402
+
+from _gaussian_reference import exact_epsilon_bisect  # noqa: E402
+from _peer_reference import poisson_gaussian_epsilon  # noqa: E402
 
 from dpsharp.events import Gaussian, PoissonSampled, Shuffled  # noqa: E402
 from dpsharp.torch import (  # noqa: E402
@@ -37,29 +40,6 @@ DELTA = 1e-5
 
 
 # ------------------------------------------------------------------------------- references
-def gaussian_epsilon(mu: float, delta: float) -> float:
-    """epsilon(delta) of the mu-GDP Gaussian mechanism (Balle and Wang 2018, Theorem 8):
-    delta(eps) = Phi(-eps / mu + mu / 2) - e^eps Phi(-eps / mu - mu / 2), solved for eps.
-
-    k epochs of reshuffling at noise multiplier sigma under zero-out are k Gaussians of
-    sensitivity 1 and std sigma (Yu et al. 2019, Theorem 2), i.e. mu = sqrt(k) / sigma."""
-
-    def excess(eps: float) -> float:
-        return (stats.norm.cdf(-eps / mu + mu / 2)
-                - math.exp(eps) * stats.norm.cdf(-eps / mu - mu / 2) - delta)
-
-    return optimize.brentq(excess, 0.0, 200.0, xtol=1e-12)
-
-
-def poisson_epsilon_reference(q: float, sigma: float, steps: int, delta: float) -> float:
-    """dp-accounting's PLD epsilon of ``steps`` Poisson-subsampled Gaussians (add/remove)."""
-    dp_accounting = pytest.importorskip("dp_accounting")
-    accountant = dp_accounting.pld.PLDAccountant()
-    event = dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma))
-    accountant.compose(event, steps)
-    return accountant.get_epsilon(delta)
-
-
 # ------------------------------------------------------------------------------- helpers
 def dataset(n: int) -> TensorDataset:
     generator = torch.Generator().manual_seed(1)
@@ -106,7 +86,7 @@ def test_another_poisson_loader_cannot_be_attached_under_an_engine() -> None:
     epoch(model, optimizer, loader)
     assert engine.steps == 20
     assert engine.accountant.composed == ((PoissonSampled(Gaussian(1.0), 0.05), 20),)
-    reference = poisson_epsilon_reference(0.05, 1.0, 20, DELTA)
+    reference = poisson_gaussian_epsilon(0.05, 1.0, 20, DELTA)
     assert engine.epsilon(DELTA) == pytest.approx(reference, rel=2e-2)
 
 
@@ -128,7 +108,7 @@ def test_reshuffling_epochs_come_from_the_accounted_loader_and_are_each_charged(
     assert len({tuple(order) for order in orders}) == 5  # a fresh permutation every epoch
     assert engine.steps == 25
     assert engine.accountant.composed == ((Shuffled(Gaussian(1.0), 20, 100), 5),)
-    exact = gaussian_epsilon(math.sqrt(5) / 1.0, DELTA)
+    exact = exact_epsilon_bisect(DELTA, math.sqrt(5) / 1.0)
     assert exact == pytest.approx(11.48, abs=5e-3)
     assert exact <= engine.epsilon(DELTA) <= exact * (1 + 1e-2)
 
@@ -152,7 +132,7 @@ def test_replacing_the_engines_loader_is_refused_at_the_next_release() -> None:
     optimizer.zero_grad()
     release(model, optimizer, next(batches))
     assert engine.accountant.composed == ((PoissonSampled(Gaussian(1.0), 0.5), 2),)
-    reference = poisson_epsilon_reference(0.5, 1.0, 2, DELTA)
+    reference = poisson_gaussian_epsilon(0.5, 1.0, 2, DELTA)
     assert engine.epsilon(DELTA) == pytest.approx(reference, rel=2e-2)
 
 
@@ -198,7 +178,7 @@ def test_a_reshuffled_epoch_cannot_be_replayed_by_restoring_the_loader() -> None
     second, third = epoch(model, optimizer, loader), epoch(model, optimizer, loader)
     assert first != second != third
     assert engine.accountant.composed == ((Shuffled(Gaussian(2.0), 10, 40), 3),)
-    exact = gaussian_epsilon(math.sqrt(3) / 2.0, DELTA)
+    exact = exact_epsilon_bisect(DELTA, math.sqrt(3) / 2.0)
     assert exact == pytest.approx(3.7086, abs=5e-4)
     assert exact <= engine.epsilon(DELTA) <= exact * (1 + 1e-2)
 
@@ -233,7 +213,7 @@ def test_poisson_masks_cannot_be_replayed() -> None:
     second = epoch(model, optimizer, loader)
     assert sum(a == b for a, b in zip(first, second)) < 10  # fresh masks (mostly non-empty)
     assert engine.accountant.composed == ((PoissonSampled(Gaussian(1.0), 0.05), 40),)
-    reference = poisson_epsilon_reference(0.05, 1.0, 40, DELTA)
+    reference = poisson_gaussian_epsilon(0.05, 1.0, 40, DELTA)
     assert engine.epsilon(DELTA) == pytest.approx(reference, rel=2e-2)
 
 
