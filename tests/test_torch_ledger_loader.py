@@ -39,7 +39,6 @@ pytestmark = pytest.mark.torch
 DELTA = 1e-5
 
 
-# ------------------------------------------------------------------------------- references
 # ------------------------------------------------------------------------------- helpers
 def dataset(n: int) -> TensorDataset:
     generator = torch.Generator().manual_seed(1)
@@ -357,3 +356,24 @@ def test_max_grad_norm_refusals() -> None:
                            expected_batch_size=40.0, module=adaptive_model, seed=0)
     with pytest.raises(RuntimeError, match="adaptive clipping rule"):
         adaptive.max_grad_norm = 2.0
+
+
+def test_an_optimizer_that_released_refuses_a_checkpoint_under_an_engine() -> None:
+    """Loading a checkpoint into an optimizer that has released in this process rewound its
+    noise stream (the next releases would repeat noise already released); the engine then
+    refused everything after. Now the load itself is refused and nothing changes; the wrapped
+    torch optimizer's state still loads."""
+    engine, model, optimizer, loader = private(PoissonDataLoader(dataset(100), sample_rate=0.2,
+                                                                 seed=3))
+    batches = iter(loader)
+    release(model, optimizer, next(batches))
+    saved = optimizer.state_dict()
+    release(model, optimizer, next(batches))
+    noise = optimizer.noise.state_dict()
+    with pytest.raises(RuntimeError, match="load_state_dict refused: this optimizer has released 2"):
+        optimizer.load_state_dict(saved)
+    assert optimizer.releases == 2 and optimizer.noise.state_dict() == noise
+    optimizer.original_optimizer.load_state_dict(
+        {k: v for k, v in saved.items() if k != "dpsharp"})
+    release(model, optimizer, next(batches))
+    assert engine.steps == optimizer.releases == 3

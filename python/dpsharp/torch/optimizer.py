@@ -208,6 +208,7 @@ class DPOptimizer(torch.optim.Optimizer):
         self.process_group = process_group
         self.original_optimizer = optimizer
         self._releases = 0
+        self._released_here = 0  # releases made in this process (never restored)
         self._noise_chosen_online = False
         self._budget_checks: list[Callable[[DPOptimizer], str | None]] = []
         self._charge_hooks: list[Callable[[DPOptimizer], None]] = []
@@ -529,6 +530,7 @@ class DPOptimizer(torch.optim.Optimizer):
                 self._max_grad_norm = bound
         finally:
             self._releases += 1
+            self._released_here += 1
             self._lot_pending = False
             for hook in self._release_hooks:
                 hook(self)
@@ -582,9 +584,24 @@ class DPOptimizer(torch.optim.Optimizer):
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Restore :meth:`state_dict`. With an attached engine, restore the engine's own
         ``state_dict`` from the same checkpoint too: the engine refuses to release or report
-        when the optimizer's release count and its accounting disagree."""
+        when the optimizer's release count and its accounting disagree.
+
+        Under an engine (:attr:`accounted`) an optimizer that has released in this process
+        refuses a checkpoint: it would rewind the noise stream (the next releases would reuse
+        noise already released) and the release count, as the engine's own ``load_state_dict``
+        refuses to rewind its ledger. To take a checkpoint's weights in the same run, load the
+        wrapped torch optimizer's state (``original_optimizer.load_state_dict``)."""
         state = dict(state_dict)
         private = state.pop("dpsharp", None)
+        if private is not None and self.accounted and self._released_here:
+            raise RuntimeError(
+                f"load_state_dict refused: this optimizer has released {self._released_here} "
+                "noisy gradients in this process under an engine, and the checkpoint would "
+                "rewind its noise stream and release count. A checkpoint is loaded into a fresh "
+                "optimizer (a new make_private) when resuming in a new process; in the same run "
+                "restore only the wrapped torch optimizer's state "
+                "(optimizer.original_optimizer.load_state_dict)"
+            )
         self.original_optimizer.load_state_dict(state)
         if private is not None:
             self.noise.load_state_dict(private["noise"])
