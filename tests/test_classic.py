@@ -287,3 +287,48 @@ def test_pure_dp_delta_is_zero() -> None:
     acc = ClassicAccountant("advanced").compose(Laplace(1.0), 2)
     assert acc.delta(2.0) == 0.0
     assert acc.delta(1.0) > 0.0
+
+
+def _within_alarm(call, seconds: int = 30):  # type: ignore[no-untyped-def]
+    """call() under a SIGALRM that raises if it has not returned after ``seconds``."""
+    import signal
+
+    def expired(*_: object) -> None:
+        raise TimeoutError(f"did not return within {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(seconds)
+    try:
+        return call()
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def test_delta_at_zero_of_a_nearly_private_gaussian_returns() -> None:
+    """One Gaussian with sigma = 50 under basic composition: delta(0.0) needs the Gaussian's
+    epsilon at a delta just below its delta(0), where the inversion stepped one double at a time
+    over about 1e21 doubles (it never returned); now it returns, at or just above the exact
+    delta(0) of the Gaussian, 2 Phi(1/100) - 1 (scipy's normal CDF)."""
+    from scipy.stats import norm
+
+    accountant = ClassicAccountant(composition="basic", gaussian="analytic")
+    accountant.compose(Gaussian(50.0), 1)
+    value = _within_alarm(lambda: accountant.delta(0.0))
+    exact = 2.0 * float(norm.cdf(0.01)) - 1.0
+    assert exact <= value <= exact * (1 + 1e-8)
+
+
+@pytest.mark.parametrize(("epsilon", "steps"), [(0.1, 10), (0.5, 3), (0.01, 100)])
+@pytest.mark.parametrize("gap", [1e-6, 1e-12])
+def test_optimal_composition_epsilon_just_below_delta_at_zero(epsilon: float, steps: int,
+                                                               gap: float) -> None:
+    """A target a relative 1e-6 or 1e-12 below the composition's delta at epsilon 0: the last
+    step of the inversion walked one double at a time from Brent's root (no return within
+    minutes); now it returns an epsilon whose exact delta (the Kairouz-Oh-Viswanath sum) is at
+    most the target."""
+    target = optimal_composition_delta(epsilon, 0.0, steps, 0.0) * (1 - gap)
+    eps_total = _within_alarm(
+        lambda: optimal_composition_epsilon(epsilon, 0.0, steps, target_delta=target))
+    assert eps_total > 0.0
+    assert optimal_composition_delta(epsilon, 0.0, steps, eps_total) <= target

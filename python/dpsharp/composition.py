@@ -25,6 +25,7 @@ import numpy as np
 from scipy.optimize import brentq
 from scipy.special import gammaln, logsumexp
 
+from dpsharp._roots import settle
 from dpsharp._validation import (
     require_count,
     require_delta,
@@ -260,10 +261,10 @@ def optimal_composition_epsilon(epsilon: float, delta: float, steps: int, *, tar
     hi = steps * epsilon
     if gap(0.0) <= 0.0:
         return 0.0
-    root = brentq(gap, 0.0, hi, xtol=1e-13, rtol=1e-14, maxiter=500)
-    while gap(root) > 0.0:
-        root = float(np.nextafter(root, math.inf))
-    return float(root)
+    root = brentq(gap, 0.0, hi, xtol=1e-300, rtol=1e-14, maxiter=500)
+    # a point where delta_0(eps) <= room (never an epsilon too small); gap(hi) <= 0 (all
+    # steps' epsilons added: delta_0 = 0)
+    return float(root) if gap(root) <= 0.0 else settle(lambda e: gap(e) <= 0.0, float(root), hi)
 
 
 # --------------------------------------------------------------------------- amplification
@@ -332,7 +333,9 @@ def analytic_gaussian_sigma(epsilon: float, delta: float) -> float:
     Gaussian mechanism is (epsilon, delta)-DP, for every epsilon > 0. Solved with Brent's method
     on the exact delta (rounded up: the returned sigma satisfies the target)."""
     mu = gdp_mu_for(require_positive_finite("epsilon", epsilon), require_delta(delta))
+    # 1 / mu rounds either way; gdp_mu_for kept a margin below the target, and the delta at the
+    # rounded sigma is checked against the target itself
     sigma = 1.0 / mu
-    while float(gdp_delta(epsilon, 1.0 / sigma)) > delta:
+    while float(gdp_delta(epsilon, 1.0 / sigma)) > delta:  # (at most a few doubles)
         sigma = float(np.nextafter(sigma, math.inf))
     return sigma
