@@ -370,7 +370,8 @@ def test_an_optimizer_that_released_refuses_a_checkpoint_under_an_engine() -> No
     saved = optimizer.state_dict()
     release(model, optimizer, next(batches))
     noise = optimizer.noise.state_dict()
-    with pytest.raises(RuntimeError, match="load_state_dict refused: this optimizer has released 2"):
+    refusal = "load_state_dict refused: this optimizer has released 2"
+    with pytest.raises(RuntimeError, match=refusal):
         optimizer.load_state_dict(saved)
     assert optimizer.releases == 2 and optimizer.noise.state_dict() == noise
     optimizer.original_optimizer.load_state_dict(
