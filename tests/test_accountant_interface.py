@@ -114,3 +114,22 @@ def test_state_dict_round_trip_through_json() -> None:
     assert restored.ledger == acc.ledger
     with pytest.raises(ValueError, match="add_remove"):
         PureLaplaceAccountant(neighbouring="replace_one").load_state_dict(state)
+
+
+def test_composed_counts_is_a_live_view_that_a_load_detaches() -> None:
+    """composed_counts follows compose() in O(1) (the training engine holds it at every
+    charge) and equals composed; load_state_dict replaces the multiset, so a view taken before
+    the load keeps the earlier one (what the engine compares to refuse a ledger that shrank)."""
+    from dpsharp.accountants import accountant as make_accountant
+
+    accountant = make_accountant("rdp")
+    accountant.compose(Gaussian(1.0), 3)
+    view = accountant.composed_counts
+    saved = accountant.state_dict()
+    accountant.compose(Gaussian(2.0), 2)
+    assert dict(view) == dict(accountant.composed) == {Gaussian(1.0): 3, Gaussian(2.0): 2}
+    with pytest.raises(TypeError):
+        view[Gaussian(1.0)] = 0  # type: ignore[index]
+    accountant.load_state_dict(saved)
+    assert dict(accountant.composed_counts) == {Gaussian(1.0): 3}
+    assert dict(view) == {Gaussian(1.0): 3, Gaussian(2.0): 2}

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, ClassVar, Mapping, TypeVar
 
 from dpsharp._validation import require_count, require_delta, require_epsilon
@@ -125,6 +126,14 @@ class Accountant(abc.ABC):
     def composed(self) -> tuple[tuple[Event, int], ...]:
         """The multiset of composed mechanism events, as (leaf event, total count)."""
         return tuple(self._counts.items())
+
+    @property
+    def composed_counts(self) -> Mapping[Event, int]:
+        """:attr:`composed` as a live read-only mapping (leaf event -> total count), taken in
+        O(1): :meth:`compose` only adds to it, and :meth:`load_state_dict` replaces it, so a
+        view taken before a load still holds the multiset as it was then (plus anything
+        composed after the view was taken and before the load)."""
+        return MappingProxyType(self._counts)
 
     @property
     def is_empty(self) -> bool:
