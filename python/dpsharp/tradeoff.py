@@ -177,8 +177,7 @@ def _log1mexp(x: np.ndarray) -> np.ndarray:
 def _gdp_log_delta(eps: np.ndarray, mu: np.ndarray) -> np.ndarray:
     eps, mu = np.broadcast_arrays(eps, mu)
     a = -eps / mu + mu / 2.0
-    b = a - mu
-    del b  # delta = Phi(a) - e^eps Phi(a - mu) = Phi(a) (1 - R(a - mu) / R(a)), as
+    # delta = Phi(a) - e^eps Phi(a - mu) = Phi(a) (1 - R(a - mu) / R(a)), as
     # e^eps phi(a - mu) = phi(a): log delta = log Phi(a) + log(1 - e^D) (_log_mills_drop)
     out = np.empty(a.shape, dtype=float)
     drop = np.minimum(_log_mills_drop(a, mu), 0.0)
@@ -217,13 +216,6 @@ def gdp_delta(epsilon: Any, mu: Any) -> Any:
 
 
 def _scalar_gdp_epsilon(log_delta: float, mu: float) -> float:
-    if log_delta >= float(_gdp_log_delta(np.array(0.0), np.array(mu))):
-        return 0.0
-    # delta(eps) <= Phi(-eps/mu + mu/2), so eps_hi = mu^2/2 - mu Phi^-1(delta) has
-    # delta(eps_hi) <= delta: a valid bracket for the decreasing log delta(eps).
-    eps_hi = mu * mu / 2.0 - mu * float(ndtri_exp(log_delta))
-    eps_hi = max(eps_hi, 1e-300)
-
     def gap(eps: float) -> float:
         return float(_gdp_log_delta(np.array(eps), np.array(mu))) - log_delta
 
@@ -232,10 +224,15 @@ def _scalar_gdp_epsilon(log_delta: float, mu: float) -> float:
     def safe(eps: float) -> bool:
         return gap(eps) <= -margin
 
+    if safe(0.0):
+        return 0.0
+    # delta(eps) <= Phi(-eps/mu + mu/2), so eps_hi = mu^2/2 - mu Phi^-1(delta) has
+    # delta(eps_hi) <= delta: a valid bracket for the decreasing log delta(eps).
+    eps_hi = max(mu * mu / 2.0 - mu * float(ndtri_exp(log_delta)), 1e-300)
     while not safe(eps_hi):  # rounding at the bracket edge: widen until the sign is right
         eps_hi *= 2.0
-    if gap(0.0) <= 0.0:  # delta(0) within the margin of the target
-        return 0.0 if safe(0.0) else settle(safe, 0.0, eps_hi)
+    if gap(0.0) <= 0.0:  # delta(0) within the margin of the target: no sign change to solve
+        return settle(safe, 0.0, eps_hi)
     root = brentq(gap, 0.0, eps_hi, xtol=1e-300, rtol=4 * np.finfo(float).eps, maxiter=500)
     # Conservative: a point where delta(eps) <= target (never an epsilon too small)
     return float(root) if safe(root) else settle(safe, float(root), eps_hi)
