@@ -210,6 +210,20 @@ def _map_tensors(fn: Callable[[torch.Tensor], torch.Tensor], value: Any) -> Any:
     return value
 
 
+def fixed_parameter(name: str, doc: str) -> Any:
+    """A read-only sampling parameter of a loader, stored as ``_<name>`` at construction:
+    reading returns it, assigning raises the loader's ``_fixed(name)`` error (its accounting
+    is for the sampling it was built with)."""
+
+    def read(loader: Any) -> Any:
+        return getattr(loader, "_" + name)
+
+    def refuse(loader: Any, value: Any) -> None:
+        raise loader._fixed(name)
+
+    return property(read, refuse, doc=doc)
+
+
 class DPDataLoader:
     """Base class: a loader whose sampling scheme, and therefore privacy event, is known.
 
@@ -266,23 +280,8 @@ class DPDataLoader:
         )
 
     # ----------------------------------------------------------------- fixed sampling
-    @property
-    def dataset(self) -> Dataset[Any]:
-        """The records sampled from (read-only)."""
-        return self._dataset
-
-    @dataset.setter
-    def dataset(self, value: Dataset[Any]) -> None:
-        raise self._fixed("dataset")
-
-    @property
-    def dataset_size(self) -> int:
-        """n = len(dataset) at construction (read-only)."""
-        return self._dataset_size
-
-    @dataset_size.setter
-    def dataset_size(self, value: int) -> None:
-        raise self._fixed("dataset_size")
+    dataset = fixed_parameter("dataset", "The records sampled from (read-only).")
+    dataset_size = fixed_parameter("dataset_size", "n = len(dataset) at construction (read-only).")
 
     # ----------------------------------------------------------------- what the loader is
     @property
@@ -570,14 +569,8 @@ class _FixedSizeLoader(DPDataLoader):
                 f"batch_size must be in [1, len(dataset)={self.dataset_size}], got {batch_size}"
             )
 
-    @property
-    def batch_size(self) -> int:
-        """b, the records of each logical batch (read-only: fixed at construction)."""
-        return self._batch_size
-
-    @batch_size.setter
-    def batch_size(self, value: int) -> None:
-        raise self._fixed("batch_size")
+    batch_size = fixed_parameter(
+        "batch_size", "b, the records of each logical batch (read-only: fixed at construction).")
 
     @property
     def sample_rate(self) -> float:

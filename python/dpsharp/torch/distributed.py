@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from dpsharp._validation import require_count
-from dpsharp.torch.data import PoissonDataLoader
+from dpsharp.torch.data import PoissonDataLoader, fixed_parameter
 
 if TYPE_CHECKING:
     import torch
@@ -233,24 +233,10 @@ class DistributedPoissonDataLoader(PoissonDataLoader):
         self._world_size = world_size
         super().__init__(dataset, **kwargs)
 
-    @property
-    def rank(self) -> int:
-        """This process's rank: it keeps the records i with i % world_size == rank
-        (read-only: fixed at construction)."""
-        return self._rank
-
-    @rank.setter
-    def rank(self, value: int) -> None:
-        raise self._fixed("rank")
-
-    @property
-    def world_size(self) -> int:
-        """The number of ranks the dataset is split over (read-only: fixed at construction)."""
-        return self._world_size
-
-    @world_size.setter
-    def world_size(self, value: int) -> None:
-        raise self._fixed("world_size")
+    rank = fixed_parameter("rank", "This process's rank: it keeps the records i with "
+                           "i % world_size == rank (read-only: fixed at construction).")
+    world_size = fixed_parameter("world_size", "The number of ranks the dataset is split over "
+                                 "(read-only: fixed at construction).")
 
     @property
     def local_expected_batch_size(self) -> float:
