@@ -3,8 +3,11 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <string>
+#include <vector>
 
 #include "bindings.hpp"
 #include "dpsharp/pld.hpp"
@@ -142,6 +145,45 @@ void bind_pld(py::module_& m) {
       "(offset, mass): the optimistic coarsening of masses at losses (offset + i) * fine_step onto "
       "the grid of step factor * fine_step, a mean-preserving contraction in y = e^{-loss} (see "
       "pld.hpp); negative entries count as 0.");
+  m.def(
+      "pld_merge_onto_grid",
+      [](py::array_t<double, py::array::c_style | py::array::forcecast> losses,
+         py::array_t<double, py::array::c_style | py::array::forcecast> masses,
+         std::int64_t lowest, std::int64_t size, double grid_step, bool upward) {
+        if (losses.ndim() != 1 || masses.ndim() != 1 || losses.shape(0) != masses.shape(0)) {
+          throw py::value_error("losses and masses must be one-dimensional and of one length");
+        }
+        if (size < 1) throw py::value_error("size must be >= 1");
+        if (!(grid_step > 0.0) || !std::isfinite(grid_step)) {
+          throw py::value_error("grid_step must be finite and > 0");
+        }
+        const auto count = static_cast<std::size_t>(losses.shape(0));
+        std::vector<double> loss(losses.data(), losses.data() + count);
+        std::vector<double> mass(masses.data(), masses.data() + count);
+        for (std::size_t i = 0; i < count; ++i) {
+          if (std::isnan(loss[i]) || loss[i] == -std::numeric_limits<double>::infinity() ||
+              (i > 0 && loss[i] < loss[i - 1])) {
+            throw py::value_error("losses must be increasing, not NaN and not -inf");
+          }
+        }
+        if (count > 0 && loss[0] < static_cast<double>(lowest) * grid_step) {
+          throw py::value_error("every loss must be at or above the bottom grid point");
+        }
+        pld::DiscretePld result;
+        {
+          py::gil_scoped_release release;
+          result = upward ? pld::pull_onto_grid(lowest, size, grid_step, mass, loss, true)
+                          : pld::contract_onto_grid(lowest, size, grid_step, mass, loss);
+        }
+        return py::make_tuple(result.offset, to_python_mass(result));
+      },
+      py::arg("losses"), py::arg("masses"), py::arg("lowest"), py::arg("size"),
+      py::arg("grid_step"), py::arg("upward"),
+      "(offset, mass): the optimistic merge of atoms (``masses`` at increasing ``losses``, +inf "
+      "allowed) onto the grid of ``size`` points from loss lowest * grid_step, by mean-preserving "
+      "merges in y = e^{-loss}: an upward sweep aiming above each atom (``upward``) or a "
+      "downward one aiming below (see pld.hpp). Every loss must be at or above the bottom grid "
+      "point.");
   m.def(
       "pld_delta_crossing",
       [](py::array_t<double, py::array::c_style | py::array::forcecast> mass, double constant,

@@ -99,4 +99,85 @@ DiscretePld coarsen_optimistic(const double* mass, std::size_t size, std::int64_
                             atom_mass, atom_loss);
 }
 
+// The optimistic rounding of atoms (mass_of[c] at loss loss_of[c], in increasing loss up to
+// round-off, +inf allowed) onto the grid {k h : lowest <= k < lowest + n}, by merges instead of
+// rounding every atom down. Sweeping from the lowest loss up, a group starts at the first unplaced
+// atom (loss l) with the target t = g + margin h, g the grid point nearest l (`target_above`
+// false, margin 1/1000) or the lowest grid point >= l (`target_above` true, margin 1e-6: see
+// contract_cells). An atom at or above its target (or above the top grid point) is rounded down
+// to the grid at once (delta(eps) is non-decreasing in every loss). Otherwise the group absorbs the following atoms, the last one
+// only in part (taken with a relative 1e-9 excess, so that round-off cannot leave it short),
+// until its barycentre in y = e^{-L} is at most e^{-t}; the part of an atom left over starts the
+// next group. Each group is one merged outcome (P-mass sum m, Q-mass sum m e^{-l}; splitting an
+// atom into parts of the same loss and merging outcomes are post-processings), a mean-preserving
+// contraction of Y, so every delta(eps) = E[(1 - e^{eps} prod_i Y_i)_+] of every composition,
+// convex in each Y_i, can only shrink (Jensen). Each group is then placed at the grid point below
+// its merged loss (its target's g, once the target is reached; a last group that never gets
+// there lands lower), and mass below the bottom grid point is dropped (loss -inf). With atoms
+// from cells centred on the grid points, every atom is within h / 2 of its g and a group takes a
+// small part of the next atom: the loss shift is O(h^2) per release instead of the O(h) of
+// rounding each atom down to the grid.
+DiscretePld pull_onto_grid(std::int64_t lowest, std::int64_t n, double grid_step,
+                           const std::vector<double>& mass_of, const std::vector<double>& loss_of,
+                           bool target_above) {
+  DiscretePld out;
+  out.offset = lowest;
+  out.mass.assign(static_cast<std::size_t>(n), 0.0);
+  const double top_loss = static_cast<double>(lowest + n - 1) * grid_step;
+  // The margin keeps a group's merged loss, computed within about 1e-14 of its true value, at or
+  // above g h, so that it is placed at g (not g - 1) and never above its true loss (h >= 2^-25).
+  const double margin = (target_above ? 1e-6 : 1e-3) * grid_step;
+  auto place = [&](double mass, double loss) {
+    if (!(mass > 0.0)) return;
+    double k = static_cast<double>(n - 1);
+    if (loss < kInf) k = std::min(k, std::floor(loss / grid_step) - static_cast<double>(lowest));
+    if (k < 0.0) return;  // below the bottom grid point: dropped
+    out.mass[static_cast<std::size_t>(k)] += mass;
+  };
+  double group_mass = 0.0;
+  double group_moment = 0.0;  // sum of mass * z over the group, z = e^{t - l}
+  double target = 0.0;
+  auto close_group = [&]() {
+    if (group_mass > 0.0) place(group_mass, target - std::log(group_moment / group_mass));
+    group_mass = 0.0;
+    group_moment = 0.0;
+  };
+  for (std::size_t c = 0; c < mass_of.size(); ++c) {
+    double mass = mass_of[c];
+    if (!(mass > 0.0)) continue;
+    const double loss = loss_of[c];
+    while (mass > 0.0) {
+      if (group_mass == 0.0) {
+        const double aim = target_above ? std::ceil(loss / grid_step)
+                                        : std::nearbyint(loss / grid_step);
+        const double start = aim * grid_step + margin;
+        if (!(loss < start) || start > top_loss) {
+          place(mass, loss);
+          break;
+        }
+        target = start;
+        group_mass = mass;
+        group_moment = mass * std::exp(target - loss);
+        break;
+      }
+      const double z = std::exp(target - loss);
+      const double wanted = z < 1.0 ? (group_moment - group_mass) / (1.0 - z) * (1.0 + 1e-9)
+                                    : kInf;  // an atom not above the target is taken whole
+      if (wanted >= mass) {
+        group_mass += mass;
+        group_moment += mass * z;
+        mass = 0.0;
+        if (group_moment <= group_mass) close_group();
+      } else {
+        group_mass += wanted;
+        group_moment += wanted * z;
+        mass -= wanted;
+        close_group();
+      }
+    }
+  }
+  close_group();
+  return out;
+}
+
 }  // namespace dpsharp::pld

@@ -59,6 +59,19 @@ def pld_coarsen_optimistic(
     the grid of step factor * fine_step (a mean-preserving contraction in y = e^{-loss}, see
     pld.hpp); negative entries count as 0."""
 
+def pld_merge_onto_grid(
+    losses: npt.ArrayLike,
+    masses: npt.ArrayLike,
+    lowest: int,
+    size: int,
+    grid_step: float,
+    upward: bool,
+) -> tuple[int, np.ndarray]:
+    """(offset, mass): the optimistic merge of atoms (``masses`` at increasing ``losses``, +inf
+    allowed) onto the grid of ``size`` points from loss lowest * grid_step, by mean-preserving
+    merges in y = e^{-loss}: an upward sweep aiming above each atom (``upward``) or a downward one
+    aiming below (see pld.hpp). Every loss must be at or above the bottom grid point."""
+
 def pld_delta_crossing(
     mass: npt.ArrayLike,
     constant: float,

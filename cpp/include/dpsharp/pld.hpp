@@ -121,6 +121,18 @@ DiscretePld contract_onto_grid(std::int64_t lowest, std::int64_t n, double grid_
                                const std::vector<double>& cell_mass,
                                const std::vector<double>& cell_loss);
 
+// The mean-preserving merge of a measure onto the grid {k h : lowest <= k < lowest + n} by an
+// upward sweep (atoms in increasing loss, +inf allowed): each group starts at the first unplaced
+// atom, aims at a grid point g at or above it plus a margin (the nearest grid point and h / 1000,
+// or with `target_above` the lowest one at or above the atom and 1e-6 h) and absorbs the
+// following atoms, the last one only in part, until its barycentre in y = e^{-L} reaches the
+// target's; it is then placed at g. An atom at or above its target, and a last group that never
+// gets there, are rounded down to the grid. Every step lowers every delta(eps) of every
+// composition: an optimistic rounding, second order in h where no group is rounded down.
+DiscretePld pull_onto_grid(std::int64_t lowest, std::int64_t n, double grid_step,
+                           const std::vector<double>& mass_of, const std::vector<double>& loss_of,
+                           bool target_above);
+
 // The optimistic coarsening of a PLD with masses mass[i] at losses (offset + i) fine_step onto
 // the grid of step factor * fine_step (contract_onto_grid with one atom per fine grid point;
 // negative entries count as 0). With fine_step a power of two every loss and grid index is exact.
