@@ -647,7 +647,9 @@ def test_tradeoff_figure_says_which_curve_it_leaves_out(tmp_path: Path) -> None:
     drawn = [line for line in axes.get_lines() if len(line.get_xdata())]
     assert not any("certified mu" in line.get_label() for line in drawn)
     legend = [text.get_text() for text in axes.get_legend().get_texts()]
-    assert any("not drawn" in text and f"{mu:.3g}" in text for text in legend), legend
+    # a certified mu is printed rounded up (35.208... at 3 significant digits: 35.3)
+    shown = f"{math.ceil(mu * 10) / 10:.3g}"
+    assert any("not drawn" in text and f"mu = {shown} " in text for text in legend), legend
 
     # without sampling, 10 steps at sigma 2 are exactly G_mu, mu = sqrt(10)/2 (drawn), and the
     # (epsilon, delta) curves have epsilon > 7: their corner alpha = beta = (1 - delta) /
@@ -659,7 +661,9 @@ def test_tradeoff_figure_says_which_curve_it_leaves_out(tmp_path: Path) -> None:
         plots.tradeoff_curves = original  # type: ignore[assignment]
     axes = captured["figure"].axes[0]
     drawn = [line.get_label() for line in axes.get_lines() if len(line.get_xdata())]
-    assert any("certified mu = 1.58" in label for label in drawn)
+    # mu = sqrt(10)/2 = 1.5811..., printed rounded up at 3 significant digits
+    shown = f"{math.ceil(math.sqrt(10) / 2 * 100) / 100:.3g}"
+    assert shown == "1.59" and any(f"certified mu = {shown}" in label for label in drawn)
     corner = (1 - 1e-5) / (1 + math.exp(data["epsilon_pld"]))
     assert data["epsilon_pld"] > 7 and corner < 6e-4
     assert not any("-DP" in label for label in drawn)
@@ -777,3 +781,163 @@ def test_cli_and_demo_do_not_import_each_other() -> None:
     package = Path(dpsharp.__file__).parent
     assert not [m for m, _ in imported(package / "demo.py") if m.startswith("dpsharp.cli")]
     assert not [m for m, top in imported(package / "cli.py") if m.startswith("dpsharp") and top]
+
+
+# ---------------------------------------------------------------------------- printed bounds
+def _exact_directed(value: float, decimals: int, side: str) -> str:
+    """The reference for directed rounding at ``decimals`` decimals, from the float's exact
+    rational value (Fraction): ceil or floor of value * 10^d, written out digit by digit."""
+    from fractions import Fraction
+
+    scaled = Fraction(value) * 10**decimals
+    integer = math.ceil(scaled) if side == "upper" else math.floor(scaled)
+    sign = "-" if integer < 0 else ""
+    digits = str(abs(integer)).rjust(decimals + 1, "0")
+    return f"{sign}{digits[:-decimals]}.{digits[-decimals:]}" if decimals else f"{sign}{digits}"
+
+
+def test_format_bound_rounds_towards_the_safe_side() -> None:
+    """Each printed upper bound is the smallest decimal at the precision >= the float, each
+    lower bound the largest <= it, against exact rational arithmetic; values exactly
+    representable at the precision stay as they are."""
+    import random
+
+    from dpsharp._report import format_bound
+
+    assert format_bound(1.82833043900206, ".4f", side="upper") == "1.8284"
+    assert format_bound(1.82833043900206, ".4f", side="lower") == "1.8283"
+    assert format_bound(1.29849044, ".4f", side="lower") == "1.2984"
+    assert format_bound(2.5, ".4f", side="upper") == "2.5000"
+    assert format_bound(2.5, ".4f", side="lower") == "2.5000"
+    assert format_bound(None, ".4f", side="upper") == "inf"
+    assert format_bound(math.inf, "6.3", side="upper") == "   inf"
+    rng = random.Random(20261127)
+    values = ([rng.uniform(0, 20) for _ in range(300)]
+              + [10 ** rng.uniform(-6, 4) for _ in range(300)])
+    for value in values:
+        for decimals in (0, 1, 4, 6):
+            for side in ("upper", "lower"):
+                expected = _exact_directed(value, decimals, side)
+                shown = format_bound(value, f".{decimals}f", side=side)
+                assert shown == expected, (value, decimals, side)
+    # significant digits (prv-accountant's {:6.3}, the statements' .4g): the printed number
+    # brackets the float and differs from it by less than one unit in the last printed digit
+    from fractions import Fraction
+
+    for value in values:
+        for spec, digits in (("6.3", 3), (".4g", 4)):
+            up = Fraction(format_bound(value, spec, side="upper").strip())
+            down = Fraction(format_bound(value, spec, side="lower").strip())
+            unit = Fraction(10) ** (math.floor(math.log10(value)) - digits + 1)
+            assert down <= Fraction(value) <= up, (value, spec)
+            assert up - Fraction(value) < unit and Fraction(value) - down < unit, (value, spec)
+    assert format_bound(2.0051, "6.3", side="upper") == "  2.01"
+    assert format_bound(9.996, "6.3", side="upper") == "  10.0"
+    assert format_bound(2.0, "6.3", side="upper") == format(2.0, "6.3")
+    with pytest.raises(ValueError, match="side"):
+        format_bound(1.0, ".4f", side="up")
+
+
+_STATEMENT_LINE = r"^  (\w+)\s+epsilon =\s+(\S+)\s+\((certified upper bound|approximation)"
+
+
+@pytest.mark.parametrize("sigma", ["1.0", "1.2", "0.9"])
+def test_printed_bounds_are_bounds(sigma: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """The statement's certified epsilon is >= the certified float of --json, its lower bound
+    <= the JSON lower bound (both compared exactly, as rationals), and the "The run is
+    (epsilon, delta)-DP" line states a certified epsilon. Rounding to nearest printed 1.8283
+    for the certified 1.82833043900206 (sigma 1.0) and, at sigma 1.2, a lower bound 1.2985
+    above the proven 1.29849044."""
+    import re
+    from fractions import Fraction
+
+    argv = ["epsilon", "--sample-rate", "0.01", "--steps", "1000", "--noise-multiplier", sigma,
+            "--delta", "1e-5", "--accountant", "pld", "rdp"]
+    status, out, err = run_cli(capsys, *argv, "--json")
+    assert status == 0, err
+    fields = json.loads(out)["accountants"]
+    status, text, err = run_cli(capsys, *argv)
+    assert status == 0, err
+    printed = {m[1]: m[2] for m in re.finditer(_STATEMENT_LINE, text, flags=re.MULTILINE)}
+    assert set(printed) == {"pld", "rdp"}
+    for name, shown in printed.items():
+        assert fields[name]["certified"]
+        assert Fraction(shown) >= Fraction(fields[name]["epsilon"]), (name, shown)
+        assert Fraction(shown) - Fraction(fields[name]["epsilon"]) < Fraction(1, 10**4)
+    lower = re.search(r"lower bound (\S+)\)", text)
+    assert lower is not None and fields["pld"]["epsilon_lower"] is not None
+    assert Fraction(lower[1]) <= Fraction(fields["pld"]["epsilon_lower"])
+    run_is = re.search(r"The run is \((\S+), ", text)
+    assert run_is is not None
+    assert Fraction(run_is[1]) >= Fraction(min(fields[n]["epsilon"] for n in ("pld", "rdp")))
+
+
+def test_calibrate_and_curve_print_bounds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``dpsharp calibrate`` prints its achieved certified epsilon rounded up and its noise
+    multiplier rounded up (more noise only lowers epsilon); ``dpsharp curve`` prints its
+    certified epsilon rounded up: each printed number >= the float of --json."""
+    import re
+    from fractions import Fraction
+
+    pytest.importorskip("matplotlib")
+    calibrate = ["calibrate", "--dataset-size", "60000", "--batch-size", "600", "--steps", "1000",
+                 "--target-epsilon", "1", "--delta", "1e-5", "--accountant", "pld"]
+    status, out, err = run_cli(capsys, *calibrate, "--json")
+    assert status == 0, err
+    document = json.loads(out)
+    status, text, err = run_cli(capsys, *calibrate)
+    assert status == 0, err
+    sigma = re.search(r"noise multiplier = (\S+)", text)
+    achieved = re.search(r"achieved epsilon = (\S+) ", text)
+    assert sigma is not None and achieved is not None
+    assert Fraction(sigma[1]) >= Fraction(document["noise_multiplier"])
+    assert Fraction(achieved[1]) >= Fraction(document["epsilon"])
+    curve = ["curve", "--sample-rate", "0.01", "--steps", "1000", "--noise-multiplier", "1.0",
+             "--delta", "1e-5", "--output", str(tmp_path / "curve.png")]
+    status, out, err = run_cli(capsys, *curve, "--json")
+    assert status == 0, err
+    epsilon = json.loads(out)["epsilon_pld"]
+    status, text, err = run_cli(capsys, *curve)
+    assert status == 0, err
+    shown = re.search(r"epsilon\(1e-05\) = (\S+) \(tight accountant, certified\)", text)
+    assert shown is not None and Fraction(shown[1]) >= Fraction(epsilon)
+
+
+@pytest.mark.peers
+def test_calibrate_by_sample_rate_meets_the_target(capsys: pytest.CaptureFixture[str]) -> None:
+    """``calibrate --sample-rate Q`` works (it used to be refused as "not allowed with
+    --dataset-size" though no size was given: the first run built wrote the sizes into the
+    arguments) and gives the same sigma as the equivalent --dataset-size/--batch-size form;
+    dp-accounting's pessimistic PLD (an independent accountant, VDI 1e-4) puts the printed
+    sigma's epsilon at or below the target."""
+    import re
+
+    dp_accounting = pytest.importorskip("dp_accounting")
+    from dp_accounting.pld import pld_privacy_accountant
+
+    common = ["--steps", "1000", "--target-epsilon", "1", "--delta", "1e-5", "--accountant", "pld"]
+    status, out, err = run_cli(capsys, "calibrate", "--sample-rate", "0.01", *common, "--json")
+    assert status == 0, err
+    by_rate = json.loads(out)
+    assert by_rate["inputs"]["sampling_probability"] == 0.01
+    assert by_rate["inputs"]["dataset_size"] is None
+    status, out, err = run_cli(capsys, "calibrate", "--dataset-size", "60000", "--batch-size",
+                               "600", *common, "--json")
+    assert status == 0, err
+    assert json.loads(out)["noise_multiplier"] == by_rate["noise_multiplier"]
+    status, text, err = run_cli(capsys, "calibrate", "--sample-rate", "0.01", *common)
+    assert status == 0, err
+    printed = re.search(r"noise multiplier = (\S+)", text)
+    assert printed is not None
+    for sigma in (by_rate["noise_multiplier"], float(printed[1])):
+        peer = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-4)
+        peer.compose(dp_accounting.SelfComposedDpEvent(
+            dp_accounting.PoissonSampledDpEvent(0.01, dp_accounting.GaussianDpEvent(sigma)), 1000))
+        assert peer.get_epsilon(1e-5) <= 1.0
+    # the target is met tightly: 1% less noise exceeds it
+    peer = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-4)
+    peer.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
+        0.01, dp_accounting.GaussianDpEvent(0.99 * by_rate["noise_multiplier"])), 1000))
+    assert peer.get_epsilon(1e-5) > 1.0

@@ -6,7 +6,9 @@ Every number comes from an accountant through the generic interface of
 
 from __future__ import annotations
 
+import decimal
 import math
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +25,7 @@ __all__ = [
     "describe",
     "epsilon_series",
     "evaluate",
+    "format_bound",
     "format_epsilon",
     "print_statement",
     "tradeoff_data",
@@ -301,11 +304,67 @@ RELATION_NAMES = {
 }
 
 
-def format_epsilon(value: float | None, digits: int = 4) -> str:
-    """``value`` with ``digits`` decimals; None (a non-finite epsilon in JSON) is "inf"."""
+#: A format spec :func:`format_bound` rounds in a direction: [width].precision and f, g or no
+#: type (Python's float formats: f counts decimals, g and no type count significant digits).
+_BOUND_SPEC = re.compile(r"^(?P<width>\d*)\.(?P<precision>\d+)(?P<type>[fg]?)$")
+#: The decimal rounding of each side: a printed upper bound is at least the float, a printed
+#: lower bound at most the float; an estimate is rounded to nearest.
+_ROUNDINGS = {"upper": decimal.ROUND_CEILING, "lower": decimal.ROUND_FLOOR,
+              "nearest": decimal.ROUND_HALF_EVEN}
+
+
+def format_bound(value: float | None, spec: str = ".4f", *, side: str) -> str:
+    """``value`` formatted as ``format(value, spec)`` would, but rounded towards the safe side.
+
+    Round-to-nearest can print a certified upper bound below the float it states (1.82833
+    printed "1.8283" is not a proven epsilon) or a lower bound above it. Here ``side="upper"``
+    rounds up (the printed number is >= ``value``), ``"lower"`` rounds down (<=) and
+    ``"nearest"`` is the plain format, for estimates. The rounding is done on the exact
+    decimal expansion of the float (:class:`decimal.Decimal` of a float is exact), so a value
+    representable at the printed precision (2.5 at 4 decimals) prints unchanged and no
+    intermediate product rounds. ``spec`` is ``[width].precision`` followed by ``f`` (decimals),
+    ``g`` or nothing (significant digits, as ``{:6.3}``). None (a non-finite epsilon in JSON)
+    and infinities print as "inf", NaN as "nan".
+    """
+    match = _BOUND_SPEC.match(spec)
+    if match is None:
+        raise ValueError(f"spec must be [width].precision[f|g], got {spec!r}")
+    if side not in _ROUNDINGS:
+        raise ValueError(f"side must be one of {', '.join(_ROUNDINGS)}, got {side!r}")
     if value is None:
-        return "inf"
-    return f"{value:.{digits}f}"
+        value = math.inf
+    value = float(value)
+    if side == "nearest" or not math.isfinite(value):
+        return format(value, spec)
+    exact = decimal.Decimal(value)
+    precision = int(match["precision"])
+    if match["type"] == "f":
+        quantum = decimal.Decimal(1).scaleb(-precision)
+    else:  # significant digits: the last one kept is at 10^(adjusted exponent - precision + 1)
+        digits = max(precision, 1)
+        quantum = decimal.Decimal(1).scaleb(exact.adjusted() - digits + 1)
+    rounded = exact.quantize(quantum, rounding=_ROUNDINGS[side],
+                             context=decimal.Context(prec=1000))
+    if rounded == 0:
+        rounded = abs(rounded)  # no "-0.0000" for a lower bound of -0.0
+    if match["type"] == "f":
+        return format(rounded, spec)  # exact: the Decimal is printed digit for digit
+    # ``rounded`` has at most ``digits`` significant digits, so the nearest float printed at
+    # that many digits is ``rounded`` again (a 9.996 rounded up to 10.0 keeps 3 digits)
+    return format(float(rounded), spec)
+
+
+def format_epsilon(value: float | None, digits: int = 4, *, side: str = "upper") -> str:
+    """``value`` with ``digits`` decimals, rounded towards ``side`` (:func:`format_bound`: up
+    for a certified upper bound, down for a lower bound, to nearest for an approximation);
+    None (a non-finite epsilon in JSON) is "inf"."""
+    return format_bound(value, f".{digits}f", side=side)
+
+
+def _side(fields: dict[str, Any]) -> str:
+    """How an accountant's reported numbers (epsilon, mu, rho) are rounded for print: up where
+    they are certified upper bounds, to nearest where they are approximations."""
+    return "upper" if fields.get("certified") else "nearest"
 
 
 def describe(fields: dict[str, Any], *, with_warning: bool = True) -> str:
@@ -314,16 +373,17 @@ def describe(fields: dict[str, Any], *, with_warning: bool = True) -> str:
     if not fields["applicable"]:
         return f"not applicable: {fields['reason']}"
     parts = ["certified upper bound" if fields["certified"] else "approximation"]
+    side = _side(fields)
     if fields.get("epsilon_lower") is not None:
-        parts.append(f"lower bound {format_epsilon(fields['epsilon_lower'])}")
+        parts.append(f"lower bound {format_epsilon(fields['epsilon_lower'], side='lower')}")
     if fields.get("order") is not None:
         parts.append(f"order {fields['order']:g}")
     if fields.get("mu") is not None:
-        parts.append(f"mu = {fields['mu']:.4g}")
+        parts.append(f"mu = {format_bound(fields['mu'], '.4g', side=side)}")
     if fields.get("gdp_mu") is not None and fields.get("gdp_mu_informative", True):
-        parts.append(f"certified GDP mu = {fields['gdp_mu']:.4g}")
+        parts.append(f"certified GDP mu = {format_bound(fields['gdp_mu'], '.4g', side='upper')}")
     if fields.get("rho") is not None:
-        parts.append(f"rho = {fields['rho']:.4g}")
+        parts.append(f"rho = {format_bound(fields['rho'], '.4g', side=side)}")
     text = "; ".join(parts)
     if fields.get("warning") and with_warning:
         text += f". Warning: {fields['warning']}"
@@ -361,7 +421,8 @@ def print_statement(
     width = max(len(result.name) for result in results)
     for result in results:
         fields = result.fields
-        value = format_epsilon(fields.get("epsilon")) if fields["applicable"] else "-"
+        value = (format_epsilon(fields.get("epsilon"), side=_side(fields))
+                 if fields["applicable"] else "-")
         print(f"  {result.name:<{width}}  epsilon = {value:>9}  ({describe(fields)})")
     certified = [r for r in results if r.applicable and r.fields["certified"]]
     print()
@@ -380,10 +441,12 @@ def print_statement(
     if gdp is not None or clt is not None:
         pieces = []
         if gdp is not None:
-            pieces.append(f"certified mu = {gdp.fields['gdp_mu']:.4g} ({gdp.name}: proven, every "
+            shown = format_bound(gdp.fields["gdp_mu"], ".4g", side="upper")
+            pieces.append(f"certified mu = {shown} ({gdp.name}: proven, every "
                           "test of the run is at least as hard as telling N(0,1) from N(mu,1))")
         if clt is not None:
-            pieces.append(f"central-limit mu = {clt.fields['mu']:.4g} (approximation)")
+            shown = format_bound(clt.fields["mu"], ".4g", side=_side(clt.fields))
+            pieces.append(f"central-limit mu = {shown} (approximation)")
         print("Gaussian DP: " + "; ".join(pieces) + ".")
         if tight is not None and gdp is None:
             print(HIDDEN_GDP_MU)
@@ -416,17 +479,19 @@ def write_tradeoff_figure(
     data = tradeoff_data(run, delta, alphas)
     curves: dict[str, Any] = {"tight accountant (certified)": data["pld"]}
     if "gdp_certified" in data:
-        curves[f"G_mu, certified mu = {data['gdp_mu_certified']:.3g} (proven lower bound)"] = (
-            data["gdp_certified"])
+        shown = format_bound(data["gdp_mu_certified"], ".3g", side="upper")
+        curves[f"G_mu, certified mu = {shown} (proven lower bound)"] = data["gdp_certified"]
     if "gdp_clt" in data:
         curves[f"G_mu, CLT mu = {data['gdp_mu_clt']:.3g} (approx.)"] = data["gdp_clt"]
-    curves[f"({data['epsilon_pld']:.3g}, {delta:g})-DP, tight"] = data["eps_delta"]
+    shown = format_bound(data["epsilon_pld"], ".3g", side="upper")
+    curves[f"({shown}, {delta:g})-DP, tight"] = data["eps_delta"]
     if "eps_delta_rdp" in data:
-        curves[f"({data['epsilon_rdp']:.3g}, {delta:g})-DP, RDP"] = data["eps_delta_rdp"]
+        shown = format_bound(data["epsilon_rdp"], ".3g", side="upper")
+        curves[f"({shown}, {delta:g})-DP, RDP"] = data["eps_delta_rdp"]
     not_drawn = []
     if "gdp_certified" not in data:
         mu = data["gdp_mu_certified"]
-        shown = "inf" if not math.isfinite(mu) else f"{mu:.3g}"
+        shown = format_bound(mu, ".3g", side="upper")
         not_drawn.append(f"certified G_mu not drawn: mu = {shown} is\nsqrt(T)/sigma for a "
                          "subsampled run (uninformative)")
     if title is None:

@@ -228,21 +228,23 @@ def _run_from_args(args: argparse.Namespace, noise_multiplier: float | None = No
     _check_run_flags(args)
     if args.sample_rate is not None:
         # q = B / n exactly, from the fraction the flag spells (0.004266 = 2133/500000): the
-        # Poisson event's q is then the float of the text, and statements print q alone
-        args.dataset_size, args.batch_size = (args.sample_rate.denominator,
-                                              args.sample_rate.numerator)
-    if args.batch_size > args.dataset_size:
+        # Poisson event's q is then the float of the text, and statements print q alone. Kept
+        # local: args stays as parsed, so the run can be built again (calibrate builds two)
+        dataset_size, batch_size = args.sample_rate.denominator, args.sample_rate.numerator
+    else:
+        dataset_size, batch_size = args.dataset_size, args.batch_size
+    if batch_size > dataset_size:
         args._parser.error(
-            f"argument --batch-size: must be at most --dataset-size={args.dataset_size}, "
-            f"got {args.batch_size}"
+            f"argument --batch-size: must be at most --dataset-size={dataset_size}, "
+            f"got {batch_size}"
         )
     if args.steps is not None:
         steps = args.steps
     else:
-        steps = steps_for_epochs(args.epochs, args.dataset_size, args.batch_size)
+        steps = steps_for_epochs(args.epochs, dataset_size, batch_size)
     sigma = args.noise_multiplier if noise_multiplier is None else noise_multiplier
     make = DPSGDRun if args.sample_rate is None else _sample_rate_run
-    return make(args.dataset_size, args.batch_size, steps, sigma, args.sampling)
+    return make(dataset_size, batch_size, steps, sigma, args.sampling)
 
 
 def _accountant_names(args: argparse.Namespace, requested: Sequence[str] | None) -> list[str]:
@@ -365,7 +367,7 @@ def _run_epsilon(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------- calibrate
 def _run_calibrate(args: argparse.Namespace) -> int:
     import dpsharp
-    from dpsharp._report import evaluate, format_epsilon
+    from dpsharp._report import evaluate, format_bound, format_epsilon
 
     names = _accountant_names(args, [args.accountant])
     name = names[0]
@@ -383,11 +385,15 @@ def _run_calibrate(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(document, indent=2, allow_nan=False))
     else:
-        kind = "certified upper bound" if result.fields.get("certified") else "approximation"
+        certified = bool(result.fields.get("certified"))
+        kind = "certified upper bound" if certified else "approximation"
+        achieved = format_epsilon(result.fields.get("epsilon"), 6,
+                                  side="upper" if certified else "nearest")
         print(f"dpsharp {dpsharp.__version__} calibration ({name} accountant, {run.sampling} sampling)")
-        print(f"noise multiplier = {sigma:.6g}")
+        # rounded up: more noise only lowers epsilon, so the printed sigma meets the target too
+        print(f"noise multiplier = {format_bound(sigma, '.6g', side='upper')}")
         print(
-            f"achieved epsilon = {format_epsilon(result.fields.get('epsilon'), 6)} at "
+            f"achieved epsilon = {achieved} at "
             f"delta = {args.delta:g} "
             f"({kind}; target {args.target_epsilon:g}) after {run.steps} steps"
         )
@@ -415,7 +421,7 @@ def _calibrate_noise(args: argparse.Namespace, template: Any, name: str) -> floa
 
 # ---------------------------------------------------------------------------- curve
 def _run_curve(args: argparse.Namespace) -> int:
-    from dpsharp._report import HIDDEN_GDP_MU, write_tradeoff_figure
+    from dpsharp._report import HIDDEN_GDP_MU, format_bound, write_tradeoff_figure
 
     _check_plot_flag(args, "--output")
     run = _run_from_args(args)
@@ -428,10 +434,11 @@ def _run_curve(args: argparse.Namespace) -> int:
         print(json.dumps(document, indent=2, allow_nan=False))
     else:
         print(f"Trade-off curve written to {args.output}.")
-        print(f"epsilon({args.delta:g}) = {data['epsilon_pld']:.4f} (tight accountant, certified)")
+        epsilon = format_bound(data["epsilon_pld"], ".4f", side="upper")
+        print(f"epsilon({args.delta:g}) = {epsilon} (tight accountant, certified)")
         if data["gdp_mu_informative"]:
-            print(f"certified GDP mu = {data['gdp_mu_certified']:.4g} (proven: the curve lies "
-                  "above G_mu)")
+            mu = format_bound(data["gdp_mu_certified"], ".4g", side="upper")
+            print(f"certified GDP mu = {mu} (proven: the curve lies above G_mu)")
         if "gdp_mu_clt" in data:
             print(f"central-limit GDP mu = {data['gdp_mu_clt']:.4g} (approximation)")
         if not data["gdp_mu_informative"]:

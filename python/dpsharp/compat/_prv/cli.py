@@ -3,7 +3,9 @@
 ``python -m dpsharp.compat.prv_accountant -p 5e-3 -s 0.8 -i 1000 -d 1e-6`` takes
 prv-accountant 0.2.0's flags (``-p/--sampling-probability``, ``-s/--noise-multiplier``,
 ``-i/--num-compositions``, ``-d/--delta``, ``-v/--verbose``, ``--fail-on-no-value``) and prints
-its lines, ``<name>:\\t\\teps_lower = ... eps_estimate = ..., eps_upper = ...``:
+its lines, ``<name>:\\t\\teps_lower = ... eps_estimate = ..., eps_upper = ...``, in its
+``{:6.3}`` format but rounded outwards (the lower bound down, the upper bound up, so that each
+printed bound is still a bound; the estimate to nearest):
 
 * ``PRV Accountant``: dpsharp's tight PLD accountant (certified lower and upper bounds;
   the estimate is the upper bound) at prv-accountant's ``eps_error = 0.1``;
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Sequence
 
+from dpsharp._report import format_bound
 from dpsharp.accountants import accountant
 from dpsharp.events import Gaussian, PoissonSampled
 
@@ -69,8 +72,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, (what, compute) in methods.items():
         try:
             low, estimate, high = compute(steps)
-            print(f"{name}:\t\teps_lower = {low:6.3} eps_estimate = {estimate:6.3}, "
-                  f"eps_upper = {high:6.3} ")
+            # prv-accountant's {:6.3}, rounded down for the lower and up for the upper bound
+            print(f"{name}:\t\teps_lower = {format_bound(low, '6.3', side='lower')} "
+                  f"eps_estimate = {format_bound(estimate, '6.3', side='nearest')}, "
+                  f"eps_upper = {format_bound(high, '6.3', side='upper')} ")
             if args.verbose:
                 print(f"\t({what})")
         except Exception:
