@@ -979,3 +979,85 @@ def test_repeat_and_select_at_order_1_and_pure_dp_orders() -> None:
     event = dp.dp_event.RepeatAndSelectDpEvent(dp.GaussianDpEvent(3.0), 5.0, 1.0)
     acc = compat.RdpAccountant(orders).compose(event)
     assert acc._rdp[0] == pytest.approx(min(acc._rdp[1:]), rel=1e-12)
+
+
+#: RepeatAndSelect around a base that dp-accounting reads as releasing the data without noise
+_NO_NOISE_BASES = {
+    "gaussian_0": lambda: dp.GaussianDpEvent(0.0),
+    "non_private": lambda: dp.NonPrivateDpEvent(),
+    "sampled_gaussian_0": lambda: dp.PoissonSampledDpEvent(0.1, dp.GaussianDpEvent(0.0)),
+    "composed_with_gaussian_0": lambda: dp.ComposedDpEvent(
+        [dp.GaussianDpEvent(0.0), dp.GaussianDpEvent(1.0)]),
+}
+
+
+@pytest.mark.parametrize("shape", [0.0, 1.0, math.inf])
+@pytest.mark.parametrize("base", sorted(_NO_NOISE_BASES))
+def test_repeat_and_select_of_a_noiseless_base_is_not_private(base: str, shape: float) -> None:
+    """RepeatAndSelect runs its base K >= 1 times with positive probability (mean >= 1), so
+    a base that releases the data without noise makes the selection release it: epsilon inf
+    and delta 1 at every epsilon, as dp-accounting 0.6.0's RdpAccountant answers, from both
+    adapters (dp-accounting's PLDAccountant refuses every RepeatAndSelect; inf is the answer
+    its bare noiseless events get). The adapters raised ValueError (noise multiplier 0) or
+    UnsupportedEventError (NonPrivateDpEvent) before."""
+    event = dp.dp_event.RepeatAndSelectDpEvent(_NO_NOISE_BASES[base](), 2.0, shape)
+    peer = dp.rdp.RdpAccountant().compose(event)
+    assert peer.get_epsilon(1e-5) == math.inf and peer.get_delta(10.0) == 1.0
+    for family in ("rdp", "pld"):
+        built(family)
+        ours = ADAPTERS[family]()
+        assert ours.supports(event)
+        ours.compose(event)
+        assert ours.get_epsilon(1e-5) == math.inf and ours.get_delta(10.0) == 1.0
+    with pytest.raises(ValueError, match="mean must be in"):  # parameters are still checked
+        ADAPTERS["rdp"]().compose(
+            dp.dp_event.RepeatAndSelectDpEvent(dp.NonPrivateDpEvent(), 0.5, shape))
+
+
+@pytest.mark.parametrize("shape", [0.0, 1.0, math.inf])
+@pytest.mark.parametrize("mean", [1.0, 2.0])
+def test_repeat_and_select_of_a_base_that_samples_nothing(mean: float, shape: float) -> None:
+    """A Poisson sampling probability of 0 releases nothing, inside RepeatAndSelect as
+    anywhere: RepeatAndSelect(PoissonSampled(0, G(1))) is RepeatAndSelect of nothing, whose
+    output does not depend on the data (exact epsilon 0), and RepeatAndSelect(Composed(
+    [PoissonSampled(0, G(1)), G(1)])) is RepeatAndSelect(G(1)). On dp-accounting's orders the
+    RDP adapter gives dp-accounting 0.6.0's RdpAccountant's epsilon for every finite shape with
+    mean 2 (Papernot and Steinke 2022, Theorem 2, the same formula) and, for shape inf and for
+    mean 1 (K = 1: the base itself), a value no larger, never below the exact 0 (dp-accounting
+    evaluates the theorems' bound, 0.11 for RepeatAndSelect of nothing with mean 2 and shape
+    inf). dp-accounting's PLDAccountant refuses RepeatAndSelect: the PLD adapter answers where
+    it has an exact form (mean 1 with a finite shape) and refuses as dp-accounting does
+    otherwise. The adapters raised ValueError ("sampling_probability must be in (0, 1]")
+    before."""
+    built("rdp")
+    orders = [1.5, 2.0, 3.0, 4.0, 8.0, 16.0, 32.0, 64.0]
+    nothing = dp.PoissonSampledDpEvent(0.0, dp.GaussianDpEvent(1.0))
+    cases = [
+        (dp.dp_event.RepeatAndSelectDpEvent(nothing, mean, shape),
+         dp.dp_event.RepeatAndSelectDpEvent(dp.NoOpDpEvent(), mean, shape)),
+        (dp.dp_event.RepeatAndSelectDpEvent(
+            dp.ComposedDpEvent([nothing, dp.GaussianDpEvent(1.0)]), mean, shape),
+         dp.dp_event.RepeatAndSelectDpEvent(dp.GaussianDpEvent(1.0), mean, shape)),
+    ]
+    for event, same in cases:
+        theirs = dp.rdp.RdpAccountant(orders).compose(event).get_epsilon(1e-5)
+        assert theirs == dp.rdp.RdpAccountant(orders).compose(same).get_epsilon(1e-5)
+        ours = compat.RdpAccountant(orders).compose(event).get_epsilon(1e-5)
+        assert ours == compat.RdpAccountant(orders).compose(same).get_epsilon(1e-5)
+        assert 0.0 <= ours <= theirs * (1 + 1e-12)
+        if mean == 2.0 and shape != math.inf:
+            assert ours == pytest.approx(theirs, rel=1e-8)
+        if mean == 2.0 and shape == math.inf and theirs > 1:  # a Gaussian base: Theorem 6
+            assert ours >= theirs * (1 - 1e-3)  # dpsharp keeps the K = 0 term: 0.99987 x
+        pld = compat.PLDAccountant()
+        if mean == 1.0 and shape != math.inf:
+            assert pld.compose(event).get_epsilon(1e-5) == (
+                compat.PLDAccountant().compose(same.event).get_epsilon(1e-5))
+        else:
+            assert not dp.pld.PLDAccountant().supports(event)
+            with pytest.raises(dp.UnsupportedEventError):
+                pld.compose(event)
+    # RepeatAndSelect of nothing: nothing is released, the exact epsilon 0
+    empty = compat.RdpAccountant(orders).compose(cases[0][0])
+    if shape == math.inf or mean == 1.0:
+        assert empty.get_epsilon(1e-5) == 0.0 and empty.get_delta(0.0) == 0.0

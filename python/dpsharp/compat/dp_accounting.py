@@ -499,18 +499,25 @@ def _repeat_and_select(event: Any, base: Event) -> Event:
     negative binomial of Definition 1 with E[K] = mean (shape 0: logarithmic, 1: geometric;
     :class:`~dpsharp.tuning_events.TruncatedNegativeBinomialTuning`). mean = 1 with a finite
     shape is K = 1: the base event itself."""
-    shape = event.shape
-    if not is_real_number(shape) or math.isnan(shape) or shape < 0:
-        raise ValueError(f"RepeatAndSelectDpEvent.shape must be in [0, inf], got {shape!r}")
-    mean = event.mean
-    if not is_real_number(mean) or math.isnan(mean) or not 1 <= mean < math.inf:
-        raise ValueError(f"RepeatAndSelectDpEvent.mean must be in [1, inf), got {mean!r}")
+    mean, shape = _repeat_and_select_parameters(event)
     if shape == math.inf:
         return PoissonTuning(base, float(mean))
     if mean == 1:
         return base
     return TruncatedNegativeBinomialTuning(base, float(shape), _gamma_for_mean(float(shape),
                                                                               float(mean)))
+
+
+def _repeat_and_select_parameters(event: Any) -> tuple[Any, Any]:
+    """(mean, shape) of a ``RepeatAndSelectDpEvent``, validated: mean in [1, inf), shape in
+    [0, inf]."""
+    shape = event.shape
+    if not is_real_number(shape) or math.isnan(shape) or shape < 0:
+        raise ValueError(f"RepeatAndSelectDpEvent.shape must be in [0, inf], got {shape!r}")
+    mean = event.mean
+    if not is_real_number(mean) or math.isnan(mean) or not 1 <= mean < math.inf:
+        raise ValueError(f"RepeatAndSelectDpEvent.mean must be in [1, inf), got {mean!r}")
+    return mean, shape
 
 
 def _gamma_for_mean(eta: float, mean: float) -> float:
@@ -610,7 +617,8 @@ def _strip_non_private(
     noise (``NonPrivateDpEvent``, a Gaussian or Laplace event with noise multiplier 0, a sampled
     event around one of these with sampling probability > 0; the accountants then report
     epsilon = inf, delta = 1) or as releasing nothing (a Poisson sampling probability of 0),
-    reachable through composition; returns the rest and whether a non-private part was found."""
+    reachable through composition and through the base of a ``RepeatAndSelectDpEvent``;
+    returns the rest and whether a non-private part was found."""
     dp = _dp()
     if isinstance(event, dp.NonPrivateDpEvent):
         return dp.NoOpDpEvent(), True
@@ -633,6 +641,15 @@ def _strip_non_private(
     if isinstance(event, dp.SelfComposedDpEvent):
         inner, found = _strip_non_private(event.event, relation)
         return dp.SelfComposedDpEvent(inner, event.count), found and event.count > 0
+    if isinstance(event, dp.dp_event.RepeatAndSelectDpEvent):
+        # K >= 1 runs with positive probability (mean >= 1): a base that releases the data
+        # without noise makes the selection release it too; parts of the base that release
+        # nothing are removed from it as from any composition
+        _repeat_and_select_parameters(event)
+        inner, found = _strip_non_private(event.event, relation)
+        if found:
+            return dp.NoOpDpEvent(), True
+        return dp.dp_event.RepeatAndSelectDpEvent(inner, event.mean, event.shape), False
     if isinstance(event, dp.ComposedDpEvent):
         parts = [_strip_non_private(inner, relation) for inner in event.events]
         return dp.ComposedDpEvent([part for part, _ in parts]), any(found for _, found in parts)
