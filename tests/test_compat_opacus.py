@@ -492,3 +492,52 @@ def test_opacus_prv_test_setting_is_certified_and_tighter() -> None:
         ).compute_epsilon(delta=1e-5, num_self_compositions=2250)
     assert low <= lower <= upper <= min(pinned, high)
     assert pinned - upper > 1e-3  # the pinned digits differ: Opacus' number is the looser one
+
+
+@pytest.mark.peers
+@pytest.mark.parametrize("cls", ADAPTERS)
+def test_a_step_that_samples_nothing_is_accepted_as_in_opacus(
+    cls: type[compat.OpacusAccountant],
+) -> None:
+    """``step(noise_multiplier=..., sample_rate=0.0)``: Opacus accepts it (its RDP of a step
+    at q = 0 is 0, whatever the noise), and a step that samples no record releases nothing
+    about the data, so it adds nothing to epsilon; it is still a history entry, merged as
+    Opacus merges it. Checked against Opacus 1.6's RDPAccountant (same history; the same
+    epsilon on its orders as without the q = 0 steps; an RDP curve of 0 for q = 0). The
+    adapters raised ValueError for sample_rate 0 before."""
+    opacus_accountants = pytest.importorskip("opacus.accountants")
+    cls = built(cls)
+    steps = [(1.0, 0.0)] * 3 + [(0.0, 0.0)] + [(1.0, 0.01)] * 40
+    mine, theirs = cls(), opacus_accountants.RDPAccountant()
+    for sigma, q in steps:
+        mine.step(noise_multiplier=sigma, sample_rate=q)
+        theirs.step(noise_multiplier=sigma, sample_rate=q)
+    assert mine.history == theirs.history == [(1.0, 0.0, 3), (0.0, 0.0, 1), (1.0, 0.01, 40)]
+    without = opacus_accountants.RDPAccountant()
+    for _ in range(40):
+        without.step(noise_multiplier=1.0, sample_rate=0.01)
+    alphas = theirs.DEFAULT_ALPHAS
+    eps_theirs, _ = theirs.get_privacy_spent(delta=1e-5, alphas=alphas)
+    assert eps_theirs == without.get_privacy_spent(delta=1e-5, alphas=alphas)[0]
+    # the sampling steps alone, in dpsharp: the q = 0 steps add nothing
+    assert mine.get_epsilon(1e-5) == ours(cls.family, [(1.0, 0.01, 40)], 1e-5)
+    if isinstance(mine, compat.RDPAccountant):
+        eps_mine, _ = mine.get_privacy_spent(delta=1e-5, alphas=alphas)
+        assert eps_theirs * (1 - 1e-6) <= eps_mine <= eps_theirs * (1 + 1e-9)
+    # q = 0 alone: nothing released, the exact epsilon 0 (Opacus' RDP curve of such steps is 0
+    # at every order; its RDPAccountant's epsilon 0.103 is its order grid's conversion of an
+    # all-zero curve, not a property of the steps)
+    from opacus.accountants.analysis.rdp import compute_rdp
+
+    assert not any(compute_rdp(q=0.0, noise_multiplier=1.0, steps=5, orders=alphas))
+    nothing = cls()
+    for _ in range(5):
+        nothing.step(noise_multiplier=1.0, sample_rate=0.0)
+    assert nothing.get_epsilon(1e-5) == 0.0
+    # checkpoints with such entries load; a negative rate is still refused, naming it
+    restored = cls()
+    restored.load_state_dict(mine.state_dict())
+    assert restored.history == mine.history
+    assert restored.get_epsilon(1e-5) == mine.get_epsilon(1e-5)
+    with pytest.raises(ValueError, match=r"sample_rate must be in \[0, 1\]"):
+        cls().step(noise_multiplier=1.0, sample_rate=-0.1)

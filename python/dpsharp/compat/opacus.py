@@ -26,7 +26,9 @@ sample_rate=sample_rate * optimizer.accumulated_iterations)`` after every optimi
 * each history entry is the event ``PoissonSampled(Gaussian(noise_multiplier), sample_rate)``
   (add/remove one, the relation of Opacus' accounting), composed ``num_steps`` times into a
   dpsharp accountant (:attr:`dpsharp_accountant`). A ``noise_multiplier`` of 0 (no noise) makes
-  ``get_epsilon`` return ``inf``.
+  ``get_epsilon`` return ``inf``; a ``sample_rate`` of 0 (a step that samples no record and so
+  releases nothing about the data) adds nothing, whatever its noise multiplier, as in Opacus
+  (whose RDP computation returns 0 for q = 0).
 
 Sensitivity convention: Opacus' ``noise_multiplier`` is the noise standard deviation divided by
 ``max_grad_norm`` C, the bound on each per-sample gradient's norm, and its accountants (RDP,
@@ -91,7 +93,7 @@ def _entry(noise_multiplier: Any, sample_rate: Any, num_steps: Any) -> HistoryEn
     sigma = require_real("noise_multiplier", noise_multiplier)
     if sigma < 0.0:
         raise ValueError(f"noise_multiplier must be in [0, inf), got {sigma!r}")
-    rate = require_probability("sample_rate", sample_rate)
+    rate = require_probability("sample_rate", sample_rate, allow_zero=True)
     steps = require_count("num_steps", num_steps)
     return (sigma, rate, steps)
 
@@ -237,7 +239,7 @@ class OpacusAccountant:
             inner = accountant(self.family, **self._accountant_options)
             no_noise, new = False, history
         for sigma, rate, steps in new:
-            if steps == 0:
+            if steps == 0 or rate == 0.0:  # no record sampled: nothing released
                 continue
             if sigma == 0.0:
                 no_noise = True
@@ -289,11 +291,11 @@ class RDPAccountant(OpacusAccountant):
         else:
             inner = accountant(self.family, **{**self._accountant_options, "orders": list(alphas)})
             for sigma, rate, steps in self.history:
-                if sigma > 0.0 and steps:
+                if sigma > 0.0 and rate > 0.0 and steps:
                     inner.compose(PoissonSampled(Gaussian(sigma), rate), steps)
         if not self.history:
             return (0.0, 0.0)
-        if any(entry[0] == 0.0 and entry[2] for entry in self.history):
+        if any(entry[0] == 0.0 and entry[1] > 0.0 and entry[2] for entry in self.history):
             return (math.inf, math.nan)
         guarantee = inner.guarantee(delta)
         order = next(
