@@ -49,7 +49,7 @@ def find_noise_multiplier(sampling_probability: float, num_steps: int, target_ep
     accountant's certified epsilon, :func:`dpsharp.calibrate.noise_multiplier`). Raises
     ``RuntimeError`` when the sigma needed exceeds ``mu_max``, as prv-accountant does.
     """
-    from dpsharp._report import calibrate_noise
+    from dpsharp._report import calibrate_noise, format_bound
 
     rate = require_probability("sampling_probability", sampling_probability)
     steps = require_count("num_steps", num_steps, minimum=1)
@@ -63,7 +63,8 @@ def find_noise_multiplier(sampling_probability: float, num_steps: int, target_ep
     if at_ceiling.epsilon(delta) > epsilon:
         raise RuntimeError(
             "Finding a suitable noise multiplier has not converged: even noise_multiplier = "
-            f"mu_max = {ceiling:g} gives epsilon {at_ceiling.epsilon(delta):.6g} > "
+            f"mu_max = {ceiling:g} gives epsilon "
+            f"{format_bound(at_ceiling.epsilon(delta), '.6g', side='upper')} > "
             f"target_epsilon = {epsilon:g}. Try increasing target epsilon or decreasing "
             "sampling probability."
         )
