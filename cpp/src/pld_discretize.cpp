@@ -451,7 +451,8 @@ DiscretePld contract_cells(std::int64_t lowest, std::int64_t n, double grid_step
   std::vector<double> half_loss(cells);
   for (std::size_t c = 0; c < cells; ++c) {
     half_mass[c] = std::exp(cell_log_p[c]);
-    half_loss[c] = cell_log_p[c] - cell_log_q[c];
+    // lowered like the centred cells' losses, by the allowance for the masses' round-off
+    half_loss[c] = cell_log_p[c] - cell_log_q[c] - 2.0 * kMassSlack;
   }
   candidates.push_back(contract_onto_grid(lowest, n, grid_step, half_mass, half_loss));
   auto mean_index = [](const DiscretePld& d) {

@@ -69,7 +69,9 @@ Conversion delta_from_rdp(const double* orders, const double* rdp, std::size_t n
     } else if (kind == 0) {
       log_delta = (a - 1.0) * (r - epsilon);
     } else {
-      log_delta = r == 0.0 ? kNegInf : 0.5 * std::log1p(-std::exp(-r));
+      // 1 - e^{-r} by expm1: exp(-r) rounds to 1 below r ~ 1.1e-16 (delta would read 0) and
+      // loses 1e-16 / r relative above it.
+      log_delta = r == 0.0 ? kNegInf : 0.5 * std::log(-std::expm1(-r));
       if (a > 1.01) {
         const double bound = (a - 1.0) * (r - epsilon + std::log1p(-1.0 / a)) - std::log(a);
         if (bound < log_delta) log_delta = bound;

@@ -52,7 +52,7 @@ struct Scorer {
       return r + offset - log_delta / am1;
     }
     if (kind == 0) return am1 * (r - target);
-    const double kl = 0.5 * std::log1p(-std::exp(-r));  // -inf at r = 0
+    const double kl = 0.5 * std::log(-std::expm1(-r));  // -inf at r = 0; exact for tiny r
     const double bound = am1 * (r - target + log1p_minus_inv) - std::log(alpha);
     return std::fmin(kl, bound);
   }

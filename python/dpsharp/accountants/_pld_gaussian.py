@@ -36,7 +36,9 @@ _DIGITS = 50
 
 def mu_squared_bounds(terms: Iterable[tuple[float, int]]) -> tuple[float, float]:
     """(low, high) with low <= sum_i c_i / sigma_i^2 <= high, for (sigma_i, c_i) pairs."""
-    total = math.fsum(count / (sigma * sigma) for sigma, count in terms)
+    # (+inf where sigma^2 underflows, below about 1e-162: delta is then answered as inf)
+    total = math.fsum(count / (sigma * sigma) if sigma * sigma > 0.0 else math.inf
+                      for sigma, count in terms)
     return total * (1.0 - _MU2_MARGIN), total * (1.0 + _MU2_MARGIN)
 
 
@@ -60,11 +62,15 @@ def _delta_exact(eps: float, mu2: float) -> mpmath.mpf:
 def _root(delta: float, mu: float) -> float:
     """eps >= 0 with delta_mu(eps) = delta in double precision (0 if delta_mu(0) <= delta)."""
     target = math.log(delta)
+    if not math.isfinite(mu):
+        return math.inf  # a noise multiplier whose square underflows: no privacy at all
     if _log_delta(0.0, mu) <= target:
         return 0.0
     high = mu * mu / 2.0 + mu * math.sqrt(2.0 * max(-target, 1.0)) + 1.0
     while _log_delta(high, mu) > target:
         high *= 2.0
+        if not math.isfinite(high):
+            return math.inf  # the root lies beyond the largest double
     return float(brentq(lambda e: _log_delta(e, mu) - target, 0.0, high, xtol=1e-300, rtol=8.9e-16))
 
 
@@ -79,18 +85,29 @@ def epsilon_bounds(delta: float, mu2_low: float, mu2_high: float) -> tuple[float
     [mu2_low, mu2_high]: delta_{mu_low}(lower) >= delta (so the exact epsilon is at least
     lower, or lower is 0) and delta_{mu_high}(upper) <= delta, both checked at 50 digits."""
     upper = _root(delta, math.sqrt(mu2_high))
+    if math.isinf(upper):  # epsilon beyond the largest double: no finite certificate
+        lower = _root(delta, math.sqrt(mu2_low))
+        return (0.0 if math.isinf(lower) else _certified_lower(lower, delta, mu2_low)), upper
     attempt = 0
     while upper > 0.0 or _delta_exact(0.0, mu2_high) > delta:
         if _delta_exact(upper, mu2_high) <= delta:
             break
         upper = _outwards(upper, 1.0, attempt)
         attempt += 1
-    lower = _root(delta, math.sqrt(mu2_low))
+    lower = _certified_lower(_root(delta, math.sqrt(mu2_low)), delta, mu2_low)
+    return min(lower, upper), upper
+
+
+def _certified_lower(lower: float, delta: float, mu2_low: float) -> float:
+    """``lower`` moved down until delta_{mu_low}(lower) >= delta at 50 digits (or 0; a root
+    beyond the largest double gives 0, the bound that needs no evaluation)."""
+    if math.isinf(lower):
+        return 0.0
     attempt = 0
     while lower > 0.0 and _delta_exact(lower, mu2_low) < delta:
         lower = max(_outwards(lower, -1.0, attempt), 0.0)
         attempt += 1
-    return min(lower, upper), upper
+    return lower
 
 
 def delta_bounds(epsilon: float, mu2_low: float, mu2_high: float) -> tuple[float, float]:

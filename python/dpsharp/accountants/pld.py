@@ -337,7 +337,10 @@ class PLDAccountant(Accountant):
     Notes
     -----
     ``epsilon(delta)`` is always a certified upper bound (up to double-precision round-off of
-    about 1e-12 relative in the cell masses, which is not certified; the round-off of the FFT
+    about 1e-12 relative in the cell masses, and of an ulp or two in the largest loss of a
+    Laplace, discrete Laplace or randomized-response release, whose double value is taken as
+    exact: within that of the top loss delta may read up to the top atom's mass times it,
+    about 1e-16, below the exact value; neither is certified. The round-off of the FFT
     composition is covered by a proven bound, see ``_pld_numerics``), computed on the grid the
     precision implies. A delta below twice that bound is refused (except for a composition of
     pure-DP mechanisms, whose largest loss bounds epsilon at every delta without an FFT).
@@ -502,7 +505,7 @@ class PLDAccountant(Accountant):
         spread = math.sqrt(total / max(self._steps(), 1))
         step = _STEP_CONSTANT * math.sqrt(self._precision / 1e-3) * spread
         step *= self._schedule_coarsening()
-        step = min(max(step, 2.0**-20), 2.0**-4)
+        step = max(min(max(step, 2.0**-20), 2.0**-4), self._support_step())
         power = 2.0 ** math.floor(math.log2(step))
         # Steps 2^k and 3 * 2^(k-1): every grid loss (offset + i) h is still exact in binary
         # (an integer times a power of two), and the step is at most a third (not half) below
@@ -515,6 +518,38 @@ class PLDAccountant(Accountant):
         step = _laplace_aligned(refined, self._laplace_losses())
         self._base_steps = {key: step}  # only the latest multiset is asked about again
         return step
+
+    def _support_step(self) -> float:
+        """The finest power-of-two step at which every Gaussian-family leaf's loss support,
+        at most W = (1 + 2 z sigma) / sigma^2 + 2 wide (z = 12 standard deviations, both
+        directions: the loss (2x - 1) / (2 sigma^2) of a Gaussian release, capped by log(1 - q)
+        on one side under sampling), spans at most ``_LEAF_POINTS`` grid points; 0.0 where
+        that is finer than the formula's step can be. Only a noise multiplier far below the
+        usual (sigma below about 0.005) sets it: a leaf there spans millions of points of the
+        capped step 2^-4 (sigma = 1e-3, q = 0.1: 8 million, and an 84-million-point transform
+        that did not finish in minutes), while the loss it bounds runs to 1/(2 sigma^2) and
+        beyond, so a coarser grid costs no relative precision (each release's rounding moves the
+        loss by at most one step). A function of the composed multiset only."""
+        columns = _LeafColumns.of(self._exact_keys(self._directions()[0]))
+        if not columns.rounded.any():
+            return 0.0
+        sigma = float(np.min(columns.parameter[columns.rounded]))
+        square = sigma * sigma
+        width = (1.0 + 24.0 * sigma) / square + 2.0 if square > 0.0 else math.inf
+        if not width > _LEAF_POINTS * 2.0**-4:
+            return 0.0
+        if not width <= _LEAF_POINTS * _MAX_STEP:
+            # (1 + 24 s) / s^2 + 2 = L  <=>  (L - 2) s^2 - 24 s - 1 = 0
+            widest = _LEAF_POINTS * _MAX_STEP - 2.0
+            smallest = (24.0 + math.sqrt(576.0 + 4.0 * widest)) / (2.0 * widest)
+            raise ValueError(
+                f"noise_multiplier {sigma!r} is below the smallest the tight accountant "
+                f"resolves next to other events or under sampling, {smallest:.3g}: its privacy "
+                f"loss reaches 1 / (2 sigma^2) = {0.5 * _inverse_square(sigma):.3g} and no grid of "
+                f"step at most {_MAX_STEP:g} covers it; such a release is not private (a "
+                f"Gaussian without sampling alone is answered exactly)"
+            )
+        return 2.0 ** math.ceil(math.log2(width / _LEAF_POINTS))
 
     def _schedule_coarsening(self) -> float:
         """``_SCHEDULE_COARSENING`` for a schedule whose noise multipliers are rounded (more than
@@ -1234,6 +1269,10 @@ _STEP_CONSTANT = 0.035
 #: A short composition's grid is refined while its linear support stays within this many points
 #: (at the default precision), at most 2^_SHORT_LEVELS times.
 _SHORT_POINTS = float(3 << 18)
+#: Grid points a Gaussian-family leaf may span before the grid is coarsened (_support_step).
+_LEAF_POINTS = float(1 << 18)
+#: The coarsest grid step _support_step may choose (e^{-h} stays far from underflow).
+_MAX_STEP = 16.0
 _SHORT_LEVELS = 12
 #: Laplace alignment looks for a grid step at most this many times finer than the formula's.
 _ALIGN_RANGE = 16.0
@@ -1622,7 +1661,7 @@ def _is_multiple(loss: float, step: float) -> bool:
 def _loss_variance(leaf: Event) -> float:
     """A closed-form proxy for the per-step variance of the privacy loss (used for the grid)."""
     if type(leaf) is PoissonSampled and type(leaf.event) is Gaussian:  # the last branch, directly
-        mu2 = 1.0 / leaf.event.noise_multiplier**2
+        mu2 = _inverse_square(leaf.event.noise_multiplier)
         return min(mu2, leaf.sampling_probability**2 * math.expm1(min(mu2, 700.0)))
     inner = leaf.event if isinstance(leaf, Shuffled) else leaf
     if isinstance(inner, Laplace):
@@ -1632,12 +1671,18 @@ def _loss_variance(leaf: Event) -> float:
     if _continuous.is_leaf(inner):
         return _continuous.event_variance(inner)
     if isinstance(inner, SingleEpochTreeAggregation):
-        return 1.0 / inner.equivalent_noise_multiplier**2
+        return _inverse_square(inner.equivalent_noise_multiplier)
     if isinstance(inner, Gaussian):
-        return 1.0 / inner.noise_multiplier**2
+        return _inverse_square(inner.noise_multiplier)
     rate = inner.sampling_probability if isinstance(inner, PoissonSampled) else inner.sampling_rate  # type: ignore[attr-defined]
-    mu2 = 1.0 / inner.event.noise_multiplier**2  # type: ignore[attr-defined]
+    mu2 = _inverse_square(inner.event.noise_multiplier)  # type: ignore[attr-defined]
     return min(mu2, rate**2 * math.expm1(min(mu2, 700.0)))
+
+
+def _inverse_square(sigma: float) -> float:
+    """1 / sigma^2, +inf where sigma^2 underflows (a noise multiplier below about 1e-162)."""
+    square = sigma * sigma
+    return 1.0 / square if square > 0.0 else math.inf
 
 
 def _tail_for(delta: float, precision: float) -> float:
