@@ -100,6 +100,23 @@ def _remove_pair_delta(eps: float, q: float, sigma: float) -> float:
     return float(upper_p - mpmath.exp(e) * mpmath.ncdf(-crossing / s))
 
 
+def _check_optimistic_remove_leaf(
+    offset: int, mass: np.ndarray, step: float, q: float, sigma: float
+) -> None:
+    """The optimistic leaf (mass[i] at loss (offset + i) step) of the remove pair keeps its
+    Kullback-Leibler divergence to within 2e-3 from below, and its delta(eps) is at most the
+    exact one at every eps tried."""
+    losses = (offset + np.arange(mass.size)) * step
+    divergence = float(_remove_pair_kl(q, sigma))
+    mean_loss = math.fsum(mass * losses)
+    assert mean_loss <= divergence * (1.0 + 1e-9)
+    assert mean_loss >= divergence * (1.0 - 2e-3)
+    for eps in (1e-4, 1e-3, 0.01, 0.1, 0.5, 1.0, 2.0):
+        above = losses > eps
+        lower = math.fsum(mass[above] * -np.expm1(eps - losses[above]))
+        assert lower <= _remove_pair_delta(eps, q, sigma) * (1.0 + 1e-9) + 1e-300
+
+
 @pytest.mark.parametrize(
     ("q", "sigma", "step"),
     [(5e-4, 0.6, 2.0**-14), (5e-4, 0.6, 2.0**-16), (1e-3, 0.8, 2.0**-15), (0.01, 1.0, 2.0**-12)],
@@ -117,16 +134,7 @@ def test_small_rate_optimistic_leaf_keeps_its_divergence(
     from dpsharp._native import core
 
     offset, mass, infinity = core.pld_discretize(2, sigma, q, step, 1e-20, 1e-20, False)
-    mass = np.asarray(mass)
-    losses = (offset + np.arange(mass.size)) * step
-    divergence = float(_remove_pair_kl(q, sigma))
-    mean_loss = math.fsum(mass * losses)
-    assert mean_loss <= divergence * (1.0 + 1e-9)
-    assert mean_loss >= divergence * (1.0 - 2e-3)
-    for eps in (1e-4, 1e-3, 0.01, 0.1, 0.5, 1.0, 2.0):
-        above = losses > eps
-        lower = math.fsum(mass[above] * -np.expm1(eps - losses[above]))
-        assert lower <= _remove_pair_delta(eps, q, sigma) * (1.0 + 1e-9) + 1e-300
+    _check_optimistic_remove_leaf(offset, np.asarray(mass), step, q, sigma)
 
 
 @pytest.mark.peers
@@ -167,15 +175,7 @@ def test_small_weight_gaussian_mixture_optimistic_leaf_keeps_its_divergence(step
     key = _pld_continuous.leaf_key(event, Neighbouring.ADD_REMOVE, "remove")
     offset, mass, infinity = _pld_continuous.discretise(*key, step, 1e-20, False)
     assert infinity == 0.0
-    losses = (offset + np.arange(mass.size)) * step
-    divergence = float(_remove_pair_kl(q, sigma))
-    mean_loss = math.fsum(mass * losses)
-    assert mean_loss <= divergence * (1.0 + 1e-9)
-    assert mean_loss >= divergence * (1.0 - 2e-3)
-    for eps in (1e-4, 1e-3, 0.01, 0.1, 0.5, 1.0, 2.0):
-        above = losses > eps
-        lower = math.fsum(mass[above] * -np.expm1(eps - losses[above]))
-        assert lower <= _remove_pair_delta(eps, q, sigma) * (1.0 + 1e-9) + 1e-300
+    _check_optimistic_remove_leaf(offset, mass, step, q, sigma)
 
 
 def test_small_weight_gaussian_mixture_bracket_at_the_base_grid_is_narrow() -> None:
