@@ -469,3 +469,19 @@ def test_audit_fails_a_model_clipped_per_position():
     y = (x[:, 0, 0] > 0).long()
     with pytest.raises(ValueError, match="layer \\(Linear\\) sees the examples in dimension 1"):
         dpsharp.torch.audit(_TransposedInside, x, y, **{**SETTINGS, "seed": 0})
+
+
+def test_summary_prints_each_bound_on_its_safe_side() -> None:
+    """The summary's eps_lower (a statistical lower bound) is printed rounded down and the
+    certified eps_upper rounded up, at 3 decimals: 0.12389 -> 0.123 and 1.23412 -> 1.235
+    (round-to-nearest printed 0.124, above the lower bound, and 1.234, below the upper one);
+    an uncertified upper value is printed to nearest."""
+    from dpsharp.torch.audit import AuditResult
+
+    fields = dict(epsilon_lower=0.12389, epsilon_upper=1.23412, passed=True, confidence=0.95,
+                  delta=1e-5, canaries=100, included=50, steps=10, noise_multiplier=1.0,
+                  max_grad_norm=1.0, sample_rate=0.1, best=("sum", 5, 9, 0.0))
+    text = AuditResult(certified=True, **fields).summary()
+    assert "eps_lower = 0.123 " in text and "eps_upper = 1.235 " in text
+    text = AuditResult(certified=False, **fields).summary()
+    assert "eps_upper = 1.234 " in text

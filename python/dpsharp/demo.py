@@ -31,6 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from dpsharp._report import format_epsilon
+
 __all__ = [
     "accuracy",
     "build_model",
@@ -293,9 +295,10 @@ def run_example(
         finally:
             bar.close()
         test_accuracy = accuracy(model, x_test, y_test)
+        epsilon = format_epsilon(engine.epsilon(args.delta))  # rounded up: a certified bound
         print(
             f"epoch {epoch:3d}  loss {np.mean(losses) if losses else float('nan'):.4f}  "
-            f"test accuracy {test_accuracy:.4f}  epsilon {engine.epsilon(args.delta):.4f}"
+            f"test accuracy {test_accuracy:.4f}  epsilon {epsilon}"
         )
         if stopped:
             break
@@ -334,7 +337,7 @@ def run_demo(args: argparse.Namespace) -> int:
                    seed=args.seed, progress=not args.no_progress)
     for row in result["history"]:
         print(f"  epoch {row['epoch']:3d}  loss {row['loss']:.4f}  test accuracy "
-              f"{row['test_accuracy']:.4f}  epsilon {row['epsilon']:.4f}")
+              f"{row['test_accuracy']:.4f}  epsilon {format_epsilon(row['epsilon'])}")
     print(f"Test accuracy: {result['test_accuracy']:.4f} after {result['steps']} steps "
           f"(sigma = {result['noise_multiplier']:.4f}, q = {result['sample_rate']:.4f}, "
           f"{result['seconds']:.1f} s)\n")

@@ -107,6 +107,7 @@ from typing import Any
 
 import numpy as np
 
+from dpsharp._report import format_bound
 from dpsharp._validation import (
     require_count,
     require_delta,
@@ -236,13 +237,17 @@ class AuditResult:
         """One paragraph for people."""
         verdict = "PASS" if self.passed else "FAIL"
         score, k, correct, _ = self.best
+        # each bound printed on its safe side (the upper one only where it is certified)
+        lower = format_bound(self.epsilon_lower, ".3f", side="lower")
+        upper_side = "upper" if self.certified else "nearest"
+        upper = format_bound(self.epsilon_upper, ".3f", side=upper_side)
         leak = "" if self.cross_example is None else (
             f"FAIL: the examples are not independent ({self.cross_example}); "
             "per-example clipping does not bound one example's influence. ")
         return leak + (
-            f"{verdict}: eps_lower = {self.epsilon_lower:.3f} (confidence {self.confidence:g}, "
+            f"{verdict}: eps_lower = {lower} (confidence {self.confidence:g}, "
             f"{self.canaries} canaries, {self.included} included; best: {score} score, "
-            f"{correct}/{2 * k} guesses right) vs eps_upper = {self.epsilon_upper:.3f} "
+            f"{correct}/{2 * k} guesses right) vs eps_upper = {upper} "
             f"({'certified' if self.certified else 'not certified'}) at delta = "
             f"{self.delta:g} after {self.steps} steps (sigma {self.noise_multiplier:g}, "
             f"C {self.max_grad_norm:g}, q {self.sample_rate:g}). A lower bound, not a "
