@@ -26,6 +26,7 @@ import json
 import sys
 import time
 from collections.abc import Sequence
+from decimal import ROUND_CEILING, Decimal
 
 import torch
 from torch import nn
@@ -62,6 +63,12 @@ def generate(n: int, generator: torch.Generator, *, public: bool = False
     keep = low * 2 != LENGTH
     idx, low = idx[keep][:n], low[keep][:n]
     return idx, (low * 2 > LENGTH).long()
+
+
+def rounded_up(epsilon: float, quantum: str = "0.0001") -> str:
+    """A certified epsilon printed rounded up (round-to-nearest could print less than the
+    bound), on its exact decimal expansion."""
+    return str(Decimal(epsilon).quantize(Decimal(quantum), rounding=ROUND_CEILING))
 
 
 def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
@@ -149,7 +156,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, object]:
                     loss.backward()
                     losses.append(loss.item())
                 optimizer.step()
-                bar.set_postfix(epsilon=f"{engine.epsilon(args.delta):.3f}")
+                bar.set_postfix(epsilon=rounded_up(engine.epsilon(args.delta), "0.001"))
         except BudgetExhausted:
             stopped = True
         finally:
@@ -157,11 +164,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, object]:
         test_accuracy = accuracy(model, x_test, y_test)
         mean_loss = sum(losses) / len(losses) if losses else float("nan")
         print(f"epoch {epoch:3d}  loss {mean_loss:.4f}  test accuracy {test_accuracy:.4f}  "
-              f"epsilon {engine.epsilon(args.delta):.4f}")
+              f"epsilon {rounded_up(engine.epsilon(args.delta))}")
         if stopped:
             break
     report = engine.report(args.delta)
-    print(f"Privacy statement: the fine-tuning satisfies ({report.epsilon:.4f}, {report.delta:g})"
+    epsilon = rounded_up(report.epsilon)
+    print(f"Privacy statement: the fine-tuning satisfies ({epsilon}, {report.delta:g})"
           f"-differential privacy{' under ' + report.guarantee if report.guarantee else ''}, "
           f"{'certified' if report.certified else 'approximate'} ({report.accountant} "
           f"accountant, {report.sampling} sampling, {report.steps} steps, noise multiplier "

@@ -93,6 +93,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
+from dpsharp._report import format_bound
 from dpsharp._validation import (
     require_count,
     require_delta,
@@ -1080,10 +1081,11 @@ class PrivacyEngine:
             else:
                 rule = f"epsilon(delta={self.budget.delta})"
             label = "" if self._main.accountant.certified else " (an approximation)"
+            spent = self._main.accountant.epsilon(self.budget.delta)
             return (
                 f"releasing this step ({event!r}) would take {rule} above the budget "
                 f"epsilon={self.budget.epsilon}; spent so far: "
-                f"{self._main.accountant.epsilon(self.budget.delta):.6g}{label}"
+                f"{format_bound(spent, '.6g', side='upper')}{label}"
             )
         return None
 
@@ -1295,7 +1297,7 @@ class PrivacyEngine:
             notes.append(
                 f"the loader samples by {self.loader.sampling!r} but the run is accounted as "  # type: ignore[union-attr]
                 f"{ledger.accounting!r} at the user's request; the loader's own sampling gives "
-                f"epsilon {honest_eps:.6g}"
+                f"epsilon {format_bound(honest_eps, '.6g', side='upper')}"
                 + ("" if honest_certified else " (not certified)")
             )
         guarantee = RELATION_WORDS[ledger.neighbouring]
@@ -1303,9 +1305,10 @@ class PrivacyEngine:
             # The requested accounting's number describes a sampling the loader does not do:
             # whatever its accountant proves, it proves it for that other sampling.
             certified = False
-            mismatch = (f"{self._mismatch_words()}; epsilon {epsilon:.6g} is the "
+            mismatch = (f"{self._mismatch_words()}; epsilon "
+                        f"{format_bound(epsilon, '.6g', side='upper')} is the "
                         f"{ledger.accounting!r} accounting's, honest_epsilon "
-                        f"{honest_eps:.6g} the loader's")
+                        f"{format_bound(honest_eps, '.6g', side='upper')} the loader's")
             warning = mismatch if warning is None else f"{warning}; {mismatch}"
             sampling = self.loader.sampling  # type: ignore[union-attr]
             guarantee = (
@@ -1313,7 +1316,8 @@ class PrivacyEngine:
                 f"do: not a bound for its {sampling!r} sampling (see honest_epsilon)"
             )
         elif not certified and not ledger.accountant.certified:
-            notes.append(f"epsilon {epsilon:.6g} is an approximation, not a certified bound")
+            notes.append(f"epsilon {format_bound(epsilon, '.6g', side='nearest')} is an "
+                         "approximation, not a certified bound")
         return PrivacyReport(
             epsilon=epsilon,
             delta=delta,
