@@ -168,7 +168,7 @@ def train(
             eps = engine.epsilon(delta)
             history.append({"epoch": epoch, "loss": float(np.mean(losses)) if losses else math.nan,
                             "test_accuracy": acc, "epsilon": eps})
-            bar.set_postfix(acc=f"{acc:.3f}", eps=f"{eps:.3f}")
+            bar.set_postfix(acc=f"{acc:.3f}", eps=format_epsilon(eps, 3))
             if stopped:
                 break
     finally:

@@ -233,14 +233,18 @@ class AuditResult:
     canary_type: str = "gradient"
     cross_example: str | None = None
 
+    def _bounds_text(self, spec: str) -> tuple[str, str]:
+        """(eps_lower, eps_upper) printed with ``spec``, each on its safe side: the lower bound
+        rounded down, the upper one rounded up where it is certified (to nearest otherwise)."""
+        upper_side = "upper" if self.certified else "nearest"
+        return (format_bound(self.epsilon_lower, spec, side="lower"),
+                format_bound(self.epsilon_upper, spec, side=upper_side))
+
     def summary(self) -> str:
         """One paragraph for people."""
         verdict = "PASS" if self.passed else "FAIL"
         score, k, correct, _ = self.best
-        # each bound printed on its safe side (the upper one only where it is certified)
-        lower = format_bound(self.epsilon_lower, ".3f", side="lower")
-        upper_side = "upper" if self.certified else "nearest"
-        upper = format_bound(self.epsilon_upper, ".3f", side=upper_side)
+        lower, upper = self._bounds_text(".3f")
         leak = "" if self.cross_example is None else (
             f"FAIL: the examples are not independent ({self.cross_example}); "
             "per-example clipping does not bound one example's influence. ")
@@ -276,8 +280,9 @@ class AuditResult:
         axes.axvline(ordered[-k], color="k", linestyle=":", label=f"top {k}: 'included'")
         axes.set_xlabel(f"{name} score")
         axes.set_ylabel("canaries")
-        axes.set_title(f"eps_lower {self.epsilon_lower:.2f} vs eps_upper "
-                       f"{self.epsilon_upper:.2f} ({'pass' if self.passed else 'FAIL'})")
+        lower, upper = self._bounds_text(".2f")
+        axes.set_title(f"eps_lower {lower} vs eps_upper {upper} "
+                       f"({'pass' if self.passed else 'FAIL'})")
         axes.legend(fontsize="small")
         _save(figure, path)
         return figure
