@@ -102,10 +102,11 @@ DiscretePld coarsen_optimistic(const double* mass, std::size_t size, std::int64_
 // The optimistic rounding of atoms (mass_of[c] at loss loss_of[c], in increasing loss up to
 // round-off, +inf allowed) onto the grid {k h : lowest <= k < lowest + n}, by merges instead of
 // rounding every atom down. Sweeping from the lowest loss up, a group starts at the first unplaced
-// atom (loss l) with the target t = g + margin h, g the grid point nearest l (`target_above`
-// false, margin 1/1000) or the lowest grid point >= l (`target_above` true, margin 1e-6: see
-// contract_cells). An atom at or above its target (or above the top grid point) is rounded down
-// to the grid at once (delta(eps) is non-decreasing in every loss). Otherwise the group absorbs the following atoms, the last one
+// atom (loss l) with the target t = g + margin, g the grid point nearest l (`target_above` false,
+// margin h / 1000) or the lowest grid point >= l (`target_above` true, margin 1e-6 h: see
+// contract_cells in pld_discretize.cpp), the margin at least 1e-12. An atom at or above its
+// target (or above the top grid point) is rounded down to the grid at once (delta(eps) is
+// non-decreasing in every loss). Otherwise the group absorbs the following atoms, the last one
 // only in part (taken with a relative 1e-9 excess, so that round-off cannot leave it short),
 // until its barycentre in y = e^{-L} is at most e^{-t}; the part of an atom left over starts the
 // next group. Each group is one merged outcome (P-mass sum m, Q-mass sum m e^{-l}; splitting an
@@ -124,9 +125,10 @@ DiscretePld pull_onto_grid(std::int64_t lowest, std::int64_t n, double grid_step
   out.offset = lowest;
   out.mass.assign(static_cast<std::size_t>(n), 0.0);
   const double top_loss = static_cast<double>(lowest + n - 1) * grid_step;
-  // The margin keeps a group's merged loss, computed within about 1e-14 of its true value, at or
-  // above g h, so that it is placed at g (not g - 1) and never above its true loss (h >= 2^-25).
-  const double margin = (target_above ? 1e-6 : 1e-3) * grid_step;
+  // The margin keeps a group's merged loss, computed within about 1e-14 of its true value (sums
+  // of a few terms, one logarithm), at or above g h, so that it is placed at g (not g - 1) and
+  // never above its true loss, on every grid (a short composition's step can be 2^-32).
+  const double margin = std::max((target_above ? 1e-6 : 1e-3) * grid_step, 1e-12);
   auto place = [&](double mass, double loss) {
     if (!(mass > 0.0)) return;
     double k = static_cast<double>(n - 1);

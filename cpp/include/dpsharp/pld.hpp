@@ -123,8 +123,8 @@ DiscretePld contract_onto_grid(std::int64_t lowest, std::int64_t n, double grid_
 
 // The mean-preserving merge of a measure onto the grid {k h : lowest <= k < lowest + n} by an
 // upward sweep (atoms in increasing loss, +inf allowed): each group starts at the first unplaced
-// atom, aims at a grid point g at or above it plus a margin (the nearest grid point and h / 1000,
-// or with `target_above` the lowest one at or above the atom and 1e-6 h) and absorbs the
+// atom, aims at a grid point g plus a margin (the nearest grid point and h / 1000, or with
+// `target_above` the lowest one at or above the atom and 1e-6 h; at least 1e-12) and absorbs the
 // following atoms, the last one only in part, until its barycentre in y = e^{-L} reaches the
 // target's; it is then placed at g. An atom at or above its target, and a last group that never
 // gets there, are rounded down to the grid. Every step lowers every delta(eps) of every

@@ -525,7 +525,7 @@ class PLDAccountant(Accountant):
         directions: the loss (2x - 1) / (2 sigma^2) of a Gaussian release, capped by log(1 - q)
         on one side under sampling), spans at most ``_LEAF_POINTS`` grid points; 0.0 where
         that is finer than the formula's step can be. Only a noise multiplier far below the
-        usual (sigma below about 0.005) sets it: a leaf there spans millions of points of the
+        usual (sigma below about 0.009) sets it: a leaf there spans millions of points of the
         capped step 2^-4 (sigma = 1e-3, q = 0.1: 8 million, and an 84-million-point transform
         that did not finish in minutes), while the loss it bounds runs to 1/(2 sigma^2) and
         beyond, so a coarser grid costs no relative precision (each release's rounding moves the
@@ -545,8 +545,8 @@ class PLDAccountant(Accountant):
             raise ValueError(
                 f"noise_multiplier {sigma!r} is below the smallest the tight accountant "
                 f"resolves next to other events or under sampling, {smallest:.3g}: its privacy "
-                f"loss reaches 1 / (2 sigma^2) = {0.5 * _inverse_square(sigma):.3g} and no grid of "
-                f"step at most {_MAX_STEP:g} covers it; such a release is not private (a "
+                f"loss reaches 1 / (2 sigma^2) = {0.5 * _inverse_square(sigma):.3g} and no grid "
+                f"of step at most {_MAX_STEP:g} covers it; such a release is not private (a "
                 f"Gaussian without sampling alone is answered exactly)"
             )
         return 2.0 ** math.ceil(math.log2(width / _LEAF_POINTS))
