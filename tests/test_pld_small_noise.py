@@ -95,6 +95,17 @@ def test_a_noiseless_gaussian_next_to_a_sampled_one_is_refused() -> None:
         accountant.epsilon(DELTA)
 
 
+def test_the_limit_follows_events_composed_after_a_query() -> None:
+    """An accountant asked once, then given a nearly noiseless release, refuses the next query
+    (the smallest noise multiplier is remembered per set of events, not once for all)."""
+    accountant = PLDAccountant()
+    accountant.compose(PoissonSampled(Gaussian(1.0), 0.01), 100)
+    assert accountant.epsilon(DELTA) > 0.0
+    accountant.compose(PoissonSampled(Gaussian(1e-6), 0.01))
+    with pytest.raises(ValueError, match="noise_multiplier"):
+        accountant.epsilon(DELTA)
+
+
 @pytest.mark.parametrize("sigma", [1e-154, 1e-200])
 def test_unsampled_gaussians_beyond_the_double_range_give_infinity(sigma: float) -> None:
     """Unsampled Gaussian releases are answered by the exact closed form; where mu^2 = T /

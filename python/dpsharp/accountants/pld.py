@@ -529,11 +529,18 @@ class PLDAccountant(Accountant):
         capped step 2^-4 (sigma = 1e-3, q = 0.1: 8 million, and an 84-million-point transform
         that did not finish in minutes), while the loss it bounds runs to 1/(2 sigma^2) and
         beyond, so a coarser grid costs no relative precision (each release's rounding moves the
-        loss by at most one step). A function of the composed multiset only."""
-        columns = _LeafColumns.of(self._exact_keys(self._directions()[0]))
-        if not columns.rounded.any():
+        loss by at most one step). A function of the set of composed events only: the
+        smallest noise multiplier is kept per number of distinct events (the set only grows
+        between resets), so an incremental run does not scan the leaves at every step."""
+        memo = self._support_memo
+        if not memo or memo[0] != len(self._counts):
+            columns = _LeafColumns.of(self._exact_keys(self._directions()[0]))
+            smallest_sigma = (float(np.min(columns.parameter[columns.rounded]))
+                              if columns.rounded.any() else math.inf)
+            self._support_memo = memo = [len(self._counts), smallest_sigma]
+        sigma = memo[1]
+        if math.isinf(sigma):
             return 0.0
-        sigma = float(np.min(columns.parameter[columns.rounded]))
         square = sigma * sigma
         width = (1.0 + 24.0 * sigma) / square + 2.0 if square > 0.0 else math.inf
         if not width > _LEAF_POINTS * 2.0**-4:
@@ -848,6 +855,7 @@ class PLDAccountant(Accountant):
         self._laplace_seen: list[Any] = [0, set()]  # (leaves looked at, their Laplace losses)
         self._gaussian_memo: list[Any] = []  # [(events, steps), _exact_gaussian's value]
         self._directions_memo: list[Any] = []  # [events, _directions' value]
+        self._support_memo: list[Any] = []  # [events, smallest Gaussian-family noise multiplier]
         self._leaf_points: dict[tuple[_Leaf, float, float], int] = {}  # for _short_step
         self._short_plds: dict[tuple[_Leaf, float, float], DiscretePLD] = {}  # (its latest)
         self._short_span = False  # the grid is a short composition's refined one (_base_step)
