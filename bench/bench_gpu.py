@@ -282,7 +282,8 @@ def noise_bandwidth(device: str, numel: int, reps: int) -> tuple[float, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", nargs="+", default=["gpt2s", "resnet18"])
+    ap.add_argument("--models", nargs="*", default=["gpt2s", "resnet18"],
+                    help="models to train (none: only the noise-pass bandwidth)")
     ap.add_argument("--batch", type=int, default=None)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=5)

@@ -1,8 +1,10 @@
 // Where the CUDA noise pass spends its time (bench/bench_gpu.py measures the production kernel;
 // this separates its parts). Each variant writes out[j] = scale * (out[j] + sigma * z_j) over N
 // float32 elements with the stream layout of cpp/cuda/clip_kernels.cu, or a part of that work:
-//   production   float64 arithmetic and one rounding, as clip_kernels.cu (bit-exact to the CPU)
-//   bounds4      the same under __launch_bounds__(256, 4) (at most 64 registers per thread)
+//   production   float64 arithmetic and one rounding, as clip_kernels.cu (bit-exact to the CPU):
+//                each thread loads its block's elements first, then draws the block's normals
+//   loads_late   the same with each element loaded after the draw (the earlier order)
+//   bounds4      production under __launch_bounds__(256, 4) (at most 64 registers per thread)
 //   chacha_only  the ChaCha8 words only (their sum per block written), no Box-Muller
 //   copy         out[j] = scale * out[j] (the memory traffic alone)
 // Build and run on a CUDA machine from the repository root:
@@ -19,7 +21,7 @@ using dpsharp::noise::StreamKey;
 namespace noise = dpsharp::noise;
 constexpr int kN = noise::kF32NormalsPerBlock;
 
-template <int kMinBlocks>
+template <int kMinBlocks, bool kLoadFirst>
 __global__ void __launch_bounds__(256, kMinBlocks)
     noise_pass(float* out, std::int64_t numel, double sigma, StreamKey s, double scale) {
   const std::int64_t blocks = (numel + noise::kF32ChunkElements - 1) /
@@ -27,13 +29,22 @@ __global__ void __launch_bounds__(256, kMinBlocks)
   for (std::int64_t b = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; b < blocks;
        b += std::int64_t(gridDim.x) * blockDim.x) {
     const std::int64_t first = (b / noise::kLanes) * noise::kF32ChunkElements + b % noise::kLanes;
+    float stored[kN];
+    if constexpr (kLoadFirst) {
+#pragma unroll
+      for (int m = 0; m < kN; ++m) {
+        const std::int64_t j = first + noise::kLanes * m;
+        stored[m] = j < numel ? out[j] : 0.0f;
+      }
+    }
     float z[kN];
     noise::block_normals_f32(s, static_cast<std::uint32_t>(b), z);
 #pragma unroll
     for (int m = 0; m < kN; ++m) {
       const std::int64_t j = first + noise::kLanes * m;
       if (j < numel) {
-        const double acc = __dadd_rn(double(out[j]), __dmul_rn(sigma, double(z[m])));
+        const float x = kLoadFirst ? stored[m] : out[j];
+        const double acc = __dadd_rn(double(x), __dmul_rn(sigma, double(z[m])));
         out[j] = __double2float_rn(__dmul_rn(acc, scale));
       }
     }
@@ -93,8 +104,9 @@ int main() {
   const double bytes = 8.0 * double(n);
   struct Row { const char* name; float ms; };
   Row rows[] = {
-      {"production", best_ms([&] { noise_pass<1><<<grid, 256>>>(out, n, 1.0, s, 0.5); })},
-      {"bounds4", best_ms([&] { noise_pass<4><<<grid, 256>>>(out, n, 1.0, s, 0.5); })},
+      {"production", best_ms([&] { noise_pass<1, true><<<grid, 256>>>(out, n, 1.0, s, 0.5); })},
+      {"loads_late", best_ms([&] { noise_pass<1, false><<<grid, 256>>>(out, n, 1.0, s, 0.5); })},
+      {"bounds4", best_ms([&] { noise_pass<4, true><<<grid, 256>>>(out, n, 1.0, s, 0.5); })},
       {"chacha_only", best_ms([&] { chacha_only<<<grid, 256>>>(out, n, s); })},
       {"copy", best_ms([&] { copy_pass<<<65536, 256>>>(out, n, 0.5f); })},
   };

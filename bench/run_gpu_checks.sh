@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The GPU checks of dpsharp in one go, on a machine with one CUDA device and a CUDA build of
 # torch (run from the repository root): build the extension with its CUDA kernels, run the
-# CUDA tests, then the GPU benchmark in float32 and under bf16 autocast, then the step profile
-# (bench/profile_gpu_step.py). SKIP_BENCH=1 leaves the benchmark out, BENCH_ARGS and
-# PROFILE_ARGS pass options to the two scripts; NOISE_VARIANTS=1 adds
-# bench/noise_kernel_variants.cu. Everything is written to the folder given as the first
-# argument (default ./gpu-results).
+# CUDA tests and the test files whose clipping paths change on a GPU (GPU_TESTS), then the GPU
+# benchmark in float32 and under bf16 autocast, then the step profile
+# (bench/profile_gpu_step.py). SKIP_BENCH=1 leaves the benchmark out, SKIP_PROFILE=1 the
+# profile; BENCH_ARGS and PROFILE_ARGS pass options to the two scripts; NOISE_VARIANTS=1 adds
+# bench/noise_kernel_variants.cu, and NCU=1 a hardware-counter report of its production kernel
+# (Nsight Compute, clocks left as they are). Everything is written to the folder given as the
+# first argument (default ./gpu-results).
 set -uo pipefail
 mkdir -p "${1:-gpu-results}"
 out="$(cd "${1:-gpu-results}" && pwd)"
@@ -21,18 +23,23 @@ echo "build: $((SECONDS - start)) s"
 python3 -c "import dpsharp._core as c; print(c.build_info())" | tee -a "$out/device.txt"
 
 # The installed package, not the source tree: run pytest from outside python/.
-timeout 240 python3 -m pytest tests/test_cuda_kernels.py -q -p no:cacheprovider -rs \
+GPU_TESTS="${GPU_TESTS:-tests/test_cuda_kernels.py tests/test_soundness_clipping_roundoff.py \
+tests/test_torch_device_paths.py tests/test_torch_bfloat16_materialised.py \
+tests/test_torch_mixed_precision.py tests/test_stubs.py}"
+# shellcheck disable=SC2086
+timeout 300 python3 -m pytest $GPU_TESTS -q -p no:cacheprovider -rs \
   2>&1 | tee "$out/cuda_tests.txt"
 
 cd bench
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
-  timeout 300 python3 bench_gpu.py ${BENCH_ARGS:-} --out "$out/gpu_fp32.md" 2>&1 | tail -5
-  timeout 240 python3 bench_gpu.py ${BENCH_ARGS:-} --amp bf16 --out "$out/gpu_bf16.md" 2>&1 \
+  timeout "${BENCH_TIMEOUT:-300}" python3 bench_gpu.py ${BENCH_ARGS:-} --out "$out/gpu_fp32.md" \
+    2>&1 | tail -5
+  timeout "${BENCH_TIMEOUT:-240}" python3 bench_gpu.py ${BENCH_ARGS:-} --amp bf16 --out "$out/gpu_bf16.md" 2>&1 \
     | tail -5
 fi
 # Where a DP step's time goes, and candidate stages timed against the library's own.
-timeout "${PROFILE_TIMEOUT:-200}" python3 profile_gpu_step.py ${PROFILE_ARGS:-} \
-  --out "$out/profile.txt" 2>&1 \
+[ "${SKIP_PROFILE:-0}" = 1 ] || timeout "${PROFILE_TIMEOUT:-200}" python3 profile_gpu_step.py \
+  ${PROFILE_ARGS:-} --out "$out/profile.txt" 2>&1 \
   | grep -v -e '^USDT' -e 'ActivityProfiler' | tail -12
 cd ..
 
@@ -40,4 +47,11 @@ cd ..
 if [ "${NOISE_VARIANTS:-0}" = 1 ]; then
   nvcc -std=c++17 -O3 -arch=sm_90 -fmad=false -Icpp/include bench/noise_kernel_variants.cu \
     -o /tmp/noise_variants && /tmp/noise_variants 2>&1 | tee "$out/noise_variants.txt"
+  if [ "${NCU:-0}" = 1 ]; then
+    timeout 120 ncu --clock-control none -k regex:noise_pass --launch-count 1 \
+      --section SpeedOfLight --section ComputeWorkloadAnalysis --section InstructionStats \
+      --section WarpStateStats --section Occupancy /tmp/noise_variants >"$out/ncu_noise.txt" 2>&1
+    grep -E "Throughput|Pipe|Issue|Occupancy|Duration|Stall|Executed Ipc" "$out/ncu_noise.txt" \
+      | head -30
+  fi
 fi

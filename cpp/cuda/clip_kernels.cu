@@ -7,6 +7,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "dpsharp/clip_cuda.hpp"
 #include "dpsharp/noise_stream.hpp"
@@ -160,11 +161,32 @@ unsigned grid_for(std::int64_t work, int threads) {
   return static_cast<unsigned>(blocks < 65536 ? (blocks > 0 ? blocks : 1) : 65536);
 }
 
+// An element as stored, without widening: float for float32 and bfloat16 buffers (bfloat16 ->
+// float is exact), double for float64. Widened to double where it is used, exactly as load().
+template <DType kDType>
+using Stored = std::conditional_t<kDType == DType::kFloat64, double, float>;
+
+template <DType kDType>
+__device__ __forceinline__ Stored<kDType> load_stored(const void* p, std::int64_t i) {
+  if constexpr (kDType == DType::kFloat64) {
+    return static_cast<const double*>(p)[i];
+  } else if constexpr (kDType == DType::kFloat32) {
+    return static_cast<const float*>(p)[i];
+  } else {
+    return __uint_as_float(static_cast<std::uint32_t>(static_cast<const std::uint16_t*>(p)[i])
+                           << 16);
+  }
+}
+
 // The buffer's dtype and whether per-example rows are accumulated are template parameters, so
 // that the noise-only release (the common call: no rows, base = out) compiles to a kernel
 // without the row loop and the dtype switches: 46 instead of 76 registers per thread (float32)
 // and a fully unrolled element loop (bench/noise_kernel_variants.cu's simplified kernel: 1,439
-// against 1,020 GB/s on an H200). The operations on each element are the same, so are the bits.
+// against 1,020 GB/s on an H200). Each thread first issues the loads of its block's base
+// elements and only then draws the block's normals, so that the memory latency is hidden behind
+// the arithmetic: with the loads after the draw, 76% of the warps' stall cycles on an H100 were
+// waits for those loads (Nsight Compute; bench/noise_kernel_variants.cu compares both orders).
+// The operations on each element, and their order, are the same, so are the bits.
 template <DType kDType, bool kPerExample>
 __global__ void clip_accumulate_noise_kernel(const void* per_example, const double* factors,
                                              std::int64_t batch, const void* base, void* out,
@@ -177,13 +199,20 @@ __global__ void clip_accumulate_noise_kernel(const void* per_example, const doub
   for (std::int64_t b = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
        b < blocks; b += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const std::int64_t first = Layout::first_element(b);
+    Stored<kDType> stored[kNormals];
+#pragma unroll
+    for (int m = 0; m < kNormals; ++m) {
+      const std::int64_t j = first + noise::kLanes * m;
+      stored[m] = (base != nullptr && j < numel) ? load_stored<kDType>(base, j)
+                                                 : Stored<kDType>(0);
+    }
     double z[kNormals];
     if (noise_std != 0.0) block_noise<kFloat64>(stream, static_cast<std::uint32_t>(b), z);
 #pragma unroll
     for (int m = 0; m < kNormals; ++m) {
       const std::int64_t j = first + noise::kLanes * m;
       if (j < numel) {
-        double acc = base ? load(base, j, kDType) : 0.0;
+        double acc = static_cast<double>(stored[m]);
         if constexpr (kPerExample) {
           for (std::int64_t i = 0; i < batch; ++i) {
             acc = __dadd_rn(acc, __dmul_rn(factors[i], load(per_example, i * numel + j, kDType)));

@@ -512,8 +512,6 @@ def _device_weighted_sum(rows: torch.Tensor, weights: torch.Tensor,
     hide the loads' latency (its weighted sums took a third of a DP step on an H200)."""
     import torch
 
-    import torch
-
     batch = int(rows.shape[0])
     flat = rows.reshape(batch, -1)
     if rows.dtype == torch.float32 and _float32_operand_roundoff(rows.device):
