@@ -6,8 +6,9 @@
 # (bench/profile_gpu_step.py). SKIP_BENCH=1 leaves the benchmark out, SKIP_PROFILE=1 the
 # profile; BENCH_ARGS and PROFILE_ARGS pass options to the two scripts; NOISE_VARIANTS=1 adds
 # bench/noise_kernel_variants.cu, and NCU=1 a hardware-counter report of its production kernel
-# (Nsight Compute, clocks left as they are). Everything is written to the folder given as the
-# first argument (default ./gpu-results).
+# (Nsight Compute, clocks left as they are). BASELINE=DIR builds another commit's source tree
+# beside this one and times both alternately (see the end of this file). Everything is written
+# to the folder given as the first argument (default ./gpu-results).
 set -uo pipefail
 mkdir -p "${1:-gpu-results}"
 out="$(cd "${1:-gpu-results}" && pwd)"
@@ -16,8 +17,8 @@ export PYTHONUNBUFFERED=1 CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEV
   "import torch; print('torch', torch.__version__, torch.version.cuda)"; } 2>&1 | tee "$out/device.txt"
 
 start=$SECONDS
-python3 -m pip install --no-build-isolation --no-deps -q \
-  -Ccmake.define.DPSHARP_CUDA=ON -Ccmake.define.CMAKE_CUDA_ARCHITECTURES=90 . \
+cuda_build=(-Ccmake.define.DPSHARP_CUDA=ON -Ccmake.define.CMAKE_CUDA_ARCHITECTURES=90)
+python3 -m pip install --no-build-isolation --no-deps -q "${cuda_build[@]}" . \
   >"$out/build.log" 2>&1 || { echo "build failed"; tail -40 "$out/build.log"; exit 1; }
 echo "build: $((SECONDS - start)) s"
 python3 -c "import dpsharp._core as c; print(c.build_info())" | tee -a "$out/device.txt"
@@ -54,4 +55,31 @@ if [ "${NOISE_VARIANTS:-0}" = 1 ]; then
     grep -E "Throughput|Pipe|Issue|Occupancy|Duration|Stall|Executed Ipc" "$out/ncu_noise.txt" \
       | head -30
   fi
+fi
+
+# A/B against another commit on the same machine: a GPU step's throughput moves by 10-20%
+# between runs (it is bound by the host), so a change is only measured against a baseline
+# timed alternately in the same call. BASELINE is a folder inside the repository holding the
+# other commit's sources, made on the development machine with
+#   git archive REV pyproject.toml CMakeLists.txt cpp python README.md LICENSE | tar -x -C DIR
+# (DIR ignored by git and named in the device call's carry). AB_ARGS are bench_gpu.py's
+# options for both (default: GPT-2 small under bf16), AB_ROUNDS the alternations; each run is
+# its own process, the baseline's package first on PYTHONPATH.
+if [ -n "${BASELINE:-}" ]; then
+  (cd "$BASELINE" && python3 -m pip install --no-build-isolation --no-deps -q "${cuda_build[@]}" \
+    --target /tmp/dpsharp-baseline .) >"$out/baseline_build.log" 2>&1 \
+    || { echo "baseline build failed"; tail -40 "$out/baseline_build.log"; exit 1; }
+  cd bench
+  for _ in $(seq "${AB_ROUNDS:-2}"); do
+    for version in this baseline; do
+      path="${PYTHONPATH:-}"
+      [ "$version" = baseline ] && path="/tmp/dpsharp-baseline${path:+:$path}"
+      # shellcheck disable=SC2086
+      row=$(PYTHONPATH="$path" timeout 120 python3 bench_gpu.py \
+        ${AB_ARGS:---models gpt2s --amp bf16 --rounds 2} --numel 1048576 2>/dev/null \
+        | grep -E '^\| [a-z0-9]+ \| [0-9]' | awk '!seen[$0]++')
+      echo "$version: $row" | tee -a "$out/ab.txt"
+    done
+  done
+  cd ..
 fi
