@@ -641,7 +641,11 @@ class ComposedPLD:
     rho^{k-K})_+`` of the window, added to every pessimistic delta and subtracted from every
     optimistic one; ``mass_noise`` is added on top where the sum is evaluated from the formed
     masses (their inverse transform and the summation), and ``mass_error`` bounds the l1 error
-    of the formed masses (for :func:`_as_pld`).
+    of the formed masses (for :func:`_as_pld`). ``staged_roundoff`` is, for a pessimistic
+    :func:`compose_staged`, the mass its blocks moved to their top points for their round-off
+    (each block's ``mass_error``, times its copies): about what the staging itself can add to a
+    delta, which decides when the one-stage composition is worth computing too (the route is a
+    choice between certified bounds; no bound reads this field).
     """
 
     start: int
@@ -656,6 +660,7 @@ class ComposedPLD:
     noise: float = 0.0
     mass_noise: float = 0.0
     mass_error: float = 0.0
+    staged_roundoff: float = 0.0
 
     def __post_init__(self) -> None:
         if (self.dense is None) == (self.spectral is None):
@@ -1555,6 +1560,7 @@ def compose_staged(
     part_counts: list[int] = []
     log_excess = 0.0
     inner_roundoff = 0.0
+    moved_to_top = 0.0
     for copies, per_leaf in ((blocks, block_counts), (1, remainder_counts)):
         members = [i for i, count in enumerate(per_leaf) if count > 0]
         if not members:
@@ -1568,8 +1574,12 @@ def compose_staged(
         part_counts.append(copies)
         log_excess += copies * math.log1p(excess)
         inner_roundoff += copies * clipped
+        moved_to_top += copies * block.mass_error
     result = _compose_by_products(parts, part_counts, log_tail - math.log(2.0), parallel=False)
-    return dataclasses.replace(result, excess=math.expm1(log_excess), inner_roundoff=inner_roundoff)
+    return dataclasses.replace(
+        result, excess=math.expm1(log_excess), inner_roundoff=inner_roundoff,
+        staged_roundoff=moved_to_top if pessimistic else 0.0,
+    )
 
 
 def _block_log_tail(log_tail: float, blocks: int) -> float:
