@@ -260,3 +260,29 @@ def test_delta_of_epsilon_stays_below_delta_across_the_one_stage_share(delta: fl
     epsilon = accountant.epsilon(delta)
     assert accountant.delta(epsilon) <= delta * (1.0 + 1e-9)
 
+
+
+@pytest.mark.usefixtures("staging_forced")
+def test_one_stage_route_at_small_delta_stays_above_the_exact_epsilon(
+    monkeypatch: pytest.MonkeyPatch, staged_calls: list[tuple[int, int]]
+) -> None:
+    """A 50,000-step Gaussian(200) composition forced onto the staged grid route: at delta =
+    1e-9 the blocks' round-off is more than 1% of delta, so the one-stage composition is
+    composed too and the smaller bound kept. That answer must still be above the exact
+    epsilon (mu-GDP with mu = sqrt(T) / sigma, mpmath) and not above the staged one alone."""
+    monkeypatch.setattr(PLDAccountant, "_exact_gaussian", lambda self: None)
+    sigma, steps, delta = 200.0, 50_000, 1e-9
+    one_stage_calls: list[bool] = []
+    composed = PLDAccountant._composed
+
+    def spy(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if kwargs.get("stage") is False:
+            one_stage_calls.append(True)
+        return composed(self, *args, **kwargs)
+
+    monkeypatch.setattr(PLDAccountant, "_composed", spy)
+    upper = PLDAccountant().compose(Gaussian(sigma), steps).epsilon(delta)
+    assert staged_calls and one_stage_calls
+    assert upper >= exact_epsilon_bisect(delta, math.sqrt(steps) / sigma)
+    monkeypatch.setattr(pld, "_STAGED_ROUNDOFF_SHARE", math.inf)  # the staged route alone
+    assert upper <= PLDAccountant().compose(Gaussian(sigma), steps).epsilon(delta)
