@@ -63,22 +63,25 @@ fi
 # other commit's sources, made on the development machine with
 #   git archive REV pyproject.toml CMakeLists.txt cpp python README.md LICENSE | tar -x -C DIR
 # (DIR ignored by git and named in the device call's carry). AB_ARGS are bench_gpu.py's
-# options for both (default: GPT-2 small under bf16), AB_ROUNDS the alternations; each run is
-# its own process, the baseline's package first on PYTHONPATH.
+# options for both (default: GPT-2 small under bf16; several sets separated by ';', each
+# alternated in turn), AB_ROUNDS the alternations; each run is its own process, the baseline's
+# package first on PYTHONPATH.
 if [ -n "${BASELINE:-}" ]; then
   (cd "$BASELINE" && python3 -m pip install --no-build-isolation --no-deps -q "${cuda_build[@]}" \
     --target /tmp/dpsharp-baseline .) >"$out/baseline_build.log" 2>&1 \
     || { echo "baseline build failed"; tail -40 "$out/baseline_build.log"; exit 1; }
   cd bench
-  for _ in $(seq "${AB_ROUNDS:-2}"); do
-    for version in this baseline; do
-      path="${PYTHONPATH:-}"
-      [ "$version" = baseline ] && path="/tmp/dpsharp-baseline${path:+:$path}"
-      # shellcheck disable=SC2086
-      row=$(PYTHONPATH="$path" timeout 120 python3 bench_gpu.py \
-        ${AB_ARGS:---models gpt2s --amp bf16 --rounds 2} --numel 1048576 2>/dev/null \
-        | grep -E '^\| [a-z0-9]+ \| [0-9]' | awk '!seen[$0]++')
-      echo "$version: $row" | tee -a "$out/ab.txt"
+  IFS=';' read -ra ab_sets <<< "${AB_ARGS:---models gpt2s --amp bf16 --rounds 2}"
+  for ab_args in "${ab_sets[@]}"; do
+    for _ in $(seq "${AB_ROUNDS:-2}"); do
+      for version in this baseline; do
+        path="${PYTHONPATH:-}"
+        [ "$version" = baseline ] && path="/tmp/dpsharp-baseline${path:+:$path}"
+        # shellcheck disable=SC2086
+        row=$(PYTHONPATH="$path" timeout 120 python3 bench_gpu.py $ab_args --numel 1048576 \
+          2>/dev/null | grep -E '^\| [a-z0-9]+ \| [0-9]' | awk '!seen[$0]++')
+        echo "$version ($ab_args): $row" | tee -a "$out/ab.txt"
+      done
     done
   done
   cd ..

@@ -105,6 +105,69 @@ def test_clipper_release_on_cuda_matches_cpu() -> None:
         torch.testing.assert_close(b, a, rtol=1e-10, atol=1e-12)
 
 
+def _release_buffers(count: int) -> list[tuple[int, torch.Tensor, str]]:
+    """``count`` release buffers (stream index, values, base kind) of mixed dtypes and sizes:
+    empty, shorter than one stream chunk, chunk-aligned and ragged, with no base, the out as
+    its own base, or a separate base."""
+    gen = torch.Generator().manual_seed(count)
+    sizes = [0, 1, 159, 160, 161, 1281, 4099, 70_001]
+    dtypes = [torch.float32, torch.float64, torch.bfloat16]
+    kinds = ["none", "same", "separate"]
+    return [(3 * k + 1, torch.randn(sizes[k % len(sizes)], generator=gen).to(dtypes[k % 3]),
+             kinds[(k // 3) % 3]) for k in range(count)]
+
+
+@pytest.mark.parametrize("count", [5, 150])  # one launch per dtype; several tables of 64
+def test_release_of_many_buffers_equals_one_call_per_buffer_and_the_cpu(count: int) -> None:
+    """kernels.release_noise sends a device's buffers to one multi-buffer kernel: each buffer's
+    values equal, bit for bit, one clip_accumulate_noise call on it, on the GPU and on the
+    CPU."""
+    _need_cuda()
+    from dpsharp.torch import kernels
+
+    buffers = _release_buffers(count)
+    args = {"noise_std": 0.9, "key": 2**130 + 17, "release": 6, "rank": 2, "scale": 1.0 / 48}
+
+    def operands(device: str) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
+        outs, bases = [], []
+        for _, values, kind in buffers:
+            out = values.to(device).clone()
+            outs.append(out)
+            bases.append(None if kind == "none" else out if kind == "same"
+                         else (2 * values).to(device))
+        return outs, bases
+
+    gpu_outs, gpu_bases = operands("cuda")
+    kernels.release_noise(gpu_outs, gpu_bases, parameters=[k for k, _, _ in buffers], **args)
+    one_outs, one_bases = operands("cuda")
+    for (k, _, _), out, base in zip(buffers, one_outs, one_bases):
+        kernels.clip_accumulate_noise(out, base=base, parameter=k, **args)
+    cpu_outs, cpu_bases = operands("cpu")
+    kernels.release_noise(cpu_outs, cpu_bases, parameters=[k for k, _, _ in buffers], **args)
+    torch.cuda.synchronize()
+    for got, one, cpu in zip(gpu_outs, one_outs, cpu_outs):
+        assert torch.equal(got.cpu(), one.cpu())
+        assert torch.equal(got.cpu(), cpu)
+
+
+def test_release_of_many_buffers_refuses_bad_input() -> None:
+    _need_cuda()
+    from dpsharp.torch import kernels
+
+    out = torch.zeros(10, device="cuda")
+    with pytest.raises(ValueError, match=r"bases\[0\] must have dtype torch.float32"):
+        kernels.release_noise([out], [torch.zeros(10, dtype=torch.float64, device="cuda")],
+                              noise_std=1.0, key=1)
+    with pytest.raises(ValueError, match=r"outs\[1\] must be contiguous"):
+        kernels.release_noise([out, torch.zeros(4, 4, device="cuda").t()], [None, None],
+                              noise_std=1.0, key=1)
+    with pytest.raises(ValueError, match="dtype must be torch.float32"):
+        kernels.release_noise([torch.zeros(3, dtype=torch.float16, device="cuda")], [None],
+                              noise_std=1.0, key=1)
+    with pytest.raises(ValueError, match=r"bases\[0\] must be on cuda"):
+        kernels.release_noise([out], [torch.zeros(10)], noise_std=1.0, key=1)
+
+
 @pytest.mark.parametrize("precision", ["float32", "float64"])
 def test_noise_stream_equals_pure_torch_reference(precision: str) -> None:
     """The CUDA noise stream against the pure-torch twin of its ChaCha8 / Box-Muller operations
@@ -452,9 +515,9 @@ def test_bfloat16_materialised_contribution_within_bound_where_positions_cancel(
     calls = []
     original = usages._bfloat16_weighted_sum
 
-    def counted(rows, weights):
+    def counted(rows, weights, **options):
         calls.append(rows.shape)
-        return original(rows, weights)
+        return original(rows, weights, **options)
 
     monkeypatch.setattr(usages, "_bfloat16_weighted_sum", counted)
     worst = _worst_cancelling_release(9, torch.bfloat16, tf32)

@@ -73,9 +73,9 @@ def bfloat16_route(monkeypatch):
     calls = []
     original = usages._bfloat16_weighted_sum
 
-    def counted(rows, weights):
+    def counted(rows, weights, **options):
         calls.append(rows.dtype)
-        return original(rows, weights)
+        return original(rows, weights, **options)
 
     monkeypatch.setattr(usages, "_materialises_in_bfloat16", lambda device_type: True)
     monkeypatch.setattr(usages, "_vectorised_linear_norms", lambda: False)

@@ -11,6 +11,7 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "bindings.hpp"
 #include "dpsharp/clip.hpp"
@@ -114,6 +115,44 @@ void bind_clip_cuda(py::module_& m) {
       py::arg("scale"), py::arg("stream"),
       "CUDA: out = scale * (base + sum_i factors[i] g_i + noise_std z), z the in-kernel noise "
       "stream (same bits as the CPU kernel).");
+  m.def(
+      "cuda_clip_release_noise",
+      [dtype_of, stream_of](const std::vector<std::uintptr_t>& outs,
+                            const std::vector<std::uintptr_t>& bases,
+                            const std::vector<std::int64_t>& numels,
+                            const std::vector<int>& dtype_codes,
+                            const std::vector<std::uint32_t>& parameters, double noise_std,
+                            const std::array<std::uint32_t, 8>& key, std::uint32_t release,
+                            std::uint32_t rank, double scale, std::uintptr_t stream) {
+        const std::size_t count = outs.size();
+        if (bases.size() != count || numels.size() != count || dtype_codes.size() != count ||
+            parameters.size() != count) {
+          throw py::value_error(
+              "outs, bases, numels, dtype_codes and parameters must have the same length");
+        }
+        std::vector<clip::ReleaseBuffer> buffers(count);
+        for (std::size_t b = 0; b < count; ++b) {
+          if (numels[b] < 0) throw py::value_error("numels must be >= 0");
+          const clip::DType dtype = dtype_of(dtype_codes[b]);
+          buffers[b] = clip::ReleaseBuffer{reinterpret_cast<const void*>(bases[b]),
+                                           reinterpret_cast<void*>(outs[b]), numels[b], dtype,
+                                           parameters[b], dtype};
+        }
+        const clip::NoiseStream s = stream_of(key, 0, release, rank);
+        try {
+          py::gil_scoped_release release_gil;
+          clip::cuda::release_noise(buffers.data(), static_cast<std::int64_t>(count), noise_std,
+                                    s, scale, reinterpret_cast<void*>(stream));
+        } catch (const std::invalid_argument& e) {
+          throw py::value_error(e.what());
+        }
+      },
+      py::arg("outs"), py::arg("bases"), py::arg("numels"), py::arg("dtype_codes"),
+      py::arg("parameters"), py::arg("noise_std"), py::arg("key"), py::arg("release"),
+      py::arg("rank"), py::arg("scale"), py::arg("stream"),
+      "CUDA: for every buffer b, outs[b] = scale * (bases[b] + noise_std * z) with z the noise "
+      "stream of parameter index parameters[b] (base address 0 means 'absent'), in one launch "
+      "per dtype and 64 buffers; the bits of one cuda_clip_accumulate_noise call per buffer.");
   m.def(
       "cuda_gaussian_noise",
       [stream_of](const std::array<std::uint32_t, 8>& key, std::uint32_t parameter,

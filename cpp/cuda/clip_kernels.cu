@@ -187,42 +187,99 @@ __device__ __forceinline__ Stored<kDType> load_stored(const void* p, std::int64_
 // the arithmetic: with the loads after the draw, 76% of the warps' stall cycles on an H100 were
 // waits for those loads (Nsight Compute; bench/noise_kernel_variants.cu compares both orders).
 // The operations on each element, and their order, are the same, so are the bits.
+//
+// accumulate_noise_block is the work of one thread on stream block b of one buffer, shared by
+// the one-buffer kernel and the release of many buffers (release_noise_kernel), so that both
+// write the same bits.
+template <DType kDType, bool kPerExample>
+__device__ __forceinline__ void accumulate_noise_block(const void* per_example,
+                                                       const double* factors, std::int64_t batch,
+                                                       const void* base, void* out,
+                                                       std::int64_t numel, double noise_std,
+                                                       const NoiseStream& stream, double scale,
+                                                       std::int64_t b) {
+  constexpr bool kFloat64 = kDType == DType::kFloat64;
+  using Layout = StreamLayout<kFloat64>;
+  constexpr int kNormals = Layout::kNormals;
+  const std::int64_t first = Layout::first_element(b);
+  Stored<kDType> stored[kNormals];
+#pragma unroll
+  for (int m = 0; m < kNormals; ++m) {
+    const std::int64_t j = first + noise::kLanes * m;
+    stored[m] = (base != nullptr && j < numel) ? load_stored<kDType>(base, j) : Stored<kDType>(0);
+  }
+  double z[kNormals];
+  if (noise_std != 0.0) block_noise<kFloat64>(stream, static_cast<std::uint32_t>(b), z);
+#pragma unroll
+  for (int m = 0; m < kNormals; ++m) {
+    const std::int64_t j = first + noise::kLanes * m;
+    if (j < numel) {
+      double acc = static_cast<double>(stored[m]);
+      if constexpr (kPerExample) {
+        for (std::int64_t i = 0; i < batch; ++i) {
+          acc = __dadd_rn(acc, __dmul_rn(factors[i], load(per_example, i * numel + j, kDType)));
+        }
+      }
+      if (noise_std != 0.0) acc = __dadd_rn(acc, __dmul_rn(noise_std, z[m]));
+      store(out, j, __dmul_rn(acc, scale), kDType);
+    }
+  }
+}
+
 template <DType kDType, bool kPerExample>
 __global__ void clip_accumulate_noise_kernel(const void* per_example, const double* factors,
                                              std::int64_t batch, const void* base, void* out,
                                              std::int64_t numel, double noise_std,
                                              NoiseStream stream, double scale) {
-  constexpr bool kFloat64 = kDType == DType::kFloat64;
-  using Layout = StreamLayout<kFloat64>;
-  constexpr int kNormals = Layout::kNormals;
-  const std::int64_t blocks = Layout::blocks(numel);
+  const std::int64_t blocks = StreamLayout<kDType == DType::kFloat64>::blocks(numel);
   for (std::int64_t b = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
        b < blocks; b += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const std::int64_t first = Layout::first_element(b);
-    Stored<kDType> stored[kNormals];
-#pragma unroll
-    for (int m = 0; m < kNormals; ++m) {
-      const std::int64_t j = first + noise::kLanes * m;
-      stored[m] = (base != nullptr && j < numel) ? load_stored<kDType>(base, j)
-                                                 : Stored<kDType>(0);
-    }
-    double z[kNormals];
-    if (noise_std != 0.0) block_noise<kFloat64>(stream, static_cast<std::uint32_t>(b), z);
-#pragma unroll
-    for (int m = 0; m < kNormals; ++m) {
-      const std::int64_t j = first + noise::kLanes * m;
-      if (j < numel) {
-        double acc = static_cast<double>(stored[m]);
-        if constexpr (kPerExample) {
-          for (std::int64_t i = 0; i < batch; ++i) {
-            acc = __dadd_rn(acc, __dmul_rn(factors[i], load(per_example, i * numel + j, kDType)));
-          }
-        }
-        if (noise_std != 0.0) acc = __dadd_rn(acc, __dmul_rn(noise_std, z[m]));
-        store(out, j, __dmul_rn(acc, scale), kDType);
-      }
-    }
+    accumulate_noise_block<kDType, kPerExample>(per_example, factors, batch, base, out, numel,
+                                                noise_std, stream, scale, b);
   }
+}
+
+// Up to kReleaseTableBuffers buffers of one dtype, passed to the kernel by value (2.3 KB, under
+// the 4 KB a kernel's parameters may take): their stream blocks numbered one after the other,
+// buffer k owning blocks first_block[k] .. first_block[k + 1] - 1.
+constexpr int kReleaseTableBuffers = 64;
+struct ReleaseTable {
+  std::int64_t first_block[kReleaseTableBuffers + 1];
+  const void* base[kReleaseTableBuffers];
+  void* out[kReleaseTableBuffers];
+  std::int64_t numel[kReleaseTableBuffers];
+  std::uint32_t parameter[kReleaseTableBuffers];
+  int count;
+};
+
+// The release of a table of buffers in one launch: the thread of global block b finds its
+// buffer (binary search over first_block) and does that buffer's block b - first_block[k], with
+// the buffer's own stream (its parameter index), exactly as the one-buffer kernel would.
+template <DType kDType>
+__global__ void release_noise_kernel(ReleaseTable table, double noise_std, NoiseStream stream,
+                                     double scale) {
+  const std::int64_t blocks = table.first_block[table.count];
+  for (std::int64_t b = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       b < blocks; b += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    int lo = 0, hi = table.count - 1;  // the last k with first_block[k] <= b
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (table.first_block[mid] <= b) lo = mid; else hi = mid - 1;
+    }
+    NoiseStream own = stream;
+    own.parameter = table.parameter[lo];
+    accumulate_noise_block<kDType, false>(nullptr, nullptr, 0, table.base[lo], table.out[lo],
+                                          table.numel[lo], noise_std, own, scale,
+                                          b - table.first_block[lo]);
+  }
+}
+
+template <DType kDType>
+void launch_release_table(const ReleaseTable& table, double noise_std, const NoiseStream& stream,
+                          double scale, cudaStream_t s) {
+  constexpr int kThreads = 256;
+  release_noise_kernel<kDType><<<grid_for(table.first_block[table.count], kThreads), kThreads, 0,
+                                 s>>>(table, noise_std, stream, scale);
 }
 
 template <DType kDType, bool kPerExample>
@@ -338,6 +395,54 @@ void clip_accumulate_noise(const void* per_example, const double* factors, std::
                                          noise_std, stream, scale, s);
   }
   check(cudaGetLastError(), "clip_accumulate_noise launch");
+}
+
+void release_noise(const ReleaseBuffer* buffers, std::int64_t count, double noise_std,
+                   const NoiseStream& stream, double scale, void* cuda_stream) {
+  for (std::int64_t k = 0; k < count; ++k) {
+    if (buffers[k].numel < 0 || buffers[k].numel > kMaxNoiseElements) {
+      throw std::invalid_argument("numel must be in [0, 128 * 2^28] (the noise block counter)");
+    }
+    if (buffers[k].base_dtype != buffers[k].dtype) {
+      throw std::invalid_argument("on CUDA a release buffer's base has its out's dtype");
+    }
+  }
+  auto s = static_cast<cudaStream_t>(cuda_stream);
+  for (DType dtype : {DType::kFloat32, DType::kFloat64, DType::kBFloat16}) {
+    ReleaseTable table{};
+    const auto flush = [&] {
+      if (table.count == 0 || table.first_block[table.count] == 0) {
+        table.count = 0;
+        return;
+      }
+      switch (dtype) {
+        case DType::kFloat32:
+          launch_release_table<DType::kFloat32>(table, noise_std, stream, scale, s);
+          break;
+        case DType::kFloat64:
+          launch_release_table<DType::kFloat64>(table, noise_std, stream, scale, s);
+          break;
+        default:
+          launch_release_table<DType::kBFloat16>(table, noise_std, stream, scale, s);
+      }
+      check(cudaGetLastError(), "release_noise launch");
+      table.count = 0;
+    };
+    for (std::int64_t k = 0; k < count; ++k) {
+      const ReleaseBuffer& buffer = buffers[k];
+      if (buffer.dtype != dtype || buffer.numel == 0) continue;
+      const int slot = table.count;
+      table.first_block[slot + 1] =
+          table.first_block[slot] + stream_blocks(buffer.numel, dtype == DType::kFloat64);
+      table.base[slot] = buffer.base;
+      table.out[slot] = buffer.out;
+      table.numel[slot] = buffer.numel;
+      table.parameter[slot] = buffer.parameter;
+      table.count = slot + 1;
+      if (table.count == kReleaseTableBuffers) flush();
+    }
+    flush();
+  }
 }
 
 void gaussian_noise(const NoiseStream& stream, std::int64_t numel, bool float64, void* out,

@@ -432,6 +432,23 @@ def cuda_clip_accumulate_noise(
     """CUDA: out = scale * (base + sum_i factors[i] g_i + noise_std z), z the in-kernel noise
     stream (same bits as the CPU kernel)."""
 
+def cuda_clip_release_noise(
+    outs: Sequence[int],
+    bases: Sequence[int],
+    numels: Sequence[int],
+    dtype_codes: Sequence[int],
+    parameters: Sequence[int],
+    noise_std: float,
+    key: Sequence[int],
+    release: int,
+    rank: int,
+    scale: float,
+    stream: int,
+) -> None:
+    """CUDA: outs[b] = scale * (bases[b] + noise_std z_b) for every buffer b, z_b the noise
+    stream of parameter index parameters[b] (base address 0: absent), in one launch per dtype
+    and 64 buffers, with the bits of one cuda_clip_accumulate_noise call per buffer."""
+
 def cuda_gaussian_noise(
     key: Sequence[int],
     parameter: int,

@@ -42,6 +42,13 @@ void clip_accumulate_noise(const void* per_example, const double* factors, std::
                            double noise_std, const NoiseStream& stream, double scale,
                            void* cuda_stream);
 
+// clip_accumulate_noise without per-example terms for `count` buffers (clip.hpp's ReleaseBuffer,
+// base_dtype equal to dtype) in one launch per dtype and 64 buffers: a model's whole release,
+// with the bits of one clip_accumulate_noise call per buffer. The buffers must not overlap one
+// another (a base may alias its own out).
+void release_noise(const ReleaseBuffer* buffers, std::int64_t count, double noise_std,
+                   const NoiseStream& stream, double scale, void* cuda_stream);
+
 // The raw standard normals z_0..z_{numel-1} of a stream's float64 sequence (float64 = true, into
 // a device double buffer) or float32 sequence (into a device float buffer), for tests.
 void gaussian_noise(const NoiseStream& stream, std::int64_t numel, bool float64, void* out,

@@ -501,10 +501,30 @@ def _scaled_factors(factors: torch.Tensor, scale: float, dtype: torch.dtype,
     return weights
 
 
+def _factor_product(factors: torch.Tensor, scale: float) -> torch.Tensor:
+    """``factors * scale`` in float64 (``factors`` itself for a scale of 1), computed once per
+    (factors tensor, scale) on this thread, in the memo of :func:`_scaled_factors`: the
+    weights of every bfloat16 weighted sum of a clip step (GPT-2 small: 74 a step, one tensor
+    operation each otherwise)."""
+    if scale == 1.0:
+        return factors
+    memo = getattr(_MEMO, "entry", None)
+    if memo is None or memo[0] is not factors:
+        memo = (factors, {})
+        _MEMO.entry = memo
+    key = (scale, "float64 product")
+    weights = memo[1].get(key)
+    if weights is None:
+        weights = memo[1][key] = factors * scale
+    return weights
+
+
 def _device_weighted_sum(rows: torch.Tensor, weights: torch.Tensor,
-                         out: torch.Tensor | None = None) -> torch.Tensor:
-    """sum_i weights[i] * rows[i] (``out +=`` it in place when given) for float32 / float64
-    rows (B, ...) on a GPU, flattened: the weights rounded once to the rows' dtype, then one
+                         out: torch.Tensor | None = None, *, scale: float = 1.0) -> torch.Tensor:
+    """sum_i scale weights[i] * rows[i] (``out +=`` it in place when given) for float32 /
+    float64 rows (B, ...) on a GPU, flattened: the weights scaled and rounded once to the rows'
+    dtype (:func:`_scaled_factors`, formed once per clip step for all the layers that share
+    the factors, scale and dtype), then one
     (1, B) x (B, n) matrix product per block of :data:`_SUM_BLOCK_ROWS` examples, blocks summed
     in float64 (:func:`_blocked_product`), as the linear layers' clipped sums are. The fused
     CUDA kernel instead runs one thread per ten columns, serially over the batch: with few
@@ -519,8 +539,7 @@ def _device_weighted_sum(rows: torch.Tensor, weights: torch.Tensor,
         # 2^-10 of a contribution that nothing bounds: float64 products then (0.04% above C
         # measured through a LayerNorm, emulated)
         flat = flat.to(torch.float64)
-    finite = torch.finfo(flat.dtype).max  # see _scaled_factors
-    row_weights = _flush_subnormal(weights.clamp(-finite, finite).to(flat.dtype)).reshape(1, batch)
+    row_weights = _scaled_factors(weights, scale, flat.dtype, 1).reshape(1, batch)
     if out is None:
         return _blocked_product(row_weights, flat).reshape(-1).to(rows.dtype)
     if flat.dtype != out.dtype:  # the float64 product added to out, rounded once
@@ -537,9 +556,11 @@ def _materialises_in_bfloat16(device_type: str) -> bool:
     return _bmm_has_out_dtype(device_type)
 
 
-def _bfloat16_weighted_sum(rows: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """sum_i weights[i] * rows[i] in float32 for bfloat16 rows (B, ...) and float64 weights
-    (B,): float64 products and sums, rounded once to float32, so a single example's part is
+def _bfloat16_weighted_sum(rows: torch.Tensor, weights: torch.Tensor, *,
+                           scale: float = 1.0) -> torch.Tensor:
+    """sum_i w_i rows[i], w_i = scale weights[i] in float64 (:func:`_factor_product`), in
+    float32 for bfloat16 rows (B, ...) and float64 weights (B,): float64 products and sums,
+    rounded once to float32, so a single example's part is
     within 2^-24 relative of c r (a tied weight's uses, each rounded once, stay within the tied
     norm's slack however they cancel).
 
@@ -550,6 +571,7 @@ def _bfloat16_weighted_sum(rows: torch.Tensor, weights: torch.Tensor) -> torch.T
     elements of widened rows at a time)."""
     import torch
 
+    weights = _factor_product(weights, scale)
     if rows.is_cuda and kernels.cuda_built():
         return kernels.weighted_rows_float32(rows, weights)
     batch = int(rows.shape[0])
@@ -563,8 +585,12 @@ def _bfloat16_weighted_sum(rows: torch.Tensor, weights: torch.Tensor) -> torch.T
     return out.reshape(rows.shape[1:])
 
 
-def weighted_sum(rows: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """sum_i weights[i] * rows[i] for rows (B, ...) and float64 weights (B,): on a GPU one
+def weighted_sum(rows: torch.Tensor, weights: torch.Tensor, *,
+                 scale: float = 1.0) -> torch.Tensor:
+    """sum_i scale weights[i] * rows[i] for rows (B, ...) and float64 weights (B,), the
+    product scale weights[i] formed first in float64 (a usage passes the clip step's shared
+    factors and its loss scale, so that on a GPU the scaled weights are formed once per step
+    for every layer that shares them, not once per layer): on a GPU one
     matrix product (float32 / float64 rows, :func:`_device_weighted_sum`; bfloat16 rows,
     :func:`_bfloat16_weighted_sum`, in float32), elsewhere the fused kernel (float64 sums, in
     order) for the dtypes it reads, a torch reduction otherwise (float16)."""
@@ -572,9 +598,11 @@ def weighted_sum(rows: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
 
     rows = rows.contiguous()
     if rows.dtype == torch.bfloat16 and _materialises_in_bfloat16(rows.device.type):
-        return _bfloat16_weighted_sum(rows, weights)
+        return _bfloat16_weighted_sum(rows, weights, scale=scale)
     if rows.is_cuda and rows.dtype in (torch.float32, torch.float64):
-        return _device_weighted_sum(rows, weights).reshape(rows.shape[1:])
+        return _device_weighted_sum(rows, weights, scale=scale).reshape(rows.shape[1:])
+    if scale != 1.0:
+        weights = weights * scale
     if rows.dtype in (torch.float32, torch.float64, torch.bfloat16):
         out = torch.empty(rows.shape[1:], dtype=rows.dtype, device=rows.device)
         return kernels.clip_accumulate_noise(out, per_example=rows,
@@ -970,11 +998,12 @@ class LinearUsage(_WeightBiasUsage):
         return self._per_example_weight
 
     def _materialised_clipped_sum(self, p: torch.nn.Parameter,
-                                  weights: torch.Tensor) -> torch.Tensor:
-        """sum_i weights[i] g_i(W) from the materialised gradients, contiguous, p's shape."""
+                                  factors: torch.Tensor) -> torch.Tensor:
+        """sum_i scale factors[i] g_i(W) from the materialised gradients, contiguous, p's
+        shape."""
         base = self._per_example_base
         assert base is not None and self._per_example_weight is not None
-        total = weighted_sum(base, weights)
+        total = weighted_sum(base, factors, scale=self.scale)
         if total.shape[-1] != self._per_example_width:  # rows padded (_weight_per_example)
             total = total[:, :self._per_example_width]
         if self._per_example_transposed:
@@ -1232,9 +1261,9 @@ class LinearUsage(_WeightBiasUsage):
             # the per-example bias gradients sum_t g_it (B rows, float32 at least) against the
             # float64 factors, summed over the batch in float64 (not a float32 matrix-vector
             # product over all B T positions; see _SUM_BLOCK_ROWS)
-            return weighted_sum(self._bias_per_example(), factors * self.scale)
+            return weighted_sum(self._bias_per_example(), factors, scale=self.scale)
         if self._per_example_weight is not None:
-            return self._materialised_clipped_sum(p, factors * self.scale)
+            return self._materialised_clipped_sum(p, factors)
         if self.g.dtype in (torch.float32, torch.float64):
             summed = self._per_example_product_sum(factors)
             if summed is not None:
@@ -1263,7 +1292,7 @@ class LinearUsage(_WeightBiasUsage):
             if p is self.bias:
                 rows = self._bias_per_example().contiguous()
                 if rows.is_cuda:
-                    _device_weighted_sum(rows, factors * self.scale, out=out)
+                    _device_weighted_sum(rows, factors, out=out, scale=self.scale)
                     return
                 kernels.clip_accumulate_noise(out, per_example=rows,
                                               factors=(factors * self.scale).contiguous(),
@@ -1507,11 +1536,11 @@ class ConvUsage(_WeightBiasUsage):
     def clipped_sum(self, p: torch.nn.Parameter, factors: torch.Tensor) -> torch.Tensor:
         import torch
 
-        weights = factors * self.scale
         if p is self.bias:  # B rows summed in float64
-            return weighted_sum(self._bias_per_example(), weights)
+            return weighted_sum(self._bias_per_example(), factors, scale=self.scale)
         if self._per_example_weight is not None or self._materialise_weight():
-            return weighted_sum(self._weight_per_example(), weights).reshape(p.shape)
+            return weighted_sum(self._weight_per_example(), factors,
+                                scale=self.scale).reshape(p.shape)
         # sum_i c_i G_i P_i is this convolution's ordinary weight gradient for the output
         # gradient scaled per example, c_i G_i: one call of torch's convolution backward (no
         # patches; on the CPU oneDNN's kernel, 1.2-2.9x faster than a patch-by-patch matmul
@@ -1775,7 +1804,7 @@ class AffineUsage(Usage):
         return self._unscaled(p) * self.scale
 
     def clipped_sum(self, p: torch.nn.Parameter, factors: torch.Tensor) -> torch.Tensor:
-        return weighted_sum(self._unscaled(p), factors * self.scale)
+        return weighted_sum(self._unscaled(p), factors, scale=self.scale)
 
 
 class PerExampleUsage(Usage):
