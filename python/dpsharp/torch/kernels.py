@@ -111,8 +111,8 @@ def _stream_of(tensor: torch.Tensor) -> int:
 
     torch's own accessor for the handle alone, where this torch has it: the public
     ``torch.cuda.current_stream(device)`` builds a Stream object and resolves the device
-    through several Python calls, about 20 us a call on an H200's host, and every CUDA kernel
-    call of a clip step asks (GPT-2 small: about 350 calls a step)."""
+    through several Python calls, about 20 us a call under cProfile on an H200's host, and
+    every CUDA kernel call of a clip step asks (GPT-2 small: about 350 calls a step)."""
     import torch
 
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
