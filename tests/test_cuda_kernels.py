@@ -168,6 +168,67 @@ def test_release_of_many_buffers_refuses_bad_input() -> None:
         kernels.release_noise([out], [torch.zeros(10)], noise_std=1.0, key=1)
 
 
+@pytest.mark.parametrize("count", [3, 70])  # one launch; several tables of 32
+def test_many_buffer_kernels_equal_one_call_per_buffer(count: int) -> None:
+    """kernels.weighted_rows_float32_many equals weighted_rows_float32 with the weights scaled
+    first, bit for bit, for float32 and bfloat16 rows of many sizes (empty and long ones
+    included); kernels.per_example_sq_norms_many equals per_example_sq_norms to float64
+    summation order."""
+    _need_cuda()
+    from dpsharp.torch import kernels
+
+    gen = torch.Generator().manual_seed(count)
+    sizes = [0, 1, 7, 768, 3000, 70_001, 300_000]
+    batch = 5
+    rows = [torch.randn(batch, sizes[k % len(sizes)], generator=gen)
+            .to([torch.float32, torch.bfloat16][k % 2]).cuda() for k in range(count)]
+    factors = torch.rand(batch, generator=gen, dtype=torch.float64).cuda()
+    scales = [1.0 if k % 3 == 0 else 0.5 + k / 7 for k in range(count)]
+    together = kernels.weighted_rows_float32_many(rows, factors, scales)
+    norms = kernels.per_example_sq_norms_many(rows)
+    torch.cuda.synchronize()
+    assert norms.shape == (count, batch)
+    for k, (r, scale) in enumerate(zip(rows, scales)):
+        one = kernels.weighted_rows_float32(r, factors * scale)
+        assert torch.equal(together[k], one)
+        torch.testing.assert_close(norms[k], kernels.per_example_sq_norms(r), rtol=1e-13,
+                                   atol=0)
+
+
+@pytest.mark.parametrize("amp", [None, torch.bfloat16])
+def test_stored_rows_route_releases_what_layer_by_layer_does(amp, monkeypatch) -> None:
+    """A transformer-like block (LayerNorm, linear layers on sequences with biases) and a
+    convolution with a GroupNorm, on the GPU: the clip step's stored-rows route (the default
+    there) releases the layer-by-layer route's gradients, to the float32 rounding of the
+    latter's float32 products."""
+    _need_cuda()
+    from dpsharp.torch import NoiseGenerator, PerSampleClipper, clipper
+
+    torch.manual_seed(0)
+    seq = torch.randn(8, 32, 16).cuda()
+    image = torch.randn(8, 3, 8, 8).cuda()
+    y = torch.randint(0, 5, (8,)).cuda()
+    released = []
+    for batched in (True, False):
+        monkeypatch.setattr(clipper, "_batches_rows",
+                            (lambda params: True) if batched else (lambda params: False))
+        torch.manual_seed(1)
+        model = torch.nn.ModuleDict({
+            "norm": torch.nn.LayerNorm(16), "up": torch.nn.Linear(16, 48),
+            "down": torch.nn.Linear(48, 16), "conv": torch.nn.Conv2d(3, 8, 3, padding=1),
+            "group": torch.nn.GroupNorm(4, 8), "head": torch.nn.Linear(16 + 8, 5)}).cuda()
+        clip = PerSampleClipper(model, max_grad_norm=0.1)
+        with torch.autocast("cuda", dtype=amp or torch.float32, enabled=amp is not None):
+            h = model["down"](torch.relu(model["up"](model["norm"](seq)))).mean(dim=1)
+            c = torch.relu(model["group"](model["conv"](image))).mean(dim=(2, 3))
+            out = model["head"](torch.cat([h, c], dim=1))
+        torch.nn.functional.cross_entropy(out.float(), y).backward()
+        clip.release(noise_multiplier=0.5, expected_batch_size=8.0, noise=NoiseGenerator(3))
+        released.append([p.grad.detach().double().cpu() for p in clip.parameters])
+    for a, b in zip(*released):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
 @pytest.mark.parametrize("precision", ["float32", "float64"])
 def test_noise_stream_equals_pure_torch_reference(precision: str) -> None:
     """The CUDA noise stream against the pure-torch twin of its ChaCha8 / Box-Muller operations
@@ -510,16 +571,23 @@ def test_bfloat16_materialised_contribution_within_bound_where_positions_cancel(
     example's contribution stays within C (1 + 1e-6) with no round-off slack: at least 0.99 C
     even with TF32 enabled (which does not touch bfloat16 products)."""
     _need_cuda()
+    from dpsharp.torch import kernels
     from dpsharp.torch.layers import usages
 
     calls = []
     original = usages._bfloat16_weighted_sum
+    original_many = kernels.weighted_rows_float32_many
 
     def counted(rows, weights, **options):
         calls.append(rows.shape)
         return original(rows, weights, **options)
 
+    def counted_many(rows, factors, scales):  # the clip step's stored-rows route
+        calls.extend(r.shape for r in rows if r.dtype == torch.bfloat16)
+        return original_many(rows, factors, scales)
+
     monkeypatch.setattr(usages, "_bfloat16_weighted_sum", counted)
+    monkeypatch.setattr(kernels, "weighted_rows_float32_many", counted_many)
     worst = _worst_cancelling_release(9, torch.bfloat16, tf32)
     assert calls  # the weight took the bfloat16 route
     assert 0.99 < worst <= 1.0 + 1e-6
@@ -527,9 +595,10 @@ def test_bfloat16_materialised_contribution_within_bound_where_positions_cancel(
 
 @pytest.mark.parametrize("tf32", [False, True])
 def test_weighted_sums_keep_the_bound_with_tf32(tf32) -> None:
-    """Biases and LayerNorm rows are summed by a (1, B) x (B, n) product on a GPU; with TF32
-    enabled it runs in float64 (a float32 product would round the rows to 10-bit significands:
-    0.04% above C, emulated). One example, noise 0: contribution <= C (1 + 1e-6)."""
+    """Biases and LayerNorm rows are summed on a GPU by float64 sums (the stored-rows route's
+    kernel) or, layer by layer, by a (1, B) x (B, n) product that runs in float64 with TF32
+    enabled (a float32 product would round the rows to 10-bit significands: 0.04% above C,
+    emulated). One example, noise 0: contribution <= C (1 + 1e-6)."""
     _need_cuda()
     gen = torch.Generator().manual_seed(11)
     worst = 0.0

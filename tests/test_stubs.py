@@ -30,6 +30,7 @@ def test_every_core_attribute_has_a_stub_and_back() -> None:
     # The CUDA kernel entry points exist only in a CUDA build (cpp/bindings/bind_clip_cuda.cpp).
     cuda_only = {"cuda_clip_per_example_sq_norms", "cuda_clip_per_example_dot_partials",
                  "cuda_clip_weighted_rows", "cuda_clip_accumulate_noise", "cuda_clip_release_noise",
+                 "cuda_clip_sq_norm_partials_many", "cuda_clip_weighted_rows_many",
                  "cuda_gaussian_noise"}
     expected_missing = set() if core.build_info()["cuda"] else cuda_only
     assert stubs - public == expected_missing, f"stubs in {STUB.name} for names dpsharp._core lacks"

@@ -67,19 +67,26 @@ def test_blocks_of_many_examples_are_summed_in_float64(monkeypatch) -> None:
 def bfloat16_route(monkeypatch):
     """The GPU route forced on the CPU: bfloat16 per-example gradients for linear layers on
     sequences (the fused CPU Gram kernel off), with a count of the weighted sums that read
-    them."""
+    them (layer by layer, or several layers' at once on the clip step's stored-rows route)."""
+    from dpsharp.torch import kernels
     from dpsharp.torch.layers import usages
 
     calls = []
     original = usages._bfloat16_weighted_sum
+    original_many = kernels.weighted_rows_float32_many
 
     def counted(rows, weights, **options):
         calls.append(rows.dtype)
         return original(rows, weights, **options)
 
+    def counted_many(rows, factors, scales):
+        calls.extend(r.dtype for r in rows if r.dtype == torch.bfloat16)
+        return original_many(rows, factors, scales)
+
     monkeypatch.setattr(usages, "_materialises_in_bfloat16", lambda device_type: True)
     monkeypatch.setattr(usages, "_vectorised_linear_norms", lambda: False)
     monkeypatch.setattr(usages, "_bfloat16_weighted_sum", counted)
+    monkeypatch.setattr(kernels, "weighted_rows_float32_many", counted_many)
     return calls
 
 

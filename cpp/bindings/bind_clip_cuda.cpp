@@ -115,6 +115,73 @@ void bind_clip_cuda(py::module_& m) {
       py::arg("scale"), py::arg("stream"),
       "CUDA: out = scale * (base + sum_i factors[i] g_i + noise_std z), z the in-kernel noise "
       "stream (same bits as the CPU kernel).");
+  auto rows_buffers = [dtype_of](const std::vector<std::uintptr_t>& rows,
+                                 const std::vector<int>& dtype_codes,
+                                 const std::vector<std::int64_t>& numels,
+                                 const std::vector<double>& scales,
+                                 const std::vector<std::uintptr_t>& outs) {
+    const std::size_t count = rows.size();
+    if (dtype_codes.size() != count || numels.size() != count ||
+        (!scales.empty() && scales.size() != count) || (!outs.empty() && outs.size() != count)) {
+      throw py::value_error("rows, dtype_codes, numels, scales and outs must have the same "
+                            "length");
+    }
+    std::vector<clip::cuda::RowsBuffer> buffers(count);
+    for (std::size_t k = 0; k < count; ++k) {
+      if (numels[k] < 0) throw py::value_error("numels must be >= 0");
+      buffers[k] = clip::cuda::RowsBuffer{
+          reinterpret_cast<const void*>(rows[k]), dtype_of(dtype_codes[k]), numels[k],
+          scales.empty() ? 1.0 : scales[k],
+          outs.empty() ? nullptr : reinterpret_cast<float*>(outs[k])};
+    }
+    return buffers;
+  };
+  m.def(
+      "cuda_clip_sq_norm_partials_many",
+      [rows_buffers](const std::vector<std::uintptr_t>& rows, const std::vector<int>& dtype_codes,
+                     const std::vector<std::int64_t>& numels, std::int64_t batch, int slices,
+                     std::uintptr_t partial, std::uintptr_t stream) {
+        if (batch < 0) throw py::value_error("batch must be >= 0");
+        const auto buffers = rows_buffers(rows, dtype_codes, numels, {}, {});
+        try {
+          py::gil_scoped_release release_gil;
+          clip::cuda::per_example_sq_norms_many(buffers.data(),
+                                                static_cast<std::int64_t>(buffers.size()), batch,
+                                                slices, reinterpret_cast<double*>(partial),
+                                                reinterpret_cast<void*>(stream));
+        } catch (const std::invalid_argument& e) {
+          throw py::value_error(e.what());
+        }
+      },
+      py::arg("rows"), py::arg("dtype_codes"), py::arg("numels"), py::arg("batch"),
+      py::arg("slices"), py::arg("partial"), py::arg("stream"),
+      "CUDA: partial[(k * batch + i) * slices + s] = the float64 sum of squares over slice s of "
+      "example i's row of buffer k, for every buffer in one launch per 32 buffers.");
+  m.def(
+      "cuda_clip_weighted_rows_many",
+      [rows_buffers](const std::vector<std::uintptr_t>& rows, const std::vector<int>& dtype_codes,
+                     const std::vector<std::int64_t>& numels, const std::vector<double>& scales,
+                     const std::vector<std::uintptr_t>& outs, std::int64_t batch,
+                     std::uintptr_t factors, std::uintptr_t stream) {
+        if (batch < 0) throw py::value_error("batch must be >= 0");
+        if (scales.size() != rows.size() || outs.size() != rows.size()) {
+          throw py::value_error("rows, scales and outs must have the same length");
+        }
+        const auto buffers = rows_buffers(rows, dtype_codes, numels, scales, outs);
+        try {
+          py::gil_scoped_release release_gil;
+          clip::cuda::weighted_rows_many(buffers.data(),
+                                         static_cast<std::int64_t>(buffers.size()), batch,
+                                         reinterpret_cast<const double*>(factors),
+                                         reinterpret_cast<void*>(stream));
+        } catch (const std::invalid_argument& e) {
+          throw py::value_error(e.what());
+        }
+      },
+      py::arg("rows"), py::arg("dtype_codes"), py::arg("numels"), py::arg("scales"),
+      py::arg("outs"), py::arg("batch"), py::arg("factors"), py::arg("stream"),
+      "CUDA: outs[k][j] = float32(sum_i (factors[i] scales[k]) rows[k][i, j]) in float64 for "
+      "float32 or bfloat16 rows, every buffer in one launch per row dtype and 32 buffers.");
   m.def(
       "cuda_clip_release_noise",
       [dtype_of, stream_of](const std::vector<std::uintptr_t>& outs,

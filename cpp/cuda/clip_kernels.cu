@@ -178,6 +178,78 @@ __device__ __forceinline__ Stored<kDType> load_stored(const void* p, std::int64_
   }
 }
 
+// Up to kRowsTableBuffers row buffers of one multi-buffer call (norms or weighted sums), by
+// value (1.6 KB of kernel parameters): buffer k holds `batch` rows of numel[k] elements.
+constexpr int kRowsTableBuffers = 32;
+struct RowsTable {
+  const void* rows[kRowsTableBuffers];
+  std::int64_t numel[kRowsTableBuffers];
+  DType dtype[kRowsTableBuffers];
+  double scale[kRowsTableBuffers];
+  float* out[kRowsTableBuffers];
+  std::int64_t first_column[kRowsTableBuffers + 1];  // weighted sums: columns numbered in turn
+  int count;
+};
+
+// One block per (buffer k, example i, slice s) of the table: the slice s of example i's row of
+// buffer k (numel[k] elements cut into `slices` equal slices) squared and summed in float64 by
+// a grid-stride loop and a fixed-shape tree, as dot_partials_kernel does for one buffer;
+// partial[(k * batch + i) * slices + s].
+__global__ void sq_norm_partials_many_kernel(RowsTable table, std::int64_t batch, int slices,
+                                             double* partial) {
+  __shared__ double sums[kNormThreads];
+  const std::int64_t block = blockIdx.x;
+  const int k = static_cast<int>(block / (batch * slices));
+  const std::int64_t example = (block / slices) % batch;
+  const std::int64_t slice = block % slices;
+  const std::int64_t numel = table.numel[k];
+  const std::int64_t slice_len = (numel + slices - 1) / slices;
+  const std::int64_t lo = slice * slice_len;
+  const std::int64_t hi = lo + slice_len < numel ? lo + slice_len : numel;
+  const std::int64_t row = example * numel;
+  const DType dtype = table.dtype[k];
+  double acc = 0.0;
+  for (std::int64_t j = lo + threadIdx.x; j < hi; j += kNormThreads) {
+    const double v = load(table.rows[k], row + j, dtype);
+    acc = __dadd_rn(acc, __dmul_rn(v, v));
+  }
+  sums[threadIdx.x] = acc;
+  __syncthreads();
+  for (int width = kNormThreads / 2; width > 0; width /= 2) {
+    if (threadIdx.x < width) sums[threadIdx.x] += sums[threadIdx.x + width];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) partial[block] = sums[0];
+}
+
+// weighted_rows_kernel over every column of a table of buffers of one row dtype: the thread of
+// global column c finds its buffer k (binary search over first_column) and writes
+// out[k][j] = float32(sum_i (factors[i] scale[k]) rows[k][i numel[k] + j]), j = c -
+// first_column[k]: the weights' float64 product, then the products and the sum over i = 0, 1,
+// ... in float64, one rounding, as weighted_rows_kernel does with the weights scaled first.
+template <DType kRow>
+__global__ void weighted_rows_many_kernel(RowsTable table, const double* factors,
+                                          std::int64_t batch) {
+  const std::int64_t columns = table.first_column[table.count];
+  for (std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       c < columns; c += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    int lo = 0, hi = table.count - 1;  // the last k with first_column[k] <= c
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (table.first_column[mid] <= c) lo = mid; else hi = mid - 1;
+    }
+    const std::int64_t numel = table.numel[lo];
+    const std::int64_t j = c - table.first_column[lo];
+    const double scale = table.scale[lo];
+    const void* rows = table.rows[lo];
+    double acc = 0.0;
+    for (std::int64_t i = 0; i < batch; ++i) {
+      acc = __dadd_rn(acc, __dmul_rn(__dmul_rn(factors[i], scale), load(rows, i * numel + j, kRow)));
+    }
+    table.out[lo][j] = __double2float_rn(acc);
+  }
+}
+
 // The buffer's dtype and whether per-example rows are accumulated are template parameters, so
 // that the noise-only release (the common call: no rows, base = out) compiles to a kernel
 // without the row loop and the dtype switches: 46 instead of 76 registers per thread (float32)
@@ -370,6 +442,76 @@ void weighted_rows_to_float32(const void* rows, DType row_dtype, const double* f
                                                                     out);
   }
   check(cudaGetLastError(), "weighted_rows_to_float32 launch");
+}
+
+void per_example_sq_norms_many(const RowsBuffer* buffers, std::int64_t count,
+                               std::int64_t batch, int slices, double* partial, void* stream) {
+  if (count <= 0 || batch <= 0) return;
+  if (slices < 1 || slices > 1024) throw std::invalid_argument("slices must be in [1, 1024]");
+  if (batch * slices * kRowsTableBuffers > 2147483647) {
+    throw std::invalid_argument("batch * slices must be < 2^26 on CUDA");
+  }
+  auto s = static_cast<cudaStream_t>(stream);
+  for (std::int64_t first = 0; first < count; first += kRowsTableBuffers) {
+    RowsTable table{};
+    table.count = static_cast<int>(count - first < kRowsTableBuffers ? count - first
+                                                                      : kRowsTableBuffers);
+    for (int k = 0; k < table.count; ++k) {
+      const RowsBuffer& buffer = buffers[first + k];
+      if (buffer.numel < 0) throw std::invalid_argument("numel must be >= 0");
+      table.rows[k] = buffer.rows;
+      table.numel[k] = buffer.numel;
+      table.dtype[k] = buffer.dtype;
+    }
+    const std::int64_t blocks = static_cast<std::int64_t>(table.count) * batch * slices;
+    sq_norm_partials_many_kernel<<<static_cast<unsigned>(blocks), kNormThreads, 0, s>>>(
+        table, batch, slices, partial + first * batch * slices);
+    check(cudaGetLastError(), "per_example_sq_norms_many launch");
+  }
+}
+
+void weighted_rows_many(const RowsBuffer* buffers, std::int64_t count, std::int64_t batch,
+                        const double* factors, void* stream) {
+  if (count <= 0) return;
+  for (std::int64_t k = 0; k < count; ++k) {
+    if (buffers[k].numel < 0) throw std::invalid_argument("numel must be >= 0");
+    if (buffers[k].dtype == DType::kFloat64) {
+      throw std::invalid_argument("weighted_rows_many reads float32 or bfloat16 rows");
+    }
+  }
+  constexpr int kThreads = 256;
+  auto s = static_cast<cudaStream_t>(stream);
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    RowsTable table{};
+    const auto flush = [&] {
+      const std::int64_t columns = table.first_column[table.count];
+      if (table.count > 0 && columns > 0) {
+        if (dtype == DType::kBFloat16) {
+          weighted_rows_many_kernel<DType::kBFloat16>
+              <<<grid_for(columns, kThreads), kThreads, 0, s>>>(table, factors, batch);
+        } else {
+          weighted_rows_many_kernel<DType::kFloat32>
+              <<<grid_for(columns, kThreads), kThreads, 0, s>>>(table, factors, batch);
+        }
+        check(cudaGetLastError(), "weighted_rows_many launch");
+      }
+      table.count = 0;
+    };
+    for (std::int64_t k = 0; k < count; ++k) {
+      const RowsBuffer& buffer = buffers[k];
+      if (buffer.dtype != dtype || buffer.numel == 0) continue;
+      const int slot = table.count;
+      table.rows[slot] = buffer.rows;
+      table.numel[slot] = buffer.numel;
+      table.dtype[slot] = buffer.dtype;
+      table.scale[slot] = buffer.scale;
+      table.out[slot] = buffer.out;
+      table.first_column[slot + 1] = table.first_column[slot] + buffer.numel;
+      table.count = slot + 1;
+      if (table.count == kRowsTableBuffers) flush();
+    }
+    flush();
+  }
 }
 
 void clip_accumulate_noise(const void* per_example, const double* factors, std::int64_t batch,

@@ -432,6 +432,31 @@ def cuda_clip_accumulate_noise(
     """CUDA: out = scale * (base + sum_i factors[i] g_i + noise_std z), z the in-kernel noise
     stream (same bits as the CPU kernel)."""
 
+def cuda_clip_sq_norm_partials_many(
+    rows: Sequence[int],
+    dtype_codes: Sequence[int],
+    numels: Sequence[int],
+    batch: int,
+    slices: int,
+    partial: int,
+    stream: int,
+) -> None:
+    """CUDA: partial[(k * batch + i) * slices + s] = the float64 sum of squares over slice s of
+    example i's row of buffer k, every buffer in one launch per 32 buffers."""
+
+def cuda_clip_weighted_rows_many(
+    rows: Sequence[int],
+    dtype_codes: Sequence[int],
+    numels: Sequence[int],
+    scales: Sequence[float],
+    outs: Sequence[int],
+    batch: int,
+    factors: int,
+    stream: int,
+) -> None:
+    """CUDA: outs[k][j] = float32(sum_i (factors[i] scales[k]) rows[k][i, j]) in float64 for
+    float32 or bfloat16 rows, every buffer in one launch per row dtype and 32 buffers."""
+
 def cuda_clip_release_noise(
     outs: Sequence[int],
     bases: Sequence[int],

@@ -35,6 +35,30 @@ void per_example_dot_partials(const void* a, const void* b, DType dtype, std::in
 void weighted_rows_to_float32(const void* rows, DType row_dtype, const double* factors,
                               std::int64_t batch, std::int64_t numel, float* out, void* stream);
 
+// One buffer of the multi-buffer norms and weighted sums below: `batch` rows of numel elements
+// (device memory, float32 or bfloat16; float64 too for the norms), the weighted sum's scale and
+// its float32 output (numel elements; unused by the norms).
+struct RowsBuffer {
+  const void* rows;
+  DType dtype;
+  std::int64_t numel;
+  double scale;
+  float* out;
+};
+
+// per_example_dot_partials(rows, rows) of `count` buffers in one launch per 32 buffers:
+// partial[(k * batch + i) * slices + s] = sum over slice s of example i's row of buffer k of
+// its squares, in float64 (each row cut into `slices` equal slices, a fixed-shape tree in each:
+// deterministic). slices in [1, 1024].
+void per_example_sq_norms_many(const RowsBuffer* buffers, std::int64_t count,
+                               std::int64_t batch, int slices, double* partial, void* stream);
+
+// weighted_rows_to_float32 of `count` buffers with weights factors[i] * scale[k] (their float64
+// product), in one launch per row dtype and 32 buffers: the bits of one call per buffer with
+// the weights multiplied first. Outputs must not overlap the rows or each other.
+void weighted_rows_many(const RowsBuffer* buffers, std::int64_t count, std::int64_t batch,
+                        const double* factors, void* stream);
+
 // out[j] = scale * (base[j] + sum_i factors[i] * per_example[i * numel + j] + noise_std * z_j);
 // factors is a device float64 buffer; per_example / base may be null; base may alias out.
 void clip_accumulate_noise(const void* per_example, const double* factors, std::int64_t batch,

@@ -49,10 +49,12 @@ __all__ = [
     "linear_sequence_sq_norms",
     "per_example_dots",
     "per_example_sq_norms",
+    "per_example_sq_norms_many",
     "reference_flat_clip_factors",
     "key_words",
     "layer_norm_affine_rows",
     "release_noise",
+    "weighted_rows_float32_many",
 ]
 
 _MASK32 = 0xFFFFFFFF
@@ -276,6 +278,89 @@ def per_example_dots(a: torch.Tensor, b: torch.Tensor, *,
     _core.clip_per_example_dots(src_a.data_ptr(), src_b.data_ptr(), dtype_code(src_a.dtype),
                                 batch, numel, out.data_ptr(), _threads(threads))
     return out
+
+
+def _rows_of_one_batch(name: str, rows: Sequence[torch.Tensor]) -> tuple[int, torch.device]:
+    """The common batch size and device of a list of row buffers (B, ...), checked."""
+    if not rows:
+        raise ValueError(f"{name} must hold at least one tensor")
+    batch, device = int(rows[0].shape[0]), rows[0].device
+    for k, r in enumerate(rows):
+        if r.dim() < 1 or int(r.shape[0]) != batch or r.device != device:
+            raise ValueError(
+                f"{name}[{k}] must have {batch} rows on {device} like {name}[0], got shape "
+                f"{tuple(r.shape)} on {r.device}")
+    return batch, device
+
+
+def per_example_sq_norms_many(rows: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``out[k, i] = sum_j rows[k][i, j]^2`` in float64, shape (K, B), for K tensors of B rows
+    each (flattened per example; float32, float64, bfloat16 or float16), on one device.
+
+    CUDA tensors (with the CUDA kernels built) take one launch per 32 tensors, each row cut
+    into the same number of slices (one block per tensor, example and slice, a fixed-shape
+    float64 tree in each) and the slices summed here: a clip step's norms of every layer whose
+    per-example gradients are stored rows, in place of one call (and its launches) per layer.
+    Elsewhere :func:`per_example_sq_norms` of each tensor. The values agree with
+    :func:`per_example_sq_norms` to float64 summation order."""
+    import torch
+
+    batch, device = _rows_of_one_batch("rows", rows)
+    if not (device.type == "cuda" and cuda_built()):
+        if batch == 0:
+            return torch.zeros(len(rows), 0, dtype=torch.float64, device=device)
+        return torch.stack([per_example_sq_norms(r) for r in rows])
+    sources = [(r.float() if r.dtype == torch.float16 else r).contiguous() for r in rows]
+    numels = [src[0].numel() if batch else 0 for src in sources]
+    slices = max(1, min(64, -(-max(numels) // _CUDA_NORM_SLICE)))
+    partial = torch.empty(len(rows), batch, slices, dtype=torch.float64, device=device)
+    if batch == 0:
+        return partial.sum(dim=2)
+    with _on_device(device):
+        _core.cuda_clip_sq_norm_partials_many(
+            [src.data_ptr() for src in sources], [dtype_code(src.dtype) for src in sources],
+            numels, batch, slices, partial.data_ptr(), _stream_of(sources[0]))
+    return partial[:, :, 0] if slices == 1 else partial.sum(dim=2)
+
+
+def weighted_rows_float32_many(rows: Sequence[torch.Tensor], factors: torch.Tensor,
+                               scales: Sequence[float]) -> list[torch.Tensor]:
+    """``[sum_i (factors[i] scales[k]) rows[k][i] for each k]`` in float32, each of
+    ``rows[k].shape[1:]``, for K tensors of B rows of float32 or bfloat16 and float64 factors
+    (B,): the weights' float64 product, float64 products and an in-order float64 sum, rounded
+    once (:func:`weighted_rows_float32` with the weights scaled first, the same bits).
+
+    CUDA tensors (with the CUDA kernels built) take one launch per row dtype and 32 tensors
+    (every column of every tensor a thread); elsewhere the same IEEE operations in torch."""
+    import torch
+
+    batch, device = _rows_of_one_batch("rows", rows)
+    if len(scales) != len(rows):
+        raise ValueError(f"scales must have one entry per tensor ({len(rows)}), got "
+                         f"{len(scales)}")
+    for k, r in enumerate(rows):
+        if r.dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"rows[{k}] must be float32 or bfloat16, got {r.dtype}")
+    weights = factors.to(device=device, dtype=torch.float64).contiguous()
+    if weights.shape != (batch,):
+        raise ValueError(f"factors must have shape ({batch},), got {tuple(factors.shape)}")
+    outs = [torch.empty(r.shape[1:], dtype=torch.float32, device=device) for r in rows]
+    if not (device.type == "cuda" and cuda_built()):
+        for r, scale, out in zip(rows, scales, outs):
+            total = torch.zeros(r.shape[1:], dtype=torch.float64, device=device)
+            for i in range(batch):
+                total = total + (weights[i] * float(scale)) * r[i].to(torch.float64)
+            out.copy_(total)
+        return outs
+    if batch == 0:
+        return [out.zero_() for out in outs]
+    sources = [r.contiguous() for r in rows]
+    with _on_device(device):
+        _core.cuda_clip_weighted_rows_many(
+            [src.data_ptr() for src in sources], [dtype_code(src.dtype) for src in sources],
+            [src[0].numel() for src in sources], [float(scale) for scale in scales],
+            [out.data_ptr() for out in outs], batch, weights.data_ptr(), _stream_of(weights))
+    return outs
 
 
 SqNormTerm = tuple["torch.Tensor", "torch.Tensor | None", float, float]

@@ -46,7 +46,8 @@ from __future__ import annotations
 import functools
 import math
 import threading
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from dpsharp.torch import kernels
 
@@ -471,6 +472,32 @@ def arena_empty(shape: tuple[int, ...], dtype: torch.dtype,
 _MEMO = threading.local()
 
 
+class RowTerm(NamedTuple):
+    """One parameter's per-example gradients as stored rows (:meth:`Usage.row_terms`): its
+    squared norm is ``s2 ||rows[i]||^2`` and its clipped sum ``finish(sum_i c_i scale
+    rows[i])`` for clip factors c (the sum in float32, of ``rows.shape[1:]``)."""
+
+    param: Any
+    rows: Any  # torch.Tensor (B, ...), float32 or bfloat16
+    s2: float
+    scale: float
+    finish: Callable[[Any], Any]
+
+
+def _reshaped(total: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """``total`` in a parameter's shape (a :class:`RowTerm`'s ``finish`` for rows that are the
+    parameter's per-example gradients flattened or in its own shape)."""
+    return total.reshape(shape)
+
+
+def _stored_rows(rows: torch.Tensor) -> bool:
+    """Whether ``rows`` can be measured and summed as stored rows (:class:`RowTerm`): float32 or
+    bfloat16 (float64 models keep their float64 weighted sums)."""
+    import torch
+
+    return rows.dtype in (torch.float32, torch.bfloat16)
+
+
 def _scaled_factors(factors: torch.Tensor, scale: float, dtype: torch.dtype,
                     repeat: int) -> torch.Tensor:
     """``factors * scale`` in ``dtype``, each entry repeated ``repeat`` times, computed once per
@@ -766,6 +793,16 @@ class Usage:
     def per_example(self, p: torch.nn.Parameter) -> torch.Tensor:
         raise NotImplementedError
 
+    def row_terms(self, params: list[torch.nn.Parameter]) -> list[RowTerm] | None:
+        """For every parameter of ``params``, its per-example gradients as stored rows, where
+        the usage's norm and clipped sum of each are exactly those of the rows (no slack):
+        ``||g_i(p)||^2 = s2 ||rows[i]||^2`` and ``clipped_sum(p, c) = finish(sum_i c_i scale
+        rows[i])``. The clipper then measures and sums the rows of all such usages of a step at
+        once (:func:`dpsharp.torch.kernels.per_example_sq_norms_many`,
+        :func:`dpsharp.torch.kernels.weighted_rows_float32_many`). None where any of them is
+        formed otherwise (here: always)."""
+        return None
+
     def clipped_sum(self, p: torch.nn.Parameter, factors: torch.Tensor) -> torch.Tensor:
         return weighted_sum(self.per_example(p), factors)
 
@@ -1003,12 +1040,43 @@ class LinearUsage(_WeightBiasUsage):
         shape."""
         base = self._per_example_base
         assert base is not None and self._per_example_weight is not None
-        total = weighted_sum(base, factors, scale=self.scale)
+        return self._materialised_result(weighted_sum(base, factors, scale=self.scale), p)
+
+    def _materialised_result(self, total: torch.Tensor, p: torch.nn.Parameter) -> torch.Tensor:
+        """The weight's clipped sum, contiguous, in p's shape, from ``total``, a sum over the
+        materialised gradients in their stored layout (:attr:`_per_example_base`, rows maybe
+        padded)."""
         if total.shape[-1] != self._per_example_width:  # rows padded (_weight_per_example)
             total = total[:, :self._per_example_width]
         if self._per_example_transposed:
             total = total.t()
         return total.contiguous().reshape(p.shape)
+
+    def row_terms(self, params: list[torch.nn.Parameter]) -> list[RowTerm] | None:
+        """Stored rows (:meth:`Usage.row_terms`) where the layer runs on sequences (T > 1)
+        and its weight's per-example gradients are materialised (now, where the cost rule picks
+        them, as :meth:`sq_norm_and_slack` would): the weight's are those gradients in their
+        stored layout, the bias's the per-example sums sum_t g_t; both are what this usage's
+        own norms and clipped sums read."""
+        if self.positions <= 1:
+            return None
+        needs_weight = any(p is self.weight for p in params)
+        if needs_weight and self._per_example_weight is None and not self._materialise_weight():
+            return None
+        s2 = self.scale * self.scale
+        terms = []
+        for p in params:
+            if p is self.bias:
+                rows = self._bias_per_example()
+                finish: Callable[[Any], Any] = functools.partial(_reshaped, shape=p.shape)
+            else:
+                self._weight_per_example()
+                rows = self._per_example_base
+                finish = functools.partial(self._materialised_result, p=p)
+            if rows is None or not _stored_rows(rows):
+                return None
+            terms.append(RowTerm(p, rows, s2, self.scale, finish))
+        return terms
 
     def _bias_per_example(self) -> torch.Tensor:
         if self._bias_rows is None:  # summed over positions in float32 at least
@@ -1533,6 +1601,23 @@ class ConvUsage(_WeightBiasUsage):
                               * (1.0 + 1e-12))
         return self._products
 
+    def row_terms(self, params: list[torch.nn.Parameter]) -> list[RowTerm] | None:
+        """Stored rows (:meth:`Usage.row_terms`) where the weight's per-example gradients are
+        materialised (now, where the cost rule picks them, as :meth:`sq_norm_and_slack`
+        would), and the bias's per-example sums over positions."""
+        if (any(p is self.weight for p in params) and self._per_example_weight is None
+                and not self._materialise_weight()):
+            return None
+        s2 = self.scale * self.scale
+        terms = []
+        for p in params:
+            rows = self._bias_per_example() if p is self.bias else self._weight_per_example()
+            if not _stored_rows(rows):
+                return None
+            terms.append(RowTerm(p, rows, s2, self.scale,
+                                 functools.partial(_reshaped, shape=p.shape)))
+        return terms
+
     def clipped_sum(self, p: torch.nn.Parameter, factors: torch.Tensor) -> torch.Tensor:
         import torch
 
@@ -1805,6 +1890,18 @@ class AffineUsage(Usage):
 
     def clipped_sum(self, p: torch.nn.Parameter, factors: torch.Tensor) -> torch.Tensor:
         return weighted_sum(self._unscaled(p), factors, scale=self.scale)
+
+    def row_terms(self, params: list[torch.nn.Parameter]) -> list[RowTerm] | None:
+        """The per-example gradient rows formed at record time (:meth:`Usage.row_terms`)."""
+        s2 = self.scale * self.scale
+        terms = []
+        for p in params:
+            rows = self._unscaled(p)
+            if not _stored_rows(rows):
+                return None
+            terms.append(RowTerm(p, rows, s2, self.scale,
+                                 functools.partial(_reshaped, shape=p.shape)))
+        return terms
 
 
 class PerExampleUsage(Usage):
