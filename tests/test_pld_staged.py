@@ -145,6 +145,22 @@ def staged_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
 
 
 @pytest.fixture
+def one_stage_calls(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Records every one-stage composition the accountant makes (``_composed`` with stage
+    False: the route taken besides a staged one where its round-off is large)."""
+    calls: list[bool] = []
+    composed = PLDAccountant._composed
+
+    def spy(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if kwargs.get("stage") is False:
+            calls.append(True)
+        return composed(self, *args, **kwargs)
+
+    monkeypatch.setattr(PLDAccountant, "_composed", spy)
+    return calls
+
+
+@pytest.fixture
 def staging_forced(monkeypatch: pytest.MonkeyPatch) -> None:
     """Stage every composition the plan allows (the shipped prediction keeps one stage with
     pruned leaf transforms for these settings, which is cheaper there)."""
@@ -214,7 +230,7 @@ def test_staging_plan_and_prediction() -> None:
     assert not _pld_numerics.staging_pays([heavy], [40_000], blocks=16, factor=4, log_tail=log_tail)
 
 
-def test_staged_roundoff_near_delta_brings_in_one_stage(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_staged_roundoff_near_delta_brings_in_one_stage(one_stage_calls: list[bool]) -> None:
     """q = 5e-4, sigma = 0.6, T = 2e5 at delta = 1e-8: each of the 32 staged blocks moves its
     proven round-off (about 6e-10) to its top losses, about 2e-8 of delta in all, and the staged
     epsilon alone was 8.145. The one-stage composition is then computed too and the smaller
@@ -229,15 +245,6 @@ def test_staged_roundoff_near_delta_brings_in_one_stage(monkeypatch: pytest.Monk
     reference = prv.PRVAccountant(prvs=[mechanism], max_self_compositions=[steps],
                                   eps_error=0.05, delta_error=1e-10)
     prv_lower, _, prv_upper = reference.compute_epsilon(delta=1e-8, num_self_compositions=[steps])
-    one_stage_calls: list[bool] = []
-    composed = PLDAccountant._composed
-
-    def spy(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-        if kwargs.get("stage") is False:
-            one_stage_calls.append(True)
-        return composed(self, *args, **kwargs)
-
-    monkeypatch.setattr(PLDAccountant, "_composed", spy)
     accountant = PLDAccountant().compose(PoissonSampled(Gaussian(sigma), q), steps)
     upper = accountant.epsilon(1e-8)
     lower, bracket_upper = accountant.epsilon_bounds(1e-8)
@@ -261,10 +268,10 @@ def test_delta_of_epsilon_stays_below_delta_across_the_one_stage_share(delta: fl
     assert accountant.delta(epsilon) <= delta * (1.0 + 1e-9)
 
 
-
 @pytest.mark.usefixtures("staging_forced")
 def test_one_stage_route_at_small_delta_stays_above_the_exact_epsilon(
-    monkeypatch: pytest.MonkeyPatch, staged_calls: list[tuple[int, int]]
+    monkeypatch: pytest.MonkeyPatch, staged_calls: list[tuple[int, int]],
+    one_stage_calls: list[bool]
 ) -> None:
     """A 50,000-step Gaussian(200) composition forced onto the staged grid route: at delta =
     1e-9 the blocks' round-off is more than 1% of delta, so the one-stage composition is
@@ -272,15 +279,6 @@ def test_one_stage_route_at_small_delta_stays_above_the_exact_epsilon(
     epsilon (mu-GDP with mu = sqrt(T) / sigma, mpmath) and not above the staged one alone."""
     monkeypatch.setattr(PLDAccountant, "_exact_gaussian", lambda self: None)
     sigma, steps, delta = 200.0, 50_000, 1e-9
-    one_stage_calls: list[bool] = []
-    composed = PLDAccountant._composed
-
-    def spy(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-        if kwargs.get("stage") is False:
-            one_stage_calls.append(True)
-        return composed(self, *args, **kwargs)
-
-    monkeypatch.setattr(PLDAccountant, "_composed", spy)
     upper = PLDAccountant().compose(Gaussian(sigma), steps).epsilon(delta)
     assert staged_calls and one_stage_calls
     assert upper >= exact_epsilon_bisect(delta, math.sqrt(steps) / sigma)
