@@ -498,18 +498,24 @@ def _stored_rows(rows: torch.Tensor) -> bool:
     return rows.dtype in (torch.float32, torch.bfloat16)
 
 
+def _memo_of(factors: torch.Tensor) -> dict[Any, torch.Tensor]:
+    """This thread's memo of tensors derived from ``factors`` (emptied when a clip step hands
+    over another factors tensor: it keeps the latest one only)."""
+    entry = getattr(_MEMO, "entry", None)
+    if entry is None or entry[0] is not factors:
+        entry = _MEMO.entry = (factors, {})
+    return entry[1]
+
+
 def _scaled_factors(factors: torch.Tensor, scale: float, dtype: torch.dtype,
                     repeat: int) -> torch.Tensor:
     """``factors * scale`` in ``dtype``, each entry repeated ``repeat`` times, computed once per
     (factors tensor, scale, dtype, repeat) on this thread: under flat clipping every layer of a
     backward pass uses the same factors, usually the same scale and dtype, so one clip step
     forms them once instead of once per layer (the memo keeps the latest factors tensor)."""
-    memo = getattr(_MEMO, "entry", None)
-    if memo is None or memo[0] is not factors:
-        memo = (factors, {})
-        _MEMO.entry = memo
+    memo = _memo_of(factors)
     key = (scale, dtype, repeat)
-    weights = memo[1].get(key)
+    weights = memo.get(key)
     if weights is None:
         import torch
 
@@ -524,7 +530,7 @@ def _scaled_factors(factors: torch.Tensor, scale: float, dtype: torch.dtype,
         _flush_subnormal(weights)
         if repeat != 1:
             weights = weights.repeat_interleave(repeat)
-        memo[1][key] = weights
+        memo[key] = weights
     return weights
 
 
@@ -535,14 +541,11 @@ def _factor_product(factors: torch.Tensor, scale: float) -> torch.Tensor:
     operation each otherwise)."""
     if scale == 1.0:
         return factors
-    memo = getattr(_MEMO, "entry", None)
-    if memo is None or memo[0] is not factors:
-        memo = (factors, {})
-        _MEMO.entry = memo
+    memo = _memo_of(factors)
     key = (scale, "float64 product")
-    weights = memo[1].get(key)
+    weights = memo.get(key)
     if weights is None:
-        weights = memo[1][key] = factors * scale
+        weights = memo[key] = factors * scale
     return weights
 
 
