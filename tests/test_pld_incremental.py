@@ -67,12 +67,14 @@ def test_incremental_step_reuses_count_independent_work(monkeypatch: pytest.Monk
     assert incremental == PLDAccountant().compose(event, 1501).epsilon(1e-5)
 
 
-def test_product_error_skips_only_exact_zeros() -> None:
-    """The round-off bound of a product, evaluated only where e^upper is representable, equals
-    the formula e^upper - e^lower + g_T e^lower (computed entries) or e^upper (others), plus
-    the underflow slack, evaluated at every entry, bit for bit; on moduli from 1 down to far
-    below the smallest double."""
+def test_product_error_is_the_formula_or_a_deep_cap() -> None:
+    """The round-off bound of a product, on moduli from 1 down to far below the smallest double:
+    never below the formula e^upper - e^lower + g_T e^lower (computed entries) or e^upper
+    (others), plus the underflow slack, evaluated at every entry; equal to it bit for bit
+    where e^upper and e^lower are above e^-650; and where e^upper is below, the cap
+    1e-282 (1 + g_T) (with the margin and the slack), which is above e^-650 (1 + g_T)."""
     rng = np.random.default_rng(5)
+    deep_entries = 0
     for _ in range(50):
         size = int(rng.integers(1, 3000))
         lower = -rng.exponential(float(rng.choice([1.0, 100.0, 900.0])), size)
@@ -82,14 +84,24 @@ def test_product_error_skips_only_exact_zeros() -> None:
         upper = np.maximum(upper, lower)
         computed = rng.random(size) < 0.7
         count = int(rng.integers(1, 10**5))
+        share = numerics.power_rounding(count)
         with np.errstate(over="ignore", invalid="ignore", under="ignore"):
             outer = np.exp(upper)
             inner = np.exp(lower)
             spread = outer * -np.expm1(np.minimum(lower - upper, 0.0))
-            rounding = numerics.power_rounding(count) * inner
+            rounding = share * inner
         expected = np.where(computed, spread + rounding, outer) * numerics._MARGIN + 1e-300
         got = numerics._product_error(upper, lower, count, computed)
-        assert np.array_equal(got, expected)
+        assert np.all(got >= expected)
+        normal = (upper > -650.0) & ((lower > -650.0) | ~computed)
+        assert np.array_equal(got[normal], expected[normal])
+        deep = (upper <= -650.0) & (upper > -746.0)
+        deep_entries += int(deep.sum())
+        cap = 1e-282 * (1.0 + share) * numerics._MARGIN + 1e-300
+        assert np.all(got[deep] == cap)
+        assert cap > math.exp(-650.0) * (1.0 + share)
+        assert np.all(got[upper <= -746.0] == 1e-300)
+    assert deep_entries > 100
 
 
 def test_fresh_long_query_discretises_each_leaf_once(monkeypatch: pytest.MonkeyPatch) -> None:

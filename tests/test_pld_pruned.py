@@ -19,6 +19,7 @@ from dpsharp.accountants import _pld_numerics, pld
 from dpsharp.accountants._pld_numerics import (
     DiscretePLD,
     _pruned_reach,
+    _reach_at_least,
     band_dft_error,
     certified_band,
 )
@@ -80,6 +81,48 @@ def test_reach_certificate_holds_on_the_whole_transform(steps: int, precision: f
     # The certificate is a bound, not the exact edge: the whole transform keeps fewer.
     kept = np.flatnonzero(steps * np.log(np.abs(whole) + 1e-300) > -800.0)
     assert kept[-1] < reach
+
+
+@pytest.mark.parametrize(("steps", "precision"), [(10_000, 1e-3), (40_000, 2.5e-4), (10**6, 1e-3)])
+def test_reach_lower_bound_is_below_the_exact_edge(steps: int, precision: float) -> None:
+    """``_reach_at_least`` (from the masses' second moment) is below every frequency where the
+    exact |F|^steps (numpy's transform in double, far inside the margin) still exceeds e^-800,
+    so below every certificate's reach; and within a factor 1.5 of that edge (it is what
+    spares the coarse grid's transform where pruning cannot pay)."""
+    leaf, size = abadi_leaf(steps, precision)
+    least = _reach_at_least(leaf, size, steps)
+    whole = scipy.fft.rfft(leaf.folded(size))
+    kept = np.flatnonzero(steps * np.log(np.abs(whole) + 1e-300) > -800.0)
+    edge = int(kept[-1]) + 1
+    assert 0 < least < edge < 1.5 * least
+    assert np.all(steps * np.log(np.abs(whole[:least])) > -800.0)
+    reach = _pruned_reach(leaf, size, steps)
+    assert reach is not None and reach >= least
+
+
+def test_reach_lower_bound_skips_the_coarse_transform(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where even the lower bound's pruned cost exceeds a whole transform, ``_pruned_reach``
+    returns None without the coarse grid's transform (q = 5e-4, sigma = 0.6, T = 2 10^5: its
+    leaf at the staged query's circle), as the full check does."""
+    asked: list[tuple[DiscretePLD, int, int]] = []
+    real_reach = _pld_numerics._pruned_reach
+    monkeypatch.setattr(_pld_numerics, "_pruned_reach",
+                        lambda *args: asked.append(args) or real_reach(*args))
+    PLDAccountant().compose(PoissonSampled(Gaussian(0.6), 5e-4), 200_000).epsilon(1e-5)
+    monkeypatch.undo()
+    leaf, size, count = asked[0]
+    assert count == 200_000 and leaf.mass.size > 10**5
+    calls: list[int] = []
+    real = DiscretePLD.coarse_moduli
+    monkeypatch.setattr(DiscretePLD, "coarse_moduli",
+                        lambda self, gap: calls.append(1) or real(self, gap))
+    leaf = DiscretePLD(leaf.offset, leaf.mass, leaf.infinity_mass, leaf.grid_step)  # no memo
+    assert _pruned_reach(leaf, size, count) is None
+    assert calls == []
+    # With the shortcut off, the certificates give the same answer after the transform.
+    monkeypatch.setattr(_pld_numerics, "_reach_at_least", lambda *args: 0)
+    assert _pruned_reach(leaf, size, count) is None
+    assert calls == [1]
 
 
 def test_no_reach_where_pruning_cannot_pay_or_be_certified() -> None:

@@ -189,6 +189,10 @@ _MARGIN = 1.0 + 1e-9
 #: Absolute slack per spectrum entry for gradual underflow (every rounding below 2^-1022 errs by
 #: at most 2^-1075 absolutely; far fewer than 10^20 of them reach one entry).
 _UNDERFLOW = 1e-300
+#: A bound taken for every e^x with x <= _LOG_DEEP (e^-650 = 5.1e-283), in the round-off bound
+#: of a product (:func:`_live_product_error`).
+_LOG_DEEP = -650.0
+_DEEP = 1e-282
 
 
 def _size_factors(size: int) -> tuple[int, int]:
@@ -402,15 +406,43 @@ def _live_product_error(
     live = np.flatnonzero(upper > _EXP_IS_ZERO)
     if not live.size:
         return live, np.zeros(0)
-    live_upper = upper[live]
-    live_lower = lower[live]
+    every = live.size == upper.size  # (then no gathers)
+    live_upper = upper if every else upper[live]
+    live_lower = lower if every else lower[live]
+    live_computed = computed if every else computed[live]
+    rounding_share = power_rounding(total_count)
+    # Where e^upper is below _DEEP (e^-650, within 60 e-folds of the subnormal doubles), the
+    # bound before the slack, at most e^upper (1 + rounding_share), is taken as _DEEP
+    # (1 + rounding_share) instead of evaluated, and e^lower enters ``rounding`` as at least
+    # _DEEP (a larger, still valid bound): otherwise the products below (``spread``, a share
+    # down to 1e-16 of e^upper; ``rounding``) reach subnormal numbers, on which x86 arithmetic
+    # is about 20 times slower, and a staged composition's second stage holds a fifth of its
+    # circle within that reach of the underflow (32 powers of the block's round-off floor). A
+    # composition's bound is at least its rounding at frequency 0 (about 1e-16 per step), so
+    # the 1e-282 per entry changes no digit of it.
+    deep = live_upper <= _LOG_DEEP
+    if not deep.any():
+        return live, _normal_product_error(live_upper, live_lower, live_computed, rounding_share)
+    values = np.full(live.size, _DEEP * (1.0 + rounding_share) * _MARGIN + _UNDERFLOW)
+    normal = np.flatnonzero(~deep)
+    values[normal] = _normal_product_error(
+        live_upper[normal], live_lower[normal], live_computed[normal], rounding_share
+    )
+    return live, values
+
+
+def _normal_product_error(
+    upper: np.ndarray, lower: np.ndarray, computed: np.ndarray, rounding_share: float
+) -> np.ndarray:
+    """:func:`_live_product_error` at entries with ``upper > _LOG_DEEP``: ``e^upper - e^lower +
+    g_T e^max(lower, _LOG_DEEP)`` where computed, ``e^upper`` elsewhere, with the margin and
+    the slack."""
     with np.errstate(over="ignore", invalid="ignore", under="ignore"):
-        outer = np.exp(live_upper)
-        inner = np.exp(live_lower)
-        spread = outer * -np.expm1(np.minimum(live_lower - live_upper, 0.0))
-        rounding = power_rounding(total_count) * inner
-    values = np.where(computed[live], spread + rounding, outer)
-    return live, values * _MARGIN + _UNDERFLOW
+        outer = np.exp(upper)
+        inner = np.exp(np.maximum(lower, _LOG_DEEP))
+        spread = outer * -np.expm1(np.minimum(lower - upper, 0.0))
+        rounding = rounding_share * inner
+    return np.where(computed, spread + rounding, outer) * _MARGIN + _UNDERFLOW
 
 
 #: e^x rounds to exactly 0 in double precision for every x below this (e^-745.2 is less than
@@ -483,17 +515,37 @@ class DiscretePLD:
         (``0 <= j <= N / 2``), where ``M(w) = sum_s mass_s e^{-i w s}``, with N chosen so that
         the grid's share ``D pi / N`` of b is at most ``gap / 4`` (see :func:`_pruned_reach`);
         None for an empty PLD. Memoised per N."""
+        points = self.coarse_points(gap)
+        if points is None:
+            return None
         mass = self.mass
         total, spread = self._coarse_terms
-        if total <= 0.0:
-            return None
-        points = _circle_size(max(mass.size, math.ceil(4.0 * math.pi * spread / gap)))
         cache = self._coarse_cache
         if points not in cache:
             transform = certified_forward(mass, points)
             slack = forward_error(points) * total + spread * math.pi / points
             cache[points] = (points, (_modulus_upper(transform) + slack) * _MARGIN)
         return cache[points]
+
+    def coarse_points(self, gap: float) -> int | None:
+        """The grid size N of :meth:`coarse_moduli` at ``gap`` (None for an empty PLD), without
+        its transform."""
+        total, spread = self._coarse_terms
+        if total <= 0.0:
+            return None
+        return _circle_size(max(self.mass.size, math.ceil(4.0 * math.pi * spread / gap)))
+
+    @cached_property
+    def second_moment(self) -> tuple[float, float]:
+        """(M, S2): the total mass and ``sum_s m_s (s - c)^2`` about the mean c, in grid steps
+        (for :func:`_reach_at_least`), computed once per PLD."""
+        mass = self.mass
+        total = float(mass.sum())
+        if total <= 0.0:
+            return total, 0.0
+        index = np.arange(mass.size, dtype=float)
+        centre = float((index * mass).sum()) / total
+        return total, float(((index - centre) ** 2 * mass).sum())
 
     def folded(self, size: int) -> np.ndarray:
         """The masses folded onto a circle of ``size`` points: entry ``j`` holds the masses at
@@ -1317,11 +1369,16 @@ def _compose_by_products(
             with np.errstate(divide="ignore", under="ignore"):
                 upper[:top] += count * np.log(modulus + error)
                 lower[:top] += count * np.log(modulus)
-                out[:top] *= _integer_power(head, count)
             total += count
             if rest is not None:
                 alive = np.flatnonzero(upper[:top] > _EXP_IS_ZERO - 2.0 - rest)
                 top = int(alive[-1]) + 1 if alive.size else 0
+            # Only the prefix still alive after this factor is powered: every entry above it is
+            # set to 0 at the end (the live prefix only shrinks), whatever its product. (A block
+            # of a staged composition keeps about 2% of its circle: q = 5e-4, sigma = 0.6,
+            # 6,250 steps per block.)
+            with np.errstate(under="ignore"):
+                out[:top] *= _integer_power(head[:top], count)
         out[top:] = 0.0
         return out, _LogModuli(upper, lower, total)
 
@@ -1763,6 +1820,10 @@ def _pruned_reach(pld: DiscretePLD, size: int, count: int) -> int | None:
         if reach <= size // 2:
             reaches.append(reach)
     gap = -math.expm1(-800.0 / count)
+    points = pld.coarse_points(gap)
+    cheapest = cost - points * math.log2(points) if points is not None and points < size else cost
+    if _PRUNED_COST * mass.size * _reach_at_least(pld, size, count) >= cheapest:
+        return None  # no certificate's K is below that: skip the coarse grid's transform
     coarse = pld.coarse_moduli(gap)
     if coarse is not None and coarse[0] < size:
         points, bound = coarse
@@ -1780,6 +1841,23 @@ def _pruned_reach(pld: DiscretePLD, size: int, count: int) -> int | None:
     if _PRUNED_COST * mass.size * reach >= cost:
         return None
     return reach
+
+
+def _reach_at_least(pld: DiscretePLD, size: int, count: int) -> int:
+    """A frequency below every K that a certificate of :func:`_pruned_reach` can give (0 where
+    none is known): with non-negative masses of total M and second moment S2 about their mean
+    c (in grid steps), ``|F(w)| >= sum_s m_s cos(w (s - c)) >= M - w^2 S2 / 2``, so
+    ``|F_k|^count > e^-800`` wherever ``M - w_k^2 S2 / 2 > e^(-800 / count)``, ``w_k = 2 pi k /
+    size``, and a valid K lies above every such k. (1% below the formula's largest k, far more
+    than the rounding of M and S2, so that the bound holds as computed.) Used to skip a
+    certificate that cannot pay."""
+    if count < 1 or not pld.non_negative:
+        return 0
+    total, second = pld.second_moment
+    room = total - math.exp(-800.0 / count) * (1.0 + 1e-9)
+    if room <= 0.0 or second <= 0.0:
+        return 0
+    return max(int(0.99 * size * math.sqrt(2.0 * room / second) / (2.0 * math.pi)), 0)
 
 
 #: Cost of a pruned transform (:func:`certified_band`, S masses at K frequencies) against a
