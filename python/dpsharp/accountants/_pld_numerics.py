@@ -41,7 +41,9 @@ input (their own rounding in the discretisation is outside this bound, see ``pld
    ``|A_l|`` holds exactly ``r_l`` entries of modulus 1 (r = m, then 2), so every row of the
    product sums to ``m 2^k = P``, while the product dominates ``|DFT_P|``, whose P entries per
    row are 1: every entry of the product is 1, and ``|Z^_f - Z_f| <= c_P ||z||_1`` at every
-   frequency. :func:`certified_forward` of real x on n points is that transform of x itself
+   frequency. (On a real input the first stage forms each term ``c x`` as the two real products
+   ``(c_re x, c_im x)``, the values of the complex product with an imaginary part 0.)
+   :func:`certified_forward` of real x on n points is that transform of x itself
    (P = n, ``c_F = c_n``; through a complex transform of n / 2 points, as the inverse below,
    the unpacking would add the errors of two entries and up to double the bound)
    (:func:`forward_error`). A leaf longer than the circle is folded first (``gamma_{rows-1}``
