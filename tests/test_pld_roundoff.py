@@ -164,7 +164,7 @@ def test_pair_transform_within_its_componentwise_bound(
 
 
 @pytest.mark.parametrize(
-    ("length", "size", "reach"), [(7, 16, 9), (300, 960, 40), (1000, 3840, 25)]
+    ("length", "size", "reach"), [(7, 16, 9), (300, 960, 40), (1000, 3840, 25), (900, 1280, 321)]
 )
 def test_band_transform_within_its_componentwise_bound(length: int, size: int, reach: int) -> None:
     values = np.random.default_rng(length).random(length)
@@ -174,6 +174,29 @@ def test_band_transform_within_its_componentwise_bound(length: int, size: int, r
     bound = numerics.band_dft_error(length, size) * float(values.sum())
     assert np.all(errors <= bound)
     assert bound <= 1e4 * errors.max()
+
+
+@pytest.mark.parametrize(("length", "size"), [(3000, 15360), (40_000, 122_880)])
+def test_band_transform_bits_do_not_depend_on_its_route(length: int, size: int) -> None:
+    """The direct sums of a band are the same numbers whichever way they are taken: frequencies
+    four at a time or one (a reach that is not a multiple of four), with the twiddles from the
+    table of the whole circle (many terms per point, circles up to 2^16) or from the quarter
+    table (few terms), on one thread or several."""
+    values = np.random.default_rng(length).random(length)
+    values[::7] = 0.0
+    few = 4 * size // length - 1  # fewer terms than four per point of the circle
+    many = 97
+    reference = core.pld_certified_band_dft(values, size, many, threads=1)
+    for threads in (1, 2, 3):
+        np.testing.assert_array_equal(
+            reference, core.pld_certified_band_dft(values, size, many, threads=threads)
+        )
+        for reach in (1, 2, few):
+            np.testing.assert_array_equal(
+                reference[:reach], core.pld_certified_band_dft(values, size, reach, threads=threads)
+            )
+    with pytest.raises(ValueError, match="threads"):
+        core.pld_certified_band_dft(values, size, many, threads=0)
 
 
 @pytest.mark.parametrize("size", [16, 80, 192])

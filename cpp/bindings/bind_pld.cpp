@@ -301,20 +301,22 @@ void bind_pld(py::module_& m) {
   m.def(
       "pld_certified_band_dft",
       [](py::array_t<double, py::array::c_style | py::array::forcecast> values, std::int64_t size,
-         std::int64_t reach) {
+         std::int64_t reach, int threads) {
         if (values.ndim() != 1) throw py::value_error("values must be one-dimensional");
         if (reach < 0 || reach > size / 2 + 1) throw py::value_error("reach must be in [0, size/2 + 1]");
+        if (threads < 1) throw py::value_error("threads must be >= 1");
         py::array_t<std::complex<double>> out(static_cast<py::ssize_t>(reach));
         const auto length = static_cast<std::size_t>(values.shape(0));
         {
           py::gil_scoped_release release;
-          pld::certified_band_dft(values.data(), length, size, reach, out.mutable_data());
+          pld::certified_band_dft(values.data(), length, size, reach, out.mutable_data(), threads);
         }
         return out;
       },
-      py::arg("values"), py::arg("size"), py::arg("reach"),
+      py::arg("values"), py::arg("size"), py::arg("reach"), py::arg("threads") = 1,
       "The first `reach` entries of rfft(values, size) by direct summation (pld.hpp: "
-      "certified_band_dft), with an a priori componentwise error bound.");
+      "certified_band_dft), with an a priori componentwise error bound; `threads` (>= 1) share "
+      "the frequencies, the bits do not depend on it.");
 }
 
 }  // namespace dpsharp::bindings

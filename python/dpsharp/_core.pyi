@@ -101,9 +101,12 @@ def pld_certified_irfft(
     """irfft(spectrum, size) by the transform of pld.hpp (certified_irfft), with an a priori
     normwise error bound; ``threads`` share the work (the bits do not depend on it)."""
 
-def pld_certified_band_dft(values: npt.ArrayLike, size: int, reach: int) -> npt.NDArray[np.complex128]:
+def pld_certified_band_dft(
+    values: npt.ArrayLike, size: int, reach: int, threads: int = 1
+) -> npt.NDArray[np.complex128]:
     """The first `reach` entries of rfft(values, size) by direct summation (pld.hpp:
-    certified_band_dft), with an a priori componentwise error bound."""
+    certified_band_dft), with an a priori componentwise error bound; ``threads`` share the
+    frequencies (the bits do not depend on it)."""
 
 def pld_band_suffix_sums(
     plain: npt.ArrayLike, discounted: npt.ArrayLike, total: float, size: int, grid_step: float, index: int

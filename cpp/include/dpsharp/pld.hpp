@@ -223,6 +223,9 @@ void certified_irfft(const std::complex<double>* spectrum, std::int64_t size, do
                      int threads);
 void certified_band_dft(const double* values, std::size_t length, std::int64_t size,
                         std::int64_t reach, std::complex<double>* out);
+// The same on up to `threads` threads, each taking whole frequencies (the same bits).
+void certified_band_dft(const double* values, std::size_t length, std::int64_t size,
+                        std::int64_t reach, std::complex<double>* out, int threads);
 // The certified_rfft of two real sequences at once (half the work of two): one complex
 // transform of z = a + i b on `size` points, unpacked as A_f = (Z_f + conj Z_{size-f}) / 2 and
 // B_f = -i (Z_f - conj Z_{size-f}) / 2. Its componentwise bound is on ||a||_1 + ||b||_1 (see

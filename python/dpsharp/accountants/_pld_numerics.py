@@ -318,10 +318,17 @@ def certified_inverse(spectrum: np.ndarray, size: int) -> np.ndarray:
     )
 
 
+#: From this many terms (values times frequencies) a direct-sum band is split over the caller's
+#: threads (below, starting threads costs more than it saves).
+_BAND_THREADED_FROM = 1 << 18
+
+
 def certified_band(values: np.ndarray, size: int, reach: int) -> np.ndarray:
     """The first ``reach`` entries of ``rfft(values, size)`` by direct summation (error:
-    :func:`band_dft_error`)."""
-    return _core.pld_certified_band_dft(np.ascontiguousarray(values, dtype=float), size, reach)
+    :func:`band_dft_error`; the bits do not depend on the number of threads)."""
+    values = np.ascontiguousarray(values, dtype=float)
+    threads = threads_for_caller() if values.size * reach >= _BAND_THREADED_FROM else 1
+    return _core.pld_certified_band_dft(values, size, reach, threads=threads)
 
 
 def _frequency_weights(size: int, grid_step: float, count: int) -> tuple[np.ndarray, np.ndarray]:
