@@ -102,24 +102,8 @@ struct Plan {
   std::vector<std::int64_t> stage_offset;           // stage l (half-length odd 2^l) twiddles
   std::vector<double> stage_re, stage_im;           // concatenated, stage l at stage_offset[l]
 
-  // w^j for any integer j >= 0 (reduced mod n), by an exact rotation of a quarter-table value.
-  Complex twiddle(std::int64_t j) const noexcept {
-    const std::int64_t q = size / 4;
-    j %= size;
-    const std::int64_t turn = j / q;
-    const std::int64_t r = j - turn * q;
-    const double re = quarter_re[static_cast<std::size_t>(r)];
-    const double im = quarter_im[static_cast<std::size_t>(r)];
-    switch (turn) {  // w^{t n/4} = (-i)^t
-      case 0: return {re, im};
-      case 1: return {im, -re};
-      case 2: return {-re, -im};
-      default: return {-im, re};
-    }
-  }
-
-  // w^j for 0 <= j < n, as twiddle(j) but without integer division (the direct sums of
-  // certified_band_dft take one per term): the quarter and the half turn by comparisons.
+  // w^j for 0 <= j < n from the quarter table by an exact rotation (a power of -i): the quarter
+  // and the half turn by comparisons, no integer division.
   Complex twiddle_below(std::int64_t j) const noexcept {
     const std::int64_t q = size / 4;
     const bool half_turn = j >= 2 * q;
@@ -139,7 +123,11 @@ struct Plan {
   }
 };
 
-std::shared_ptr<const Plan> build_plan(std::int64_t size, std::int64_t points) {
+// The plan of a transform of `points` points on the circle `size`; `quarter_of` (optional) is a
+// plan of the same size whose twiddle table is copied instead of recomputed (the same values).
+// Every other table is read from the quarter table by exact turns (twiddle_below).
+std::shared_ptr<const Plan> build_plan(std::int64_t size, std::int64_t points,
+                                       const Plan* quarter_of = nullptr) {
   auto plan = std::make_shared<Plan>();
   plan->size = size;
   plan->points = points;
@@ -152,26 +140,45 @@ std::shared_ptr<const Plan> build_plan(std::int64_t size, std::int64_t points) {
   plan->odd = odd;
   plan->levels = levels;
   const std::int64_t quarter = size / 4;
-  plan->quarter_re.resize(static_cast<std::size_t>(quarter + 1));
-  plan->quarter_im.resize(static_cast<std::size_t>(quarter + 1));
-  for (std::int64_t j = 0; j <= quarter; ++j) {
-    const Complex w = twiddle_at(j % size, size);
-    plan->quarter_re[static_cast<std::size_t>(j)] = w.real();
-    plan->quarter_im[static_cast<std::size_t>(j)] = w.imag();
+  if (quarter_of != nullptr && quarter_of->size == size) {
+    plan->quarter_re = quarter_of->quarter_re;
+    plan->quarter_im = quarter_of->quarter_im;
+  } else {
+    plan->quarter_re.resize(static_cast<std::size_t>(quarter + 1));
+    plan->quarter_im.resize(static_cast<std::size_t>(quarter + 1));
+    // twiddle_at reduces an angle of the second octant, j in (n / 8, n / 4), to the angle of
+    // n / 4 - j in the first and swaps: w^j = (-Im w^{n/4-j}, -Re w^{n/4-j}), the same numbers
+    // without a second cosine and sine. (j = n / 8 and n / 4 are computed: their reductions
+    // differ in the sign of a zero.)
+    const std::int64_t eighth = size / 8;
+    for (std::int64_t j = 0; j <= quarter; ++j) {
+      const auto at = static_cast<std::size_t>(j);
+      if (j > eighth && j < quarter) {
+        const auto mirror = static_cast<std::size_t>(quarter - j);
+        plan->quarter_re[at] = -plan->quarter_im[mirror];
+        plan->quarter_im[at] = -plan->quarter_re[mirror];
+        continue;
+      }
+      const Complex w = twiddle_at(j, size);
+      plan->quarter_re[at] = w.real();
+      plan->quarter_im[at] = w.imag();
+    }
   }
   const std::int64_t blocks = points / odd;
-  plan->reversed.resize(static_cast<std::size_t>(blocks));
-  for (std::int64_t p = 0; p < blocks; ++p) {
-    std::int64_t b = 0;
-    for (int bit = 0; bit < levels; ++bit) b |= ((p >> bit) & 1) << (levels - 1 - bit);
-    plan->reversed[static_cast<std::size_t>(p)] = static_cast<std::uint32_t>(b);
+  // Bit reversal over `levels` bits: rev(p) = rev(p / 2) / 2 + (p & 1) 2^(levels - 1).
+  plan->reversed.assign(static_cast<std::size_t>(blocks), 0);
+  for (std::int64_t p = 1; p < blocks; ++p) {
+    plan->reversed[static_cast<std::size_t>(p)] = static_cast<std::uint32_t>(
+        (plan->reversed[static_cast<std::size_t>(p >> 1)] >> 1) |
+        ((p & 1) << (levels - 1)));
   }
   const std::int64_t ratio = size / points;  // w_points^j = w^{j ratio}
   plan->coefficient_re.resize(static_cast<std::size_t>(odd * odd));
   plan->coefficient_im.resize(static_cast<std::size_t>(odd * odd));
   for (std::int64_t f = 0; f < odd; ++f) {
     for (std::int64_t a = 0; a < odd; ++a) {
-      const Complex w = plan->twiddle(((f * a) % odd) * blocks * ratio);
+      // ((f a) mod odd) blocks ratio < odd blocks ratio = size
+      const Complex w = plan->twiddle_below(((f * a) % odd) * blocks * ratio);
       plan->coefficient_re[static_cast<std::size_t>(f * odd + a)] = w.real();
       plan->coefficient_im[static_cast<std::size_t>(f * odd + a)] = w.imag();
     }
@@ -188,7 +195,7 @@ std::shared_ptr<const Plan> build_plan(std::int64_t size, std::int64_t points) {
     const std::int64_t stride = size / (2 * half);  // w_{2 half}^j = w^{j stride}
     const auto base = static_cast<std::size_t>(plan->stage_offset[static_cast<std::size_t>(stage)]);
     for (std::int64_t j = 0; j < half; ++j) {
-      const Complex w = plan->twiddle(j * stride);
+      const Complex w = plan->twiddle_below(j * stride);  // j stride < size / 2
       plan->stage_re[base + static_cast<std::size_t>(j)] = w.real();
       plan->stage_im[base + static_cast<std::size_t>(j)] = w.imag();
     }
@@ -204,6 +211,7 @@ std::shared_ptr<const Plan> build_plan(std::int64_t size, std::int64_t points) {
 class PlanCache {
  public:
   std::shared_ptr<const Plan> get(std::int64_t size, std::int64_t points) {
+    std::shared_ptr<const Plan> same_size;  // its twiddle table is this size's
     {
       const std::lock_guard<std::mutex> lock(mutex_);
       for (auto it = plans_.begin(); it != plans_.end(); ++it) {
@@ -211,9 +219,10 @@ class PlanCache {
           plans_.splice(plans_.begin(), plans_, it);
           return plans_.front();
         }
+        if ((*it)->size == size) same_size = *it;
       }
     }
-    std::shared_ptr<const Plan> plan = build_plan(size, points);
+    std::shared_ptr<const Plan> plan = build_plan(size, points, same_size.get());
     if (plan->bytes() > kCachedBytes / 2) return plan;
     const std::lock_guard<std::mutex> lock(mutex_);
     plans_.push_front(plan);
