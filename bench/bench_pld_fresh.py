@@ -14,14 +14,23 @@ Rows:
 * one certified real transform and its inverse against scipy.fft's rfft / irfft (one thread
   each) at 2^17 and 2^20 points.
 
+``--against DIR`` also times the fresh queries (dpsharp only) with the dpsharp package found in
+DIR (e.g. the ``python`` folder of another checkout with its extension built) and with this one,
+each in its own process, alternating for ``--rounds`` rounds; per setting, the median over the
+rounds of each process's median query, and the ratio other / this (a machine whose speed drifts
+still compares the two fairly).
+
     python bench/bench_pld_fresh.py [--repeat 5] [--out bench/results/pld_fresh.txt]
+                                    [--against OTHER/python --rounds 4]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 import warnings
@@ -68,13 +77,58 @@ def timed(function, *args):  # type: ignore[no-untyped-def]
     return time.perf_counter() - started, value
 
 
+def _queries_only(repeat: int) -> None:
+    """(A child of --against.) The median seconds of each fresh setting, as JSON on stdout."""
+    medians = {}
+    for name, q, sigma, steps in SETTINGS:
+        ours(q, sigma, steps)  # this setting's circles planned
+        medians[name] = statistics.median(timed(ours, q, sigma, steps)[0] for _ in range(repeat))
+    print(json.dumps(medians))
+
+
+#: Run in a child: the dpsharp package of the directory given first on the command line, past
+#: an editable install's import hook (which would otherwise pick the installed checkout).
+_CHILD = """import runpy, sys
+root, sys.argv = sys.argv[1], sys.argv[2:]
+sys.meta_path[:] = [f for f in sys.meta_path if 'Redirecting' not in type(f).__name__]
+sys.path.insert(0, root)
+runpy.run_path(sys.argv[0], run_name='__main__')
+"""
+
+
+def _against(other: str, rounds: int, repeat: int) -> list[str]:
+    """Fresh-query medians of this checkout and of ``other``, alternating processes."""
+    command = [os.path.abspath(__file__), "--queries-only", "--repeat", str(repeat)]
+    runs: dict[str, list[dict[str, float]]] = {"other": [], "this": []}
+    for _ in range(rounds):
+        for name in ("other", "this"):
+            child = (["-c", _CHILD, other] if name == "other" else []) + command
+            out = subprocess.run([sys.executable, *child], capture_output=True, text=True,
+                                 check=True).stdout
+            runs[name].append(json.loads(out.strip().splitlines()[-1]))
+    lines = [f"# against {other}: {rounds} rounds, one process each, alternating; per setting the "
+             f"median over rounds of each process's median of {repeat} queries (ms)",
+             f"{'setting':22} {'other ms':>9} {'this ms':>9} {'other/this':>11}"]
+    for name, *_ in SETTINGS:
+        before = statistics.median(run[name] for run in runs["other"])
+        after = statistics.median(run[name] for run in runs["this"])
+        lines.append(f"{name:22} {before * 1e3:9.2f} {after * 1e3:9.2f} {before / after:11.2f}")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--against", default=None)
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--queries-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.queries_only:
+        _queries_only(args.repeat)
+        return
     lines = [
-        f"# command: python bench/bench_pld_fresh.py --repeat {args.repeat}",
+        f"# command: python {' '.join(sys.argv)}",
         f"# load average at the start: {os.getloadavg()[0]:.1f}",
     ]
     cold, _ = timed(ours, 0.01, 1.0, 1_000)
@@ -127,6 +181,10 @@ def main() -> None:
             line = f"{label:22} {size:12d} {a * 1e3:9.2f} {'':12} {b * 1e3:9.2f} {b / a:7.2f}"
             lines.append(line)
             print(line, flush=True)
+    if args.against:
+        print("# alternating against", args.against, "...", flush=True)
+        lines.extend(_against(args.against, args.rounds, args.repeat))
+        print("\n".join(lines[-len(SETTINGS) - 2:]), flush=True)
     lines.append(f"# load average at the end: {os.getloadavg()[0]:.1f}")
     if args.out:
         with open(args.out, "a") as handle:
