@@ -318,16 +318,17 @@ def certified_inverse(spectrum: np.ndarray, size: int) -> np.ndarray:
     )
 
 
-#: From this many terms (values times frequencies) a direct-sum band is split over the caller's
-#: threads (below, starting threads costs more than it saves).
-_BAND_THREADED_FROM = 1 << 18
+#: Terms (values times frequencies) of a direct-sum band per thread at least: a band is split
+#: over at most terms / this many of the caller's threads (each then sums for about 0.3 ms or
+#: more, far above the cost of starting it), so a small band stays on one thread.
+_BAND_TERMS_PER_THREAD = 1 << 17
 
 
 def certified_band(values: np.ndarray, size: int, reach: int) -> np.ndarray:
     """The first ``reach`` entries of ``rfft(values, size)`` by direct summation (error:
     :func:`band_dft_error`; the bits do not depend on the number of threads)."""
     values = np.ascontiguousarray(values, dtype=float)
-    threads = threads_for_caller() if values.size * reach >= _BAND_THREADED_FROM else 1
+    threads = max(1, min(threads_for_caller(), values.size * reach // _BAND_TERMS_PER_THREAD))
     return _core.pld_certified_band_dft(values, size, reach, threads=threads)
 
 
