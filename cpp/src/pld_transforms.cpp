@@ -80,6 +80,22 @@ void check_size(std::int64_t size) {
   }
 }
 
+// w^j = e^{-2 pi i j / size} for 0 <= j < size from the quarter table (w^j, 0 <= j <= size / 4)
+// by an exact rotation (a power of -i): the half turn a sign, the quarter turn a swap, both by
+// comparisons (no integer division).
+inline __attribute__((always_inline)) Complex quarter_twiddle(
+    std::int64_t j, std::int64_t q, const double* __restrict quarter_re,
+    const double* __restrict quarter_im) {
+  const bool half_turn = j >= 2 * q;
+  if (half_turn) j -= 2 * q;
+  const bool quarter_turn = j >= q;
+  if (quarter_turn) j -= q;
+  const double re = quarter_re[j];
+  const double im = quarter_im[j];
+  const double sign = half_turn ? -1.0 : 1.0;
+  return {sign * (quarter_turn ? im : re), sign * (quarter_turn ? -re : im)};
+}
+
 // Radix-2 stages of half-length up to this many points run block by block (a block of 2^12
 // complex entries, 64 KiB as two arrays of doubles, stays in the L2 cache of every current
 // x86 core).
@@ -102,18 +118,9 @@ struct Plan {
   std::vector<std::int64_t> stage_offset;           // stage l (half-length odd 2^l) twiddles
   std::vector<double> stage_re, stage_im;           // concatenated, stage l at stage_offset[l]
 
-  // w^j for 0 <= j < n from the quarter table by an exact rotation (a power of -i): the quarter
-  // and the half turn by comparisons, no integer division.
+  // w^j for 0 <= j < n (quarter_twiddle).
   Complex twiddle_below(std::int64_t j) const noexcept {
-    const std::int64_t q = size / 4;
-    const bool half_turn = j >= 2 * q;
-    if (half_turn) j -= 2 * q;
-    const bool quarter_turn = j >= q;
-    if (quarter_turn) j -= q;
-    const double re = quarter_re[static_cast<std::size_t>(j)];
-    const double im = quarter_im[static_cast<std::size_t>(j)];
-    const double sign = half_turn ? -1.0 : 1.0;
-    return {sign * (quarter_turn ? im : re), sign * (quarter_turn ? -re : im)};
+    return quarter_twiddle(j, size / 4, quarter_re.data(), quarter_im.data());
   }
 
   std::size_t bytes() const noexcept {
@@ -614,20 +621,6 @@ constexpr int kBandLanes = 4;
 // The largest circle whose whole twiddle table (16 bytes a point) band sums read: beyond it the
 // table leaves the cache and the quarter table with its turn selections is faster.
 constexpr std::int64_t kBandTableMax = std::int64_t{1} << 16;
-
-// w^j for 0 <= j < size, exactly twiddle_below's (half turn: a sign; quarter turn: a swap).
-inline __attribute__((always_inline)) Complex quarter_twiddle(
-    std::int64_t j, std::int64_t q, const double* __restrict quarter_re,
-    const double* __restrict quarter_im) {
-  const bool half_turn = j >= 2 * q;
-  if (half_turn) j -= 2 * q;
-  const bool quarter_turn = j >= q;
-  if (quarter_turn) j -= q;
-  const double re = quarter_re[j];
-  const double im = quarter_im[j];
-  const double sign = half_turn ? -1.0 : 1.0;
-  return {sign * (quarter_turn ? im : re), sign * (quarter_turn ? -re : im)};
-}
 
 // One block of `count` terms for kBandLanes frequencies: sum_re[l] + i sum_im[l] = sum_s
 // twiddle(angle_l(s)) values[s] from 0, in the order of s, with angle_l advanced by step[l]
