@@ -121,11 +121,16 @@ def random_pld(seed: int, length: int, offset: int, grid_step: float) -> Discret
 
 
 @pytest.mark.parametrize(
-    ("length", "size"), [(5, 16), (40, 72), (60, 96), (100, 240), (300, 320), (150, 480)]
+    ("length", "size"),
+    [(5, 16), (40, 72), (60, 96), (100, 240), (300, 320), (150, 480), (3, 8), (56, 56),
+     (30, 88), (104, 104), (200, 208)],
 )
 def test_forward_transform_within_its_componentwise_bound(length: int, size: int) -> None:
-    """Every odd factor's first stage (1, 9, 3, 15, 5: real products of the real input) and the
-    radix-2 stages after it, against the DFT at 40 digits."""
+    """Every odd factor's first stage (1, 9, 3, 15, 5, 7, 11, 13: real products of the real
+    input, its rows up to (m - 1) / 2) and the radix-2 stages after it, each computing the
+    lower half of its partial transforms (the entries above a quarter of each length are
+    conjugates of other butterflies' outputs), at every frequency against the DFT at 40
+    digits."""
     values = np.random.default_rng(size).random(length)
     computed = numerics.certified_forward(values, size)
     exact = exact_dft(values, size, range(size // 2 + 1))
@@ -238,17 +243,19 @@ def long_double_twiddles(phases: np.ndarray, size: int) -> tuple[np.ndarray, np.
 
 @pytest.mark.parametrize("size", [3 << 13, 1 << 15])
 def test_large_forward_transform_within_its_bound(size: int) -> None:
-    """Circles past one cache block (4096 points): the blocked stages, the stages taken two per
-    pass and the real transform's unpacking, at frequencies spread over the half spectrum,
-    against the DFT summed in long double (its own error, at most 8 size 2^-64 ||x||_1 with
-    the twiddles', is added to the bound)."""
+    """Circles past one cache block (4096 points): the blocked stages and the larger ones split
+    over columns, at frequencies spread over the half spectrum (both sides of each quarter,
+    where a stage's own outputs give way to the conjugated ones), against the DFT summed in
+    long double (its own error, at most 8 size 2^-64 ||x||_1 with the twiddles', is added to
+    the bound)."""
     values = np.random.default_rng(size).random(size - 7)
     computed = numerics.certified_forward(values, size)
     positions = np.arange(values.size, dtype=np.int64)
     slack = 8 * size * 2.0**-64 * float(values.sum())
     bound = numerics.forward_error(size) * float(values.sum())
     worst = 0.0
-    for f in [0, 1, 3, 1000, size // 8 - 1, size // 4, size // 4 + 1, size // 2 - 1, size // 2]:
+    for f in [0, 1, 3, 1000, 2049, 3071, size // 8 - 1, size // 8 + 1, size // 4 - 1,
+              size // 4, size // 4 + 1, 3 * size // 8 + 5, size // 2 - 1, size // 2]:
         cos, sin = long_double_twiddles(f * positions, size)
         x = values.astype(np.longdouble)
         exact = complex(float(np.sum(x * cos)), float(np.sum(x * sin)))

@@ -12,8 +12,10 @@
 // AVX-512, AVX2 and the baseline, vector_width.hpp; -ffp-contract=off, so every width computes
 // the same bits); the radix-2 stages up to kBlock points run block by block while a block is
 // in cache, and the larger stages two at a time (the same butterflies, one pass over memory);
-// a real inverse transform of n points is a complex one of n / 2 points after one packing
-// step; the twiddle tables of a size are built once and kept (PlanCache).
+// a real forward transform computes only the lower half of every partial transform (the rest
+// are conjugates of it: real_transform), a real inverse transform of n points is a complex one
+// of n / 2 points after one packing step; the twiddle tables of a size are built once and kept
+// (PlanCache).
 #include <algorithm>
 #include <cmath>
 #include <complex>
@@ -331,6 +333,131 @@ DPSHARP_WIDTH_BUILDS(double_stage,
                       std::int64_t half),
                      (r0, i0, r1, i1, r2, i2, r3, i3, a_re, a_im, b_re, b_im, c_re, c_im, half))
 
+// The radix-2 stage of a real input's transform on the lower half of one group: for j in
+// [0, count), the butterfly (E_j, O_j) of twiddle w_j gives Z_j = E_j + w_j O_j, written over
+// E_j (low), and Z_{j + H} = E_j - w_j O_j, whose conjugate is Z_{H - j} (the transform of a
+// real sequence is Hermitian), written at mirror[-j]. The operations of `butterflies`, with the
+// second output conjugated (an exact sign change).
+inline __attribute__((always_inline)) void half_butterflies_body(
+    double* __restrict low_re, double* __restrict low_im, const double* __restrict high_re,
+    const double* __restrict high_im, double* __restrict mirror_re, double* __restrict mirror_im,
+    const double* __restrict w_re, const double* __restrict w_im, std::int64_t count) {
+  for (std::int64_t j = 0; j < count; ++j) {
+    const double hr = high_re[j];
+    const double hi = high_im[j];
+    const double tr = w_re[j] * hr - w_im[j] * hi;
+    const double ti = w_re[j] * hi + w_im[j] * hr;
+    const double ur = low_re[j];
+    const double ui = low_im[j];
+    low_re[j] = ur + tr;
+    low_im[j] = ui + ti;
+    mirror_re[-j] = ur - tr;
+    mirror_im[-j] = -(ui - ti);
+  }
+}
+DPSHARP_WIDTH_BUILDS(half_butterflies,
+                     (double* __restrict low_re, double* __restrict low_im,
+                      const double* __restrict high_re, const double* __restrict high_im,
+                      double* __restrict mirror_re, double* __restrict mirror_im,
+                      const double* __restrict w_re, const double* __restrict w_im,
+                      std::int64_t count),
+                     (low_re, low_im, high_re, high_im, mirror_re, mirror_im, w_re, w_im, count))
+
+// One butterfly of `butterflies` at j, in place, both outputs kept (for the ends of a real
+// input's half stage: j = 0, whose outputs Z_0 and Z_H are both in the lower halves, and
+// j = H / 2, whose second output is not needed: `keep_high` false).
+inline void one_butterfly(double* re, double* im, std::int64_t low, std::int64_t high,
+                          double w_re, double w_im, bool keep_high) noexcept {
+  const double hr = re[high];
+  const double hi = im[high];
+  const double tr = w_re * hr - w_im * hi;
+  const double ti = w_re * hi + w_im * hr;
+  const double ur = re[low];
+  const double ui = im[low];
+  re[low] = ur + tr;
+  im[low] = ui + ti;
+  if (keep_high) {
+    re[high] = ur - tr;
+    im[high] = ui - ti;
+  }
+}
+
+// Half-lengths below this run their butterflies inline (no vector call for a few columns).
+constexpr std::int64_t kScalarHalf = 16;
+
+// half_stage_range on every column of each group, for a small half-length H (`Half`, or the
+// argument `half` where `Half` is 0): column 0 keeps both outputs, columns 1 .. ceil(H/2) - 1
+// write their second output conjugated at H - j, the column H / 2 (H even) its first only.
+template <std::int64_t Half>
+inline void small_half_stage(double* re, double* im, const double* w_re, const double* w_im,
+                             std::int64_t begin, std::int64_t end, std::int64_t half = Half) {
+  if constexpr (Half != 0) half = Half;
+  const std::int64_t last_mirrored = (half + 1) / 2 - 1;
+  for (std::int64_t start = begin; start < end; start += 2 * half) {
+    for (std::int64_t j = 0; j <= half / 2; ++j) {
+      const std::int64_t low = start + j;
+      const std::int64_t high = start + half + j;
+      const double hr = re[high];
+      const double hi = im[high];
+      const double tr = w_re[j] * hr - w_im[j] * hi;
+      const double ti = w_re[j] * hi + w_im[j] * hr;
+      const double ur = re[low];
+      const double ui = im[low];
+      re[low] = ur + tr;
+      im[low] = ui + ti;
+      if (j == 0) {
+        re[high] = ur - tr;
+        im[high] = ui - ti;
+      } else if (j <= last_mirrored) {
+        re[start + half - j] = ur - tr;
+        im[start + half - j] = -(ui - ti);
+      }
+    }
+  }
+}
+
+// The half stage of half-length H = odd 2^stage on the groups of 2 H entries starting at
+// `begin`, `begin` + 2 H, ... below `end`, for the columns j0 <= j < j1 of each group (within
+// [0, H / 2]). Each group holds the lower halves (entries 0 .. floor(L / 2)) of the transforms
+// E and O of length H of its two decimated subsequences, at its offsets 0 and H; afterwards it
+// holds the lower half of their combined transform of length 2 H (entries 0 .. H).
+void half_stage_range(const Plan& plan, int stage, double* re, double* im, std::int64_t begin,
+                      std::int64_t end, std::int64_t j0, std::int64_t j1) {
+  const std::int64_t half = plan.odd << stage;
+  const auto base = static_cast<std::size_t>(plan.stage_offset[static_cast<std::size_t>(stage)]);
+  const double* w_re = plan.stage_re.data() + base;
+  const double* w_im = plan.stage_im.data() + base;
+  // Columns 1 .. ceil(H / 2) - 1 write their mirrors to H - j > H / 2, away from every column
+  // read; column 0 writes Z_H over O_0 and the column H / 2 (H even) only its own entry.
+  const std::int64_t last_mirrored = (half + 1) / 2 - 1;
+  if (half < kScalarHalf && j0 == 0 && j1 == half / 2 + 1) {
+    // A few columns per group: the same butterflies, inline (unrolled for H a power of two).
+    switch (half) {
+      case 1: small_half_stage<1>(re, im, w_re, w_im, begin, end); return;
+      case 2: small_half_stage<2>(re, im, w_re, w_im, begin, end); return;
+      case 4: small_half_stage<4>(re, im, w_re, w_im, begin, end); return;
+      case 8: small_half_stage<8>(re, im, w_re, w_im, begin, end); return;
+      default: small_half_stage<0>(re, im, w_re, w_im, begin, end, half); return;
+    }
+  }
+  const Width width = vector_width();
+  for (std::int64_t start = begin; start < end; start += 2 * half) {
+    if (j0 == 0) one_butterfly(re, im, start, start + half, w_re[0], w_im[0], true);
+    const std::int64_t lo = std::max<std::int64_t>(j0, 1);
+    const std::int64_t hi = std::min(j1, last_mirrored + 1);
+    if (hi > lo) {
+      DPSHARP_WIDTH_DISPATCH(width, half_butterflies, re + start + lo, im + start + lo,
+                             re + start + half + lo, im + start + half + lo,
+                             re + start + half - lo, im + start + half - lo, w_re + lo, w_im + lo,
+                             hi - lo);
+    }
+    if (half % 2 == 0 && j0 <= half / 2 && half / 2 < j1) {
+      one_butterfly(re, im, start + half / 2, start + half + half / 2, w_re[half / 2],
+                    w_im[half / 2], false);
+    }
+  }
+}
+
 void stage_range(const Plan& plan, int stage, double* re, double* im, std::int64_t begin,
                  std::int64_t end) {
   const std::int64_t half = plan.odd << stage;
@@ -349,13 +476,9 @@ void stage_range(const Plan& plan, int stage, double* re, double* im, std::int64
 // of odd length m of the 2^k decimated sequences z[b + 2^k a] (b in bit-reversed order), each
 // output a recursive sum of m twiddled terms; then k radix-2 decimation-in-time stages
 // Z_f = E_f + w^f O_f, Z_{f + L/2} = E_f - w^f O_f.
-// With `real_input` (every load(s) has an imaginary part of exactly 0), stage 0 multiplies the
-// real parts alone: (c_re x, c_im x) where the complex product gives (c_re x - c_im 0,
-// c_re 0 + c_im x), the same numbers (an exact zero added; only the sign of a zero result can
-// differ, which no later sum, product or modulus sees), for half the work.
 template <typename Load>
 void complex_transform(const Plan& plan, Load&& load, std::int64_t nonzero, double* re,
-                       double* im, int threads, bool real_input = false) {
+                       double* im, int threads) {
   const std::int64_t odd = plan.odd;
   const std::int64_t points = plan.points;
   const std::int64_t blocks = points / odd;
@@ -386,23 +509,6 @@ void complex_transform(const Plan& plan, Load&& load, std::int64_t nonzero, doub
           const Complex z = load(b);
           out_re[0] = z.real();
           out_im[0] = z.imag();
-          continue;
-        }
-        if (real_input) {
-          double column[kMaxOddFactor];
-          for (std::int64_t a = 0; a < odd; ++a) column[a] = load(b + blocks * a).real();
-          for (std::int64_t f = 0; f < odd; ++f) {
-            const double* row_re = cr + f * odd;
-            const double* row_im = ci + f * odd;
-            double sum_re = row_re[0] * column[0];
-            double sum_im = row_im[0] * column[0];
-            for (std::int64_t a = 1; a < odd; ++a) {
-              sum_re += row_re[a] * column[a];
-              sum_im += row_im[a] * column[a];
-            }
-            out_re[f] = sum_re;
-            out_im[f] = sum_im;
-          }
           continue;
         }
         Complex column[kMaxOddFactor];
@@ -476,6 +582,96 @@ void complex_transform(const Plan& plan, Load&& load, std::int64_t nonzero, doub
   }
 }
 
+// The transform Z_f = sum_s x_s w_P^{f s} of a real sequence x (x_s = values[s] below
+// `length`, 0 from there on) for 0 <= f <= P / 2 only, into re[f], im[f] (P = plan.points; the
+// other entries of re and im are scratch). The stages of complex_transform, each computing only
+// the lower half (entries 0 .. floor(L / 2)) of every partial transform of length L: the
+// transform of a real sequence is Hermitian, Z_{L - f} = conj Z_f, and the butterfly of column
+// j of a stage of half-length H gives Z_j and Z_{j + H} = conj Z_{H - j}, so the columns
+// 0 .. H / 2 give the whole lower half of the next length (half_stage_range). Stage 0 sums the
+// rows f <= (m - 1) / 2 of its direct DFTs only, each term c x of a real x as the two real
+// products (c_re x, c_im x): the values of the complex product with an imaginary part 0 (an
+// exact zero added; only the sign of a zero result can differ, which no later sum, product or
+// modulus sees).
+// Every entry computed is an entry of complex_transform's computation (the same operations on
+// the same inputs) or the exact conjugate of one (see forward_error in _pld_numerics.py), for
+// about half the work.
+void real_transform(const Plan& plan, const double* values, std::int64_t length, double* re,
+                    double* im, int threads) {
+  const std::int64_t odd = plan.odd;
+  const std::int64_t points = plan.points;
+  const std::int64_t blocks = points / odd;
+  const std::int64_t kept_rows = (odd + 1) / 2;  // rows 0 .. (m - 1) / 2 of stage 0
+  const double* cr = plan.coefficient_re.data();
+  const double* ci = plan.coefficient_im.data();
+  const std::int64_t block = std::min(points, std::max(kBlock, odd));
+  std::int64_t block_points = odd;
+  int block_stages = 0;
+  while (block_points * 2 <= block && block_stages < plan.levels) {
+    block_points *= 2;
+    ++block_stages;
+  }
+  const std::int64_t chunks = points / block_points;
+  parallel_ranges<Threads::kOwnThreads>(chunks, 4, threads, [&](std::int64_t lo, std::int64_t hi) {
+    for (std::int64_t chunk = lo; chunk < hi; ++chunk) {
+      const std::int64_t first = chunk * block_points;
+      for (std::int64_t p = first / odd; p < (first + block_points) / odd; ++p) {
+        const std::int64_t b = plan.reversed[static_cast<std::size_t>(p)];
+        double* out_re = re + p * odd;
+        double* out_im = im + p * odd;
+        if (b >= length) {  // every input of this group is an exact zero: so are its outputs
+          std::fill(out_re, out_re + kept_rows, 0.0);
+          std::fill(out_im, out_im + kept_rows, 0.0);
+          continue;
+        }
+        if (odd == 1) {
+          out_re[0] = values[b];
+          out_im[0] = 0.0;
+          continue;
+        }
+        double column[kMaxOddFactor];
+        for (std::int64_t a = 0; a < odd; ++a) {
+          const std::int64_t s = b + blocks * a;
+          column[a] = s < length ? values[s] : 0.0;
+        }
+        for (std::int64_t f = 0; f < kept_rows; ++f) {
+          const double* row_re = cr + f * odd;
+          const double* row_im = ci + f * odd;
+          double sum_re = row_re[0] * column[0];
+          double sum_im = row_im[0] * column[0];
+          for (std::int64_t a = 1; a < odd; ++a) {
+            sum_re += row_re[a] * column[a];
+            sum_im += row_im[a] * column[a];
+          }
+          out_re[f] = sum_re;
+          out_im[f] = sum_im;
+        }
+      }
+      for (int stage = 0; stage < block_stages; ++stage) {
+        const std::int64_t half = odd << stage;
+        half_stage_range(plan, stage, re, im, first, first + block_points, 0, half / 2 + 1);
+      }
+    }
+  });
+  // The larger stages over the whole array, each group's columns split into pieces so that
+  // even one group (the last stage) is shared out.
+  for (int stage = block_stages; stage < plan.levels; ++stage) {
+    const std::int64_t half = odd << stage;
+    const std::int64_t columns = half / 2 + 1;
+    const std::int64_t groups = points / (2 * half);
+    const std::int64_t pieces = std::max<std::int64_t>(1, std::min<std::int64_t>(columns / 1024, 64));
+    const std::int64_t piece = (columns + pieces - 1) / pieces;
+    parallel_ranges<Threads::kOwnThreads>(groups * pieces, 1, threads, [&](std::int64_t lo, std::int64_t hi) {
+      for (std::int64_t item = lo; item < hi; ++item) {
+        const std::int64_t start = (item / pieces) * 2 * half;
+        const std::int64_t j0 = (item % pieces) * piece;
+        const std::int64_t j1 = std::min(columns, j0 + piece);
+        if (j1 > j0) half_stage_range(plan, stage, re, im, start, start + 2 * half, j0, j1);
+      }
+    });
+  }
+}
+
 bool through_half(std::int64_t size) noexcept { return size % 16 == 0; }
 
 }  // namespace
@@ -486,18 +682,15 @@ void certified_rfft(const double* values, std::size_t length, std::int64_t size,
   if (static_cast<std::int64_t>(length) > size) {
     throw std::invalid_argument("values must not be longer than size");
   }
-  // The complex transform of the real input on all n points. (Through a complex transform of
-  // n / 2 points, as certified_irfft does, would halve the work, but its componentwise bound
-  // is up to twice this one's: the unpacking adds the errors of Z_f and Z_{n/2-f}.)
-  const auto n_length = static_cast<std::int64_t>(length);
+  // The transform of the real input on all n points, its lower half only (real_transform).
+  // (Through a complex transform of n / 2 points, as certified_irfft does, would also halve
+  // the work, but its componentwise bound is up to twice this one's: the unpacking adds the
+  // errors of Z_f and Z_{n/2-f}.)
   const std::shared_ptr<const Plan> plan = plan_cache().get(size, size);
-  std::vector<double> re(static_cast<std::size_t>(size)), im(static_cast<std::size_t>(size));
-  complex_transform(
-      *plan,
-      [values, n_length](std::int64_t s) {
-        return Complex(s < n_length ? values[s] : 0.0, 0.0);
-      },
-      n_length, re.data(), im.data(), threads, /*real_input=*/true);
+  // (every entry real_transform reads it has written first: no initialisation)
+  const std::unique_ptr<double[]> re(new double[static_cast<std::size_t>(size)]);
+  const std::unique_ptr<double[]> im(new double[static_cast<std::size_t>(size)]);
+  real_transform(*plan, values, static_cast<std::int64_t>(length), re.get(), im.get(), threads);
   for (std::int64_t f = 0; f <= size / 2; ++f) {
     out[f] = Complex(re[static_cast<std::size_t>(f)], im[static_cast<std::size_t>(f)]);
   }

@@ -204,13 +204,15 @@ CurveCrossing band_crossing(const BandTerms& terms, std::int64_t first, double c
 // in integers and std::cos / std::sin.
 //  * certified_rfft: X_f = sum_s x_s e^{-2 pi i f s / size} for f = 0 .. size / 2 (out has
 //    size / 2 + 1 entries), x zero-padded from `length` <= size values: stage 0 is the direct
-//    DFT of odd length m of each decimated sequence, then k radix-2 decimation-in-time stages.
+//    DFT of odd length m of each decimated sequence, then k radix-2 decimation-in-time stages,
+//    each computing the lower half (entries 0 .. L / 2) of its partial transforms of length L
+//    only (the upper halves of real sequences' transforms are their conjugates).
 //  * certified_irfft: x_j = (1/size) sum_{f < size} X_f e^{2 pi i f j / size} of the Hermitian
 //    extension of the half spectrum (imaginary parts of X_0 and X_{size/2} ignored).
 //  * certified_band_dft: X_f for f < reach by direct summation (blocks of kBandBlock terms in
 //    order, the block sums pairwise), with the phase f s mod size formed in integers.
 // Every twiddle is one twiddle_at value times an exact power of -i. When 16 | size the real
-// transforms go through a complex transform of size / 2 points (pld_transforms.cpp).
+// inverse transform goes through a complex transform of size / 2 points (pld_transforms.cpp).
 constexpr std::int64_t kMaxOddFactor = 15;
 constexpr std::size_t kBandBlock = 16;
 void certified_rfft(const double* values, std::size_t length, std::int64_t size,

@@ -41,12 +41,20 @@ input (their own rounding in the discretisation is outside this bound, see ``pld
    ``|A_l|`` holds exactly ``r_l`` entries of modulus 1 (r = m, then 2), so every row of the
    product sums to ``m 2^k = P``, while the product dominates ``|DFT_P|``, whose P entries per
    row are 1: every entry of the product is 1, and ``|Z^_f - Z_f| <= c_P ||z||_1`` at every
-   frequency. (On a real input the first stage forms each term ``c x`` as the two real products
-   ``(c_re x, c_im x)``, the values of the complex product with an imaginary part 0.)
-   :func:`certified_forward` of real x on n points is that transform of x itself
+   frequency. :func:`certified_forward` of real x on n points is that transform of x itself
    (P = n, ``c_F = c_n``; through a complex transform of n / 2 points, as the inverse below,
    the unpacking would add the errors of two entries and up to double the bound)
-   (:func:`forward_error`). A leaf longer than the circle is folded first (``gamma_{rows-1}``
+   (:func:`forward_error`), with two savings that keep the bound. On a real input the first
+   stage forms each term ``c x`` as the two real products ``(c_re x, c_im x)``, the values of
+   the complex product with an imaginary part 0. And each stage computes only the lower half,
+   entries ``0 .. L/2``, of its partial transforms of length L (the decimated subsequences are
+   real, so ``Z_{L-f} = conj Z_f``): column j of a stage of half-length H gives ``Z_j`` and
+   ``Z_{j+H}``, stored as ``conj Z^_{j+H}`` for ``Z_{H-j}``, and reads only the lower halves of
+   its inputs (j <= H/2). By induction every stored entry is ``sum_s (a_fs + d_fs) z_s`` with
+   ``|d_fs| <= c_l`` (``c_l`` the bound after l stages, the entries of the product of the
+   ``|A|`` being 1): an entry of the full computation from stored inputs, or the exact
+   conjugate of one, which for real z is such a sum for the mirrored frequency with the same
+   ``|d|``, since ``conj a_{L-f,s} = a_fs``. A leaf longer than the circle is folded first (``gamma_{rows-1}``
    relative). A pruned leaf (:func:`_pruned_reach`) is transformed below its reach by direct
    summation (:func:`certified_band`: one twiddle, one real product, blocks of 16 summed in
    order and the block sums pairwise: ``c_B = (1 + mu)(1 + u)(1 + gamma_{15 + ceil(log2(S /
