@@ -582,6 +582,127 @@ void complex_transform(const Plan& plan, Load&& load, std::int64_t nonzero, doub
   }
 }
 
+// Two half stages at once (half-lengths H and 2 H) on one group of 4 H entries, for columns j of
+// the first stage in [1, H / 2) (the caller offsets the pointers): with A, B, C, D the group's
+// quarters, the first stage's column j gives E'_j, conj E'_{H-j} from (A_j, B_j) and O'_j,
+// conj O'_{H-j} from (C_j, D_j), and the second stage's columns j and H - j (both mirrored) are
+// taken at once: Z_j over A_j, conj Z_{2H-j} at mirror_2h[-j], Z_{H-j} at mirror_h[-j] and
+// conj Z_{H+j} over B_j. The same operations, on the same values, as the two stages one after
+// the other (half_stage_range), so the same bits, with one pass over memory.
+inline __attribute__((always_inline)) void double_half_stage_body(
+    double* __restrict a_re, double* __restrict a_im, double* __restrict b_re,
+    double* __restrict b_im, const double* __restrict c_re, const double* __restrict c_im,
+    const double* __restrict d_re, const double* __restrict d_im,
+    double* __restrict mirror_h_re, double* __restrict mirror_h_im,
+    double* __restrict mirror_2h_re, double* __restrict mirror_2h_im,
+    const double* __restrict w1_re, const double* __restrict w1_im,
+    const double* __restrict w2_re, const double* __restrict w2_im,
+    const double* __restrict w2_mirror_re, const double* __restrict w2_mirror_im,
+    std::int64_t count) {
+  for (std::int64_t j = 0; j < count; ++j) {
+    const double br = b_re[j];
+    const double bi = b_im[j];
+    const double tr = w1_re[j] * br - w1_im[j] * bi;
+    const double ti = w1_re[j] * bi + w1_im[j] * br;
+    const double ar = a_re[j];
+    const double ai = a_im[j];
+    const double e_low_r = ar + tr;
+    const double e_low_i = ai + ti;
+    const double e_high_r = ar - tr;
+    const double e_high_i = -(ai - ti);
+    const double dr = d_re[j];
+    const double di = d_im[j];
+    const double ur = w1_re[j] * dr - w1_im[j] * di;
+    const double ui = w1_re[j] * di + w1_im[j] * dr;
+    const double cr = c_re[j];
+    const double ci = c_im[j];
+    const double o_low_r = cr + ur;
+    const double o_low_i = ci + ui;
+    const double o_high_r = cr - ur;
+    const double o_high_i = -(ci - ui);
+    const double sr = w2_re[j] * o_low_r - w2_im[j] * o_low_i;
+    const double si = w2_re[j] * o_low_i + w2_im[j] * o_low_r;
+    a_re[j] = e_low_r + sr;
+    a_im[j] = e_low_i + si;
+    mirror_2h_re[-j] = e_low_r - sr;
+    mirror_2h_im[-j] = -(e_low_i - si);
+    const double vr = w2_mirror_re[-j] * o_high_r - w2_mirror_im[-j] * o_high_i;
+    const double vi = w2_mirror_re[-j] * o_high_i + w2_mirror_im[-j] * o_high_r;
+    mirror_h_re[-j] = e_high_r + vr;
+    mirror_h_im[-j] = e_high_i + vi;
+    b_re[j] = e_high_r - vr;
+    b_im[j] = -(e_high_i - vi);
+  }
+}
+DPSHARP_WIDTH_BUILDS(double_half_stage,
+                     (double* __restrict a_re, double* __restrict a_im, double* __restrict b_re,
+                      double* __restrict b_im, const double* __restrict c_re,
+                      const double* __restrict c_im, const double* __restrict d_re,
+                      const double* __restrict d_im, double* __restrict mirror_h_re,
+                      double* __restrict mirror_h_im, double* __restrict mirror_2h_re,
+                      double* __restrict mirror_2h_im, const double* __restrict w1_re,
+                      const double* __restrict w1_im, const double* __restrict w2_re,
+                      const double* __restrict w2_im, const double* __restrict w2_mirror_re,
+                      const double* __restrict w2_mirror_im, std::int64_t count),
+                     (a_re, a_im, b_re, b_im, c_re, c_im, d_re, d_im, mirror_h_re, mirror_h_im,
+                      mirror_2h_re, mirror_2h_im, w1_re, w1_im, w2_re, w2_im, w2_mirror_re,
+                      w2_mirror_im, count))
+
+// The half stages `stage` and `stage` + 1 (half-lengths H = odd 2^stage, H even, and 2 H) on the
+// group of 4 H entries at `start`, for the first stage's columns j0 <= j < j1 (within
+// [0, H / 2]): column j of the first stage and columns j and H - j of the second. Columns 0 and
+// H / 2 are taken one butterfly at a time, in the order of the two single stages.
+void double_half_stage_range(const Plan& plan, int stage, double* re, double* im,
+                             std::int64_t start, std::int64_t j0, std::int64_t j1) {
+  const std::int64_t half = plan.odd << stage;
+  const auto first = static_cast<std::size_t>(plan.stage_offset[static_cast<std::size_t>(stage)]);
+  const auto second =
+      static_cast<std::size_t>(plan.stage_offset[static_cast<std::size_t>(stage + 1)]);
+  const double* w1_re = plan.stage_re.data() + first;
+  const double* w1_im = plan.stage_im.data() + first;
+  const double* w2_re = plan.stage_re.data() + second;
+  const double* w2_im = plan.stage_im.data() + second;
+  const std::int64_t a = start;
+  const std::int64_t b = start + half;
+  const std::int64_t c = start + 2 * half;
+  const std::int64_t d = start + 3 * half;
+  if (j0 == 0) {
+    // First stage, column 0 of both halves (both outputs kept: E'_0, E'_H and O'_0, O'_H);
+    // second stage, column 0 (Z_0, Z_{2H}) and column H (Z_H only).
+    one_butterfly(re, im, a, b, w1_re[0], w1_im[0], true);
+    one_butterfly(re, im, c, d, w1_re[0], w1_im[0], true);
+    one_butterfly(re, im, a, c, w2_re[0], w2_im[0], true);
+    one_butterfly(re, im, b, d, w2_re[half], w2_im[half], false);
+  }
+  const std::int64_t lo = std::max<std::int64_t>(j0, 1);
+  const std::int64_t hi = std::min(j1, half / 2);
+  if (hi > lo) {
+    const Width width = vector_width();
+    DPSHARP_WIDTH_DISPATCH(width, double_half_stage, re + a + lo, im + a + lo, re + b + lo,
+                           im + b + lo, re + c + lo, im + c + lo, re + d + lo, im + d + lo,
+                           re + b - lo, im + b - lo, re + c - lo, im + c - lo, w1_re + lo,
+                           w1_im + lo, w2_re + lo, w2_im + lo, w2_re + half - lo,
+                           w2_im + half - lo, hi - lo);
+  }
+  if (j0 <= half / 2 && half / 2 < j1) {
+    // First stage, column H / 2 (its first output only); second stage, column H / 2 (mirrored
+    // to 2H - H / 2).
+    const std::int64_t j = half / 2;
+    one_butterfly(re, im, a + j, b + j, w1_re[j], w1_im[j], false);
+    one_butterfly(re, im, c + j, d + j, w1_re[j], w1_im[j], false);
+    const double hr = re[c + j];
+    const double hi_ = im[c + j];
+    const double tr = w2_re[j] * hr - w2_im[j] * hi_;
+    const double ti = w2_re[j] * hi_ + w2_im[j] * hr;
+    const double ur = re[a + j];
+    const double ui = im[a + j];
+    re[a + j] = ur + tr;
+    im[a + j] = ui + ti;
+    re[c - j] = ur - tr;
+    im[c - j] = -(ui - ti);
+  }
+}
+
 // The transform Z_f = sum_s x_s w_P^{f s} of a real sequence x (x_s = values[s] below
 // `length`, 0 from there on) for 0 <= f <= P / 2 only, into re[f], im[f] (P = plan.points; the
 // other entries of re and im are scratch). The stages of complex_transform, each computing only
@@ -653,22 +774,31 @@ void real_transform(const Plan& plan, const double* values, std::int64_t length,
       }
     }
   });
-  // The larger stages over the whole array, each group's columns split into pieces so that
-  // even one group (the last stage) is shared out.
-  for (int stage = block_stages; stage < plan.levels; ++stage) {
+  // The larger stages over the whole array, two at a time where two remain, each group's
+  // columns split into pieces so that even one group (the last stages) is shared out.
+  int stage = block_stages;
+  while (stage < plan.levels) {
+    const bool two = stage + 1 < plan.levels;
     const std::int64_t half = odd << stage;
     const std::int64_t columns = half / 2 + 1;
-    const std::int64_t groups = points / (2 * half);
+    const std::int64_t group = (two ? 4 : 2) * half;
+    const std::int64_t groups = points / group;
     const std::int64_t pieces = std::max<std::int64_t>(1, std::min<std::int64_t>(columns / 1024, 64));
     const std::int64_t piece = (columns + pieces - 1) / pieces;
     parallel_ranges<Threads::kOwnThreads>(groups * pieces, 1, threads, [&](std::int64_t lo, std::int64_t hi) {
       for (std::int64_t item = lo; item < hi; ++item) {
-        const std::int64_t start = (item / pieces) * 2 * half;
+        const std::int64_t start = (item / pieces) * group;
         const std::int64_t j0 = (item % pieces) * piece;
         const std::int64_t j1 = std::min(columns, j0 + piece);
-        if (j1 > j0) half_stage_range(plan, stage, re, im, start, start + 2 * half, j0, j1);
+        if (j1 <= j0) continue;
+        if (two) {
+          double_half_stage_range(plan, stage, re, im, start, j0, j1);
+        } else {
+          half_stage_range(plan, stage, re, im, start, start + group, j0, j1);
+        }
       }
     });
+    stage += two ? 2 : 1;
   }
 }
 
