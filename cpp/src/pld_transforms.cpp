@@ -750,17 +750,17 @@ void real_transform(const Plan& plan, const double* values, std::int64_t length,
           out_im[0] = 0.0;
           continue;
         }
+        // The terms a with b + blocks a >= length are exact zeros: the sums stop before them
+        // (adding a zero product changes no sum, except the sign of a zero one).
+        const std::int64_t terms = std::min(odd, (length - b + blocks - 1) / blocks);
         double column[kMaxOddFactor];
-        for (std::int64_t a = 0; a < odd; ++a) {
-          const std::int64_t s = b + blocks * a;
-          column[a] = s < length ? values[s] : 0.0;
-        }
+        for (std::int64_t a = 0; a < terms; ++a) column[a] = values[b + blocks * a];
         for (std::int64_t f = 0; f < kept_rows; ++f) {
           const double* row_re = cr + f * odd;
           const double* row_im = ci + f * odd;
           double sum_re = row_re[0] * column[0];
           double sum_im = row_im[0] * column[0];
-          for (std::int64_t a = 1; a < odd; ++a) {
+          for (std::int64_t a = 1; a < terms; ++a) {
             sum_re += row_re[a] * column[a];
             sum_im += row_im[a] * column[a];
           }
