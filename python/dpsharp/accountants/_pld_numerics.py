@@ -565,6 +565,12 @@ class DiscretePLD:
         centre = float((index * mass).sum()) / total
         return total, float(((index - centre) ** 2 * mass).sum())
 
+    def on_circle(self, size: int) -> np.ndarray:
+        """The values whose transform on a circle of ``size`` points is that of the masses
+        folded onto it: the masses themselves where they fit (:func:`certified_forward`
+        zero-pads them, and skips the zeros), else :meth:`folded`."""
+        return self.mass if self.mass.size <= size else self.folded(size)
+
     def folded(self, size: int) -> np.ndarray:
         """The masses folded onto a circle of ``size`` points: entry ``j`` holds the masses at
         indices ``offset + i`` with ``i = j (mod size)``."""
@@ -1359,7 +1365,7 @@ def _compose_by_products(
             yield first, pair[0], errors[0]
             yield second, pair[1], errors[1]
         for single in singles:
-            transform = certified_forward(plds[single].folded(size), size)
+            transform = certified_forward(plds[single].on_circle(size), size)
             yield single, transform, _leaf_error(plds[single], size)
 
     half = size // 2 + 1
@@ -1730,7 +1736,7 @@ def _leaf_spectrum(
         if hit is not None and hit.size == size and hit.transform.size >= needed:
             return hit
     if reach is None:
-        transform = certified_forward(pld.folded(size), size)
+        transform = certified_forward(pld.on_circle(size), size)
         error = _leaf_error(pld, size)
     else:
         transform = certified_band(pld.mass, size, reach)
@@ -1778,7 +1784,7 @@ def _pair_errors(
     c = forward_error(size)
     parts: list[tuple[float, float]] = []
     for pld in (first, second):
-        mass_l1 = _l1(pld.mass)
+        mass_l1 = pld.mass_l1
         rows = -(-pld.mass.size // size)
         folding = _gamma(rows - 1) if rows > 1 else 0.0
         parts.append((mass_l1, folding))
@@ -1801,7 +1807,7 @@ def _leaf_error(pld: DiscretePLD, size: int) -> float:
     against the exact transform of ``pld``'s masses folded onto the circle: the transform's
     :func:`forward_error` of the computed folded vector, plus the folding's rounding (each entry
     a sum of ``rows`` masses, gamma_{rows - 1} relative)."""
-    mass_l1 = _l1(pld.mass)
+    mass_l1 = pld.mass_l1
     rows = -(-pld.mass.size // size)
     folding = _gamma(rows - 1) if rows > 1 else 0.0
     return (forward_error(size) * (1.0 + folding) + folding) * mass_l1
