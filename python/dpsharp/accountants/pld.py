@@ -57,7 +57,7 @@ import functools
 import math
 from dataclasses import dataclass
 from itertools import islice
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 from scipy.special import log_ndtr
@@ -306,6 +306,18 @@ class _Leaf(NamedTuple):
     rate: float
 
 
+#: A leaf's discretisation key as :meth:`PLDAccountant._leaves` makes it: (mechanism code,
+#: parameter, rate), equal (and hashing equal) to the :class:`_Leaf` of the same fields.
+_Key = tuple[int, float, float]
+
+
+def _distinct_leaves(counts: Mapping[_Key, int]) -> list[_Leaf]:
+    """The distinct keys of ``counts`` as :class:`_Leaf` objects, in the canonical (sorted)
+    order (mechanism, parameter, rate), so that floating-point sums over them do not depend on
+    the order of composition."""
+    return [_Leaf(*key) for key in sorted(counts)]
+
+
 class _DirectionCache:
     """Per direction and grid: the leaves' discretised PLDs, their spectra and the last result."""
 
@@ -418,37 +430,42 @@ class PLDAccountant(Accountant):
             return "sampling without replacement is analysed for an inner Gaussian only"
         return f"{type(inner).__name__} events have no privacy-loss distribution here"
 
-    def _leaves(self, leaf: Event, direction: str) -> _Leaf:
+    def _leaves(self, leaf: Event, direction: str) -> _Key:
+        """The discretisation key of a leaf event in one direction, as a plain tuple
+        (mechanism code, parameter, rate): a long schedule makes one per event and direction,
+        and a plain tuple of numbers is not tracked by the garbage collector (a named tuple is,
+        and tens of thousands of them set off full collections); made a :class:`_Leaf` once
+        per distinct key, where the composition needs one (:func:`_distinct_leaves`)."""
         if type(leaf) is PoissonSampled and type(leaf.event) is Gaussian:
             # The step of a per-step schedule, tens of thousands of times: the branch below
             # without the type tests before it (none of which such an event passes).
             sigma, q = leaf.event.noise_multiplier, leaf.sampling_probability
             if q == 1.0:
-                return _Leaf(_GAUSSIAN, sigma, 1.0)
-            return _Leaf(_REMOVE if direction == "remove" else _ADD, sigma, q)
+                return (_GAUSSIAN, sigma, 1.0)
+            return (_REMOVE if direction == "remove" else _ADD, sigma, q)
         # A shuffled epoch costs one run of its event (parallel composition, see events.Shuffled).
         inner = leaf.event if isinstance(leaf, Shuffled) else leaf
         if isinstance(inner, Gaussian):
-            return _Leaf(_GAUSSIAN, inner.noise_multiplier, 1.0)
+            return (_GAUSSIAN, inner.noise_multiplier, 1.0)
         if isinstance(inner, Laplace):
-            return _Leaf(_LAPLACE, inner.scale, 1.0)
+            return (_LAPLACE, inner.scale, 1.0)
         if isinstance(inner, _atoms.ATOM_EVENTS):
-            return _Leaf(*_atoms.leaf_key(inner, self._neighbouring, direction))
+            return tuple(_atoms.leaf_key(inner, self._neighbouring, direction))
         if _continuous.is_leaf(inner):
-            return _Leaf(*_continuous.leaf_key(inner, self._neighbouring, direction))
+            return tuple(_continuous.leaf_key(inner, self._neighbouring, direction))
         if isinstance(inner, SingleEpochTreeAggregation):  # its Gaussian (events.py)
-            return _Leaf(_GAUSSIAN, inner.equivalent_noise_multiplier, 1.0)
+            return (_GAUSSIAN, inner.equivalent_noise_multiplier, 1.0)
         if isinstance(inner, PoissonSampled):
             sigma = inner.event.noise_multiplier  # type: ignore[attr-defined]
             q = inner.sampling_probability
             if q == 1.0:
-                return _Leaf(_GAUSSIAN, sigma, 1.0)
-            return _Leaf(_REMOVE if direction == "remove" else _ADD, sigma, q)
+                return (_GAUSSIAN, sigma, 1.0)
+            return (_REMOVE if direction == "remove" else _ADD, sigma, q)
         assert isinstance(inner, SampledWithoutReplacement)
         sigma = inner.event.noise_multiplier  # type: ignore[attr-defined]
         if inner.sample_size == inner.dataset_size:
-            return _Leaf(_GAUSSIAN, sigma, 1.0)
-        return _Leaf(_SYMMETRIC, sigma, inner.sampling_rate)
+            return (_GAUSSIAN, sigma, 1.0)
+        return (_SYMMETRIC, sigma, inner.sampling_rate)
 
     def _directions(self) -> list[str]:
         """The directions composed: ["remove", "add"] when some event is asymmetric under the
@@ -460,7 +477,7 @@ class PLDAccountant(Accountant):
             return list(memo[1])
         asymmetric = any(
             isinstance(leaf.event if isinstance(leaf, Shuffled) else leaf, PoissonSampled)
-            and self._leaves(leaf, "remove").mechanism == _REMOVE
+            and self._leaves(leaf, "remove")[0] == _REMOVE
             for leaf in self._counts
         ) or _atoms.asymmetric(self._counts, self._neighbouring) or _continuous.asymmetric(
             self._counts, self._neighbouring
@@ -643,10 +660,10 @@ class PLDAccountant(Accountant):
         # Directions one at a time: the support is their maximum, so the first that does not
         # fit decides (the others are not discretised).
         for direction in self._directions():
-            leaves: dict[_Leaf, int] = {}
+            leaves: dict[_Key, int] = {}
             for key, count in zip(self._exact_keys(direction), self._counts.values()):
                 leaves[key] = leaves.get(key, 0) + count
-            order = sorted(leaves)
+            order = _distinct_leaves(leaves)
             # Each leaf's number of grid points at (step, tail), kept: an incremental run asks
             # again at every step with the same leaves (a pure function of its key, so the
             # answer is the same as discretising again).
@@ -717,11 +734,11 @@ class PLDAccountant(Accountant):
             if len(rounded) < len(keys):
                 rounded.extend(_quantized(keys[len(rounded) :], quantum, pessimistic))
             keys = rounded
-        leaves: dict[_Leaf, int] = {}
+        leaves: dict[_Key, int] = {}
         for key, count in zip(keys, self._counts.values()):
             leaves[key] = leaves.get(key, 0) + count
         # A canonical order, so that floating-point sums do not depend on insertion order.
-        order = sorted(leaves)  # (mechanism, parameter, rate)
+        order = _distinct_leaves(leaves)
         counts = tuple(-(-leaves[key] // block) * block for key in order)
         result_key = (pessimistic, tuple(order), counts, stage)
         hit = cache.results.get(result_key)
@@ -785,7 +802,7 @@ class PLDAccountant(Accountant):
         cache.results[result_key] = result
         return result
 
-    def _exact_keys(self, direction: str) -> list[_Leaf]:
+    def _exact_keys(self, direction: str) -> list[_Key]:
         """The discretisation key of each composed leaf event, in the (insertion) order of
         self._counts, which only grows: a pure function of (event, direction), kept across
         queries so that a long heterogeneous schedule is mapped once, without hashing the events
@@ -838,7 +855,7 @@ class PLDAccountant(Accountant):
         memo = self._smooth_memo
         if not memo or memo[0] != len(self._counts):
             smooth = all(
-                key.mechanism in _SMOOTH_MECHANISMS
+                key[0] in _SMOOTH_MECHANISMS
                 for direction in self._directions()
                 for key in self._exact_keys(direction)
             )
@@ -861,8 +878,8 @@ class PLDAccountant(Accountant):
         self._caches = {}
         self._crossing_hints: dict[tuple[float, float], CrossingHint] = {}
         self._smooth_memo: list[Any] = []  # [events, _smooth_leaves' value]
-        self._exact_leaf_keys: dict[str, list[_Leaf]] = {}
-        self._leaf_keys: dict[tuple[str, float, bool], list[_Leaf]] = {}
+        self._exact_leaf_keys: dict[str, list[_Key]] = {}
+        self._leaf_keys: dict[tuple[str, float, bool], list[_Key]] = {}
         self._quantum_memo: dict[tuple[str, bool, int], float] = {}
         self._leaf_variances: list[float] = []
         self._base_steps: dict[tuple[int, int], float] = {}
@@ -1071,11 +1088,12 @@ class PLDAccountant(Accountant):
         terms: dict[float, int] = {}
         for direction in self._directions():
             for leaf, count in zip(self._exact_keys(direction), self._counts.values()):
-                if leaf.mechanism != _GAUSSIAN or leaf.rate != 1.0:
+                mechanism, parameter, rate = leaf
+                if mechanism != _GAUSSIAN or rate != 1.0:
                     self._gaussian_memo = [key, None]
                     return None
                 if direction == "remove":
-                    terms[leaf.parameter] = terms.get(leaf.parameter, 0) + count
+                    terms[parameter] = terms.get(parameter, 0) + count
         value = _pld_gaussian.mu_squared_bounds(terms.items())
         self._gaussian_memo = [key, value]
         return value
@@ -1473,7 +1491,7 @@ _BATCH = 32
 _KEPT_MECHANISMS = _atoms.ATOM_MECHANISMS + _continuous.CONTINUOUS_MECHANISMS
 
 
-def _quantized(leaves: list[_Leaf], quantum: float, pessimistic: bool) -> list[_Leaf]:
+def _quantized(leaves: list[_Key], quantum: float, pessimistic: bool) -> list[_Key]:
     """Round the noise multipliers of Gaussian-family leaves onto the grid of
     :class:`_RoundingGrid` (geometric in the root s of the per-step loss-variance proxy,
     :func:`_variance_root`, with ratio ``1 + quantum / 2``): down for the pessimistic side, up
@@ -1527,7 +1545,7 @@ def _sigma_of_root(root: np.ndarray, rate: np.ndarray) -> np.ndarray:
         return 1.0 / np.where(rate < 1.0, np.maximum(root, sampled), root)
 
 
-def _gap_quantum(leaves: list[_Leaf], counts: Sequence[int], precision: float) -> float:
+def _gap_quantum(leaves: list[_Key], counts: Sequence[int], precision: float) -> float:
     """The coarsest quantum ``precision * 2^(j/_QUANTUM_STEPS)``, ``|j| <= 2 _QUANTUM_STEPS``,
     at which the two roundings of :func:`_quantized` move the composed loss variance proxy ``V = sum_i c_i v_i``
     (:func:`_loss_variance`, v = s^2) apart by at most ``_ROUNDING_GAP * precision`` relative:
@@ -1577,7 +1595,7 @@ _QUANTUM_STEPS = 8
 _ROUNDING_GAP = 2.8
 
 
-def _rounded_counts(leaves: list[_Leaf], quanta: Sequence[float], pessimistic: bool) -> list[int]:
+def _rounded_counts(leaves: list[_Key], quanta: Sequence[float], pessimistic: bool) -> list[int]:
     """For each quantum, the number of distinct keys :func:`_quantized` would make of
     ``leaves`` (counted on the arrays, without making the keys)."""
     columns = _LeafColumns.of(leaves)
@@ -1597,7 +1615,7 @@ class _LeafColumns:
     root: np.ndarray
 
     @classmethod
-    def of(cls, leaves: list[_Leaf]) -> _LeafColumns:
+    def of(cls, leaves: list[_Key]) -> _LeafColumns:
         """The columns of ``leaves``. The last list asked about is remembered with its length
         (the accountant's key lists only grow, and a query asks about the same list several
         times: the quantum's search, then the rounding of each side)."""
