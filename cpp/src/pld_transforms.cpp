@@ -471,6 +471,23 @@ void stage_range(const Plan& plan, int stage, double* re, double* im, std::int64
   }
 }
 
+// The blocks of a transform that stay in cache: (points per block, stages done within a block),
+// a block holding odd 2^stages points, at most max(kBlock, odd) (and at most the transform).
+struct CacheBlocks {
+  std::int64_t points;
+  int stages;
+};
+
+CacheBlocks cache_blocks(const Plan& plan) noexcept {
+  const std::int64_t block = std::min(plan.points, std::max(kBlock, plan.odd));  // odd divides it
+  CacheBlocks out{plan.odd, 0};
+  while (out.points * 2 <= block && out.stages < plan.levels) {
+    out.points *= 2;
+    ++out.stages;
+  }
+  return out;
+}
+
 // The DFT Z_f = sum_s z_s w_P^{f s} (P = plan.points, w_P = e^{-2 pi i / P}) of the sequence
 // z_s = load(s) (z_s = 0 from `nonzero` on), into (re, im): stage 0 computes the direct DFTs
 // of odd length m of the 2^k decimated sequences z[b + 2^k a] (b in bit-reversed order), each
@@ -485,13 +502,9 @@ void complex_transform(const Plan& plan, Load&& load, std::int64_t nonzero, doub
   const double* cr = plan.coefficient_re.data();
   const double* ci = plan.coefficient_im.data();
   // Stage 0 and the stages whose groups fit in a block of kBlock entries, block by block.
-  const std::int64_t block = std::min(points, std::max(kBlock, odd));  // a multiple of odd
-  std::int64_t block_points = odd;
-  int block_stages = 0;
-  while (block_points * 2 <= block && block_stages < plan.levels) {
-    block_points *= 2;
-    ++block_stages;
-  }
+  const CacheBlocks blocked = cache_blocks(plan);
+  const std::int64_t block_points = blocked.points;
+  const int block_stages = blocked.stages;
   const std::int64_t chunks = points / block_points;
   parallel_ranges<Threads::kOwnThreads>(chunks, 4, threads, [&](std::int64_t lo, std::int64_t hi) {
     for (std::int64_t chunk = lo; chunk < hi; ++chunk) {
@@ -725,13 +738,9 @@ void real_transform(const Plan& plan, const double* values, std::int64_t length,
   const std::int64_t kept_rows = (odd + 1) / 2;  // rows 0 .. (m - 1) / 2 of stage 0
   const double* cr = plan.coefficient_re.data();
   const double* ci = plan.coefficient_im.data();
-  const std::int64_t block = std::min(points, std::max(kBlock, odd));
-  std::int64_t block_points = odd;
-  int block_stages = 0;
-  while (block_points * 2 <= block && block_stages < plan.levels) {
-    block_points *= 2;
-    ++block_stages;
-  }
+  const CacheBlocks blocked = cache_blocks(plan);
+  const std::int64_t block_points = blocked.points;
+  const int block_stages = blocked.stages;
   const std::int64_t chunks = points / block_points;
   parallel_ranges<Threads::kOwnThreads>(chunks, 4, threads, [&](std::int64_t lo, std::int64_t hi) {
     for (std::int64_t chunk = lo; chunk < hi; ++chunk) {
