@@ -333,6 +333,20 @@ DPSHARP_WIDTH_BUILDS(double_stage,
                       std::int64_t half),
                      (r0, i0, r1, i1, r2, i2, r3, i3, a_re, a_im, b_re, b_im, c_re, c_im, half))
 
+// The butterfly (u, h) of twiddle w with its second output conjugated: (u + w h, conj(u - w h)),
+// each complex product as in `times` (the operations of `butterflies`, and an exact sign change).
+struct Mirrored {
+  double low_re, low_im, high_re, high_im;
+};
+
+inline __attribute__((always_inline)) Mirrored mirrored_butterfly(double u_re, double u_im,
+                                                                  double h_re, double h_im,
+                                                                  double w_re, double w_im) {
+  const double t_re = w_re * h_re - w_im * h_im;
+  const double t_im = w_re * h_im + w_im * h_re;
+  return {u_re + t_re, u_im + t_im, u_re - t_re, -(u_im - t_im)};
+}
+
 // The radix-2 stage of a real input's transform on the lower half of one group: for j in
 // [0, count), the butterfly (E_j, O_j) of twiddle w_j gives Z_j = E_j + w_j O_j, written over
 // E_j (low), and Z_{j + H} = E_j - w_j O_j, whose conjugate is Z_{H - j} (the transform of a
@@ -343,16 +357,12 @@ inline __attribute__((always_inline)) void half_butterflies_body(
     const double* __restrict high_im, double* __restrict mirror_re, double* __restrict mirror_im,
     const double* __restrict w_re, const double* __restrict w_im, std::int64_t count) {
   for (std::int64_t j = 0; j < count; ++j) {
-    const double hr = high_re[j];
-    const double hi = high_im[j];
-    const double tr = w_re[j] * hr - w_im[j] * hi;
-    const double ti = w_re[j] * hi + w_im[j] * hr;
-    const double ur = low_re[j];
-    const double ui = low_im[j];
-    low_re[j] = ur + tr;
-    low_im[j] = ui + ti;
-    mirror_re[-j] = ur - tr;
-    mirror_im[-j] = -(ui - ti);
+    const Mirrored z = mirrored_butterfly(low_re[j], low_im[j], high_re[j], high_im[j], w_re[j],
+                                          w_im[j]);
+    low_re[j] = z.low_re;
+    low_im[j] = z.low_im;
+    mirror_re[-j] = z.high_re;
+    mirror_im[-j] = z.high_im;
   }
 }
 DPSHARP_WIDTH_BUILDS(half_butterflies,
@@ -471,21 +481,34 @@ void stage_range(const Plan& plan, int stage, double* re, double* im, std::int64
   }
 }
 
-// The blocks of a transform that stay in cache: (points per block, stages done within a block),
-// a block holding odd 2^stages points, at most max(kBlock, odd) (and at most the transform).
-struct CacheBlocks {
-  std::int64_t points;
-  int stages;
-};
-
-CacheBlocks cache_blocks(const Plan& plan) noexcept {
-  const std::int64_t block = std::min(plan.points, std::max(kBlock, plan.odd));  // odd divides it
-  CacheBlocks out{plan.odd, 0};
-  while (out.points * 2 <= block && out.stages < plan.levels) {
-    out.points *= 2;
-    ++out.stages;
+// Stage 0 and the radix-2 stages whose groups fit in a block of kBlock entries (at least odd,
+// at most the transform), block by block while the block is in cache, the blocks shared over
+// `threads`: `group(b, out_re, out_im)` writes stage 0's outputs for the decimated sequence
+// starting at input b (in bit-reversed order) to out_re, out_im, and `stages(stage, begin, end)`
+// runs one stage on the block [begin, end). Returns the first stage not run.
+template <typename Group, typename Stages>
+int by_cache_blocks(const Plan& plan, double* re, double* im, int threads, Group&& group,
+                    Stages&& stages) {
+  const std::int64_t odd = plan.odd;
+  const std::int64_t block = std::min(plan.points, std::max(kBlock, odd));  // odd divides it
+  std::int64_t block_points = odd;
+  int block_stages = 0;
+  while (block_points * 2 <= block && block_stages < plan.levels) {
+    block_points *= 2;
+    ++block_stages;
   }
-  return out;
+  const std::int64_t chunks = plan.points / block_points;
+  parallel_ranges<Threads::kOwnThreads>(chunks, 4, threads, [&](std::int64_t lo, std::int64_t hi) {
+    for (std::int64_t chunk = lo; chunk < hi; ++chunk) {
+      const std::int64_t first = chunk * block_points;
+      for (std::int64_t p = first / odd; p < (first + block_points) / odd; ++p) {
+        group(static_cast<std::int64_t>(plan.reversed[static_cast<std::size_t>(p)]), re + p * odd,
+              im + p * odd);
+      }
+      for (int stage = 0; stage < block_stages; ++stage) stages(stage, first, first + block_points);
+    }
+  });
+  return block_stages;
 }
 
 // The DFT Z_f = sum_s z_s w_P^{f s} (P = plan.points, w_P = e^{-2 pi i / P}) of the sequence
@@ -501,28 +524,19 @@ void complex_transform(const Plan& plan, Load&& load, std::int64_t nonzero, doub
   const std::int64_t blocks = points / odd;
   const double* cr = plan.coefficient_re.data();
   const double* ci = plan.coefficient_im.data();
-  // Stage 0 and the stages whose groups fit in a block of kBlock entries, block by block.
-  const CacheBlocks blocked = cache_blocks(plan);
-  const std::int64_t block_points = blocked.points;
-  const int block_stages = blocked.stages;
-  const std::int64_t chunks = points / block_points;
-  parallel_ranges<Threads::kOwnThreads>(chunks, 4, threads, [&](std::int64_t lo, std::int64_t hi) {
-    for (std::int64_t chunk = lo; chunk < hi; ++chunk) {
-      const std::int64_t first = chunk * block_points;
-      for (std::int64_t p = first / odd; p < (first + block_points) / odd; ++p) {
-        const std::int64_t b = plan.reversed[static_cast<std::size_t>(p)];
-        double* out_re = re + p * odd;
-        double* out_im = im + p * odd;
+  const int block_stages = by_cache_blocks(
+      plan, re, im, threads,
+      [&](std::int64_t b, double* out_re, double* out_im) {
         if (b >= nonzero) {  // every input of this group is an exact zero: so are its outputs
           std::fill(out_re, out_re + odd, 0.0);
           std::fill(out_im, out_im + odd, 0.0);
-          continue;
+          return;
         }
         if (odd == 1) {  // the 1-point DFT: the entry itself
           const Complex z = load(b);
           out_re[0] = z.real();
           out_im[0] = z.imag();
-          continue;
+          return;
         }
         Complex column[kMaxOddFactor];
         for (std::int64_t a = 0; a < odd; ++a) column[a] = load(b + blocks * a);
@@ -536,12 +550,10 @@ void complex_transform(const Plan& plan, Load&& load, std::int64_t nonzero, doub
           out_re[f] = sum.real();
           out_im[f] = sum.imag();
         }
-      }
-      for (int stage = 0; stage < block_stages; ++stage) {
-        stage_range(plan, stage, re, im, first, first + block_points);
-      }
-    }
-  });
+      },
+      [&](int stage, std::int64_t begin, std::int64_t end) {
+        stage_range(plan, stage, re, im, begin, end);
+      });
   // The larger stages over the whole array, two at a time where two remain.
   int stage = block_stages;
   while (stage < plan.levels) {
@@ -613,38 +625,20 @@ inline __attribute__((always_inline)) void double_half_stage_body(
     const double* __restrict w2_mirror_re, const double* __restrict w2_mirror_im,
     std::int64_t count) {
   for (std::int64_t j = 0; j < count; ++j) {
-    const double br = b_re[j];
-    const double bi = b_im[j];
-    const double tr = w1_re[j] * br - w1_im[j] * bi;
-    const double ti = w1_re[j] * bi + w1_im[j] * br;
-    const double ar = a_re[j];
-    const double ai = a_im[j];
-    const double e_low_r = ar + tr;
-    const double e_low_i = ai + ti;
-    const double e_high_r = ar - tr;
-    const double e_high_i = -(ai - ti);
-    const double dr = d_re[j];
-    const double di = d_im[j];
-    const double ur = w1_re[j] * dr - w1_im[j] * di;
-    const double ui = w1_re[j] * di + w1_im[j] * dr;
-    const double cr = c_re[j];
-    const double ci = c_im[j];
-    const double o_low_r = cr + ur;
-    const double o_low_i = ci + ui;
-    const double o_high_r = cr - ur;
-    const double o_high_i = -(ci - ui);
-    const double sr = w2_re[j] * o_low_r - w2_im[j] * o_low_i;
-    const double si = w2_re[j] * o_low_i + w2_im[j] * o_low_r;
-    a_re[j] = e_low_r + sr;
-    a_im[j] = e_low_i + si;
-    mirror_2h_re[-j] = e_low_r - sr;
-    mirror_2h_im[-j] = -(e_low_i - si);
-    const double vr = w2_mirror_re[-j] * o_high_r - w2_mirror_im[-j] * o_high_i;
-    const double vi = w2_mirror_re[-j] * o_high_i + w2_mirror_im[-j] * o_high_r;
-    mirror_h_re[-j] = e_high_r + vr;
-    mirror_h_im[-j] = e_high_i + vi;
-    b_re[j] = e_high_r - vr;
-    b_im[j] = -(e_high_i - vi);
+    const Mirrored e = mirrored_butterfly(a_re[j], a_im[j], b_re[j], b_im[j], w1_re[j], w1_im[j]);
+    const Mirrored o = mirrored_butterfly(c_re[j], c_im[j], d_re[j], d_im[j], w1_re[j], w1_im[j]);
+    const Mirrored low = mirrored_butterfly(e.low_re, e.low_im, o.low_re, o.low_im, w2_re[j],
+                                            w2_im[j]);
+    const Mirrored high = mirrored_butterfly(e.high_re, e.high_im, o.high_re, o.high_im,
+                                             w2_mirror_re[-j], w2_mirror_im[-j]);
+    a_re[j] = low.low_re;
+    a_im[j] = low.low_im;
+    mirror_2h_re[-j] = low.high_re;
+    mirror_2h_im[-j] = low.high_im;
+    mirror_h_re[-j] = high.low_re;
+    mirror_h_im[-j] = high.low_im;
+    b_re[j] = high.high_re;
+    b_im[j] = high.high_im;
   }
 }
 DPSHARP_WIDTH_BUILDS(double_half_stage,
@@ -738,26 +732,18 @@ void real_transform(const Plan& plan, const double* values, std::int64_t length,
   const std::int64_t kept_rows = (odd + 1) / 2;  // rows 0 .. (m - 1) / 2 of stage 0
   const double* cr = plan.coefficient_re.data();
   const double* ci = plan.coefficient_im.data();
-  const CacheBlocks blocked = cache_blocks(plan);
-  const std::int64_t block_points = blocked.points;
-  const int block_stages = blocked.stages;
-  const std::int64_t chunks = points / block_points;
-  parallel_ranges<Threads::kOwnThreads>(chunks, 4, threads, [&](std::int64_t lo, std::int64_t hi) {
-    for (std::int64_t chunk = lo; chunk < hi; ++chunk) {
-      const std::int64_t first = chunk * block_points;
-      for (std::int64_t p = first / odd; p < (first + block_points) / odd; ++p) {
-        const std::int64_t b = plan.reversed[static_cast<std::size_t>(p)];
-        double* out_re = re + p * odd;
-        double* out_im = im + p * odd;
+  const int block_stages = by_cache_blocks(
+      plan, re, im, threads,
+      [&](std::int64_t b, double* out_re, double* out_im) {
         if (b >= length) {  // every input of this group is an exact zero: so are its outputs
           std::fill(out_re, out_re + kept_rows, 0.0);
           std::fill(out_im, out_im + kept_rows, 0.0);
-          continue;
+          return;
         }
         if (odd == 1) {
           out_re[0] = values[b];
           out_im[0] = 0.0;
-          continue;
+          return;
         }
         // The terms a with b + blocks a >= length are exact zeros: the sums stop before them
         // (adding a zero product changes no sum, except the sign of a zero one).
@@ -776,13 +762,10 @@ void real_transform(const Plan& plan, const double* values, std::int64_t length,
           out_re[f] = sum_re;
           out_im[f] = sum_im;
         }
-      }
-      for (int stage = 0; stage < block_stages; ++stage) {
-        const std::int64_t half = odd << stage;
-        half_stage_range(plan, stage, re, im, first, first + block_points, 0, half / 2 + 1);
-      }
-    }
-  });
+      },
+      [&](int stage, std::int64_t begin, std::int64_t end) {
+        half_stage_range(plan, stage, re, im, begin, end, 0, (odd << stage) / 2 + 1);
+      });
   // The larger stages over the whole array, two at a time where two remain, each group's
   // columns split into pieces so that even one group (the last stages) is shared out.
   int stage = block_stages;
