@@ -1,7 +1,7 @@
 """The tight accountant's queries with two builds of the compiled core, alternating in one process.
 
     python bench/bench_core_ab.py --other-core OTHER/_core.cpython-311-x86_64-linux-gnu.so
-                                  [--rounds 9] [--out bench/results/core_ab.txt]
+                                  [--rounds 9] [--transforms] [--out bench/results/core_ab.txt]
 
 On a shared machine the speed of a process drifts by up to a third between processes (the same
 code measured in two fresh processes can differ by that much), which hides a change of 5-15%
@@ -12,6 +12,10 @@ round, the order alternating every round, so drift moves both alike. Only the co
 differs; the Python is this checkout's (use bench_pld_fresh.py ``--against`` to compare Python
 changes). Reported per setting: the median time of each build over the rounds after the first,
 their ratio, and both answers (a transform that changes its rounding changes the last digits).
+
+``--transforms`` adds the real forward transform alone (``pld_certified_rfft`` of random values
+filling two thirds of the circle, as a leaf does, on 1 and 2 threads) at circle sizes the
+accountant uses, alternating the two cores call by call (the bits of both are compared).
 
 Settings: fresh queries (``PLDAccountant().compose(PoissonSampled(Gaussian(sigma), q),
 T).epsilon(1e-5)``) of bench_pld_fresh.py, and ``epsilon(1e-5)`` of the two per-step schedules
@@ -30,6 +34,8 @@ import sys
 import time
 from types import ModuleType
 from typing import Callable
+
+import numpy as np
 
 import dpsharp.accountants._pld_numerics as numerics
 import dpsharp.accountants.pld as pld
@@ -91,6 +97,33 @@ def fresh_query(q: float, sigma: float, steps: int) -> Callable[[], float]:
     return query
 
 
+TRANSFORM_SIZES = (15_360, 16_384, 61_440, 131_072, 163_840, 524_288)
+
+
+def transform_lines(this_core: ModuleType, other_core: ModuleType, rounds: int) -> list[str]:
+    """The forward transform alone: median time of each core per size and thread count, calls
+    alternating (``5 * rounds`` of each), and whether the two outputs have the same bits."""
+    rng = np.random.default_rng(0)
+    lines = [f"{'forward transform':20s} {'other ms':>9s} {'this ms':>9s} {'other/this':>10s}  same bits"]
+    for size in TRANSFORM_SIZES:
+        values = rng.random(2 * size // 3)
+        for threads in (1, 2):
+            times: dict[str, list[float]] = {"other": [], "this": []}
+            for call in range(5 * rounds):
+                order = (("other", other_core), ("this", this_core))
+                for label, core in order if call % 2 == 0 else order[::-1]:
+                    start = time.perf_counter()
+                    core.pld_certified_rfft(values, size, threads=threads)
+                    times[label].append(time.perf_counter() - start)
+            same = np.array_equal(this_core.pld_certified_rfft(values, size),
+                                  other_core.pld_certified_rfft(values, size))
+            other = statistics.median(times["other"])
+            this = statistics.median(times["this"])
+            lines.append(f"{f'n={size} threads={threads}':20s} {other * 1e3:9.3f} {this * 1e3:9.3f} "
+                         f"{other / this:10.2f}  {same}")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--other-core", required=True,
@@ -98,6 +131,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results",
                                                       "core_ab.txt"))
+    parser.add_argument("--transforms", action="store_true",
+                        help="also time the forward transform alone at several circle sizes")
     args = parser.parse_args()
     if args.rounds < 2:
         parser.error("--rounds must be at least 2 (the first round is dropped)")
@@ -131,6 +166,8 @@ def main() -> None:
             f"{name:20s} {other * 1e3:9.2f} {this * 1e3:9.2f} {other / this:10.3f}  "
             f"{answers[(name, 'other')]!r}, {answers[(name, 'this')]!r}"
         )
+    if args.transforms:
+        lines.extend(transform_lines(this_core, other_core, args.rounds))
     print("\n".join(lines))
     with open(args.out, "w", encoding="utf-8") as handle:
         handle.write("\n".join(lines) + "\n")
