@@ -243,11 +243,11 @@ def long_double_twiddles(phases: np.ndarray, size: int) -> tuple[np.ndarray, np.
 
 @pytest.mark.parametrize("size", [3 << 13, 1 << 15])
 def test_large_forward_transform_within_its_bound(size: int) -> None:
-    """Circles past one cache block (4096 points): the blocked stages and the larger ones split
-    over columns, at frequencies spread over the half spectrum (both sides of each quarter,
-    where a stage's own outputs give way to the conjugated ones), against the DFT summed in
-    long double (its own error, at most 8 size 2^-64 ||x||_1 with the twiddles', is added to
-    the bound)."""
+    """Circles past one cache block (4096 points): the blocked stages and the larger ones, taken
+    two per pass and split over columns, at frequencies spread over the half spectrum (both
+    sides of each quarter, where a stage's own outputs give way to the conjugated ones),
+    against the DFT summed in long double (its own error, at most 8 size 2^-64 ||x||_1 with the
+    twiddles', is added to the bound)."""
     values = np.random.default_rng(size).random(size - 7)
     computed = numerics.certified_forward(values, size)
     positions = np.arange(values.size, dtype=np.int64)

@@ -697,16 +697,12 @@ void double_half_stage_range(const Plan& plan, int stage, double* re, double* im
     const std::int64_t j = half / 2;
     one_butterfly(re, im, a + j, b + j, w1_re[j], w1_im[j], false);
     one_butterfly(re, im, c + j, d + j, w1_re[j], w1_im[j], false);
-    const double hr = re[c + j];
-    const double hi_ = im[c + j];
-    const double tr = w2_re[j] * hr - w2_im[j] * hi_;
-    const double ti = w2_re[j] * hi_ + w2_im[j] * hr;
-    const double ur = re[a + j];
-    const double ui = im[a + j];
-    re[a + j] = ur + tr;
-    im[a + j] = ui + ti;
-    re[c - j] = ur - tr;
-    im[c - j] = -(ui - ti);
+    const Mirrored z =
+        mirrored_butterfly(re[a + j], im[a + j], re[c + j], im[c + j], w2_re[j], w2_im[j]);
+    re[a + j] = z.low_re;
+    im[a + j] = z.low_im;
+    re[c - j] = z.high_re;
+    im[c - j] = z.high_im;
   }
 }
 
@@ -721,9 +717,9 @@ void double_half_stage_range(const Plan& plan, int stage, double* re, double* im
 // products (c_re x, c_im x): the values of the complex product with an imaginary part 0 (an
 // exact zero added; only the sign of a zero result can differ, which no later sum, product or
 // modulus sees).
-// Every entry computed is an entry of complex_transform's computation (the same operations on
-// the same inputs) or the exact conjugate of one (see forward_error in _pld_numerics.py), for
-// about half the work.
+// Every stored entry is a butterfly of stored entries, as in complex_transform, or the exact
+// conjugate of one, and so keeps complex_transform's componentwise bound (the argument is in
+// part 1 of the module docstring of _pld_numerics.py), for about half the work.
 void real_transform(const Plan& plan, const double* values, std::int64_t length, double* re,
                     double* im, int threads) {
   const std::int64_t odd = plan.odd;

@@ -54,8 +54,8 @@ input (their own rounding in the discretisation is outside this bound, see ``pld
    ``|d_fs| <= c_l`` (``c_l`` the bound after l stages, the entries of the product of the
    ``|A|`` being 1): an entry of the full computation from stored inputs, or the exact
    conjugate of one, which for real z is such a sum for the mirrored frequency with the same
-   ``|d|``, since ``conj a_{L-f,s} = a_fs``. A leaf longer than the circle is folded first (``gamma_{rows-1}``
-   relative). A pruned leaf (:func:`_pruned_reach`) is transformed below its reach by direct
+   ``|d|``, since ``conj a_{L-f,s} = a_fs``. A leaf longer than the circle is folded first
+   (``gamma_{rows-1}`` relative). A pruned leaf (:func:`_pruned_reach`) is transformed below its reach by direct
    summation (:func:`certified_band`: one twiddle, one real product, blocks of 16 summed in
    order and the block sums pairwise: ``c_B = (1 + mu)(1 + u)(1 + gamma_{15 + ceil(log2(S /
    16))}) - 1``, :func:`band_dft_error`); above it, the exact transform is certified below
