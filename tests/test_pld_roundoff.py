@@ -296,6 +296,25 @@ def test_large_inverse_transform_within_its_bound() -> None:
     assert error_l1 > 0.0
 
 
+@pytest.mark.parametrize("size", [240, 15 << 10, 1 << 14, 5 << 15])
+def test_short_leaf_transforms_as_its_zero_padded_circle(size: int) -> None:
+    """A leaf shorter than its circle is transformed from its own masses (``on_circle``): the
+    transform skips the missing zeros (whole decimated groups, and the tail of each first-stage
+    sum), which must give the numbers of the explicitly zero-padded circle (an exact zero added
+    changes no sum); a leaf longer than the circle is folded as before."""
+    rng = np.random.default_rng(size)
+    for length in (1, 7, size // 3, size // 2 + 5, size - 1, size):
+        pld = random_pld(length, length, -3, 0.01)
+        padded = np.zeros(size)
+        padded[:length] = pld.mass
+        np.testing.assert_array_equal(
+            numerics.certified_forward(pld.on_circle(size), size),
+            numerics.certified_forward(padded, size),
+        )
+    longer = DiscretePLD(0, rng.random(size + size // 3), 0.0, 0.01)
+    np.testing.assert_array_equal(longer.on_circle(size), longer.folded(size))
+
+
 @pytest.mark.parametrize("size", [1 << 17, 5 << 15])
 def test_transform_bits_do_not_depend_on_threads(size: int) -> None:
     values = np.random.default_rng(3).random(size - 11)
