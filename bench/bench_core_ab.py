@@ -37,6 +37,8 @@ from typing import Callable
 
 import numpy as np
 
+import dpsharp.accountants._pld_band as band
+import dpsharp.accountants._pld_continuous as continuous
 import dpsharp.accountants._pld_numerics as numerics
 import dpsharp.accountants.pld as pld
 from dpsharp import Gaussian, PLDAccountant, PoissonSampled
@@ -65,8 +67,9 @@ def load_core(path: str) -> ModuleType:
 
 
 def use(core: ModuleType) -> None:
-    numerics._core = core
-    pld._core = core
+    """Point every accountant module that calls the compiled core at ``core``."""
+    for module in (numerics, pld, band, continuous):
+        module._core = core  # type: ignore[attr-defined]
 
 
 def schedule_query(name: str, steps: int) -> Callable[[], float]:
