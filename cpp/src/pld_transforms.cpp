@@ -407,21 +407,15 @@ inline void small_half_stage(double* re, double* im, const double* w_re, const d
     for (std::int64_t j = 0; j <= half / 2; ++j) {
       const std::int64_t low = start + j;
       const std::int64_t high = start + half + j;
-      const double hr = re[high];
-      const double hi = im[high];
-      const double tr = w_re[j] * hr - w_im[j] * hi;
-      const double ti = w_re[j] * hi + w_im[j] * hr;
-      const double ur = re[low];
-      const double ui = im[low];
-      re[low] = ur + tr;
-      im[low] = ui + ti;
-      if (j == 0) {
-        re[high] = ur - tr;
-        im[high] = ui - ti;
-      } else if (j <= last_mirrored) {
-        re[start + half - j] = ur - tr;
-        im[start + half - j] = -(ui - ti);
+      if (j == 0 || j > last_mirrored) {
+        one_butterfly(re, im, low, high, w_re[j], w_im[j], j == 0);
+        continue;
       }
+      const Mirrored z = mirrored_butterfly(re[low], im[low], re[high], im[high], w_re[j], w_im[j]);
+      re[low] = z.low_re;
+      im[low] = z.low_im;
+      re[start + half - j] = z.high_re;
+      im[start + half - j] = z.high_im;
     }
   }
 }
