@@ -18,6 +18,7 @@ from dpsharp.accountants.pld import (
     _QUANTUM_STEPS,
     _ROUNDING_GAP,
     _Leaf,
+    _LeafColumns,
     _quantized,
     _rounded_counts,
     _sigma_of_root,
@@ -56,7 +57,9 @@ def test_rounded_parameters_are_on_their_side(quantum: float) -> None:
         moved = _variance_root(np.array([key.parameter for key in rounded]),
                                np.array([key.rate for key in rounded]))
         assert np.all(np.abs(np.log(moved / exact)) <= log_r * (1 + 1e-9))
-        assert _rounded_counts(leaves, [quantum], pessimistic) == [len(set(rounded))]
+        assert _rounded_counts(_LeafColumns.of(leaves), [quantum], pessimistic) == [
+            len(set(rounded))
+        ]
 
 
 def test_variance_root_inverts_and_matches_the_variance_proxy() -> None:
@@ -220,3 +223,61 @@ def test_coarsened_schedule_grid_brackets_an_independent_reference(
     assert reference_lower <= upper and lower <= reference_upper
     assert coarse_lower < reference_lower  # the coarse grid's first-order side is visible
     assert coarse_lower < lower
+
+
+def test_columns_extended_are_the_columns_of_the_whole_list() -> None:
+    """An accountant converts its keys to columns once and appends the rows of later events:
+    the rows are those made of the whole list at once, bit for bit (every column is
+    elementwise), including kept (Laplace) rows."""
+    leaves = [(2, float(sigma), 0.01) for sigma in np.geomspace(3.0, 0.5, 700)]
+    leaves[100] = (pld_module._LAPLACE, 4.0, 1.0)
+    leaves += [(0, 2.5, 1.0), (3, 0.9, 0.3)]
+    whole = _LeafColumns.of(leaves)
+    for cut in (0, 1, 100, 350, len(leaves)):
+        pieced = _LeafColumns.of(leaves[:cut]).extended(_LeafColumns.of(leaves[cut:]))
+        for name in ("mechanism", "parameter", "rate", "rounded", "root"):
+            assert np.array_equal(getattr(pieced, name), getattr(whole, name)), (name, cut)
+    tail = whole.rows_from(350)
+    assert np.array_equal(tail.root, _LeafColumns.of(leaves[350:]).root)
+
+
+def test_add_direction_takes_the_quantum_its_own_search_gives(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The add direction of a per-step schedule of Poisson-sampled Gaussians has the remove
+    direction's noise multipliers and rates: it takes the remove direction's rounding quantum
+    instead of searching again, and that is the quantum its own search gives (computed here
+    with the sharing switched off), on both sides, for an incremental and a fresh accountant.
+    Leaves that differ between the directions do not share."""
+    sigmas = np.geomspace(2.5, 0.7, 900)
+
+    def quanta(accountant: PLDAccountant) -> list[float]:
+        return [accountant._rounding_quantum(direction, side)
+                for direction in ("remove", "add") for side in (True, False)]
+
+    fresh = PLDAccountant()
+    incremental = PLDAccountant()
+    for step, sigma in enumerate(sigmas):
+        event = PoissonSampled(Gaussian(float(sigma)), 0.02)
+        fresh.compose(event)
+        incremental.compose(event)
+        if step in (520, 700):
+            quanta(incremental)  # queried on the way, columns extended afterwards
+    shared = quanta(fresh)
+    assert shared == quanta(incremental)
+    assert shared[0] > 0.0 and shared[2:] == shared[:2]
+    monkeypatch.setattr(_LeafColumns, "rounds_like", lambda self, other: False)
+    searched = PLDAccountant()
+    for sigma in sigmas:
+        searched.compose(PoissonSampled(Gaussian(float(sigma)), 0.02))
+    assert quanta(searched) == shared
+    monkeypatch.undo()
+    remove = _LeafColumns.of([(2, float(s), 0.02) for s in sigmas])
+    add = _LeafColumns.of([(3, float(s), 0.02) for s in sigmas])
+    assert remove.rounds_like(add)
+    assert not add.rounds_like(add)  # (rows holding the add code are not a first direction)
+    moved = _LeafColumns.of([(3, float(s) * (1.0 + 1e-12 * (k == 5)), 0.02)
+                             for k, s in enumerate(sigmas)])
+    assert not remove.rounds_like(moved)
+    other_rate = _LeafColumns.of([(3, float(s), 0.03) for s in sigmas])
+    assert not remove.rounds_like(other_rate)

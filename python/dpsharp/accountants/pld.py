@@ -559,7 +559,7 @@ class PLDAccountant(Accountant):
         between resets), so an incremental run does not scan the leaves at every step."""
         memo = self._support_memo
         if not memo or memo[0] != len(self._counts):
-            columns = _LeafColumns.of(self._exact_keys(self._directions()[0]))
+            columns = self._leaf_columns(self._directions()[0])
             smallest_sigma = (float(np.min(columns.parameter[columns.rounded]))
                               if columns.rounded.any() else math.inf)
             self._support_memo = memo = [len(self._counts), smallest_sigma]
@@ -732,7 +732,9 @@ class PLDAccountant(Accountant):
             # The rounded keys, in the same order, kept per rounding like the exact ones.
             rounded = self._leaf_keys.setdefault((direction, quantum, pessimistic), [])
             if len(rounded) < len(keys):
-                rounded.extend(_quantized(keys[len(rounded) :], quantum, pessimistic))
+                start = len(rounded)
+                rounded.extend(_quantized(keys[start:], quantum, pessimistic,
+                                          self._leaf_columns(direction).rows_from(start)))
             keys = rounded
         leaves: dict[_Key, int] = {}
         for key, count in zip(keys, self._counts.values()):
@@ -812,6 +814,18 @@ class PLDAccountant(Accountant):
             keys.extend(self._leaves(leaf, direction) for leaf in islice(self._counts, len(keys), None))
         return keys
 
+    def _leaf_columns(self, direction: str) -> _LeafColumns:
+        """:meth:`_exact_keys` of ``direction`` as arrays (:class:`_LeafColumns`), kept and
+        extended by the rows of the events composed since (a long schedule's keys are converted
+        once, not at every query)."""
+        keys = self._exact_keys(direction)
+        held = self._columns.get(direction)
+        if held is None or held.size < len(keys):
+            more = _LeafColumns.of(keys[held.size if held is not None else 0 :])
+            held = more if held is None else held.extended(more)
+            self._columns[direction] = held
+        return held
+
     def _rounding_quantum(self, direction: str, pessimistic: bool) -> float:
         """The quantum of the noise-multiplier rounding (0.0: none). Rounding costs tightness (the
         pessimistic side raises the root of a noise multiplier's loss variance by up to a
@@ -822,18 +836,29 @@ class PLDAccountant(Accountant):
         with the coarsest quantum whose rounding is predicted to widen the bracket by at most
         ``_ROUNDING_GAP`` times the precision (:func:`_gap_quantum`; a schedule whose epsilon
         moves little with its noise multipliers is rounded more coarsely). A function of the set
-        of composed events only."""
+        of composed events only. A direction whose leaves round like the first direction's
+        (:meth:`_LeafColumns.rounds_like`: the add direction of Poisson-sampled Gaussians) takes
+        the first direction's quantum, the number the same search gives it."""
         memo_key = (direction, pessimistic, len(self._counts))
         memo = self._quantum_memo
         if memo_key in memo:
             return memo[memo_key]
+        first = self._directions()[0]
+        if direction != first and self._leaf_columns(first).rounds_like(
+            self._leaf_columns(direction)
+        ):
+            quantum = self._rounding_quantum(first, pessimistic)
+            memo[memo_key] = quantum
+            return quantum
         keys = self._exact_keys(direction)
         distinct = len(set(keys))
         quantum = 0.0
         if distinct > _LEAF_BUDGET:
             quantum = math.nan
             candidates = [self._precision * fraction for fraction in (1 / 16, 1 / 8, 1 / 4, 1 / 2)]
-            for candidate, count in zip(candidates, _rounded_counts(keys, candidates, pessimistic)):
+            columns = self._leaf_columns(direction)
+            for candidate, count in zip(candidates,
+                                        _rounded_counts(columns, candidates, pessimistic)):
                 if count <= _LEAF_BUDGET:
                     quantum = candidate
                     break
@@ -841,7 +866,7 @@ class PLDAccountant(Accountant):
                 # The same for both sides (a function of both roundings), computed once.
                 other = memo.get((direction, not pessimistic, len(self._counts)))
                 quantum = other if other else _gap_quantum(
-                    keys, list(self._counts.values()), self._precision
+                    columns, list(self._counts.values()), self._precision
                 )
         if any(key[2] != len(self._counts) for key in memo):
             memo.clear()  # only the latest set of events is asked about again
@@ -880,6 +905,7 @@ class PLDAccountant(Accountant):
         self._smooth_memo: list[Any] = []  # [events, _smooth_leaves' value]
         self._exact_leaf_keys: dict[str, list[_Key]] = {}
         self._leaf_keys: dict[tuple[str, float, bool], list[_Key]] = {}
+        self._columns: dict[str, _LeafColumns] = {}  # _leaf_columns, per direction
         self._quantum_memo: dict[tuple[str, bool, int], float] = {}
         self._leaf_variances: list[float] = []
         self._base_steps: dict[tuple[int, int], float] = {}
@@ -1491,7 +1517,9 @@ _BATCH = 32
 _KEPT_MECHANISMS = _atoms.ATOM_MECHANISMS + _continuous.CONTINUOUS_MECHANISMS
 
 
-def _quantized(leaves: list[_Key], quantum: float, pessimistic: bool) -> list[_Key]:
+def _quantized(
+    leaves: list[_Key], quantum: float, pessimistic: bool, columns: _LeafColumns | None = None
+) -> list[_Key]:
     """Round the noise multipliers of Gaussian-family leaves onto the grid of
     :class:`_RoundingGrid` (geometric in the root s of the per-step loss-variance proxy,
     :func:`_variance_root`, with ratio ``1 + quantum / 2``): down for the pessimistic side, up
@@ -1501,10 +1529,11 @@ def _quantized(leaves: list[_Key], quantum: float, pessimistic: bool) -> list[_K
     whenever sigma' >= sigma (map N(1/sigma, 1) to N(1/sigma', 1) by scaling and adding
     independent noise), for both directions and the symmetrised pair; every rounded value is
     checked to lie on its side in floating point. Laplace, atom and continuous leaves are kept
-    as they are."""
+    as they are. ``columns``: those of ``leaves`` where the caller holds them."""
     if not leaves:
         return []
-    grid = _RoundingGrid.of(_LeafColumns.of(leaves), quantum, pessimistic)
+    columns = _LeafColumns.of(leaves) if columns is None else columns
+    grid = _RoundingGrid.of(columns, quantum, pessimistic)
     # One object per distinct key, made from the distinct rows (a schedule has far fewer
     # distinct rounded keys than leaves).
     columns = (grid.mechanism, grid.sigma, grid.rate)
@@ -1545,7 +1574,7 @@ def _sigma_of_root(root: np.ndarray, rate: np.ndarray) -> np.ndarray:
         return 1.0 / np.where(rate < 1.0, np.maximum(root, sampled), root)
 
 
-def _gap_quantum(leaves: list[_Key], counts: Sequence[int], precision: float) -> float:
+def _gap_quantum(columns: _LeafColumns, counts: Sequence[int], precision: float) -> float:
     """The coarsest quantum ``precision * 2^(j/_QUANTUM_STEPS)``, ``|j| <= 2 _QUANTUM_STEPS``,
     at which the two roundings of :func:`_quantized` move the composed loss variance proxy ``V = sum_i c_i v_i``
     (:func:`_loss_variance`, v = s^2) apart by at most ``_ROUNDING_GAP * precision`` relative:
@@ -1554,8 +1583,8 @@ def _gap_quantum(leaves: list[_Key], counts: Sequence[int], precision: float) ->
     the relative gap the rounding opens is at most about that much: on bench/bench_schedules.py's
     schedules the measured widening is below the prediction.) The finest quantum of the range if
     none is within the budget. Only tightness depends on this choice; every quantum is sound.
-    Found by bisection over j (the predicted gap grows with the quantum)."""
-    columns = _LeafColumns.of(leaves)
+    Found by bisection over j (the predicted gap grows with the quantum). ``columns``: the
+    leaves (:class:`_LeafColumns`)."""
     weights = np.where(columns.rounded, np.asarray(counts, dtype=float), 0.0)
     with np.errstate(invalid="ignore", over="ignore"):
         per_leaf = np.where(columns.rounded, weights * np.square(columns.root), 0.0)
@@ -1595,10 +1624,11 @@ _QUANTUM_STEPS = 8
 _ROUNDING_GAP = 2.8
 
 
-def _rounded_counts(leaves: list[_Key], quanta: Sequence[float], pessimistic: bool) -> list[int]:
-    """For each quantum, the number of distinct keys :func:`_quantized` would make of
-    ``leaves`` (counted on the arrays, without making the keys)."""
-    columns = _LeafColumns.of(leaves)
+def _rounded_counts(
+    columns: _LeafColumns, quanta: Sequence[float], pessimistic: bool
+) -> list[int]:
+    """For each quantum, the number of distinct keys :func:`_quantized` would make of the
+    leaves of ``columns`` (counted on the arrays, without making the keys)."""
     return [_RoundingGrid.of(columns, quantum, pessimistic).distinct() for quantum in quanta]
 
 
@@ -1615,31 +1645,48 @@ class _LeafColumns:
     root: np.ndarray
 
     @classmethod
-    def of(cls, leaves: list[_Key]) -> _LeafColumns:
-        """The columns of ``leaves``. The last list asked about is remembered with its length
-        (the accountant's key lists only grow, and a query asks about the same list several
-        times: the quantum's search, then the rounding of each side)."""
-        last = _LAST_COLUMNS
-        if last and last[0] is leaves and last[1] == len(leaves) and (
-            not leaves or (last[3] is leaves[0] and last[4] is leaves[-1])
-        ):
-            return last[2]  # type: ignore[no-any-return]
+    def of(cls, leaves: Sequence[_Key]) -> _LeafColumns:
+        """The columns of ``leaves`` (every field an int code or a float: exact in float64)."""
         if not leaves:
             empty = np.zeros(0)
             return cls(empty, empty, empty, np.zeros(0, dtype=bool), empty)
-        # (every field is an int code or a float: exact in float64)
         table = np.array(leaves, dtype=float).reshape(len(leaves), 3)
         mechanism, parameter, rate = (np.ascontiguousarray(table[:, j]) for j in range(3))
         rounded = ~np.isin(mechanism, (_LAPLACE,) + _KEPT_MECHANISMS)
         root = np.where(rounded, _variance_root(np.where(rounded, parameter, 1.0), rate), 1.0)
-        columns = cls(mechanism, parameter, rate, rounded, root)
-        _LAST_COLUMNS[:] = [leaves, len(leaves), columns, leaves[0], leaves[-1]]
-        return columns
+        return cls(mechanism, parameter, rate, rounded, root)
 
+    @property
+    def size(self) -> int:
+        return int(self.parameter.size)
 
-#: (list, its length, its columns, its first and last leaf) of the last :meth:`_LeafColumns.of`
-#: (the list is held, so its identity cannot be reused by another list while it is remembered).
-_LAST_COLUMNS: list[Any] = []
+    def extended(self, more: _LeafColumns) -> _LeafColumns:
+        """These rows followed by ``more``'s (every column is elementwise, so the rows are the
+        ones :meth:`of` makes of the whole list)."""
+        return _LeafColumns(*(np.concatenate((mine, theirs)) for mine, theirs in zip(
+            (self.mechanism, self.parameter, self.rate, self.rounded, self.root),
+            (more.mechanism, more.parameter, more.rate, more.rounded, more.root),
+        )))
+
+    def rows_from(self, start: int) -> _LeafColumns:
+        """The rows from ``start`` on (views)."""
+        return _LeafColumns(self.mechanism[start:], self.parameter[start:], self.rate[start:],
+                            self.rounded[start:], self.root[start:])
+
+    def rounds_like(self, other: _LeafColumns) -> bool:
+        """Whether every rounding gives ``other`` what it gives these rows, up to the names of
+        the mechanisms: the same parameters, rates and rounded rows, and mechanism codes that
+        correspond one to one (these rows' Poisson "remove" code to the "add" code, every other
+        code to itself; these rows hold no "add" code). Then :func:`_rounded_counts` and
+        :func:`_gap_quantum` give both the same numbers: the two directions of a schedule of
+        Poisson-sampled Gaussians (the same noise multipliers and rates) need one search."""
+        if self.size != other.size or bool(np.any(self.mechanism == _ADD)):
+            return False
+        renamed = np.where(self.mechanism == _REMOVE, float(_ADD), self.mechanism)
+        return (np.array_equal(self.parameter, other.parameter)
+                and np.array_equal(self.rate, other.rate)
+                and np.array_equal(self.rounded, other.rounded)
+                and np.array_equal(renamed, other.mechanism))
 
 
 @dataclass(frozen=True)
