@@ -260,3 +260,23 @@ def test_gdp_mu_for_is_never_above_the_exact_mu() -> None:
         with mpmath.workdps(60):
             assert mp_delta(eps, mu) <= mpmath.mpf(delta)
             assert mp_delta(eps, mu) >= mpmath.mpf(delta) * (1 - 1e-9)
+
+
+def test_gdp_epsilon_of_an_array_is_each_entry_s_and_safe() -> None:
+    """An array of noise levels (a per-step schedule's) is solved in one vectorised search:
+    every entry is the number the scalar call gives, and the exact delta at it (60-digit
+    mpmath) is at most the target and within 1e-9 of it; entries whose delta(0) is already
+    below the target are 0."""
+    mus = np.concatenate([1.0 / np.geomspace(3.0, 0.4, 40), [1e-7, 1e-3, 25.0]])
+    for delta in (1e-9, 3e-5, 0.2):
+        together = gdp_epsilon(delta, mus)
+        assert together.shape == mus.shape
+        for mu, eps in zip(mus, together):
+            assert eps == gdp_epsilon(delta, float(mu))
+            with mpmath.workdps(60):
+                if eps == 0.0:
+                    assert mp_delta(0.0, float(mu)) <= mpmath.mpf(delta)
+                    continue
+                exact = mp_delta(float(eps), float(mu))
+                assert exact <= mpmath.mpf(delta)
+                assert exact >= mpmath.mpf(delta) * (1 - 1e-9)

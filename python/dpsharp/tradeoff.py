@@ -26,6 +26,7 @@ function here is vectorised over NumPy arrays (broadcasting) and validates its i
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
@@ -151,7 +152,13 @@ def _log_mills_drop(a: np.ndarray, mu: np.ndarray) -> np.ndarray:
         a_s, m_s = a[small], mu[small]
         half = m_s / 2.0
         nodes = (a_s - half)[:, None] + half[:, None] * _GL_NODES[None, :]
-        out[small] = -half * (_mills_rate(nodes) @ _GL_WEIGHTS)
+        rates = _mills_rate(nodes)
+        # The weighted sum node by node, in order (a matrix product's summation order can
+        # depend on the number of rows, and an entry should not depend on its neighbours).
+        total = np.zeros(a_s.shape)
+        for node, weight in enumerate(_GL_WEIGHTS):
+            total += weight * rates[:, node]
+        out[small] = -half * total
     large = ~small
     if np.any(large):
         a_l, m_l = a[large], mu[large]
@@ -159,7 +166,7 @@ def _log_mills_drop(a: np.ndarray, mu: np.ndarray) -> np.ndarray:
     return out
 
 
-def _log_delta_margin(log_delta: float) -> float:
+def _log_delta_margin(log_delta: Any) -> Any:
     """How far below log(target) the evaluated log delta must be for the answer to count as
     on the safe side: 2^-40 plus 8 ulp of |log delta|. The evaluation of log delta(eps; mu)
     (:func:`_log_mills_drop`) was measured within 2.9e-13 of 60-digit mpmath over mu from 1e-8
@@ -215,38 +222,87 @@ def gdp_delta(epsilon: Any, mu: Any) -> Any:
     return _result(np.exp(np.asarray(gdp_log_delta(epsilon, mu), dtype=float)))
 
 
-def _scalar_gdp_epsilon(log_delta: float, mu: float) -> float:
-    def gap(eps: float) -> float:
-        return float(_gdp_log_delta(np.array(eps), np.array(mu))) - log_delta
+#: Evaluations of :func:`_gdp_epsilons` that try regula falsi before plain halving.
+_FALSI_STEPS = 12
 
-    margin = _log_delta_margin(log_delta)
 
-    def safe(eps: float) -> bool:
-        return gap(eps) <= -margin
+def _gdp_epsilons(log_delta: np.ndarray, mu: np.ndarray) -> np.ndarray:
+    """Elementwise, the smallest double epsilon >= 0 whose evaluated log delta(epsilon; mu) is
+    below ``log_delta`` by the evaluation's margin (:func:`_log_delta_margin`), for 1-D arrays
+    of one length. Bisection on the bit patterns of the doubles (ordered like the values for
+    non-negative doubles), every element at once, from 0 (where delta is too large, unless 0
+    itself is safe) and eps_hi = mu^2/2 - mu Phi^-1(delta) (where delta(eps_hi) <= Phi(-eps_hi
+    / mu + mu / 2) = delta; doubled while rounding puts it on the wrong side) until the two
+    ends are adjacent doubles: about 62 vectorised evaluations whatever the number of elements,
+    where a root finder per element costs as many evaluations for each one (a schedule of a
+    thousand distinct noise multipliers asks for a thousand at once)."""
+    margin = _log_delta_margin(log_delta)  # (elementwise)
 
-    if safe(0.0):
-        return 0.0
-    # delta(eps) <= Phi(-eps/mu + mu/2), so eps_hi = mu^2/2 - mu Phi^-1(delta) has
-    # delta(eps_hi) <= delta: a valid bracket for the decreasing log delta(eps).
-    eps_hi = max(mu * mu / 2.0 - mu * float(ndtri_exp(log_delta)), 1e-300)
-    while not safe(eps_hi):  # rounding at the bracket edge: widen until the sign is right
-        eps_hi *= 2.0
-    if gap(0.0) <= 0.0:  # delta(0) within the margin of the target: no sign change to solve
-        return settle(safe, 0.0, eps_hi)
-    root = brentq(gap, 0.0, eps_hi, xtol=1e-300, rtol=4 * np.finfo(float).eps, maxiter=500)
-    # Conservative: a point where delta(eps) <= target (never an epsilon too small)
-    return float(root) if safe(root) else settle(safe, float(root), eps_hi)
+    def safe(eps: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        return _gdp_log_delta(eps, mu[rows]) - log_delta[rows] <= -margin[rows]
+
+    out = np.zeros(log_delta.shape)
+    rows = np.flatnonzero(~safe(np.zeros(log_delta.shape), np.arange(log_delta.size)))
+    if rows.size == 0:
+        return out
+    mu_rows = mu[rows]
+    high = np.maximum(mu_rows * mu_rows / 2.0 - mu_rows * ndtri_exp(log_delta[rows]), 1e-300)
+    for _ in range(2100):
+        wrong = ~safe(high, rows)
+        if not wrong.any():
+            break
+        high[wrong] *= 2.0
+    else:  # pragma: no cover - delta(eps) -> 0 as eps grows: some doubling gets there
+        raise RuntimeError("gdp_epsilon: no safe upper end found")
+    # The bracket [low, high] (low unsafe, high safe) narrows by regula falsi on
+    # f = gap + margin (Illinois' variant: the end kept twice has its f halved) for the first
+    # _FALSI_STEPS evaluations, then by halving the bit distance; every evaluated point joins the
+    # side it is found on, so the bracket stays valid whatever the steps propose.
+    low_bits = np.zeros(rows.size, dtype=np.int64)  # 0.0, where delta is too large
+    high_bits = high.view(np.int64).copy()
+    f_low = _gdp_log_delta(np.zeros(rows.size), mu_rows) - log_delta[rows] + margin[rows]
+    f_high = _gdp_log_delta(high, mu_rows) - log_delta[rows] + margin[rows]
+    kept = np.zeros(rows.size, dtype=np.int64)  # +1: low kept last time, -1: high kept
+    for step in itertools.count():
+        apart = np.flatnonzero(high_bits - low_bits > 1)
+        if apart.size == 0:
+            break
+        low_a, high_a = low_bits[apart], high_bits[apart]
+        middle_bits = low_a + (high_a - low_a) // 2
+        if step < _FALSI_STEPS:
+            low_x, high_x = low_a.view(np.float64), high_a.view(np.float64)
+            f_lo, f_hi = f_low[apart], f_high[apart]
+            with np.errstate(all="ignore"):
+                proposal = high_x - f_hi * (high_x - low_x) / (f_hi - f_lo)
+            proposal_bits = np.where(np.isfinite(proposal), np.maximum(proposal, 0.0),
+                                     0.0).view(np.int64)
+            inside = (proposal_bits > low_a) & (proposal_bits < high_a)
+            middle_bits = np.where(inside, proposal_bits, middle_bits)
+        middle = middle_bits.view(np.float64)
+        f_middle = _gdp_log_delta(middle, mu[rows[apart]]) - log_delta[rows[apart]] + margin[
+            rows[apart]]
+        ok = f_middle <= 0.0
+        high_bits[apart] = np.where(ok, middle_bits, high_a)
+        low_bits[apart] = np.where(ok, low_a, middle_bits)
+        was = kept[apart]
+        # Illinois: the end that stays for the second time in a row has its f halved
+        f_high[apart] = np.where(ok, f_middle, np.where(was == -1, 0.5 * f_high[apart],
+                                                        f_high[apart]))
+        f_low[apart] = np.where(ok, np.where(was == 1, 0.5 * f_low[apart], f_low[apart]),
+                                f_middle)
+        kept[apart] = np.where(ok, 1, -1)
+    out[rows] = high_bits.view(np.float64)
+    return out
 
 
 def gdp_epsilon(delta: Any, mu: Any) -> Any:
     """The smallest epsilon with mu-GDP => (epsilon, delta)-DP: the inverse of
     :func:`gdp_delta` in epsilon (0.0 when delta >= delta(0; mu) = 2 Phi(mu/2) - 1).
 
-    Solved with Brent's method on log delta(eps; mu), bracketed by
-    eps_hi = mu^2/2 - mu Phi^-1(delta), then settled by bisection on the side where the
-    evaluated log delta is below log(delta) by a margin that covers the evaluation's error
-    (:func:`_log_delta_margin`): the returned epsilon satisfies delta(epsilon; mu) <= delta
-    (rounded up, never down).
+    The smallest double at which the evaluated log delta is below log(delta) by a margin that
+    covers the evaluation's error (:func:`_log_delta_margin`), found by bisection, every entry
+    of an array at once (:func:`_gdp_epsilons`): the returned epsilon satisfies
+    delta(epsilon; mu) <= delta (rounded up, never down).
 
     Parameters
     ----------
@@ -256,11 +312,8 @@ def gdp_epsilon(delta: Any, mu: Any) -> Any:
     delta_arr = _require_range("delta", delta, 0.0, 1.0, low_open=True, high_open=True)
     mu_arr = _require_range("mu", mu, 0.0, math.inf, low_open=True, high_open=True)
     d_b, m_b = np.broadcast_arrays(delta_arr, mu_arr)
-    out = np.array(
-        [_scalar_gdp_epsilon(math.log(d), m) for d, m in zip(d_b.ravel(), m_b.ravel())],
-        dtype=float,
-    ).reshape(d_b.shape)
-    return _result(out)
+    flat = _gdp_epsilons(np.log(d_b.ravel()), np.ascontiguousarray(m_b.ravel(), dtype=float))
+    return _result(flat.reshape(d_b.shape))
 
 
 def gdp_mu_for(epsilon: float, delta: float) -> float:

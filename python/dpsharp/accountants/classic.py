@@ -182,7 +182,11 @@ class ClassicAccountant(Accountant):
         return reason
 
     # ------------------------------------------------------------------ per-step guarantees
-    def _step(self, leaf: Event, delta0: float) -> tuple[float, float]:
+    def _step(
+        self, leaf: Event, delta0: float, gaussian_epsilons: dict[float, float] | None = None
+    ) -> tuple[float, float]:
+        """(eps_t, delta_t) of one step at per-step delta_0; a Gaussian step's eps_0 is read
+        from ``gaussian_epsilons`` (noise multiplier -> eps_0 at this delta_0) where given."""
         base, q = _mechanism(leaf)
         if isinstance(base, Laplace):
             eps0, d0 = 1.0 / base.scale, 0.0
@@ -190,7 +194,10 @@ class ClassicAccountant(Accountant):
             eps0, d0 = base.epsilon, 0.0
         else:
             assert isinstance(base, Gaussian)
-            eps0, d0 = _gaussian_epsilon(base.noise_multiplier, delta0, self._gaussian), delta0
+            sigma = base.noise_multiplier
+            eps0 = (gaussian_epsilons[sigma] if gaussian_epsilons is not None
+                    else _gaussian_epsilon(sigma, delta0, self._gaussian))
+            d0 = delta0
         if q < 1.0:
             return amplify_by_subsampling(eps0, d0, q)
         return eps0, d0
@@ -208,7 +215,24 @@ class ClassicAccountant(Accountant):
         """(leaf, count, eps_t, delta_t) of every composed event at per-step delta_0 in (0, 1]
         (1 only where no step spends delta)."""
         delta0 = require_probability("delta0", delta0)
-        return [(leaf, count, *self._step(leaf, delta0)) for leaf, count in self._counts.items()]
+        epsilons = self._gaussian_epsilons(delta0)
+        return [(leaf, count, *self._step(leaf, delta0, epsilons))
+                for leaf, count in self._counts.items()]
+
+    def _gaussian_epsilons(self, delta0: float) -> dict[float, float] | None:
+        """eps_0 at ``delta0`` of every distinct noise multiplier of the Gaussian steps, the
+        analytic ones computed together (:func:`~dpsharp.tradeoff.gdp_epsilon` on an array:
+        one vectorised search, where a per-step schedule of a thousand noise multipliers would
+        otherwise solve a thousand times at each split the composition tries); None for the
+        classical calibration (a closed form per step)."""
+        if self._gaussian != "analytic":
+            return None
+        sigmas = sorted({base.noise_multiplier for base, _ in map(_mechanism, self._counts)
+                         if isinstance(base, Gaussian)})
+        if not sigmas:
+            return None
+        values = np.atleast_1d(gdp_epsilon(delta0, 1.0 / np.array(sigmas)))
+        return dict(zip(sigmas, values.tolist()))
 
     # ------------------------------------------------------------------ composition
     def _epsilon_at_split(self, delta: float, fraction: float) -> float:
