@@ -61,6 +61,8 @@ minimum of DRV, 29.04 alone, and KOV Theorem 3.5) and 16.09 with the exact Gauss
 from __future__ import annotations
 
 import math
+import threading
+from collections import OrderedDict
 from functools import lru_cache
 from typing import Any
 
@@ -96,6 +98,35 @@ __all__ = ["ClassicAccountant", "paper_strong_composition_002"]
 _COMPOSITIONS = ("basic", "advanced", "optimal")
 _INVALID = 1e200  # objective value standing for "no valid bound at this split"
 _GAUSSIAN_CALIBRATIONS = ("analytic", "classical")
+
+
+#: eps_0 of the analytic calibration per (noise multiplier, delta_0), the most recently used
+#: ``_ANALYTIC_CACHE_SIZE`` (the splits of a query ask again for the same values, and so does a
+#: query at the same delta on another accountant of the same steps).
+_ANALYTIC_CACHE: OrderedDict[tuple[float, float], float] = OrderedDict()
+_ANALYTIC_CACHE_SIZE = 4096
+_ANALYTIC_CACHE_LOCK = threading.Lock()
+
+
+def _analytic_epsilons(sigmas: list[float], delta0: float) -> dict[float, float]:
+    """eps_0 = the smallest epsilon of the Gaussian mechanism of each noise multiplier at
+    per-step delta ``delta0`` (Balle and Wang 2018: :func:`~dpsharp.tradeoff.gdp_epsilon` at
+    mu = 1 / sigma), those not cached computed in one vectorised search."""
+    with _ANALYTIC_CACHE_LOCK:
+        known = {sigma: _ANALYTIC_CACHE.get((sigma, delta0)) for sigma in sigmas}
+        for sigma, value in known.items():
+            if value is not None:
+                _ANALYTIC_CACHE.move_to_end((sigma, delta0))
+    missing = [sigma for sigma, value in known.items() if value is None]
+    if missing:
+        values = np.atleast_1d(gdp_epsilon(delta0, 1.0 / np.array(missing))).tolist()
+        with _ANALYTIC_CACHE_LOCK:
+            for sigma, value in zip(missing, values):
+                known[sigma] = value
+                _ANALYTIC_CACHE[(sigma, delta0)] = value
+            while len(_ANALYTIC_CACHE) > _ANALYTIC_CACHE_SIZE:
+                _ANALYTIC_CACHE.popitem(last=False)
+    return known  # type: ignore[return-value]
 
 
 @lru_cache(maxsize=4096)
@@ -221,18 +252,15 @@ class ClassicAccountant(Accountant):
 
     def _gaussian_epsilons(self, delta0: float) -> dict[float, float] | None:
         """eps_0 at ``delta0`` of every distinct noise multiplier of the Gaussian steps, the
-        analytic ones computed together (:func:`~dpsharp.tradeoff.gdp_epsilon` on an array:
-        one vectorised search, where a per-step schedule of a thousand noise multipliers would
-        otherwise solve a thousand times at each split the composition tries); None for the
-        classical calibration (a closed form per step)."""
+        analytic ones computed together (:func:`_analytic_epsilons`: one vectorised search,
+        where a per-step schedule of a thousand noise multipliers would otherwise solve a
+        thousand times at each split the composition tries); None for the classical
+        calibration (a closed form per step)."""
         if self._gaussian != "analytic":
             return None
-        sigmas = sorted({base.noise_multiplier for base, _ in map(_mechanism, self._counts)
-                         if isinstance(base, Gaussian)})
-        if not sigmas:
-            return None
-        values = np.atleast_1d(gdp_epsilon(delta0, 1.0 / np.array(sigmas)))
-        return dict(zip(sigmas, values.tolist()))
+        sigmas = {base.noise_multiplier for base, _ in map(_mechanism, self._counts)
+                  if isinstance(base, Gaussian)}
+        return _analytic_epsilons(sorted(sigmas), delta0) if sigmas else None
 
     # ------------------------------------------------------------------ composition
     def _epsilon_at_split(self, delta: float, fraction: float) -> float:
