@@ -32,14 +32,18 @@ or a coarse certified grid), computed by direct sums over the PLD's masses
 staging prediction says so.
 A composition of plain Gaussian mechanisms only (no sampling, any noise multipliers) is exactly
 mu-GDP with mu = sqrt(sum_i c_i / sigma_i^2) (Dong, Roth, Su 2019, Cor. 3.3) and is answered from
-that closed form, with no grid and no FFT (``_pld_gaussian``).
+that closed form, with no grid and no FFT (``_pld_gaussian``). A composition of randomized
+response and discrete Laplace mechanisms only, whose privacy losses take finitely many values, is
+composed exactly over its multinomial outcomes while they are few enough (``_pld_lattice``):
+certified to about 1e-12 relative at every delta, where the grid leaves a bracket of the
+precision's size and the FFT's round-off floor refuses small deltas.
 The floating-point error of the composition (transforms, powers, inverse transform, sums) is
 covered by an a priori bound proven in ``_pld_numerics`` (ComposedPLD.noise), added to every
 upper delta and subtracted from every lower one; a composition whose bound alone exceeds the
 asked delta is refused before anything is allocated.
 Hockey-stick curves:
-delta(eps) = E_P[(1 - e^{eps - L})_+] + P(L = inf) (Balle, Wang 2018; the "tail of two densities"
-blog, seed 003).
+delta(eps) = E_P[(1 - e^{eps - L})_+] + P(L = inf) (Balle, Wang 2018; the blog post "A Tail of
+Two Densities", 2019).
 
 Under add/remove one, Poisson subsampling is asymmetric: the pair of the remove direction
 ((1-q) N(0,1) + q N(mu,1) against N(0,1)) and of the add direction (the reverse) are composed
@@ -72,6 +76,7 @@ from dpsharp._validation import (
 from dpsharp.accountants import _pld_atoms as _atoms
 from dpsharp.accountants import _pld_continuous as _continuous
 from dpsharp.accountants import _pld_gaussian
+from dpsharp.accountants import _pld_lattice
 from dpsharp.accountants._pld_band import CrossingHint
 from dpsharp.accountants._pld_numerics import (
     ComposedPLD,
@@ -911,6 +916,7 @@ class PLDAccountant(Accountant):
         self._base_steps: dict[tuple[int, int], float] = {}
         self._laplace_seen: list[Any] = [0, set()]  # (leaves looked at, their Laplace losses)
         self._gaussian_memo: list[Any] = []  # [(events, steps), _exact_gaussian's value]
+        self._lattice_memo: list[Any] = []  # [(events, steps), _exact_lattice's value]
         self._directions_memo: list[Any] = []  # [events, _directions' value]
         self._support_memo: list[Any] = []  # [events, smallest Gaussian-family noise multiplier]
         self._leaf_points: dict[tuple[_Leaf, float, float], int] = {}  # for _short_step
@@ -932,6 +938,9 @@ class PLDAccountant(Accountant):
         if gaussian is not None:  # exact: no grid, no FFT (_pld_gaussian)
             lower, upper = _pld_gaussian.epsilon_bounds(delta, *gaussian)
             return upper if pessimistic else lower
+        lattice = self._exact_lattice()
+        if lattice is not None:  # exact: no grid, no FFT (_pld_lattice); the worse direction
+            return max(part.epsilon(delta, upper=pessimistic) for part in lattice)
         if not self._bounded_loss_only():
             self._check_floor_up_front(2.0, delta)
         tail = _tail_for(delta, self._precision)
@@ -1124,6 +1133,36 @@ class PLDAccountant(Accountant):
         self._gaussian_memo = [key, value]
         return value
 
+    def _exact_lattice(self) -> list[_pld_lattice.LatticeComposition] | None:
+        """The exact composition of each direction (:mod:`._pld_lattice`) when every composed
+        event is a randomized response or discrete Laplace mechanism (finitely many losses) and
+        each direction has at most ``_pld_lattice.MAX_OUTCOMES`` composed outcomes; None
+        otherwise. Its distinct leaves are taken in sorted order, so the sums do not depend on
+        the order of composition. A function of the composed multiset only (memoised on its
+        size, like :meth:`_exact_gaussian`)."""
+        key = (len(self._counts), self._steps())
+        memo = self._lattice_memo
+        if memo and memo[0] == key:
+            return memo[1]  # type: ignore[no-any-return]
+        value: list[_pld_lattice.LatticeComposition] | None = None
+        per_direction = []
+        for direction in self._directions():
+            leaves: dict[_Key, int] = {}
+            for leaf, count in zip(self._exact_keys(direction), self._counts.values()):
+                if leaf[0] not in _atoms.ATOM_MECHANISMS:
+                    break
+                leaves[leaf] = leaves.get(leaf, 0) + count
+            else:
+                atoms = [(*_atoms.atoms(*leaf), leaves[leaf]) for leaf in sorted(leaves)]
+                if _pld_lattice.outcomes(atoms) <= _pld_lattice.MAX_OUTCOMES:
+                    per_direction.append(atoms)
+                    continue
+            break
+        else:
+            value = [_pld_lattice.LatticeComposition(atoms) for atoms in per_direction]
+        self._lattice_memo = [key, value]
+        return value
+
     def _bounded_loss_only(self) -> bool:
         """Whether every composed event is a Laplace, discrete Laplace or randomized response
         mechanism (bounded loss: the support bound and the top atom answer without the FFT,
@@ -1192,6 +1231,9 @@ class PLDAccountant(Accountant):
         gaussian = self._exact_gaussian()
         if gaussian is not None:  # exact: no grid, no FFT (_pld_gaussian)
             return _pld_gaussian.delta_bounds(epsilon, *gaussian)[1], tail
+        lattice = self._exact_lattice()
+        if lattice is not None:  # exact: no grid, no FFT (_pld_lattice)
+            return max(part.delta(epsilon, upper=True) for part in lattice), tail
         best, best_tail = math.inf, tail
         for _ in range(2):
             upper = self._worst_direction(
@@ -1256,6 +1298,10 @@ class PLDAccountant(Accountant):
         gaussian = self._exact_gaussian()
         if gaussian is not None:  # exact: no grid, no FFT (_pld_gaussian)
             return _pld_gaussian.delta_bounds(epsilon, *gaussian)
+        lattice = self._exact_lattice()
+        if lattice is not None:  # exact: no grid, no FFT (_pld_lattice)
+            return (max(part.delta(epsilon, upper=False) for part in lattice),
+                    max(part.delta(epsilon, upper=True) for part in lattice))
         upper, tail = self._delta_upper(epsilon)
         # (a rounded schedule's lower bound on the formula's grid, see _schedule_coarsening)
         lowers = self._bounds_at(1 if self._schedule_coarsening() > 1.0 else 0, tail, False)

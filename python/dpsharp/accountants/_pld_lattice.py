@@ -1,0 +1,242 @@
+"""Exact answers for compositions of mechanisms whose privacy loss takes finitely many values
+(randomized response, the discrete Laplace mechanism): no grid, no FFT.
+
+One release of such a mechanism has, for a pair (P, Q) of output laws, the privacy loss
+L = log(P(o) / Q(o)), o ~ P, with atoms l_1 .. l_a of masses m_1 .. m_a (:mod:`._pld_atoms`).
+The loss of c independent releases is sum_j k_j l_j, where the counts (k_1 .. k_a) of each atom
+are multinomial:
+
+    P(k) = c! / (k_1! ... k_a!) * m_1^k_1 ... m_a^k_a,
+
+and the losses of distinct mechanisms add over the product of their outcomes. With the
+composed outcomes (L_i, p_i) enumerated, the hockey-stick divergence of the composed pair is
+
+    delta(eps) = sum_{i: L_i > eps} p_i (1 - e^{eps - L_i})
+
+(Dong, Roth, Su 2019, Prop. 2.12; the privacy-loss form of Sommer, Meiser, Mohammadi 2019),
+a sum of non-negative terms: no cancellation. :class:`LatticeComposition` evaluates it with
+every loss moved by a bound on its rounding (up for the upper bound, down for the lower one:
+each term is non-decreasing in L), every log-probability moved by a bound on its rounding
+(``lgamma``, ``log`` and the sums: a relative 1e-13 of the sum of the terms' magnitudes, about
+100 times the double-precision error of each), every product and the final sum rounded outwards.
+So ``delta(eps, upper=True) >= delta_exact(eps) >= delta(eps, upper=False)`` for the atoms as
+given, whose losses and masses are the double values of their closed forms (the convention of
+the grid route, see :class:`~dpsharp.accountants.pld.PLDAccountant`); the two sides differ by
+about 1e-12 relative, where a grid's rounding and an FFT's round-off bound leave a bracket of
+the precision's size, and the FFT cannot certify a delta below its round-off floor at all (a
+randomized response run of 500 releases at delta = 1e-10: 0.8% above the exact epsilon on the
+default grid, and the support bound, nine times the exact epsilon, at 1e-11).
+
+The number of outcomes is prod_i C(c_i + a_i - 1, a_i - 1): used up to :data:`MAX_OUTCOMES`
+(a k-ary randomized response under replace-one, 3 atoms, composed up to 722 times; under
+zero-out, 2 atoms, 262,143 times; a discrete Laplace mechanism of sensitivity 1 as often, of
+sensitivity 3 up to 114 times); beyond that the accountant composes on its grid.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+from scipy.special import gammaln
+
+__all__ = ["MAX_OUTCOMES", "LatticeComposition", "outcomes"]
+
+#: Largest number of composed outcomes enumerated (a query there takes about 0.1 s and some
+#: 30 MB).
+MAX_OUTCOMES = 1 << 18
+#: Largest count-vector table of one mechanism (outcomes times atoms; 32 MB of integers).
+_MAX_COUNT_ENTRIES = 1 << 22
+_UNIT = 2.0**-53
+#: Relative bound on the rounding of a log-probability against the sum of the magnitudes of
+#: its terms (log-gamma values, k log m), and of a loss against sum_j k_j |l_j|.
+_LOG_RELATIVE = 1e-13
+_LOSS_RELATIVE = 256.0 * _UNIT
+#: Relative rounding allowance of the final sums (pairwise summation of at most 2^22 positive
+#: terms errs by at most about 23 u relative).
+_SUM_RELATIVE = 1e-12
+#: An upper side counts a term whose log-probability is lower than this as e^this (a normal
+#: double, so its exp is within an ulp): never below the term's mass.
+_LOG_TINY = -700.0
+
+
+def outcomes(leaves: Sequence[tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], int]]) -> int:
+    """The number of composed outcomes of ``leaves`` ((losses, masses, count) per distinct
+    mechanism): prod_i C(c_i + a_i - 1, a_i - 1); ``MAX_OUTCOMES + 1`` where one leaf's count
+    vectors alone would hold more than ``_MAX_COUNT_ENTRIES`` integers (many atoms)."""
+    total = 1
+    for losses, _, count in leaves:
+        own = math.comb(count + losses.size - 1, losses.size - 1)
+        if own * losses.size > _MAX_COUNT_ENTRIES:
+            return MAX_OUTCOMES + 1
+        total *= own
+        if total > MAX_OUTCOMES:
+            return MAX_OUTCOMES + 1
+    return total
+
+
+def _count_vectors(count: int, parts: int) -> npt.NDArray[np.int64]:
+    """Every vector of ``parts`` non-negative integers summing to ``count``, one per row."""
+    rows = np.zeros((1, 0), dtype=np.int64)
+    used = np.zeros(1, dtype=np.int64)
+    for _ in range(parts - 1):
+        lengths = count - used + 1  # the next part takes 0 .. count - used
+        parent = np.repeat(np.arange(rows.shape[0]), lengths)
+        starts = np.cumsum(lengths) - lengths
+        values = np.arange(int(lengths.sum()), dtype=np.int64) - np.repeat(starts, lengths)
+        rows = np.concatenate([rows[parent], values[:, None]], axis=1)
+        used = used[parent] + values
+    return np.concatenate([rows, (count - used)[:, None]], axis=1)
+
+
+@dataclass(frozen=True)
+class _Outcomes:
+    """Composed outcomes: loss, log-probability, and the magnitudes their roundings scale with
+    (sum_j k_j |l_j| and the sum of the absolute values of the log-probability's terms)."""
+
+    loss: npt.NDArray[np.float64]
+    log_mass: npt.NDArray[np.float64]
+    loss_scale: npt.NDArray[np.float64]
+    log_scale: npt.NDArray[np.float64]
+
+    @classmethod
+    def of_leaf(cls, losses: npt.NDArray[np.float64], masses: npt.NDArray[np.float64],
+                count: int) -> _Outcomes:
+        vectors = _count_vectors(count, losses.size)
+        log_masses = np.log(masses)
+        factorials = gammaln(vectors + 1.0)
+        log_mass = np.full(vectors.shape[0], float(gammaln(count + 1.0)))
+        loss = np.zeros(vectors.shape[0])
+        loss_scale = np.zeros(vectors.shape[0])
+        log_scale = np.full(vectors.shape[0], float(gammaln(count + 1.0)))
+        for j in range(losses.size):  # atom by atom, in order (no matrix product)
+            k = vectors[:, j].astype(np.float64)
+            log_mass -= factorials[:, j]
+            log_mass += k * log_masses[j]
+            loss += k * losses[j]
+            loss_scale += k * abs(losses[j])
+            log_scale += factorials[:, j] + k * abs(log_masses[j]) + k
+        return cls(loss, log_mass, loss_scale, log_scale)
+
+    def times(self, other: _Outcomes) -> _Outcomes:
+        """The outcomes of both compositions together (independent: losses add)."""
+        return _Outcomes(*((mine[:, None] + theirs[None, :]).ravel() for mine, theirs in zip(
+            (self.loss, self.log_mass, self.loss_scale, self.log_scale),
+            (other.loss, other.log_mass, other.loss_scale, other.log_scale),
+        )))
+
+
+class _Side:
+    """One side of the bounds: each outcome's loss moved by its rounding bound (up or down),
+    sorted by it, with its probability moved the same way."""
+
+    def __init__(self, composed: _Outcomes, upper: bool) -> None:
+        sign = 1.0 if upper else -1.0
+        loss = composed.loss + sign * (_LOSS_RELATIVE * composed.loss_scale + 1e-300)
+        log_mass = composed.log_mass + sign * (_LOG_RELATIVE * composed.log_scale + 8.0 * _UNIT)
+        order = np.argsort(loss, kind="stable")
+        self.upper = upper
+        self.loss = loss[order]
+        with np.errstate(under="ignore"):
+            self.mass = np.exp(np.maximum(log_mass[order], _LOG_TINY) if upper else log_mass[order])
+
+    def delta(self, epsilon: float) -> float:
+        start = int(np.searchsorted(self.loss, epsilon, side="right"))  # L > epsilon
+        if start == self.loss.size:
+            return 0.0
+        factor = -np.expm1(epsilon - self.loss[start:])
+        total = float(np.sum(self.mass[start:] * factor))
+        if self.upper:  # each exp, expm1 and product within 4 ulp, the sum within 1e-12
+            return total * (1.0 + 8.0 * 2.0 * _UNIT) * (1.0 + _SUM_RELATIVE)
+        return total * (1.0 - 8.0 * 2.0 * _UNIT) * (1.0 - _SUM_RELATIVE)
+
+    def epsilon(self, delta: float) -> float:
+        """The smallest double epsilon >= 0 with delta(epsilon) <= ``delta`` (delta is
+        non-increasing in epsilon): a bisection on the bit patterns between 0 (or the last
+        point found too small) and the largest loss (where delta is 0), started from the root
+        of the suffix sums' closed form."""
+        if self.delta(0.0) <= delta:
+            return 0.0
+        low, high = 0.0, max(float(self.loss[-1]), 0.0)  # delta(low) > delta >= delta(high)
+        guess = self._approximate_root(delta)
+        for width in (1e-9, 1e-6, 1e-3) if math.isfinite(guess) else ():
+            # Narrow [low, high] to a window around the guess, each end checked (the bracket
+            # only ever moves onto points whose side is known); widen where the guess was off.
+            step = width * max(abs(guess), 1.0)
+            above, below = min(guess + step, high), max(guess - step, low)
+            if above < high:
+                if self.delta(above) > delta:
+                    low = above
+                    continue
+                high = above
+            if below > low:
+                if self.delta(below) <= delta:
+                    high = below
+                    continue
+                low = below
+            break
+        low_bits = int(np.float64(low).view(np.int64))
+        high_bits = int(np.float64(high).view(np.int64))
+        while high_bits - low_bits > 1:
+            middle_bits = low_bits + (high_bits - low_bits) // 2
+            if self.delta(float(np.int64(middle_bits).view(np.float64))) <= delta:
+                high_bits = middle_bits
+            else:
+                low_bits = middle_bits
+        return float(np.int64(high_bits).view(np.float64))
+
+    def _approximate_root(self, delta: float) -> float:
+        """Where sum_{L > eps} p - e^eps sum_{L > eps} p e^{-L} (suffix sums: about the same
+        delta, without the term-wise care) crosses ``delta``: only a starting point."""
+        if not hasattr(self, "_suffix"):
+            with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+                scaled = self.mass * np.exp(-self.loss)
+            self._suffix = (np.cumsum(self.mass[::-1])[::-1],
+                            np.cumsum(scaled[::-1])[::-1])
+        mass_sums, scaled_sums = self._suffix
+        low, high = 0.0, max(float(self.loss[-1]), 0.0)
+        for _ in range(80):
+            middle = 0.5 * (low + high)
+            start = int(np.searchsorted(self.loss, middle, side="right"))
+            with np.errstate(invalid="ignore", over="ignore"):
+                value = 0.0 if start == self.loss.size else (
+                    float(mass_sums[start])
+                    - math.exp(min(middle, 700.0)) * float(scaled_sums[start]))
+            if value > delta:
+                low = middle
+            else:
+                high = middle
+        return 0.5 * (low + high)
+
+
+class LatticeComposition:
+    """The exact composition of finitely-valued privacy losses (module docstring), with
+    certified upper and lower delta(eps) and epsilon(delta)."""
+
+    def __init__(
+        self, leaves: Sequence[tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], int]]
+    ) -> None:
+        """``leaves``: (losses, masses, count) of each distinct mechanism (atoms under P)."""
+        if not leaves or outcomes(leaves) > MAX_OUTCOMES:
+            raise ValueError(f"a lattice composition holds 1 to {MAX_OUTCOMES} outcomes")
+        composed: _Outcomes | None = None
+        for losses, masses, count in leaves:
+            part = _Outcomes.of_leaf(np.asarray(losses, dtype=np.float64),
+                                     np.asarray(masses, dtype=np.float64), int(count))
+            composed = part if composed is None else composed.times(part)
+        assert composed is not None
+        self._upper = _Side(composed, upper=True)
+        self._lower = _Side(composed, upper=False)
+        self.largest_loss = float(self._upper.loss[-1])
+
+    def delta(self, epsilon: float, *, upper: bool) -> float:
+        """A certified upper (``upper``) or lower bound on delta(``epsilon``)."""
+        return (self._upper if upper else self._lower).delta(epsilon)
+
+    def epsilon(self, delta: float, *, upper: bool) -> float:
+        """A certified upper (``upper``) or lower bound on the smallest epsilon whose delta is
+        at most ``delta``."""
+        return (self._upper if upper else self._lower).epsilon(delta)
