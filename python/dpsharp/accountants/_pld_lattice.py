@@ -13,7 +13,8 @@ composed outcomes (L_i, p_i) enumerated, the hockey-stick divergence of the comp
 
     delta(eps) = sum_{i: L_i > eps} p_i (1 - e^{eps - L_i})
 
-(Dong, Roth, Su 2019, Prop. 2.12; the privacy-loss form of Sommer, Meiser, Mohammadi 2019),
+(the hockey-stick divergence in privacy-loss form: Balle and Wang 2018; Sommer, Meiser,
+Mohammadi 2019),
 a sum of non-negative terms: no cancellation. :class:`LatticeComposition` evaluates it with
 every loss moved by a bound on its rounding (up for the upper bound, down for the lower one:
 each term is non-decreasing in L), every log-probability moved by a bound on its rounding
@@ -51,10 +52,14 @@ MAX_OUTCOMES = 1 << 18
 #: Largest count-vector table of one mechanism (outcomes times atoms; 32 MB of integers).
 _MAX_COUNT_ENTRIES = 1 << 22
 _UNIT = 2.0**-53
-#: Relative bound on the rounding of a log-probability against the sum of the magnitudes of
-#: its terms (log-gamma values, k log m), and of a loss against sum_j k_j |l_j|.
+#: Relative bound on the error of each log-gamma value and logarithm against its magnitude
+#: (about 100 times their double-precision accuracy); the sums add one unit roundoff per term
+#: (:class:`_Side`).
 _LOG_RELATIVE = 1e-13
-_LOSS_RELATIVE = 256.0 * _UNIT
+#: Bound, in unit roundoffs of its magnitude, on the error of an atom's double value against
+#: its closed form (log1p or log of a few rounded operations on the mechanism's parameters, or
+#: a rounded product of the discrete Laplace parameter and an integer).
+_ATOM_ULPS = 8.0
 #: Relative rounding allowance of the final sums (pairwise summation of at most 2^22 positive
 #: terms errs by at most about 23 u relative).
 _SUM_RELATIVE = 1e-12
@@ -94,13 +99,17 @@ def _count_vectors(count: int, parts: int) -> npt.NDArray[np.int64]:
 
 @dataclass(frozen=True)
 class _Outcomes:
-    """Composed outcomes: loss, log-probability, and the magnitudes their roundings scale with
-    (sum_j k_j |l_j| and the sum of the absolute values of the log-probability's terms)."""
+    """Composed outcomes: loss, log-probability, the magnitudes their roundings scale with
+    (sum_j k_j |l_j| and the sum of the absolute values of the log-probability's terms), and
+    the number of inexact operations in the loss's sum: a product k_j l_j with k_j not a power
+    of two, an addition of two non-zero terms (a product by 1 and an addition of 0 are exact,
+    so one release's loss is its atom's, exactly)."""
 
     loss: npt.NDArray[np.float64]
     log_mass: npt.NDArray[np.float64]
     loss_scale: npt.NDArray[np.float64]
     log_scale: npt.NDArray[np.float64]
+    loss_ops: npt.NDArray[np.float64]
 
     @classmethod
     def of_leaf(cls, losses: npt.NDArray[np.float64], masses: npt.NDArray[np.float64],
@@ -112,6 +121,8 @@ class _Outcomes:
         loss = np.zeros(vectors.shape[0])
         loss_scale = np.zeros(vectors.shape[0])
         log_scale = np.full(vectors.shape[0], float(gammaln(count + 1.0)))
+        nonzero = np.zeros(vectors.shape[0])
+        inexact_products = np.zeros(vectors.shape[0])
         for j in range(losses.size):  # atom by atom, in order (no matrix product)
             k = vectors[:, j].astype(np.float64)
             log_mass -= factorials[:, j]
@@ -119,24 +130,49 @@ class _Outcomes:
             loss += k * losses[j]
             loss_scale += k * abs(losses[j])
             log_scale += factorials[:, j] + k * abs(log_masses[j]) + k
-        return cls(loss, log_mass, loss_scale, log_scale)
+            used = (k > 0.0) & (losses[j] != 0.0)
+            nonzero += used
+            inexact_products += used & (np.frexp(k)[0] != 0.5)  # (k not a power of two)
+        loss_ops = inexact_products + np.maximum(nonzero - 1.0, 0.0)
+        return cls(loss, log_mass, loss_scale, log_scale, loss_ops)
 
     def times(self, other: _Outcomes) -> _Outcomes:
-        """The outcomes of both compositions together (independent: losses add)."""
-        return _Outcomes(*((mine[:, None] + theirs[None, :]).ravel() for mine, theirs in zip(
-            (self.loss, self.log_mass, self.loss_scale, self.log_scale),
-            (other.loss, other.log_mass, other.loss_scale, other.log_scale),
-        )))
+        """The outcomes of both compositions together (independent: losses add, one more
+        addition)."""
+        combined = [(mine[:, None] + theirs[None, :]).ravel() for mine, theirs in zip(
+            (self.loss, self.log_mass, self.loss_scale, self.log_scale, self.loss_ops),
+            (other.loss, other.log_mass, other.loss_scale, other.log_scale, other.loss_ops),
+        )]
+        combined[4] += 1.0
+        return _Outcomes(*combined)
 
 
 class _Side:
     """One side of the bounds: each outcome's loss moved by its rounding bound (up or down),
-    sorted by it, with its probability moved the same way."""
+    sorted by it, with its probability moved the same way. An outcome's loss and
+    log-probability are sums of at most ``terms`` rounded terms (each atom's, one per mechanism
+    for the product of outcomes, and the log-gamma values), each partial sum at most the sum of
+    the magnitudes (``loss_scale``, ``log_scale``): the log-probability's sums err by at most
+    ``terms`` unit roundoffs of that, every product k log m and every logarithm by one more,
+    and each log-gamma value by ``_LOG_RELATIVE`` of its magnitude; a loss by one unit
+    roundoff of its scale per inexact operation (``_Outcomes.loss_ops``) and ``_ATOM_ULPS``
+    more for the atoms' own rounding (their closed forms' logarithms and products). With
+    ``exact_losses`` the atoms and the loss sums are exact (:func:`_exact_loss_sums`) and only
+    the log-probabilities move."""
 
-    def __init__(self, composed: _Outcomes, upper: bool) -> None:
+    def __init__(self, composed: _Outcomes, upper: bool, terms: int, exact_losses: bool) -> None:
         sign = 1.0 if upper else -1.0
-        loss = composed.loss + sign * (_LOSS_RELATIVE * composed.loss_scale + 1e-300)
-        log_mass = composed.log_mass + sign * (_LOG_RELATIVE * composed.log_scale + 8.0 * _UNIT)
+        rounding = (terms + 4) * _UNIT
+        # (each inexact operation errs by at most u times its result, at most loss_scale, the
+        # scale's own rounding covered by the factor 1.01; each atom's double value by at most
+        # _ATOM_ULPS ulp of itself, sum_j k_j 8 u |l_j| = 8 u loss_scale in all)
+        if exact_losses:
+            loss = composed.loss
+        else:
+            margin = (1.01 * composed.loss_ops + _ATOM_ULPS) * _UNIT * composed.loss_scale
+            loss = composed.loss + sign * margin
+        log_mass = composed.log_mass + sign * (
+            (_LOG_RELATIVE + rounding) * composed.log_scale + 8.0 * _UNIT)
         order = np.argsort(loss, kind="stable")
         self.upper = upper
         self.loss = loss[order]
@@ -154,10 +190,13 @@ class _Side:
         return total * (1.0 - 8.0 * 2.0 * _UNIT) * (1.0 - _SUM_RELATIVE)
 
     def epsilon(self, delta: float) -> float:
-        """The smallest double epsilon >= 0 with delta(epsilon) <= ``delta`` (delta is
-        non-increasing in epsilon): a bisection on the bit patterns between 0 (or the last
-        point found too small) and the largest loss (where delta is 0), started from the root
-        of the suffix sums' closed form."""
+        """Where delta(epsilon) (non-increasing) crosses ``delta``, to adjacent doubles: a
+        bisection on the bit patterns between 0 (or the last point found too small) and the
+        largest loss (where delta is 0), started from the root of the suffix sums' closed
+        form. The upper side returns the end where its delta is at most ``delta`` (the exact
+        epsilon is at most that); the lower side the end where its delta exceeds ``delta``
+        (the exact delta does too, at that end and below it: the exact epsilon is above it),
+        or 0.0."""
         if self.delta(0.0) <= delta:
             return 0.0
         low, high = 0.0, max(float(self.loss[-1]), 0.0)  # delta(low) > delta >= delta(high)
@@ -186,7 +225,7 @@ class _Side:
                 high_bits = middle_bits
             else:
                 low_bits = middle_bits
-        return float(np.int64(high_bits).view(np.float64))
+        return float(np.int64(high_bits if self.upper else low_bits).view(np.float64))
 
     def _approximate_root(self, delta: float) -> float:
         """Where sum_{L > eps} p - e^eps sum_{L > eps} p e^{-L} (suffix sums: about the same
@@ -212,14 +251,40 @@ class _Side:
         return 0.5 * (low + high)
 
 
+def _exact_loss_sums(
+    leaves: Sequence[tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], int]],
+    exact_atoms: Sequence[bool],
+) -> bool:
+    """Whether every composed loss sum_j k_j l_j is computed exactly: every atom exact
+    (``exact_atoms``: the discrete Laplace mechanism's a (s - 2x), computed from the double a)
+    and a multiple of 2^-40, and every partial sum below 2^13 in magnitude (then each product
+    and sum is an integer multiple of 2^-40 below 2^53 of them: exact in double precision). So
+    the discrete Laplace mechanism with a dyadic parameter answers delta = 0 exactly at its
+    largest loss, as the grid route does."""
+    if not all(exact_atoms):
+        return False
+    bound = 0.0
+    for losses, _, count in leaves:
+        losses = np.asarray(losses, dtype=np.float64)
+        scaled = np.ldexp(losses, 40)
+        if not np.all(scaled == np.floor(scaled)):
+            return False
+        bound += count * float(np.max(np.abs(losses), initial=0.0))
+    return bound < 2.0**13
+
+
 class LatticeComposition:
     """The exact composition of finitely-valued privacy losses (module docstring), with
     certified upper and lower delta(eps) and epsilon(delta)."""
 
     def __init__(
-        self, leaves: Sequence[tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], int]]
+        self,
+        leaves: Sequence[tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], int]],
+        exact_atoms: Sequence[bool] | None = None,
     ) -> None:
-        """``leaves``: (losses, masses, count) of each distinct mechanism (atoms under P)."""
+        """``leaves``: (losses, masses, count) of each distinct mechanism (atoms under P);
+        ``exact_atoms``: whether each mechanism's atoms are exactly the doubles given (default
+        none: each is allowed ``_ATOM_ULPS`` ulp)."""
         if not leaves or outcomes(leaves) > MAX_OUTCOMES:
             raise ValueError(f"a lattice composition holds 1 to {MAX_OUTCOMES} outcomes")
         composed: _Outcomes | None = None
@@ -228,8 +293,10 @@ class LatticeComposition:
                                      np.asarray(masses, dtype=np.float64), int(count))
             composed = part if composed is None else composed.times(part)
         assert composed is not None
-        self._upper = _Side(composed, upper=True)
-        self._lower = _Side(composed, upper=False)
+        terms = sum(2 * np.asarray(losses).size + 2 for losses, _, _ in leaves)
+        exact = _exact_loss_sums(leaves, exact_atoms or [False] * len(leaves))
+        self._upper = _Side(composed, upper=True, terms=terms, exact_losses=exact)
+        self._lower = _Side(composed, upper=False, terms=terms, exact_losses=exact)
         self.largest_loss = float(self._upper.loss[-1])
 
     def delta(self, epsilon: float, *, upper: bool) -> float:

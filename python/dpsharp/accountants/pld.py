@@ -1153,13 +1153,19 @@ class PLDAccountant(Accountant):
                     break
                 leaves[leaf] = leaves.get(leaf, 0) + count
             else:
-                atoms = [(*_atoms.atoms(*leaf), leaves[leaf]) for leaf in sorted(leaves)]
-                if _pld_lattice.outcomes(atoms) <= _pld_lattice.MAX_OUTCOMES:
+                atoms = [(leaf, leaves[leaf]) for leaf in sorted(leaves)]
+                tables = [(*_atoms.atoms(*leaf), count) for leaf, count in atoms]
+                if _pld_lattice.outcomes(tables) <= _pld_lattice.MAX_OUTCOMES:
                     per_direction.append(atoms)
                     continue
             break
         else:
-            value = [_pld_lattice.LatticeComposition(atoms) for atoms in per_direction]
+            # (the discrete Laplace mechanism's atoms a (s - 2x) are exact products where a is
+            # dyadic; randomized response's come from logarithms)
+            value = [_pld_lattice.LatticeComposition(
+                [(*_atoms.atoms(*leaf), count) for leaf, count in atoms],
+                [leaf[0] == _atoms.DISCRETE_LAPLACE for leaf, _ in atoms],
+            ) for atoms in per_direction]
         self._lattice_memo = [key, value]
         return value
 
