@@ -229,13 +229,14 @@ _FALSI_STEPS = 12
 def _gdp_epsilons(log_delta: np.ndarray, mu: np.ndarray) -> np.ndarray:
     """Elementwise, the smallest double epsilon >= 0 whose evaluated log delta(epsilon; mu) is
     below ``log_delta`` by the evaluation's margin (:func:`_log_delta_margin`), for 1-D arrays
-    of one length. Bisection on the bit patterns of the doubles (ordered like the values for
-    non-negative doubles), every element at once, from 0 (where delta is too large, unless 0
-    itself is safe) and eps_hi = mu^2/2 - mu Phi^-1(delta) (where delta(eps_hi) <= Phi(-eps_hi
-    / mu + mu / 2) = delta; doubled while rounding puts it on the wrong side) until the two
-    ends are adjacent doubles: about 62 vectorised evaluations whatever the number of elements,
-    where a root finder per element costs as many evaluations for each one (a schedule of a
-    thousand distinct noise multipliers asks for a thousand at once)."""
+    of one length. A bracketed search on the bit patterns of the doubles (ordered like the
+    values for non-negative doubles), every element at once, from 0 (where delta is too large,
+    unless 0 itself is safe) and eps_hi = mu^2/2 - mu Phi^-1(delta) (where delta(eps_hi) <=
+    Phi(-eps_hi / mu + mu / 2) = delta; doubled while rounding puts it on the wrong side) until
+    the two ends are adjacent doubles: regula falsi steps, then halvings, some 20 to 60
+    vectorised evaluations whatever the number of elements, where a root finder per element
+    costs as many for each one (a schedule of a thousand distinct noise multipliers asks for a
+    thousand at once)."""
     margin = _log_delta_margin(log_delta)  # (elementwise)
 
     def safe(eps: np.ndarray, rows: np.ndarray) -> np.ndarray:
