@@ -178,8 +178,8 @@ def test_lattice_route_is_taken_only_for_few_atom_outcomes(
     """Beyond MAX_OUTCOMES composed outcomes, or with any event whose loss is not finitely
     valued, the accountant composes on its grid: its certified bracket holds the lattice's
     (computed with the cap raised; the lattice itself is checked against brute force above)."""
-    assert _pld_lattice.outcomes([(np.zeros(3), np.ones(3), 722)]) <= _pld_lattice.MAX_OUTCOMES
-    assert _pld_lattice.outcomes([(np.zeros(3), np.ones(3), 723)]) > _pld_lattice.MAX_OUTCOMES
+    assert _pld_lattice.outcomes([(np.zeros(3), np.zeros(3), np.ones(3), 722)]) <= _pld_lattice.MAX_OUTCOMES
+    assert _pld_lattice.outcomes([(np.zeros(3), np.zeros(3), np.ones(3), 723)]) > _pld_lattice.MAX_OUTCOMES
     fewer = PLDAccountant(neighbouring="replace_one").compose(RandomizedResponse(0.5, 3), 722)
     assert fewer._exact_lattice() is not None
     many = PLDAccountant(neighbouring="replace_one").compose(RandomizedResponse(0.5, 3), 723)
@@ -205,5 +205,5 @@ def test_outcome_table_is_every_multinomial_count() -> None:
         assert np.all(vectors.sum(axis=1) == count) and np.all(vectors >= 0)
         assert len({tuple(row) for row in vectors.tolist()}) == vectors.shape[0]
     losses, masses = _pld_atoms.atoms(_pld_atoms.RR_REPLACE, 0.3, 5.0)
-    composed = _pld_lattice._Outcomes.of_leaf(losses, masses, 40)
+    composed = _pld_lattice._Outcomes.of_leaf(losses, losses, masses, 40)
     assert math.fsum(np.exp(composed.log_mass).tolist()) == pytest.approx(1.0, abs=1e-13)

@@ -139,15 +139,6 @@ CAUSES = {
         ("test_truncated_subsampled_gaussian_basic", "4.4e-13", "1.3e-13", "5.7e-7"),
     )
 }
-CAUSES.update({
-    f"test_randomized_response{index}": (
-        "delta at epsilon = the largest loss of one release (about 1), where the exact delta "
-        "is 0: the exact composition of randomized response (accountants/_pld_lattice.py) "
-        "allows each atom's double value (a logarithm of the parameters) a few ulp, so its "
-        "certified delta there is a few 1e-16"
-    )
-    for index in range(3)
-})
 
 
 def looser(row: dict[str, Any]) -> bool:

@@ -38,6 +38,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
+import mpmath
 import numpy as np
 import numpy.typing as npt
 from scipy.special import logsumexp
@@ -52,6 +53,7 @@ __all__ = [
     "RR_ZERO_ADD",
     "RR_ZERO_REMOVE",
     "atoms",
+    "atom_loss_brackets",
     "atoms_rdp",
     "atoms_variance",
     "discretise_atoms",
@@ -110,6 +112,48 @@ def atoms(
         np.array([loss for loss, _ in kept], dtype=np.float64),
         np.array([mass for _, mass in kept], dtype=np.float64),
     )
+
+
+def atom_loss_brackets(
+    mechanism: int, parameter: float, rate: float
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """(below, above): for each atom of :func:`atoms` (the same order), the doubles at or below
+    and at or above its exact loss, the closed form evaluated at 40 digits from the double
+    parameters (the double of :func:`atoms` when it is exact, else it and its neighbour)."""
+    losses, masses = atoms(mechanism, parameter, rate)
+    with mpmath.workdps(40):
+        if mechanism == DISCRETE_LAPLACE:
+            a, s = mpmath.mpf(parameter), int(rate)
+            exact = [a * s, *(a * (s - 2 * x) for x in range(1, s)), -a * s]
+            r = math.exp(-float(parameter))
+            inner = -math.expm1(-float(parameter)) / (1.0 + r) * np.exp(
+                -float(parameter) * np.arange(1, s, dtype=np.float64))
+            kept = np.concatenate(([1.0 / (1.0 + r)], inner,
+                                   [math.exp(-float(parameter) * s) / (1.0 + r)])) > 0.0
+        else:
+            p, k = mpmath.mpf(parameter), mpmath.mpf(rate)
+            if mechanism == RR_REPLACE:
+                loss = mpmath.log1p(k * (1 - p) / p)
+                exact = [loss, -loss, mpmath.mpf(0)]
+                other = float(parameter) / float(rate)
+                kept = np.array([1.0 - float(parameter) * (float(rate) - 1.0) / float(rate),
+                                 other, (float(rate) - 2.0) * other]) > 0.0
+            else:
+                high, low = mpmath.log1p((k - 1) * (1 - p)), mpmath.log(p)
+                own = 1.0 - float(parameter) * (float(rate) - 1.0) / float(rate)
+                if mechanism == RR_ZERO_REMOVE:
+                    exact = [high, low]
+                    kept = np.array([own, (float(rate) - 1.0) * float(parameter) / float(rate)]) > 0.0
+                else:
+                    exact = [-high, -low]
+                    kept = np.array([1.0 / float(rate), (float(rate) - 1.0) / float(rate)]) > 0.0
+        exact = [value for value, keep in zip(exact, kept) if keep]
+        assert len(exact) == losses.size
+        below = np.array([float(x) if mpmath.mpf(float(x)) <= x else
+                          math.nextafter(float(x), -math.inf) for x in exact])
+        above = np.array([float(x) if mpmath.mpf(float(x)) >= x else
+                          math.nextafter(float(x), math.inf) for x in exact])
+    return below, above
 
 
 def atoms_variance(mechanism: int, parameter: float, rate: float) -> float:

@@ -16,14 +16,15 @@ composed outcomes (L_i, p_i) enumerated, the hockey-stick divergence of the comp
 (the hockey-stick divergence in privacy-loss form: Balle and Wang 2018; Sommer, Meiser,
 Mohammadi 2019),
 a sum of non-negative terms: no cancellation. :class:`LatticeComposition` evaluates it with
-every loss moved by a bound on its rounding (up for the upper bound, down for the lower one:
-each term is non-decreasing in L), every log-probability moved by a bound on its rounding
-(``lgamma``, ``log`` and the sums: a relative 1e-13 of the sum of the terms' magnitudes, about
-100 times the double-precision error of each), every product and the final sum rounded outwards.
-So ``delta(eps, upper=True) >= delta_exact(eps) >= delta(eps, upper=False)`` for the atoms as
-given, whose losses and masses are the double values of their closed forms (the convention of
-the grid route, see :class:`~dpsharp.accountants.pld.PLDAccountant`); the two sides differ by
-about 1e-12 relative, where a grid's rounding and an FFT's round-off bound leave a bracket of
+every atom's loss replaced by the double at or above its exact value for the upper bound (at or
+below it for the lower one: each term is non-decreasing in L), the closed form evaluated at 40
+digits from the double parameters (:func:`~dpsharp.accountants._pld_atoms.atom_loss_brackets`);
+every composed loss moved by a bound on the rounding of its sum; every log-probability moved by
+a bound on its rounding (``lgamma``, ``log`` and the sums: a relative 1e-13 of the sum of the
+terms' magnitudes, about 100 times the double-precision error of each, which also covers the
+masses' own rounding); every product and the final sum rounded outwards. So
+``delta(eps, upper=True) >= delta_exact(eps) >= delta(eps, upper=False)``; the two sides differ
+by about 1e-12 relative, where a grid's rounding and an FFT's round-off bound leave a bracket of
 the precision's size, and the FFT cannot certify a delta below its round-off floor at all (a
 randomized response run of 500 releases at delta = 1e-10: 0.8% above the exact epsilon on the
 default grid, and the support bound, nine times the exact epsilon, at 1e-11).
@@ -44,7 +45,7 @@ import numpy as np
 import numpy.typing as npt
 from scipy.special import gammaln
 
-__all__ = ["MAX_OUTCOMES", "LatticeComposition", "outcomes"]
+__all__ = ["MAX_OUTCOMES", "LatticeComposition", "Leaf", "outcomes"]
 
 #: Largest number of composed outcomes enumerated (a query there takes about 0.1 s and some
 #: 30 MB).
@@ -56,10 +57,6 @@ _UNIT = 2.0**-53
 #: (about 100 times their double-precision accuracy); the sums add one unit roundoff per term
 #: (:class:`_Side`).
 _LOG_RELATIVE = 1e-13
-#: Bound, in unit roundoffs of its magnitude, on the error of an atom's double value against
-#: its closed form (log1p or log of a few rounded operations on the mechanism's parameters, or
-#: a rounded product of the discrete Laplace parameter and an integer).
-_ATOM_ULPS = 8.0
 #: Relative rounding allowance of the final sums (pairwise summation of at most 2^22 positive
 #: terms errs by at most about 23 u relative).
 _SUM_RELATIVE = 1e-12
@@ -68,12 +65,17 @@ _SUM_RELATIVE = 1e-12
 _LOG_TINY = -700.0
 
 
-def outcomes(leaves: Sequence[tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], int]]) -> int:
-    """The number of composed outcomes of ``leaves`` ((losses, masses, count) per distinct
+#: One mechanism of a lattice composition: (the doubles at or below its atoms' exact losses,
+#: those at or above them, the atoms' masses under P, its count).
+Leaf = tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], npt.NDArray[np.float64], int]
+
+
+def outcomes(leaves: Sequence[Leaf]) -> int:
+    """The number of composed outcomes of ``leaves`` (:data:`Leaf`, one per distinct
     mechanism): prod_i C(c_i + a_i - 1, a_i - 1); ``MAX_OUTCOMES + 1`` where one leaf's count
     vectors alone would hold more than ``_MAX_COUNT_ENTRIES`` integers (many atoms)."""
     total = 1
-    for losses, _, count in leaves:
+    for losses, _, _, count in leaves:
         own = math.comb(count + losses.size - 1, losses.size - 1)
         if own * losses.size > _MAX_COUNT_ENTRIES:
             return MAX_OUTCOMES + 1
@@ -105,20 +107,23 @@ class _Outcomes:
     of two, an addition of two non-zero terms (a product by 1 and an addition of 0 are exact,
     so one release's loss is its atom's, exactly)."""
 
-    loss: npt.NDArray[np.float64]
+    loss_below: npt.NDArray[np.float64]
+    loss_above: npt.NDArray[np.float64]
     log_mass: npt.NDArray[np.float64]
     loss_scale: npt.NDArray[np.float64]
     log_scale: npt.NDArray[np.float64]
     loss_ops: npt.NDArray[np.float64]
 
     @classmethod
-    def of_leaf(cls, losses: npt.NDArray[np.float64], masses: npt.NDArray[np.float64],
-                count: int) -> _Outcomes:
+    def of_leaf(cls, below: npt.NDArray[np.float64], above: npt.NDArray[np.float64],
+                masses: npt.NDArray[np.float64], count: int) -> _Outcomes:
+        losses = np.maximum(np.abs(below), np.abs(above))  # (the magnitudes)
         vectors = _count_vectors(count, losses.size)
         log_masses = np.log(masses)
         factorials = gammaln(vectors + 1.0)
         log_mass = np.full(vectors.shape[0], float(gammaln(count + 1.0)))
-        loss = np.zeros(vectors.shape[0])
+        loss_below = np.zeros(vectors.shape[0])
+        loss_above = np.zeros(vectors.shape[0])
         loss_scale = np.zeros(vectors.shape[0])
         log_scale = np.full(vectors.shape[0], float(gammaln(count + 1.0)))
         nonzero = np.zeros(vectors.shape[0])
@@ -127,23 +132,23 @@ class _Outcomes:
             k = vectors[:, j].astype(np.float64)
             log_mass -= factorials[:, j]
             log_mass += k * log_masses[j]
-            loss += k * losses[j]
-            loss_scale += k * abs(losses[j])
+            loss_below += k * below[j]
+            loss_above += k * above[j]
+            loss_scale += k * losses[j]
             log_scale += factorials[:, j] + k * abs(log_masses[j]) + k
             used = (k > 0.0) & (losses[j] != 0.0)
             nonzero += used
             inexact_products += used & (np.frexp(k)[0] != 0.5)  # (k not a power of two)
         loss_ops = inexact_products + np.maximum(nonzero - 1.0, 0.0)
-        return cls(loss, log_mass, loss_scale, log_scale, loss_ops)
+        return cls(loss_below, loss_above, log_mass, loss_scale, log_scale, loss_ops)
 
     def times(self, other: _Outcomes) -> _Outcomes:
         """The outcomes of both compositions together (independent: losses add, one more
         addition)."""
-        combined = [(mine[:, None] + theirs[None, :]).ravel() for mine, theirs in zip(
-            (self.loss, self.log_mass, self.loss_scale, self.log_scale, self.loss_ops),
-            (other.loss, other.log_mass, other.loss_scale, other.log_scale, other.loss_ops),
-        )]
-        combined[4] += 1.0
+        fields = ("loss_below", "loss_above", "log_mass", "loss_scale", "log_scale", "loss_ops")
+        combined = [(getattr(self, name)[:, None] + getattr(other, name)[None, :]).ravel()
+                    for name in fields]
+        combined[-1] += 1.0
         return _Outcomes(*combined)
 
 
@@ -155,22 +160,19 @@ class _Side:
     the magnitudes (``loss_scale``, ``log_scale``): the log-probability's sums err by at most
     ``terms`` unit roundoffs of that, every product k log m and every logarithm by one more,
     and each log-gamma value by ``_LOG_RELATIVE`` of its magnitude; a loss by one unit
-    roundoff of its scale per inexact operation (``_Outcomes.loss_ops``) and ``_ATOM_ULPS``
-    more for the atoms' own rounding (their closed forms' logarithms and products). With
-    ``exact_losses`` the atoms and the loss sums are exact (:func:`_exact_loss_sums`) and only
-    the log-probabilities move."""
+    roundoff of its scale per inexact operation (``_Outcomes.loss_ops``), from the sum of the
+    atoms' doubles on its side of their exact losses. With ``exact_losses`` the atoms and the
+    loss sums are exact (:func:`_exact_loss_sums`) and only the log-probabilities move."""
 
     def __init__(self, composed: _Outcomes, upper: bool, terms: int, exact_losses: bool) -> None:
         sign = 1.0 if upper else -1.0
         rounding = (terms + 4) * _UNIT
-        # (each inexact operation errs by at most u times its result, at most loss_scale, the
-        # scale's own rounding covered by the factor 1.01; each atom's double value by at most
-        # _ATOM_ULPS ulp of itself, sum_j k_j 8 u |l_j| = 8 u loss_scale in all)
-        if exact_losses:
-            loss = composed.loss
-        else:
-            margin = (1.01 * composed.loss_ops + _ATOM_ULPS) * _UNIT * composed.loss_scale
-            loss = composed.loss + sign * margin
+        # (the sum of the atoms' doubles on this side, each inexact operation erring by at
+        # most u times its result, at most loss_scale, the scale's own rounding covered by the
+        # factor 1.01)
+        loss = composed.loss_above if upper else composed.loss_below
+        if not exact_losses:
+            loss = loss + sign * (1.01 * _UNIT) * composed.loss_ops * composed.loss_scale
         log_mass = composed.log_mass + sign * (
             (_LOG_RELATIVE + rounding) * composed.log_scale + 8.0 * _UNIT)
         order = np.argsort(loss, kind="stable")
@@ -251,25 +253,20 @@ class _Side:
         return 0.5 * (low + high)
 
 
-def _exact_loss_sums(
-    leaves: Sequence[tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], int]],
-    exact_atoms: Sequence[bool],
-) -> bool:
-    """Whether every composed loss sum_j k_j l_j is computed exactly: every atom exact
-    (``exact_atoms``: the discrete Laplace mechanism's a (s - 2x), computed from the double a)
-    and a multiple of 2^-40, and every partial sum below 2^13 in magnitude (then each product
-    and sum is an integer multiple of 2^-40 below 2^53 of them: exact in double precision). So
-    the discrete Laplace mechanism with a dyadic parameter answers delta = 0 exactly at its
-    largest loss, as the grid route does."""
-    if not all(exact_atoms):
-        return False
+def _exact_loss_sums(leaves: Sequence[Leaf]) -> bool:
+    """Whether every composed loss sum_j k_j l_j is computed exactly: every atom's double its
+    exact loss (the two sides agree), a multiple of 2^-40, and every partial sum below 2^13 in
+    magnitude (then each product and sum is an integer multiple of 2^-40 below 2^53 of them:
+    exact in double precision). So the discrete Laplace mechanism with a dyadic parameter
+    answers delta = 0 exactly at its largest loss, as the grid route does."""
     bound = 0.0
-    for losses, _, count in leaves:
-        losses = np.asarray(losses, dtype=np.float64)
-        scaled = np.ldexp(losses, 40)
+    for below, above, _, count in leaves:
+        if not np.array_equal(below, above):
+            return False
+        scaled = np.ldexp(below, 40)
         if not np.all(scaled == np.floor(scaled)):
             return False
-        bound += count * float(np.max(np.abs(losses), initial=0.0))
+        bound += count * float(np.max(np.abs(below), initial=0.0))
     return bound < 2.0**13
 
 
@@ -277,24 +274,18 @@ class LatticeComposition:
     """The exact composition of finitely-valued privacy losses (module docstring), with
     certified upper and lower delta(eps) and epsilon(delta)."""
 
-    def __init__(
-        self,
-        leaves: Sequence[tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], int]],
-        exact_atoms: Sequence[bool] | None = None,
-    ) -> None:
-        """``leaves``: (losses, masses, count) of each distinct mechanism (atoms under P);
-        ``exact_atoms``: whether each mechanism's atoms are exactly the doubles given (default
-        none: each is allowed ``_ATOM_ULPS`` ulp)."""
+    def __init__(self, leaves: Sequence[Leaf]) -> None:
+        """``leaves``: one :data:`Leaf` per distinct mechanism (its atoms under P)."""
         if not leaves or outcomes(leaves) > MAX_OUTCOMES:
             raise ValueError(f"a lattice composition holds 1 to {MAX_OUTCOMES} outcomes")
         composed: _Outcomes | None = None
-        for losses, masses, count in leaves:
-            part = _Outcomes.of_leaf(np.asarray(losses, dtype=np.float64),
-                                     np.asarray(masses, dtype=np.float64), int(count))
+        for below, above, masses, count in leaves:
+            part = _Outcomes.of_leaf(*(np.asarray(values, dtype=np.float64)
+                                       for values in (below, above, masses)), int(count))
             composed = part if composed is None else composed.times(part)
         assert composed is not None
-        terms = sum(2 * np.asarray(losses).size + 2 for losses, _, _ in leaves)
-        exact = _exact_loss_sums(leaves, exact_atoms or [False] * len(leaves))
+        terms = sum(2 * np.asarray(below).size + 2 for below, _, _, _ in leaves)
+        exact = _exact_loss_sums(leaves)
         self._upper = _Side(composed, upper=True, terms=terms, exact_losses=exact)
         self._lower = _Side(composed, upper=False, terms=terms, exact_losses=exact)
         self.largest_loss = float(self._upper.loss[-1])

@@ -1153,19 +1153,19 @@ class PLDAccountant(Accountant):
                     break
                 leaves[leaf] = leaves.get(leaf, 0) + count
             else:
-                atoms = [(leaf, leaves[leaf]) for leaf in sorted(leaves)]
-                tables = [(*_atoms.atoms(*leaf), count) for leaf, count in atoms]
-                if _pld_lattice.outcomes(tables) <= _pld_lattice.MAX_OUTCOMES:
-                    per_direction.append(atoms)
+                order = sorted(leaves)
+                masses = [_atoms.atoms(*leaf)[1] for leaf in order]
+                sizes = [(mass, mass, mass, leaves[leaf]) for leaf, mass in zip(order, masses)]
+                if _pld_lattice.outcomes(sizes) <= _pld_lattice.MAX_OUTCOMES:
+                    # (each atom's loss bracketed by doubles: its closed form at 40 digits)
+                    per_direction.append([
+                        (*_atoms.atom_loss_brackets(*leaf), mass, leaves[leaf])
+                        for leaf, mass in zip(order, masses)
+                    ])
                     continue
             break
         else:
-            # (the discrete Laplace mechanism's atoms a (s - 2x) are exact products where a is
-            # dyadic; randomized response's come from logarithms)
-            value = [_pld_lattice.LatticeComposition(
-                [(*_atoms.atoms(*leaf), count) for leaf, count in atoms],
-                [leaf[0] == _atoms.DISCRETE_LAPLACE for leaf, _ in atoms],
-            ) for atoms in per_direction]
+            value = [_pld_lattice.LatticeComposition(leaves) for leaves in per_direction]
         self._lattice_memo = [key, value]
         return value
 
