@@ -81,6 +81,15 @@ def atoms(
 ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
     """(losses, masses) of the privacy loss under P of one atom leaf (masses sum to 1 up to
     round-off; atoms of zero mass are left out)."""
+    losses, masses = _every_atom(mechanism, parameter, rate)
+    keep = masses > 0.0
+    return losses[keep], masses[keep]
+
+
+def _every_atom(
+    mechanism: int, parameter: float, rate: float
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """:func:`atoms` with the atoms of zero mass kept (the order of :func:`_exact_losses`)."""
     if mechanism in (RR_REPLACE, RR_ZERO_REMOVE, RR_ZERO_ADD):
         p, k = float(parameter), float(rate)
         own = 1.0 - p * (k - 1.0) / k  # P(own bucket) = 1 - p + p/k
@@ -96,22 +105,31 @@ def atoms(
                 values = [(high, own), (low, (k - 1.0) * other)]
             else:
                 values = [(-high, 1.0 / k), (-low, (k - 1.0) / k)]
-    elif mechanism == DISCRETE_LAPLACE:
+        return (np.array([loss for loss, _ in values], dtype=np.float64),
+                np.array([mass for _, mass in values], dtype=np.float64))
+    if mechanism == DISCRETE_LAPLACE:
         a, s = float(parameter), int(rate)
         r = math.exp(-a)
         x = np.arange(1, s, dtype=np.float64)
         inner = -math.expm1(-a) / (1.0 + r) * np.exp(-a * x)
         losses = np.concatenate(([a * s], a * (s - 2.0 * x), [-a * s]))
         masses = np.concatenate(([1.0 / (1.0 + r)], inner, [math.exp(-a * s) / (1.0 + r)]))
-        keep = masses > 0.0
-        return losses[keep], masses[keep]
-    else:
-        raise ValueError(f"mechanism must be one of {ATOM_MECHANISMS}, got {mechanism!r}")
-    kept = [(loss, mass) for loss, mass in values if mass > 0.0]
-    return (
-        np.array([loss for loss, _ in kept], dtype=np.float64),
-        np.array([mass for _, mass in kept], dtype=np.float64),
-    )
+        return losses, masses
+    raise ValueError(f"mechanism must be one of {ATOM_MECHANISMS}, got {mechanism!r}")
+
+
+def _exact_losses(mechanism: int, parameter: float, rate: float) -> list[mpmath.mpf]:
+    """The losses of :func:`_every_atom`, in its order, from the same closed forms evaluated
+    in the working precision of mpmath from the double parameters."""
+    if mechanism == DISCRETE_LAPLACE:
+        a, s = mpmath.mpf(parameter), int(rate)
+        return [a * s, *(a * (s - 2 * x) for x in range(1, s)), -a * s]
+    p, k = mpmath.mpf(parameter), mpmath.mpf(rate)
+    if mechanism == RR_REPLACE:
+        loss = mpmath.log1p(k * (1 - p) / p)
+        return [loss, -loss, mpmath.mpf(0)]
+    high, low = mpmath.log1p((k - 1) * (1 - p)), mpmath.log(p)
+    return [high, low] if mechanism == RR_ZERO_REMOVE else [-high, -low]
 
 
 def atom_loss_brackets(
@@ -120,35 +138,10 @@ def atom_loss_brackets(
     """(below, above): for each atom of :func:`atoms` (the same order), the doubles at or below
     and at or above its exact loss, the closed form evaluated at 40 digits from the double
     parameters (the double of :func:`atoms` when it is exact, else it and its neighbour)."""
-    losses, masses = atoms(mechanism, parameter, rate)
+    _, masses = _every_atom(mechanism, parameter, rate)
     with mpmath.workdps(40):
-        if mechanism == DISCRETE_LAPLACE:
-            a, s = mpmath.mpf(parameter), int(rate)
-            exact = [a * s, *(a * (s - 2 * x) for x in range(1, s)), -a * s]
-            r = math.exp(-float(parameter))
-            inner = -math.expm1(-float(parameter)) / (1.0 + r) * np.exp(
-                -float(parameter) * np.arange(1, s, dtype=np.float64))
-            kept = np.concatenate(([1.0 / (1.0 + r)], inner,
-                                   [math.exp(-float(parameter) * s) / (1.0 + r)])) > 0.0
-        else:
-            p, k = mpmath.mpf(parameter), mpmath.mpf(rate)
-            if mechanism == RR_REPLACE:
-                loss = mpmath.log1p(k * (1 - p) / p)
-                exact = [loss, -loss, mpmath.mpf(0)]
-                other = float(parameter) / float(rate)
-                kept = np.array([1.0 - float(parameter) * (float(rate) - 1.0) / float(rate),
-                                 other, (float(rate) - 2.0) * other]) > 0.0
-            else:
-                high, low = mpmath.log1p((k - 1) * (1 - p)), mpmath.log(p)
-                own = 1.0 - float(parameter) * (float(rate) - 1.0) / float(rate)
-                if mechanism == RR_ZERO_REMOVE:
-                    exact = [high, low]
-                    kept = np.array([own, (float(rate) - 1.0) * float(parameter) / float(rate)]) > 0.0
-                else:
-                    exact = [-high, -low]
-                    kept = np.array([1.0 / float(rate), (float(rate) - 1.0) / float(rate)]) > 0.0
-        exact = [value for value, keep in zip(exact, kept) if keep]
-        assert len(exact) == losses.size
+        exact = [value for value, mass in zip(_exact_losses(mechanism, parameter, rate), masses)
+                 if mass > 0.0]
         below = np.array([float(x) if mpmath.mpf(float(x)) <= x else
                           math.nextafter(float(x), -math.inf) for x in exact])
         above = np.array([float(x) if mpmath.mpf(float(x)) >= x else
