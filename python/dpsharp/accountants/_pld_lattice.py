@@ -180,6 +180,8 @@ class _Side:
         self.loss = loss[order]
         with np.errstate(under="ignore"):
             self.mass = np.exp(np.maximum(log_mass[order], _LOG_TINY) if upper else log_mass[order])
+        # (suffix sums of the masses and of mass * e^-loss, made at the first epsilon query)
+        self._suffix: tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]] | None = None
 
     def delta(self, epsilon: float) -> float:
         start = int(np.searchsorted(self.loss, epsilon, side="right"))  # L > epsilon
@@ -232,7 +234,7 @@ class _Side:
     def _approximate_root(self, delta: float) -> float:
         """Where sum_{L > eps} p - e^eps sum_{L > eps} p e^{-L} (suffix sums: about the same
         delta, without the term-wise care) crosses ``delta``: only a starting point."""
-        if not hasattr(self, "_suffix"):
+        if self._suffix is None:
             with np.errstate(over="ignore", under="ignore", invalid="ignore"):
                 scaled = self.mass * np.exp(-self.loss)
             self._suffix = (np.cumsum(self.mass[::-1])[::-1],
@@ -288,7 +290,6 @@ class LatticeComposition:
         exact = _exact_loss_sums(leaves)
         self._upper = _Side(composed, upper=True, terms=terms, exact_losses=exact)
         self._lower = _Side(composed, upper=False, terms=terms, exact_losses=exact)
-        self.largest_loss = float(self._upper.loss[-1])
 
     def delta(self, epsilon: float, *, upper: bool) -> float:
         """A certified upper (``upper``) or lower bound on delta(``epsilon``)."""
