@@ -201,6 +201,28 @@ def _batches_rows(params: Sequence[torch.nn.Parameter]) -> bool:
             and all(p.device == device for p in params))
 
 
+def _require_within_bound(rule: Any, factors: torch.Tensor, norms: torch.Tensor,
+                          bound: float | torch.Tensor) -> None:
+    """Refuse clip factors from ``rule`` that leave an example's clipped gradient above the
+    bound the noise is calibrated to: c_i >= 0 finite and c_i ||g_i|| <= C (1 + 1e-6), in
+    float64. A clip rule is user-replaceable code; the sensitivity the accountant charges is
+    only as good as this check (the built-in rules pass it by construction)."""
+    import torch
+
+    factors64 = factors.to(torch.float64)
+    limit = torch.as_tensor(bound, dtype=torch.float64, device=factors.device) * (1.0 + 1e-6)
+    bad = ~torch.isfinite(factors64) | (factors64 < 0.0) | (factors64 * norms.to(torch.float64) > limit)
+    if bool(bad.any()):
+        worst = float((factors64 * norms.to(torch.float64) / limit * (1.0 + 1e-6)).nan_to_num(
+            nan=math.inf).max())
+        raise RuntimeError(
+            f"clip rule {rule!r} returned clip factors that are negative, not finite, or leave "
+            f"a per-example gradient above the clipping bound (largest clipped norm / bound: "
+            f"{worst:.6g}); the noise is calibrated to that bound, so nothing was accumulated. "
+            "A rule's factors must satisfy 0 <= c_i <= bound / ||g_i||"
+        )
+
+
 def _without_vanishing_factors(factors: torch.Tensor, usages: list[Any]) -> torch.Tensor:
     """The clip factors (float64, >= 0) with every factor c for which c |scale| falls below
     float32's smallest normal number (2^-126) for some usage's loss scale set to zero: that
@@ -295,6 +317,15 @@ class PerSampleClipper:
             raise ValueError(f"clipping must be 'flat' or 'per_layer', got {clipping!r}")
         if loss_reduction not in ("mean", "sum"):
             raise ValueError(f"loss_reduction must be 'mean' or 'sum', got {loss_reduction!r}")
+        from dpsharp.torch.engine import _made_private
+
+        earlier = _made_private(module)
+        if earlier is not None:
+            raise ValueError(
+                f"module was made private by {earlier}: gradients released through another "
+                "clipper on it would not be charged to that engine's ledger, while the weights "
+                "carry them. Train it through that engine's optimizer"
+            )
         self._module = module
         # the model's buffers are released with it, without noise: a training forward that
         # writes one (from the data) is refused at the end of its backward pass
@@ -771,6 +802,7 @@ class PerSampleClipper:
             if self._rule is not None:
                 self._rule.observe(norms, self._bounds[0])
                 flat_factors = self._rule.factors(norms, self._bounds[0])
+                _require_within_bound(self._rule, flat_factors, norms, self._bounds[0])
             if self._flat_shrink != 1.0:
                 flat_factors = flat_factors * self._flat_shrink
             flat_factors = _without_vanishing_factors(flat_factors, merged)
@@ -786,6 +818,7 @@ class PerSampleClipper:
             if self._rule is not None:
                 self._rule.observe(norms, bounds)
                 factors_all = self._rule.factors(norms, bounds)
+                _require_within_bound(self._rule, factors_all, norms, bounds)
             else:
                 factors_all = self._factors(norms, bounds)
             for k, shrink in enumerate(self._shrinks):
@@ -870,8 +903,11 @@ class PerSampleClipper:
     @staticmethod
     def _raise_not_finite() -> None:
         raise FloatingPointError(
-            "a per-example gradient is not finite (NaN or inf); the batch was discarded "
-            "rather than clipped (check the loss and the learning rate)"
+            "a per-example gradient is not finite (NaN or inf): nothing of this backward pass "
+            "was accumulated, and this logical batch will not be released (releasing it "
+            "without the examples at fault would depend on their data), so the run cannot go "
+            "on from here. Check the loss and the learning rate, and resume from the last "
+            "checkpoint (PrivacyEngine.state_dict / load_state_dict, in a new engine)"
         )
 
     @classmethod

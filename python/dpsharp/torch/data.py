@@ -700,6 +700,34 @@ _LOADERS: dict[str, type[DPDataLoader]] = {
 }
 
 
+def require_whole_dataset_sampler(loader: DataLoader[Any], *, allowed: tuple[type, ...] = ()) -> None:
+    """Refuse a torch DataLoader whose sampler does more than order the whole dataset.
+
+    The DP loaders replace the sampler and draw from every record of ``loader.dataset``. That
+    is only what the user meant for torch's default samplers (``SequentialSampler``, and
+    ``RandomSampler`` without replacement over the whole dataset; ``allowed`` adds others, e.g.
+    ``DistributedSampler`` for the distributed loader). A subset sampler would have held-out
+    records trained on, and a weighted or with-replacement sampler has no sampling rate the
+    accountant could be told, so both are refused here rather than silently dropped."""
+    from torch.utils.data import RandomSampler, SequentialSampler
+
+    sampler = loader.sampler
+    if isinstance(sampler, SequentialSampler) or isinstance(sampler, allowed):
+        return
+    if isinstance(sampler, RandomSampler):
+        whole = not sampler.replacement and sampler.num_samples == len(sampler.data_source)
+        if whole and sampler.data_source is loader.dataset:
+            return
+    raise ValueError(
+        f"data_loader samples with {type(sampler).__name__}, which the DP loader would replace "
+        "by its own sampling of every record of data_loader.dataset: records that sampler "
+        "leaves out would be trained on, and a weighted or with-replacement sampler has no "
+        "sampling rate to account. To train on a subset, wrap it in "
+        "torch.utils.data.Subset; otherwise build the DataLoader with shuffle=True (or no "
+        "sampler), or a dpsharp loader directly"
+    )
+
+
 def from_dataloader(
     loader: DataLoader[Any] | DPDataLoader,
     *,
@@ -714,7 +742,8 @@ def from_dataloader(
     accountant can use, so its sampler is *replaced*: ``sampling="poisson"`` gives
     q = batch_size / len(dataset) (the rate the loader's own batch size implies, stated here
     rather than guessed from ``len(loader)``), ``"shuffle"`` and ``"without_replacement"`` keep
-    the batch size. A DP loader is returned unchanged.
+    the batch size. A DP loader is returned unchanged. A sampler other than torch's default
+    ones over the whole dataset is refused (:func:`require_whole_dataset_sampler`).
     """
     if isinstance(loader, DPDataLoader):
         if (max_physical_batch_size is not None
@@ -733,6 +762,7 @@ def from_dataloader(
         )
     if sampling not in _LOADERS:
         raise ValueError(f"sampling must be one of {', '.join(map(repr, _LOADERS))}, got {sampling!r}")
+    require_whole_dataset_sampler(loader)
     batch_size = loader.batch_size
     if batch_size is None:
         raise ValueError(

@@ -295,6 +295,11 @@ def from_dataloader_distributed(loader: Any, *, sampling: str = "poisson", seed:
     if loader.batch_size is None:
         raise ValueError("data_loader has a custom batch_sampler, so its batch size is unknown; "
                          "build a DistributedPoissonDataLoader directly")
+    from torch.utils.data.distributed import DistributedSampler
+
+    from dpsharp.torch.data import require_whole_dataset_sampler
+
+    require_whole_dataset_sampler(loader, allowed=(DistributedSampler,))
     n = len(loader.dataset)
     global_batch = float(loader.batch_size) * world
     if global_batch > n:

@@ -89,7 +89,7 @@ import logging
 import math
 import warnings
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
@@ -215,6 +215,9 @@ class _Ledger:
         self.last_epoch_charge: tuple[int, float] | None = None  # (epoch, sigma), "epoch" units
         self.non_private_releases = 0
         self.charged = 0  # events the engine composed (one per release, or per epoch)
+        # the noise multipliers of those events, run-length encoded ([sigma, count], in
+        # order); None for a checkpoint from before they were recorded
+        self.charges: list[list[Any]] | None = []
 
     @property
     def per_epoch(self) -> bool:
@@ -237,7 +240,33 @@ class _Ledger:
             "last_epoch_charge": None if self.last_epoch_charge is None else list(self.last_epoch_charge),
             "non_private_releases": self.non_private_releases,
             "charged": self.charged,
+            "charges": None if self.charges is None else [list(run) for run in self.charges],
         }
+
+    def record_charge(self, sigma: float) -> None:
+        """Count one charged event at noise multiplier ``sigma``."""
+        self.charged += 1
+        if self.charges is None:
+            return
+        if self.charges and self.charges[-1][0] == sigma:
+            self.charges[-1][1] += 1
+        else:
+            self.charges.append([sigma, 1])
+
+    def missing_charges(self, event_of: Callable[[float], Event]) -> str | None:
+        """The first charged event (``event_of(sigma)`` for each recorded sigma) that the
+        ledger holds fewer times than it was charged, or None (also without a record)."""
+        if self.charges is None:
+            return None
+        expected: dict[Event, int] = {}
+        for sigma, count in self.charges:
+            event = event_of(sigma)
+            expected[event] = expected.get(event, 0) + count
+        held = dict(self.accountant.composed)
+        for event, count in expected.items():
+            if held.get(event, 0) < count:
+                return f"{count} x {event!r} (the ledger holds {held.get(event, 0)})"
+        return None
 
     def load_state_dict(self, state: Mapping[str, Any], releases: int) -> None:
         """Restore and validate against the number of ``releases`` the checkpoint states."""
@@ -269,6 +298,13 @@ class _Ledger:
             charged = releases - non_private if not self.per_epoch else int(releases > 0)
         composed = sum(count for _, count in accountant.composed)
         problems = []
+        charges = state.get("charges")
+        if charges is not None:
+            charges = [[require_positive_finite("charges sigma", run[0]),
+                        require_count("charges count", run[1], minimum=1)] for run in charges]
+            if sum(run[1] for run in charges) != charged:
+                problems.append(f"{charged} events charged but its record of their noise "
+                                f"multipliers counts {sum(run[1] for run in charges)}")
         if composed < charged:
             problems.append(f"its ledger holds {composed} events but {charged} were charged")
         if self.per_epoch:
@@ -289,15 +325,17 @@ class _Ledger:
         self.last_epoch_charge = last
         self.non_private_releases = non_private
         self.charged = charged
+        self.charges = charges
 
-    def snapshot(self) -> tuple[dict[str, Any], tuple[int, float] | None, int, int]:
+    def snapshot(self) -> tuple[Any, ...]:
         """What :meth:`restore` puts back (the ledger as it is, unvalidated)."""
         return (self.accountant.state_dict(), self.last_epoch_charge, self.non_private_releases,
-                self.charged)
+                self.charged, None if self.charges is None else [list(r) for r in self.charges])
 
-    def restore(self, snapshot: tuple[dict[str, Any], tuple[int, float] | None, int, int]) -> None:
+    def restore(self, snapshot: tuple[Any, ...]) -> None:
         self.accountant.load_state_dict(snapshot[0])
-        self.last_epoch_charge, self.non_private_releases, self.charged = snapshot[1:]
+        (self.last_epoch_charge, self.non_private_releases, self.charged,
+         self.charges) = snapshot[1:]
 
     def dropped(self, before: tuple[tuple[Event, int], ...], non_private: int) -> str | None:
         """What the ledger held (``before``: its composed multiset, and ``non_private``
@@ -441,7 +479,7 @@ class PrivacyEngine:
         self.optimizer: DPOptimizer | None = None
         self.loader: DPDataLoader | None = None
         self.module: torch.nn.Module | None = None
-        self.budget: PrivacyBudget | None = None
+        self._budget: PrivacyBudget | None = None
         self.delta: float | None = None
         self.allow_approximation = False
         # budget cache: (event, allowed further events when computed, events charged since,
@@ -726,7 +764,7 @@ class PrivacyEngine:
         dp_optimizer.add_release_hook(self._on_release)
         self._main, self._honest = main, honest
         self.optimizer, self.loader, self.module = dp_optimizer, loader, module
-        self.budget, self.delta = budget, delta
+        self._budget, self.delta = budget, delta
         self.allow_approximation = allow_approximation
         self._versions = self._ledger_versions()
         self._hold_ledgers()
@@ -866,6 +904,45 @@ class PrivacyEngine:
             "('pld', 'rdp'), or pass allow_approximation=True to accept the approximation (every "
             "report then says so)"
         )
+
+    @property
+    def budget(self) -> PrivacyBudget | None:
+        """The (epsilon, delta) budget enforced before every release (None: none).
+
+        May be set after ``make_private`` (a new budget applies from the next release: the
+        allowance is searched again, and a budget already spent stops the run at once). The
+        same checks as ``make_private(budget=...)`` apply: a budget on an uncertified
+        accountant needs ``allow_approximation=True``, and with adaptive noise it needs an
+        accountant with a privacy filter. The budget of a privacy filter (adaptive noise) is
+        part of the filter's proof and cannot change after the first release."""
+        return self._budget
+
+    @budget.setter
+    def budget(self, budget: PrivacyBudget | None) -> None:
+        if budget is not None and not isinstance(budget, PrivacyBudget):
+            raise TypeError("budget must be a dpsharp.torch.PrivacyBudget or None")
+        if self._main is None:
+            raise RuntimeError("set the budget with make_private(..., budget=...); the engine "
+                               "has no accounting before make_private")
+        if budget == self._budget:
+            return
+        if self._adaptive and self._released > 0:
+            raise ValueError(
+                f"the noise is chosen adaptively ({self._adaptive_reason}) and "
+                f"{self._released} releases were made: a privacy filter's budget is fixed "
+                "before the first release (the filter's proof assumes it), so it cannot be "
+                "set or changed now")
+        if budget is not None:
+            if not self._main.accountant.certified and not self.allow_approximation:
+                assert self.loader is not None
+                raise ValueError(self._approximation_refusal(
+                    self._main, self.loader, budget.delta, "a budget"))
+            if self._adaptive:
+                self._require_filter(self._main)
+            if self.delta is None:
+                self.delta = budget.delta
+        self._budget = budget
+        self._allowance = None  # searched again against the new budget
 
     def _require_filter(self, ledger: _Ledger) -> str:
         kind = _filter_of(ledger.accountant)
@@ -1172,7 +1249,7 @@ class PrivacyEngine:
                 continue
             version = ledger.accountant.version
             ledger.accountant.compose(event)
-            ledger.charged += 1
+            ledger.record_charge(sigma)
             if ledger.per_epoch:
                 ledger.last_epoch_charge = (self.loader.epoch, sigma)  # type: ignore[union-attr]
             if ledger is self._main:
@@ -1401,9 +1478,13 @@ class PrivacyEngine:
         noise stream and the sampler where they stopped.
 
         The checkpoint is validated, not trusted: its ledger must hold at least the events its
-        release count implies, and the budget's allowance is recomputed from the ledger (a
-        stored allowance, from older checkpoints, is ignored). A refused checkpoint restores
-        nothing.
+        release count implies, and each event its record of charges implies (the charged noise
+        multipliers, under this engine's loader: a ledger from a run with another sampling
+        rate or dataset size is refused); its loader must have drawn as many logical batches
+        as releases were made (one more while a batch is pending); and the budget's allowance
+        is recomputed from the ledger (a stored allowance, from older checkpoints, is ignored).
+        A checkpoint's noise multiplier replaces the one given to ``make_private`` (a warning
+        is logged when they differ). A refused checkpoint restores nothing.
 
         The ledger only grows within a process: an engine that has released (or charged) a
         noisy gradient, or whose ledger was composed into by hand, refuses to load (it would
@@ -1474,6 +1555,22 @@ class PrivacyEngine:
                         "and drop releases it records; refusing it")
             self.loader.load_state_dict(state["loader"])
             loader_loaded = True
+            drawn = state["loader"].get("logical_batches")
+            if drawn is not None and not releases <= drawn <= releases + 1:
+                raise ValueError(
+                    f"the checkpoint's loader has drawn {drawn} logical batches but its engine "
+                    f"made {releases} releases: it was edited or its parts come from different "
+                    "runs; refusing it")
+            for each in (ledger, self._honest):
+                if each is None:
+                    continue
+                missing = each.missing_charges(
+                    lambda sigma, each=each: self._event(each.accounting, self.loader, sigma))
+                if missing is not None:
+                    raise ValueError(
+                        f"the checkpoint's ledger lacks events its record of charges implies "
+                        f"for this loader's sampling: {missing}; it was edited or comes from "
+                        "another run (another sampling rate or dataset size); refusing it")
             charge = ledger.last_epoch_charge
             if charge is not None:
                 paid = self._event(ledger.accounting, self.loader, charge[1])
@@ -1506,6 +1603,11 @@ class PrivacyEngine:
             self._versions = self._ledger_versions()  # the same ledger as before, restored
             self._hold_ledgers()
             raise
+        if sigma != before[3]:
+            logger.warning(
+                "resumed at the checkpoint's noise multiplier %r, not the %r this engine was "
+                "made with (a schedule attached to the engine sets it before every release)",
+                sigma, before[3])
         self._released = releases
         self._pending_charge = None
         self._allowance = None

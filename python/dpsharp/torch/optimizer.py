@@ -18,6 +18,7 @@ Clipping and noise are done by :class:`dpsharp.torch.PerSampleClipper` and
 
 from __future__ import annotations
 
+import weakref
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
@@ -29,6 +30,10 @@ if TYPE_CHECKING:
     from dpsharp.torch.data import DPDataLoader
 
 __all__ = ["BudgetExhausted", "DPOptimizer", "NoisyAdaGrad", "NoisyAdam", "NoisySGD"]
+
+#: The attribute a DPOptimizer sets on its clipper (a weak reference to itself): a clipper
+#: releases through one optimizer only.
+_CLIPPER_OWNER = "_dpsharp_optimizer"
 
 
 class BudgetExhausted(RuntimeError):
@@ -164,7 +169,18 @@ class DPOptimizer(torch.optim.Optimizer):
                     f"max_grad_norm={self._max_grad_norm!r} differs from the clipper's bound "
                     f"{bound!r}; the noise must be calibrated to the bound actually used"
                 )
+        owner = getattr(clipper, _CLIPPER_OWNER, None)
+        if owner is not None and owner() is not None:
+            raise ValueError(
+                "clipper already belongs to another DPOptimizer: its clipped sums would be "
+                "released twice, and a release by this optimizer would not be charged where the "
+                "other one's are (e.g. its engine's ledger). Build a clipper for each optimizer"
+            )
         self.clipper = clipper
+        try:
+            setattr(clipper, _CLIPPER_OWNER, weakref.ref(self))
+        except AttributeError:  # a clipper object that takes no attributes: nothing to mark
+            pass
         self.clip_rule = rule
         self._adaptive_clipping = isinstance(rule, AdaptiveQuantileClipping)
         if self._adaptive_clipping:
