@@ -352,3 +352,29 @@ def test_schedule_steps_are_the_per_step_calibrations() -> None:
         assert together == alone
     mu = math.sqrt(math.fsum(1.0 / s**2 for s in sigmas))
     assert accountant.epsilon(1e-5) >= gdp_epsilon(1e-5, mu)
+
+
+@pytest.mark.parametrize("composition", ["advanced", "optimal"])
+@pytest.mark.parametrize("sigma", [1e-160, 1e-200])
+def test_noise_too_small_to_calibrate_is_no_privacy_not_an_error(composition: str,
+                                                                 sigma: float) -> None:
+    """Below sigma ~ 1e-154, mu = 1/sigma squared overflows: no double epsilon makes the
+    Gaussian (epsilon, delta)-DP, so epsilon is +inf (and delta(1) = 1), unsampled and sampled,
+    as the RDP, moments, zCDP and GDP accountants say, not a RuntimeError."""
+    assert gdp_epsilon(1e-5, 1.0 / sigma) == math.inf
+    for event in (Gaussian(sigma), PoissonSampled(Gaussian(sigma), 0.01)):
+        accountant = ClassicAccountant(composition=composition).compose(event, 5 if composition == "advanced" else 1)
+        assert accountant.epsilon(1e-5) == math.inf
+        assert accountant.delta(1.0) == 1.0
+
+
+@pytest.mark.parametrize("epsilon", [710.0, 1e5])
+def test_composition_bounds_past_the_exponential_range_are_infinite(epsilon: float) -> None:
+    """e^epsilon overflows past 709.78: the DRV bound k eps (e^eps - 1) + ... is +inf (as the
+    extended form already said), not an OverflowError; the optimal composition stays the
+    finite basic bound's neighbour, and is +inf only where k epsilon itself overflows."""
+    assert advanced_composition(epsilon, 1e-6, 10, delta_slack=1e-6) == (math.inf, 10 * 1e-6 + 1e-6)
+    assert extended_advanced_composition([epsilon], [1e-6], delta_slack=1e-6)[0] == math.inf
+    optimal = optimal_composition_epsilon(epsilon, 1e-6, 10, target_delta=1e-4)
+    assert 10 * epsilon * (1 - 1e-6) <= optimal <= 10 * epsilon
+    assert optimal_composition_epsilon(1e308, 1e-6, 10, target_delta=1e-4) == math.inf

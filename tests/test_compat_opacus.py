@@ -541,3 +541,35 @@ def test_a_step_that_samples_nothing_is_accepted_as_in_opacus(
     assert restored.get_epsilon(1e-5) == mine.get_epsilon(1e-5)
     with pytest.raises(ValueError, match=r"sample_rate must be in \[0, 1\]"):
         cls().step(noise_multiplier=1.0, sample_rate=-0.1)
+
+
+@pytest.mark.parametrize("epochs, loader_length", [(3, 75), (6, 75), (12, 75), (7, 1 / 0.07)])
+def test_get_noise_multiplier_calibrates_for_the_steps_the_run_trains(
+    epochs: int, loader_length: float
+) -> None:
+    """Opacus calibrates for int(epochs / sample_rate) steps; with sample_rate = 1 / len(loader)
+    the quotient can fall a rounding error below the epochs * len(loader) steps the run trains
+    (3 / (1/75) = 224.99999999999997), and a sigma for one step fewer lands above the target.
+    The adapter counts those steps; the run's epsilon, composed by hand, is within the target."""
+    rate = 1 / loader_length
+    trained = round(epochs * loader_length)
+    assert epochs / rate < trained  # the floating-point shadow of the step count
+    sigma = compat.get_noise_multiplier(target_epsilon=3.0, target_delta=1e-5, sample_rate=rate,
+                                        epochs=epochs, accountant="rdp")
+    assert 3.0 - 0.01 <= ours("rdp", [(sigma, rate, trained)], 1e-5) <= 3.0
+    # A quotient well away from an integer keeps Opacus' floor: 1 / 0.3 = 3.33 -> 3 steps.
+    assert compat._steps_of_epochs(1.0, 0.3) == 3
+
+
+def test_get_noise_multiplier_on_gdp_says_it_is_an_approximation(caplog) -> None:
+    """Opacus' "gdp" calibration is the central-limit approximation; the adapter keeps it (a
+    porting user's numbers stay Opacus') and logs that its certified epsilon can be above the
+    target: at its sigma = 1.108 for target 2 (q = 0.01, 2000 steps) the certified RDP epsilon
+    is 2.35."""
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="dpsharp.compat.opacus"):
+        sigma = compat.get_noise_multiplier(target_epsilon=2.0, target_delta=1e-5,
+                                            sample_rate=0.01, steps=2000, accountant="gdp")
+    assert "central-limit approximation" in caplog.text
+    assert ours("rdp", [(sigma, 0.01, 2000)], 1e-5) > 2.0 * 1.1

@@ -379,6 +379,32 @@ def test_compute_dp_epsilon_command(capsys: pytest.CaptureFixture[str]) -> None:
     assert exit_info.value.code == 2 and "--noise-multiplier" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flag, value, named", [
+    ("-p", "1.5", "-p/--sampling-probability"), ("-s", "-1", "-s/--noise-multiplier"),
+    ("-s", "nan", "-s/--noise-multiplier"), ("-i", "-5", "-i/--num-compositions"),
+    ("-d", "0", "-d/--delta"), ("-d", "1", "-d/--delta"),
+])
+def test_compute_dp_epsilon_names_a_bad_flag_and_exits_2(capsys, flag: str, value: str,
+                                                         named: str) -> None:
+    """A bad value is an error naming its flag (status 2), not an "n/a" line with status 0."""
+    args = {"-p": "5e-3", "-s": "0.8", "-i": "100", "-d": "1e-6"}
+    args[flag] = value
+    with pytest.raises(SystemExit) as exit_info:
+        compat.main([part for pair in args.items() for part in pair])
+    captured = capsys.readouterr()
+    assert exit_info.value.code == 2 and named in captured.err and captured.out == ""
+
+
+def test_compute_dp_epsilon_at_rate_zero_prints_zero_on_both_lines(capsys) -> None:
+    """q = 0 uses no record: epsilon 0 on the PRV and the RDP line alike."""
+    assert compat.main(["-p", "0", "-s", "0.8", "-i", "100", "-d", "1e-6"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if "eps_upper" in line]
+    assert len(lines) == 2
+    for line in lines:
+        assert dict(re.findall(r"(eps_\w+) = +([-+.\deinf]+)", line)) == {
+            "eps_lower": "0.0", "eps_estimate": "0.0", "eps_upper": "0.0"}
+
+
 def _binary_composition_delta(eps: float, delta: float, count: int, at: float) -> float:
     """The exact delta(at) of ``count`` (eps, delta)-DP mechanisms composed: the mass
     D = 1 - (1 - delta)^count at +inf, and binary randomized response's losses
@@ -620,3 +646,25 @@ def compat_accountant_module():  # type: ignore[no-untyped-def]
     import dpsharp.compat._prv.accountant as module
 
     return module
+
+
+def test_an_answer_does_not_depend_on_the_queries_before_it() -> None:
+    """A query that needs finer grids (2000 steps at eps_error 2e-4) refines only itself: the same query on a fresh accountant and after it gives the same bracket,
+    which holds the exact epsilon of the q = 1 composition (mu = sqrt(T) / sigma)."""
+    built()
+
+    def fresh() -> compat.PRVAccountant:
+        return compat.PRVAccountant(
+            prvs=[compat.PoissonSubsampledGaussianMechanism(sampling_probability=0.01,
+                                                            noise_multiplier=0.8),
+                  compat.PoissonSubsampledGaussianMechanism(sampling_probability=1.0,
+                                                            noise_multiplier=30.0)],
+            max_self_compositions=[2000, 100], eps_error=2e-4, delta_error=1e-10)
+
+    first = fresh().compute_epsilon(delta=1e-5, num_self_compositions=[100, 0])
+    refined = fresh()
+    refined.compute_epsilon(delta=1e-5, num_self_compositions=[2000, 0])
+    assert refined.precision < 1e-3  # that query refined its grids
+    assert refined.compute_epsilon(delta=1e-5, num_self_compositions=[100, 0]) == first
+    gaussian = fresh().compute_epsilon(delta=1e-5, num_self_compositions=[0, 100])
+    assert gaussian[0] <= exact_epsilon_lower(1e-5, math.sqrt(100) / 30.0) <= gaussian[2]

@@ -156,9 +156,15 @@ def test_unsupported_and_bad_input() -> None:
 
 
 def test_tiny_sigma_is_no_privacy_not_an_error() -> None:
-    acc = GDPAccountant().compose(PoissonSampled(Gaussian(0.01), 0.5))
+    # sigma^2 underflows: no noise at all
+    acc = GDPAccountant().compose(PoissonSampled(Gaussian(1e-200), 0.5))
     assert acc.epsilon(1e-5) == math.inf
     assert acc.delta(10.0) == 1.0
+    # e^{1/sigma^2} overflows in the CLT term; the step is still (1/sigma)-GDP (post-processing
+    # of the unsampled Gaussian): mu = 100, not +inf
+    acc = GDPAccountant().compose(PoissonSampled(Gaussian(0.01), 0.5))
+    assert acc.mu == pytest.approx(100.0, rel=1e-15)
+    assert acc.epsilon(1e-5) == gdp_epsilon(1e-5, acc.mu)
 
 
 def test_registry() -> None:
@@ -182,3 +188,18 @@ def test_sampling_everyone_is_the_exact_gaussian() -> None:
     acc = GDPAccountant().compose(PoissonSampled(Gaussian(2.0), 1.0), 4)
     assert acc.mu == pytest.approx(1.0) and not acc.is_approximate
     assert acc.guarantee(1e-5).certified
+
+
+def test_a_sampled_step_is_never_charged_more_than_the_unsampled_gaussian() -> None:
+    """Sampling with probability q is a post-processing of the unsampled Gaussian (keep its
+    output with probability q, else draw fresh noise), so each step is exactly (1/sigma)-GDP at
+    every q (Dong, Roth, Su 2019, post-processing). The CLT term q^2 (e^{1/sigma^2} - 1) is
+    larger near q = 1, where it once made epsilon drop from 140.9 (q = 0.999999) to the exact
+    91.8 at q = 1 (sigma = 1, T = 100): epsilon is now non-decreasing in q up to that exact
+    value, mu = sqrt(T) / sigma."""
+    rates = [0.1, 0.5, 0.8, 0.9, 0.99, 0.999999, 1.0]
+    epsilons = [GDPAccountant().compose(PoissonSampled(Gaussian(1.0), q), 100).epsilon(1e-5)
+                for q in rates]
+    assert epsilons == sorted(epsilons)
+    exact = gdp_epsilon(1e-5, math.sqrt(100) / 1.0)
+    assert epsilons[-1] == exact and epsilons[-2] == exact

@@ -327,3 +327,20 @@ def test_unsampled_run_shows_and_explains_its_certified_gdp_mu(
     # (the envelope of certified (epsilon, delta(epsilon)) pairs, Dong, Roth, Su 2019, Prop. 2.12)
     for f, g in zip(data["pld"], data["gdp_certified"]):
         assert g - 1e-2 <= f <= g + 1e-12
+
+
+@pytest.mark.parametrize("sigma, rate", [(1.0, 1e-13), (1e10, 0.01)])
+def test_near_null_compositions_answer_zero_at_every_entry_point(sigma: float, rate: float) -> None:
+    """100 steps whose total variation distance is far below delta: by the union bound over
+    the steps, delta(0) <= 100 q (2 Phi(1 / (2 sigma)) - 1) < 1e-5, so the exact epsilon at
+    delta = 1e-5 is 0. The bracket, the guarantee and the adapters say 0 too (their optimistic
+    side has no finite mass left, which once made the window of the composition infinite)."""
+    total_variation = 100 * rate * math.erf(1.0 / (2.0 * sigma * math.sqrt(2.0)))
+    assert total_variation < 1e-5
+    accountant = dpsharp.accountant("pld").compose(PoissonSampled(Gaussian(sigma), rate), 100)
+    assert accountant.epsilon(1e-5) == 0.0
+    assert accountant.epsilon_bounds(1e-5) == (0.0, 0.0)
+    assert accountant.guarantee(1e-5).epsilon == 0.0
+    adapter = opacus_compat.PLDAccountant()
+    adapter.history = [(sigma, rate, 100)]
+    assert adapter.get_epsilon_bounds(1e-5) == (0.0, 0.0)

@@ -261,3 +261,27 @@ def test_table_ii_dynamic_budget_epochs(schedule, epochs_ref: int) -> None:  # t
             break
         acc, epoch = trial, epoch + 1
     assert epoch == epochs_ref
+
+
+def test_delta_of_a_huge_rho_is_one_not_an_overflow() -> None:
+    """rho = 5 / (2 sigma^2) = 2.5e20 (sigma = 1e-10): the bound's exponent passes 709 and
+    delta(epsilon) is 1 (no privacy) for any epsilon below rho."""
+    accountant = dpsharp.accountant("zcdp").compose(Gaussian(1e-10), 5)
+    assert accountant.rho == pytest.approx(2.5e20, rel=1e-12)
+    assert accountant.delta(1.0) == 1.0
+    assert accountant.delta(1e6) == 1.0
+
+
+def test_random_sampling_is_refused_below_sigma_one() -> None:
+    """Theorem 3's P = q^2/sigma^2 comes from Abadi et al. 2016's Lemma 3, stated for sigma >= 1
+    and q < 1/(16 sigma). Below sigma = 1 the exact RDP is far above alpha P: at sigma = 0.5,
+    q = 1e-3 and alpha = U = sigma^2 log(1/(q sigma)) + 1 the exact divergence (the RDP
+    accountant's, accurate to 1e-10 against mpmath) is about 12 times U q^2 / sigma^2."""
+    sigma, q = 0.5, 1e-3
+    alpha_max = sigma**2 * math.log(1.0 / (q * sigma)) + 1.0
+    exact = dpsharp.rdp.poisson_gaussian_rdp(q, sigma, [alpha_max])[0]
+    assert exact > 10.0 * alpha_max * q**2 / sigma**2
+    with pytest.raises(dpsharp.UnsupportedEventError, match="stated for sigma >= 1"):
+        ZCDPAccountant(batching="sample").compose(PoissonSampled(Gaussian(sigma), q))
+    # sigma = 1 is inside the stated range
+    ZCDPAccountant(batching="sample").compose(PoissonSampled(Gaussian(1.0), 1.0 / 16.0))

@@ -38,6 +38,8 @@ namespace {
 
 constexpr double kLogSqrt2Pi = 0.91893853320467274178;  // log(sqrt(2 pi))
 constexpr double kLog2 = 0.69314718055994530942;
+// the unit roundoff of double, 2^-53
+constexpr double kUnitRoundoff = 1.1102230246251565e-16;
 // The quadrature stops when its error estimate (QUADPACK's qk15 estimate, summed over pieces)
 // is below this fraction of the integral: 100x below the 1e-10 target.
 constexpr double kQuadratureTolerance = 1e-12;
@@ -467,8 +469,63 @@ double log_a_minus_one_quadrature(double q, double sigma, double alpha,
   return log_a_minus_one_kronrod(f);
 }
 
-// log(A - 1) for integer alpha by the non-negative binomial sum.
-//   term(k) = log C(alpha,k) + (alpha-k) log(1-q) + k log q + log expm1(k(k-1) c),  c = 1/(2 sigma^2).
+// Stirling's error log(n!) - log(sqrt(2 pi n) (n/e)^n) (Loader 2000, "Fast and accurate
+// computation of binomial probabilities"): its asymptotic series above 15 (truncation below
+// 3e-16), lgamma below (absolute error below 1e-14 there). 0 at n = 0.
+double stirling_error(double n) noexcept {
+  constexpr double kS0 = 1.0 / 12.0, kS1 = 1.0 / 360.0, kS2 = 1.0 / 1260.0, kS3 = 1.0 / 1680.0,
+                   kS4 = 1.0 / 1188.0;
+  if (n == 0.0) return 0.0;
+  if (n <= 15.0) return std::lgamma(n + 1.0) - (n + 0.5) * std::log(n) + n - kLogSqrt2Pi;
+  const double nn = n * n;
+  if (n > 500.0) return (kS0 - kS1 / nn) / n;
+  if (n > 80.0) return (kS0 - (kS1 - kS2 / nn) / nn) / n;
+  if (n > 35.0) return (kS0 - (kS1 - (kS2 - kS3 / nn) / nn) / nn) / n;
+  return (kS0 - (kS1 - (kS2 - (kS3 - kS4 / nn) / nn) / nn) / nn) / n;
+}
+
+// The deviance x log(x / m) + m - x >= 0 (Loader 2000), by its series in v = (x - m)/(x + m)
+// where |v| < 0.1, else directly (there it is at least 0.017 (x + m) and the direct form loses
+// at most about 30 ulps of it).
+double binomial_deviance(double x, double m) noexcept {
+  if (std::fabs(x - m) < 0.1 * (x + m)) {
+    double v = (x - m) / (x + m);
+    double sum = (x - m) * v;
+    double power = 2.0 * x * v;
+    v *= v;
+    for (int j = 1; j < 1000; ++j) {
+      power *= v;
+      const double next = sum + power / (2.0 * j + 1.0);
+      if (next == sum) return next;
+      sum = next;
+    }
+    return sum;
+  }
+  return x * std::log(x / m) + m - x;
+}
+
+// log of the binomial probability C(n, k) q^k (1 - q)^(n - k) for 0 < k < n and 0 < q < 1, by
+// Loader's saddle-point form: its rounding error is a few ulps of the deviances and of the
+// logarithms it adds, not of log C(n, k) and k log q, which cancel (at n = 1e6 those are
+// 1e7 in size, and their difference lost 1e-9 relative). ``error`` receives a bound on the
+// absolute error of the result.
+double log_binomial_probability(double n, double k, double q, double& error) noexcept {
+  const double mean = n * q;
+  const double rest_mean = n * (1.0 - q);
+  const double dev_k = binomial_deviance(k, mean);
+  const double dev_rest = binomial_deviance(n - k, rest_mean);
+  const double log_circle = 2.0 * kLogSqrt2Pi + std::log(k) + std::log1p(-k / n);
+  const double stirling = stirling_error(n) - stirling_error(k) - stirling_error(n - k);
+  // 64 ulps of every part (the direct deviance's ~30, the roundings of n q and 1 - q moving a
+  // deviance by at most |x - m| u, the sums), and 4e-14 per Stirling error.
+  error = 64.0 * kUnitRoundoff *
+              (dev_k + dev_rest + std::fabs(log_circle) + 2.0 * std::fabs(k - mean) + 1.0) +
+          1.2e-13;
+  return stirling - dev_k - dev_rest - 0.5 * log_circle;
+}
+
+// log(A - 1) for integer alpha by the non-negative binomial sum, rounded up.
+//   term(k) = log[C(alpha,k) q^k (1-q)^(alpha-k)] + log expm1(k(k-1) c),  c = 1/(2 sigma^2).
 // Terms more than kSkip nats below the largest term change the sum by < alpha e^-kSkip relative,
 // so runs of them are skipped with a proven upper bound: for i >= k the increment
 // term(i+1) - term(i) is at most log((alpha-k)/(k+1)) + log(q/(1-q)) + kappa 2 i c with
@@ -476,24 +533,40 @@ double log_a_minus_one_quadrature(double q, double sigma, double alpha,
 // after j steps term(k+j) <= term(k) + j a0 + kappa c j (2k + j - 1). The sweep jumps to the
 // first j where that bound reaches the threshold. The threshold uses a lower bound of the
 // largest term (the maximum over a coarse sample of k), so nothing that matters is skipped.
+// The result is moved up by a bound on its rounding error (each term's, weighted by its share
+// of the sum; the exponentials and the sum's) and on the skipped terms' share, so it is never
+// below the exact log(A - 1) (Mironov, Talwar, Zhang 2019, Section 3.3's sum).
 double log_a_minus_one_binomial(double q, double sigma, double alpha) {
   constexpr double kSkip = 60.0;
   const double log_q = std::log(q);
-  const double log_1mq = q < 1.0 ? std::log1p(-q) : kNegInf;
+  const double log_1mq = std::log1p(-q);  // q < 1 here (q = 1 is the Gaussian itself)
   const double c = 0.5 / (sigma * sigma);
-  const double lgamma_alpha = std::lgamma(alpha + 1.0);
   const long n = static_cast<long>(alpha);
   auto log_expm1_fast = [](double y) { return y > 37.0 ? y : log_expm1(y); };
-  auto term_at = [&](long k, double log_binom) {
-    const double kd = static_cast<double>(k);
-    const double rest = alpha - kd;
-    return log_binom + (rest > 0.0 ? rest * log_1mq : 0.0) + kd * log_q +
-           log_expm1_fast(kd * (kd - 1.0) * c);
+  // log P(K = k) for K ~ Binomial(alpha, q), directly (Loader's form), with its error bound
+  auto log_probability_at = [&](long k, double& error) {
+    if (k == n) {
+      error = 4.0 * kUnitRoundoff * std::fabs(alpha * log_q);
+      return alpha * log_q;
+    }
+    return log_binomial_probability(alpha, static_cast<double>(k), q, error);
   };
-  auto exact_log_binom = [&](long k) {
+  // term(k) from log P(K = k) and its error; adds the error of the rest of the term
+  auto term_from = [&](long k, double log_probability, double& error) {
     const double kd = static_cast<double>(k);
-    return lgamma_alpha - std::lgamma(kd + 1.0) - std::lgamma(alpha - kd + 1.0);
+    const double y = kd * (kd - 1.0) * c;
+    const double growth = log_expm1_fast(y);  // y > 37: y >= log expm1(y), rounded up
+    // y carries 4 roundings, moving log expm1(y) by at most 4 u max(y, 1) (its derivative is
+    // 1/(1 - e^-y) <= max(1, 2/y)); log expm1 itself 4 ulps; the sum 2 ulps
+    error += 8.0 * kUnitRoundoff * (y + 1.0) + 4.0 * kUnitRoundoff * std::fabs(growth);
+    const double term = log_probability + growth;
+    error += 2.0 * kUnitRoundoff * std::fabs(term);
+    return term;
   };
+  auto term_at = [&](long k, double& error) {
+    return term_from(k, log_probability_at(k, error), error);
+  };
+  double unused_error = 0.0;
   // A lower bound on the largest term: a coarse sample (both ends, the binomial mode, 64 points).
   // Up to 64 terms nothing is skipped (the sample would cost as much as the sum).
   double threshold = kNegInf;
@@ -501,30 +574,43 @@ double log_a_minus_one_binomial(double q, double sigma, double alpha) {
     double sampled_max = kNegInf;
     const long stride = std::max(1L, n / 64);
     for (long k = 2; k <= n; k += stride) {
-      sampled_max = std::max(sampled_max, term_at(k, exact_log_binom(k)));
+      sampled_max = std::max(sampled_max, term_at(k, unused_error));
     }
-    sampled_max = std::max(sampled_max, term_at(n, exact_log_binom(n)));
+    sampled_max = std::max(sampled_max, term_at(n, unused_error));
     const long mode = std::min(n, std::max(2L, static_cast<long>(q * alpha)));
-    sampled_max = std::max(sampled_max, term_at(mode, exact_log_binom(mode)));
+    sampled_max = std::max(sampled_max, term_at(mode, unused_error));
     threshold = sampled_max - kSkip;
   }
-  const double log_odds = q < 1.0 ? log_q - log_1mq : kInf;
+  const double log_odds = log_q - log_1mq;
 
   double running_max = kNegInf;
-  double running_sum = 0.0;
+  double running_sum = 0.0;    // sum of exp(term - running_max)
+  double running_error = 0.0;  // sum of exp(term - running_max) * error(term)
+  double largest_magnitude = 0.0;
+  long included = 0;
   long k = 2;
-  double log_binom = exact_log_binom(2);
+  // log P(K = k) is carried from k to k + 1 by log((alpha - k)/(k + 1)) + log(q/(1 - q)) and
+  // taken afresh (Loader's form) every 64 steps and after a jump; its error bound is carried too
+  double log_probability_error = 0.0;
+  double log_probability = log_probability_at(k, log_probability_error);
   long since_anchor = 0;
   while (k <= n) {
-    const double term = term_at(k, log_binom);
+    double error = log_probability_error;
+    const double term = term_from(k, log_probability, error);
     if (term >= threshold) {
+      ++included;
+      largest_magnitude = std::max(largest_magnitude, std::fabs(term));
       if (term > running_max) {
-        running_sum = running_sum * std::exp(running_max - term) + 1.0;
+        const double scale = std::exp(running_max - term);
+        running_sum = running_sum * scale + 1.0;
+        running_error = running_error * scale + error;
         running_max = term;
       } else {
-        running_sum += std::exp(term - running_max);
+        const double weight = std::exp(term - running_max);
+        running_sum += weight;
+        running_error += weight * error;
       }
-    } else if (q < 1.0 && k < n) {
+    } else if (k < n) {
       const double kd = static_cast<double>(k);
       const double y = kd * (kd - 1.0) * c;
       const double kappa = 1.0 / -std::expm1(-y);
@@ -533,29 +619,42 @@ double log_a_minus_one_binomial(double q, double sigma, double alpha) {
       // smallest j >= 1 with b j^2 + (a0 + b (2k - 1)) j + (term - threshold) >= 0
       const double lin = a0 + b * (2.0 * kd - 1.0);
       const double gap = threshold - term;  // > 0
-      double j_real;
       const double disc = lin * lin + 4.0 * b * gap;
-      j_real = (-lin + std::sqrt(disc)) / (2.0 * b);
+      const double j_real = (-lin + std::sqrt(disc)) / (2.0 * b);
       long jump = static_cast<long>(std::floor(j_real));
       if (!(jump > 1)) jump = 1;  // also catches NaN
       if (jump > 1) {
         k = std::min(n, k + jump);
-        log_binom = exact_log_binom(k);
+        log_probability = log_probability_at(k, log_probability_error);
         since_anchor = 0;
         continue;
       }
     }
-    // next term: C(alpha, k+1) = C(alpha, k) (alpha - k) / (k + 1), re-anchored every 64 steps
     ++k;
-    if (++since_anchor == 64) {
-      log_binom = exact_log_binom(k);
+    if (k > n) break;
+    if (++since_anchor == 64 || k == n) {
+      log_probability = log_probability_at(k, log_probability_error);
       since_anchor = 0;
     } else {
-      log_binom += std::log((alpha - static_cast<double>(k) + 1.0) / static_cast<double>(k));
+      // the step's logarithm (2 ulps of it, its quotient's rounding included), the odds' (2 ulps
+      // of log q and of log(1 - q)), and the two additions (an ulp of each partial sum)
+      const double kd = static_cast<double>(k);
+      const double step = std::log((alpha - kd + 1.0) / kd);
+      log_probability += step + log_odds;
+      log_probability_error += 2.0 * kUnitRoundoff * std::fabs(step) +
+                               2.0 * kUnitRoundoff * (std::fabs(log_q) + std::fabs(log_1mq)) +
+                               kUnitRoundoff * (std::fabs(step + log_odds) + std::fabs(log_probability));
     }
   }
   if (running_max == kNegInf) return kNegInf;
-  return running_max + std::log(running_sum);
+  // The terms' errors (relative errors of their exponentials, weighted by their shares), the
+  // exponentials of the differences (4 ulps of the largest magnitude), the sum's roundings
+  // (one ulp per term), and the skipped terms (below alpha e^-kSkip of the sum).
+  const double margin = running_error / running_sum +
+                        4.0 * kUnitRoundoff * (largest_magnitude + std::fabs(running_max)) +
+                        static_cast<double>(included + 4) * kUnitRoundoff +
+                        alpha * std::exp(-kSkip);
+  return running_max + std::log(running_sum) + margin;
 }
 
 // Whether c = 1/(2 sigma^2) and 1/sigma are finite doubles. Below sigma ~ 7e-155 they overflow,

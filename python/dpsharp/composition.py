@@ -133,7 +133,8 @@ def advanced_composition(
     k = steps
     root = math.sqrt(2.0 * k * math.log(1.0 / slack))
     if form == "drv":
-        eps_total = root * epsilon + k * epsilon * math.expm1(epsilon)
+        growth = math.expm1(epsilon) if epsilon < 709.0 else math.inf  # (overflows past 709.78)
+        eps_total = root * epsilon + k * epsilon * growth
     elif form == "independent":
         eps_total = k * _a(epsilon) + root * epsilon
     elif form == "adaptive":
@@ -179,7 +180,8 @@ def extended_advanced_composition(
     sum_sq = math.fsum(reps * eps * eps)
     log_inv = math.log(1.0 / slack)
     if form == "drv":
-        linear = math.fsum(reps * eps * np.expm1(eps))
+        with np.errstate(over="ignore"):  # e^eps overflows past 709.78: +inf, as it should be
+            linear = math.fsum(reps * eps * np.expm1(eps))
         return math.sqrt(2.0 * log_inv * sum_sq) + linear, math.fsum(reps * dels) + slack
     if form != "kov":
         raise ValueError(f"form must be 'drv' or 'kov', got {form!r}")
@@ -251,6 +253,8 @@ def optimal_composition_epsilon(epsilon: float, delta: float, steps: int, *, tar
     keep_steps = steps * math.log1p(-delta)
     room = -math.expm1(math.log1p(-target) - keep_steps)  # delta_0 must be <= room
     if room <= 0.0:
+        return math.inf
+    if not math.isfinite(2.0 * steps * epsilon):  # k epsilon (the basic bound) overflows
         return math.inf
     log_room = math.log(room)
 

@@ -243,18 +243,30 @@ def _gdp_epsilons(log_delta: np.ndarray, mu: np.ndarray) -> np.ndarray:
         return _gdp_log_delta(eps, mu[rows]) - log_delta[rows] <= -margin[rows]
 
     out = np.zeros(log_delta.shape)
-    rows = np.flatnonzero(~safe(np.zeros(log_delta.shape), np.arange(log_delta.size)))
+    with np.errstate(all="ignore"):  # (a mu whose square overflows: handled below)
+        rows = np.flatnonzero(~safe(np.zeros(log_delta.shape), np.arange(log_delta.size)))
+    if rows.size == 0:
+        return out
+    with np.errstate(over="ignore"):
+        high = np.maximum(mu[rows] * mu[rows] / 2.0 - mu[rows] * ndtri_exp(log_delta[rows]),
+                          1e-300)
+    for _ in range(2100):
+        with np.errstate(all="ignore"):
+            wrong = ~safe(high, rows) & np.isfinite(high)
+        if not wrong.any():
+            break
+        with np.errstate(over="ignore"):
+            high[wrong] *= 2.0
+    else:  # pragma: no cover - delta(eps) -> 0 as eps grows: some doubling gets there
+        raise RuntimeError("gdp_epsilon: no safe upper end found")
+    # No double epsilon is safe where the upper end overflowed (mu above about 1e154, a noise
+    # multiplier below 1e-154): epsilon is +inf there.
+    beyond = ~np.isfinite(high)
+    out[rows[beyond]] = math.inf
+    rows, high = rows[~beyond], high[~beyond]
     if rows.size == 0:
         return out
     mu_rows = mu[rows]
-    high = np.maximum(mu_rows * mu_rows / 2.0 - mu_rows * ndtri_exp(log_delta[rows]), 1e-300)
-    for _ in range(2100):
-        wrong = ~safe(high, rows)
-        if not wrong.any():
-            break
-        high[wrong] *= 2.0
-    else:  # pragma: no cover - delta(eps) -> 0 as eps grows: some doubling gets there
-        raise RuntimeError("gdp_epsilon: no safe upper end found")
     # The bracket [low, high] (low unsafe, high safe) narrows by regula falsi on
     # f = gap + margin (Illinois' variant: the end kept twice has its f halved) for the first
     # _FALSI_STEPS evaluations, then by halving the bit distance; every evaluated point joins the

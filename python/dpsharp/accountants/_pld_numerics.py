@@ -1275,8 +1275,10 @@ class _Window:
             support_high += count * (pld.offset + pld.mass.size - 1)
             log_finite += count * math.log1p(-pld.infinity_mass)
         a, b = chernoff_window(log_mgf_total, log_tail)
-        start = max(int(np.floor(a / grid_step)), support_low)
-        stop = min(int(np.ceil(b / grid_step)), support_high)
+        # A bound that is not finite (a log-MGF of -inf: no finite mass left, as in the
+        # optimistic PLD of a near-null composition) bounds nothing: the support does.
+        start = max(int(np.floor(a / grid_step)), support_low) if math.isfinite(a) else support_low
+        stop = min(int(np.ceil(b / grid_step)), support_high) if math.isfinite(b) else support_high
         size = _circle_size(max(stop - start + 1, 2))
         if span_counts is not None:
             size = max(size, cls.of(plds, span_counts, log_tail).size)

@@ -230,6 +230,8 @@ class ClassicAccountant(Accountant):
                     else _gaussian_epsilon(sigma, delta0, self._gaussian))
             d0 = delta0
         if q < 1.0:
+            if math.isinf(eps0):  # log(1 + q (e^eps0 - 1)) = +inf: no privacy to amplify
+                return math.inf, q * d0
             return amplify_by_subsampling(eps0, d0, q)
         return eps0, d0
 
@@ -276,12 +278,16 @@ class ClassicAccountant(Accountant):
                 delta_t = min(delta_t, step_delta)
             else:
                 eps_t, delta_t = self._step(leaf, 1.0)
+            if math.isinf(eps_t):  # a step without privacy (sigma below about 1e-154)
+                return math.inf
             return optimal_composition_epsilon(eps_t, delta_t, count, target_delta=delta)
         delta0 = (delta - slack) / weight if weight > 0.0 else 1.0
         steps = self.per_step_guarantees(min(delta0, 1.0 - 1e-16))
         eps = np.array([s[2] for s in steps])
         dels = np.array([s[3] for s in steps]) if weight > 0.0 else np.zeros(len(steps))
         counts = [s[1] for s in steps]
+        if np.isinf(eps).any():  # a step without privacy (sigma below about 1e-154)
+            return math.inf
         drv, _ = extended_advanced_composition(eps, dels, delta_slack=slack, form="drv", counts=counts)
         kov, _ = extended_advanced_composition(eps, dels, delta_slack=slack, form="kov", counts=counts)
         return min(drv, kov)

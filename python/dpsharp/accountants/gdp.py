@@ -138,7 +138,13 @@ class GDPAccountant(Accountant):
         assert isinstance(leaf, PoissonSampled) and isinstance(leaf.event, Gaussian)
         if leaf.sampling_probability == 1.0:  # sampling everyone: exactly the Gaussian
             return _inverse_square(leaf.event.noise_multiplier)
-        return _clt_mu_squared_term(leaf.sampling_probability, leaf.event.noise_multiplier)
+        # Never above the unsampled Gaussian's 1/sigma^2: the sampled pair (q N(1, s^2) +
+        # (1 - q) N(0, s^2) against N(0, s^2)) is a post-processing of the unsampled one (keep
+        # its output with probability q, else draw N(0, s^2) afresh), so the step is exactly
+        # (1/sigma)-GDP at every q. The CLT term exceeds that for q near 1 or small sigma,
+        # which made epsilon drop at q = 1.
+        return min(_clt_mu_squared_term(leaf.sampling_probability, leaf.event.noise_multiplier),
+                   _inverse_square(leaf.event.noise_multiplier))
 
     def _on_compose(self, leaves: list[tuple[Event, int]]) -> None:
         # Recomputed from the whole multiset with math.fsum, so the answer is a function of

@@ -21,7 +21,8 @@ Batching (Yu, Liu, Pu, Gursoy, Truex 2019, Section IV-B):
   one, not under add/remove (adding a record shifts the others across batch boundaries).
 * random sampling (Theorem 3): the sampled Gaussian is assumed to satisfy
   D_alpha <= alpha P(q, sigma) with P = q^2 / sigma^2 on 1 < alpha <= U = sigma^2 log(1/(q sigma)) + 1,
-  for q <= 1/(16 sigma). The paper itself states that this P was found empirically (it "misses
+  for q <= 1/(16 sigma) and sigma >= 1 (the range of the moment bound of Abadi et al. 2016,
+  Lemma 3, that P comes from). The paper itself states that this P was found empirically (it "misses
   an asymptotic term" of the moment bound it was derived from), so results that use it are
   approximations, flagged as such, and refused outside the stated range.
 
@@ -192,7 +193,7 @@ def zcdp_delta(rho: float, epsilon: float, *, alpha_max: float | None = None) ->
         )
         candidates.append(1.0 + math.exp(float(res.x)))
     best = min(min(log_bs(a), log_cks(a)) for a in candidates if a > 1.0)
-    return min(1.0, math.exp(best))
+    return 1.0 if best >= 0.0 else math.exp(best)  # (e^best overflows for rho above ~7e14)
 
 
 def _require_rho(rho: float) -> float:
@@ -243,7 +244,7 @@ class ZCDPAccountant(Accountant):
           1 < alpha <= U = min over such events of sigma^2 log(1/(q sigma)) + 1 (Theorem 3 and
           its composition case 2). The paper says this P is an empirical bound, so these
           results carry ``certified=False`` and :data:`SAMPLING_WARNING`. Events outside
-          q <= 1/(16 sigma) are refused.
+          q <= 1/(16 sigma) and sigma >= 1 (Abadi et al. 2016, Lemma 3) are refused.
 
     Notes
     -----
@@ -297,6 +298,13 @@ class ZCDPAccountant(Accountant):
             if not isinstance(leaf.event, Gaussian):
                 return "random-sampling zCDP (Yu et al. Theorem 3) covers PoissonSampled(Gaussian) only"
             q, sigma = leaf.sampling_probability, leaf.event.noise_multiplier
+            if sigma < 1.0:
+                return (
+                    "Yu et al. 2019 Theorem 3 takes P = q^2/sigma^2 from the moment bound of "
+                    "Abadi et al. 2016 (Lemma 3), which is stated for sigma >= 1 (below it the "
+                    f"true divergence is up to thousands of times P); got sigma = {sigma!r}. "
+                    "Use a certified accountant ('pld', 'rdp') for Poisson sampling"
+                )
             if q > 1.0 / (16.0 * sigma):
                 return (
                     f"Yu et al. 2019 Theorem 3 with P = q^2/sigma^2 is stated for "

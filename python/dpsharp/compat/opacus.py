@@ -46,6 +46,7 @@ created with Opacus already imported, or by :func:`register_with_opacus`; that i
 
 from __future__ import annotations
 
+import logging
 import math
 import sys
 from collections import OrderedDict
@@ -74,6 +75,7 @@ __all__ = [
 
 HistoryEntry = tuple[float, float, int]
 
+_logger = logging.getLogger(__name__)
 #: argument types compared with the last history entry without re-validation (bool excluded)
 _PLAIN = (float, int)
 
@@ -361,6 +363,18 @@ _OPACUS_NAMES = {"prv": "pld", "rdp": "rdp", "gdp": "gdp"}
 _MAX_SIGMA = 1e6
 
 
+def _steps_of_epochs(epochs: float, rate: float) -> int:
+    """Opacus' ``int(epochs / sample_rate)``, except where the quotient falls within 1e-9
+    (relative) below an integer: that is the floating-point shadow of an exact one (3 epochs at
+    sample_rate = 1/75 give 224.99999999999997 for the 225 steps the run trains), and Opacus'
+    floor would calibrate for a step fewer than the run takes, landing above the target."""
+    quotient = epochs / rate
+    nearest = round(quotient)
+    if abs(quotient - nearest) <= 1e-9 * max(1.0, quotient):
+        return int(nearest)
+    return math.floor(quotient)
+
+
 def get_noise_multiplier(
     *,
     target_epsilon: float,
@@ -374,7 +388,8 @@ def get_noise_multiplier(
 ) -> float:
     """The noise multiplier for ``target_epsilon`` at ``target_delta`` after ``steps`` (or
     ``epochs``) Poisson-sampled steps at ``sample_rate``: Opacus' signature and semantics
-    (``steps = int(epochs / sample_rate)``; exactly one of ``epochs`` and ``steps``) and
+    (``steps = int(epochs / sample_rate)``, a quotient within 1e-9 of an integer taken as that
+    integer, see :func:`_steps_of_epochs`; exactly one of ``epochs`` and ``steps``) and
     Opacus' search, on a dpsharp accountant: sigma_high doubles from 20 until
     epsilon(sigma_high) <= ``target_epsilon`` (refused beyond 1e6), then [0, sigma_high] is
     bisected, every midpoint whose epsilon is below the target becoming sigma_high, until
@@ -403,7 +418,7 @@ def get_noise_multiplier(
                 f"epochs must be in [sample_rate={rate!r}, inf) (steps = int(epochs / "
                 f"sample_rate) must be at least 1), got {epochs!r}"
             )
-        steps = int(epochs / rate)
+        steps = _steps_of_epochs(epochs, rate)
     steps = require_count("steps", steps, minimum=1)
     if not isinstance(accountant, str):
         raise TypeError(
@@ -422,6 +437,12 @@ def get_noise_multiplier(
                          f"('prv', 'rdp', 'gdp'), got {accountant!r}")
     if name != "gdp" and not _new_accountant(name).certified:
         raise ValueError(f"accountant {name!r} is not certified; calibrate on 'pld' or 'rdp'")
+    if name == "gdp":
+        _logger.warning(
+            "get_noise_multiplier(accountant=%r) calibrates on the central-limit approximation, "
+            "as Opacus does: the run's certified epsilon at that noise can be well above "
+            "target_epsilon; use accountant='prv' (dpsharp's tight accountant) for a certified "
+            "calibration", accountant)
 
     def epsilon_at(sigma: float) -> float:
         inner = _new_accountant(name).compose(PoissonSampled(Gaussian(sigma), rate), steps)

@@ -384,9 +384,13 @@ class PRVAccountant:
         # (the upper bound's grid) starts at 2 eps_error (within [1e-3, 0.5]), the lower bound's
         # grid is made finer until the bracket is at most 2 eps_error wide (_bounds), and the
         # precision is refined only when that cannot reach the width
-        self._precision = min(_COARSEST, max(_DEFAULT_PRECISION, _PER_ERROR * self.eps_error))
-        self._accountant: _DpsharpAccountant = self._fresh(self._precision)
-        self._composed = [0] * len(prvs)
+        # Every query starts from this precision (a refinement for one query never carries
+        # over to the next, so an answer does not depend on what was asked before).
+        self._base_precision = min(_COARSEST, max(_DEFAULT_PRECISION, _PER_ERROR * self.eps_error))
+        self._precision = self._base_precision
+        # per precision used: the PLD accountant and the counts composed into it
+        self._held: dict[float, tuple[_DpsharpAccountant, list[int]]] = {}
+        self._accountant: _DpsharpAccountant = self._compose([0] * len(prvs), self._base_precision)
 
     @property
     def precision(self) -> float:
@@ -413,26 +417,27 @@ class PRVAccountant:
         return counts
 
     def _compose(self, counts: list[int], precision: float) -> _DpsharpAccountant:
-        """The PLD accountant at ``precision`` holding ``counts``; grows the last one when it
-        holds no more than ``counts`` (the PLD accountant's answers depend only on the
-        composed multiset, so growing it gives the same numbers as composing afresh)."""
-        grow = precision == self._precision and all(
-            have <= want for have, want in zip(self._composed, counts))
-        if not grow:
-            self._accountant = self._fresh(precision)
-            self._precision, self._composed = precision, [0] * len(counts)
+        """The PLD accountant at ``precision`` holding ``counts``; grows the one held for that
+        precision when it holds no more than ``counts`` (the PLD accountant's answers depend
+        only on the composed multiset, so growing it gives the same numbers as composing
+        afresh)."""
+        held = self._held.get(precision)
+        if held is None or any(have > want for have, want in zip(held[1], counts)):
+            held = self._held[precision] = (self._fresh(precision), [0] * len(counts))
+        accountant, composed = held
         for i, (event, want) in enumerate(zip(self.events, counts)):
-            if event is not None and want > self._composed[i]:
-                self._accountant.compose(event, want - self._composed[i])
-            self._composed[i] = want
-        return self._accountant
+            if event is not None and want > composed[i]:
+                accountant.compose(event, want - composed[i])
+            composed[i] = want
+        self._accountant, self._precision = accountant, precision
+        return accountant
 
     def compute_composition(
         self, num_self_compositions: int | Sequence[int] | None = None
     ) -> ComposedPrivacyRandomVariable:
         """The composition of ``num_self_compositions[i]`` copies of each PRV (default 1)."""
         counts = self._requested(num_self_compositions)
-        return ComposedPrivacyRandomVariable(self._compose(counts, self._precision),
+        return ComposedPrivacyRandomVariable(self._compose(counts, self._base_precision),
                                              self._infinity(counts))
 
     def compute_epsilon(
@@ -448,7 +453,7 @@ class PRVAccountant:
         finite = _with_infinity(require_delta(delta), self._infinity(counts))
         if finite is None:
             return (math.inf, math.inf, math.inf)
-        precision = self._precision
+        precision = self._base_precision
         best = 0.0  # every lower bound is certified: the largest is kept
         for _ in range(_MAX_REFINEMENTS + 1):
             acc = self._compose(counts, precision)
@@ -481,7 +486,7 @@ class PRVAccountant:
         epsilon = require_epsilon(epsilon)
         counts = self._requested(num_self_compositions)
         infinity = self._infinity(counts)
-        acc = self._compose(counts, self._precision)
+        acc = self._compose(counts, self._base_precision)
         lower = upper = 0.0
         if not acc.is_empty:
             lower, upper = _delta_bounds(acc, epsilon, 2.0 * self.eps_error)
@@ -548,6 +553,7 @@ def _accountant_for(owner: Accountant) -> PRVAccountant:
     )
     if owner.eps_error is None:  # the PLD accountant's default precision, never refined
         accountant.eps_error = math.inf
-        accountant._precision = _DEFAULT_PRECISION
-        accountant._accountant = accountant._fresh(_DEFAULT_PRECISION)
+        accountant._held.clear()
+        accountant._base_precision = _DEFAULT_PRECISION
+        accountant._compose([0] * len(accountant.prvs), _DEFAULT_PRECISION)
     return accountant

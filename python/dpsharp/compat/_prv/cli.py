@@ -18,6 +18,8 @@ No console script is installed (prv-accountant's own ``compute-dp-epsilon`` keep
 from __future__ import annotations
 
 import argparse
+import math
+import sys
 from collections.abc import Callable, Sequence
 
 from dpsharp._report import format_bound
@@ -51,16 +53,35 @@ def arg_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command; returns the exit status."""
-    args = arg_parser().parse_args(argv)
+    parser = arg_parser()
+    args = parser.parse_args(argv)
     q, sigma, steps, delta = (args.sampling_probability, args.noise_multiplier,
                               args.num_compositions, args.delta)
+    # Bad flags stop the command with status 2 and the flag named (as argparse does for a
+    # malformed number), before any accountant runs: not an "n/a" line that reads like an
+    # accountant without a value.
+    if not 0.0 <= q <= 1.0:
+        parser.error(f"argument -p/--sampling-probability: must be in [0, 1], got {q!r}")
+    if not (math.isfinite(sigma) and sigma > 0.0):
+        parser.error(f"argument -s/--noise-multiplier: must be in (0, inf), got {sigma!r}")
+    if steps < 1:
+        parser.error(f"argument -i/--num-compositions: must be an integer >= 1, got {steps!r}")
+    if not 0.0 < delta < 1.0:
+        parser.error(f"argument -d/--delta: must be in (0, 1), got {delta!r}")
 
     def prv(_: int) -> tuple[float, float, float]:
-        return DPSGDAccountant(noise_multiplier=sigma, sampling_probability=q, max_steps=steps,
-                               eps_error=0.1, delta_error=delta / 1000).compute_epsilon(
-                                   delta=delta, num_steps=steps)
+        mirror = DPSGDAccountant(noise_multiplier=sigma, sampling_probability=q, max_steps=steps,
+                                 eps_error=0.1, delta_error=delta / 1000)
+        bounds = mirror.compute_epsilon(delta=delta, num_steps=steps)
+        methods["PRV Accountant"] = (
+            "dpsharp PLD accountant, certified bounds; the upper one at relative precision "
+            f"{mirror.precision:g} (eps_error 0.1), `dpsharp epsilon` gives the default 1e-3's",
+            prv)
+        return bounds
 
     def rdp(_: int) -> tuple[float, float, float]:
+        if q == 0.0:  # no record is ever used: nothing is released about any of them
+            return (0.0, 0.0, 0.0)
         eps = float(accountant("rdp").compose(PoissonSampled(Gaussian(sigma), q), steps)
                     .epsilon(delta))
         return (0.0, eps, eps)
@@ -69,17 +90,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         "PRV Accountant": ("dpsharp PLD accountant, certified bounds", prv),
         "RDP Accountant": ("dpsharp RDP accountant, certified upper bound", rdp),
     }
-    for name, (what, compute) in methods.items():
+    for name in list(methods):
+        compute = methods[name][1]
         try:
             low, estimate, high = compute(steps)
+            what = methods[name][0]
             # prv-accountant's {:6.3}, rounded down for the lower and up for the upper bound
             print(f"{name}:\t\teps_lower = {format_bound(low, '6.3', side='lower')} "
                   f"eps_estimate = {format_bound(estimate, '6.3', side='nearest')}, "
                   f"eps_upper = {format_bound(high, '6.3', side='upper')} ")
             if args.verbose:
                 print(f"\t({what})")
-        except Exception:
+        except Exception as error:
             if args.fail_on_no_value:
                 raise
             print(f"{name}:\t\tn/a")
+            print(f"{name}: no value: {error}", file=sys.stderr)
     return 0
