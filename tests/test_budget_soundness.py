@@ -25,6 +25,7 @@ from torch import nn  # noqa: E402
 from torch.utils.data import TensorDataset  # noqa: E402
 
 import dpsharp  # noqa: E402
+from _torch_training import train_steps  # noqa: E402
 from dpsharp import calibrate  # noqa: E402
 from dpsharp.accountants.gdp import GDPAccountant  # noqa: E402
 from dpsharp.accountants.zcdp import ZCDPAccountant  # noqa: E402
@@ -79,17 +80,7 @@ def _private(
 
 def _train(optimizer, loader, model, *, steps: int | None = None, limit: int = 2000) -> int:
     """Step until ``steps`` releases (or BudgetExhausted propagates); returns releases taken."""
-    taken = 0
-    while taken < limit:
-        for x, y in loader:
-            optimizer.zero_grad()
-            if len(y):
-                nn.functional.cross_entropy(model(x), y).backward()
-            optimizer.step()
-            taken += 1
-            if steps is not None and taken == steps:
-                return taken
-    raise AssertionError(f"no budget stopped the run within {limit} releases")
+    return train_steps(model, optimizer, loader, steps, limit=limit)
 
 
 def _gaussian_mu(accountant) -> float:

@@ -21,6 +21,7 @@ from torch.utils.data import (  # noqa: E402
 )
 
 import dpsharp  # noqa: E402
+from _torch_training import train_steps as train  # noqa: E402
 from dpsharp.events import Gaussian, PoissonSampled  # noqa: E402
 from dpsharp.torch import (  # noqa: E402
     BudgetExhausted,
@@ -57,19 +58,6 @@ def private(accountant: str = "rdp", *, rate: float = RATE, sigma: float = SIGMA
         model, torch.optim.SGD(model.parameters(), lr=0.1), loader, noise_multiplier=sigma,
         max_grad_norm=1.0, delta=DELTA, seed=4, **kwargs)
     return engine, model, optimizer, loader
-
-
-def train(model, optimizer, loader, steps: int) -> None:
-    taken = 0
-    while taken < steps:
-        for x, y in loader:
-            optimizer.zero_grad()
-            if len(y):
-                nn.functional.cross_entropy(model(x), y).backward()
-            optimizer.step()
-            taken += 1
-            if taken == steps:
-                return
 
 
 def composed_by_hand(steps: int, *, rate: float = RATE) -> float:
