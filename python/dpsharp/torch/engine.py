@@ -907,7 +907,7 @@ class PrivacyEngine:
 
     @property
     def budget(self) -> PrivacyBudget | None:
-        """The (epsilon, delta) budget enforced before every release (None: none).
+        """The (epsilon, delta) budget enforced before every release, or None for no budget.
 
         May be set after ``make_private`` (a new budget applies from the next release: the
         allowance is searched again, and a budget already spent stops the run at once). The
