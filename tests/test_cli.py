@@ -942,3 +942,24 @@ def test_calibrate_by_sample_rate_meets_the_target(capsys: pytest.CaptureFixture
     peer.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
         0.01, dp_accounting.GaussianDpEvent(0.99 * by_rate["noise_multiplier"])), 1000))
     assert peer.get_epsilon(1e-5) > 1.0
+
+
+def test_calibrate_prints_a_tiny_achieved_epsilon_in_significant_digits(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """At six decimals a certified 9.99947e-10 printed as 0.000001, above its 1e-9 target; in
+    significant digits, rounded up, it stays at or above the float and below the target. A
+    target met at every noise multiplier names the run's own rate q = 0.01 (it said 1.0)."""
+    import re
+    from fractions import Fraction
+
+    base = ["calibrate", "--sample-rate", "0.01", "--steps", "10", "--delta", "1e-5"]
+    status, out, err = run_cli(capsys, *base, "--target-epsilon", "1e-9", "--json")
+    assert status == 0, err
+    certified = json.loads(out)["epsilon"]
+    status, text, err = run_cli(capsys, *base, "--target-epsilon", "1e-9")
+    assert status == 0, err
+    printed = re.search(r"achieved epsilon = (\S+) ", text)
+    assert printed is not None
+    assert Fraction(certified) <= Fraction(printed[1]) <= Fraction("1e-9")
+    status, out, err = run_cli(capsys, *base, "--target-epsilon", "1e9")
+    assert status == 2 and "q=0.01" in err and "nothing to calibrate" in err

@@ -325,3 +325,35 @@ def test_wrong_types_are_type_errors() -> None:
         Constant(2.0)(1.5)
     with pytest.raises(TypeError, match="period"):
         StepDecay(10.0, 0.5, 2.5)
+
+
+def test_an_adaptive_schedule_has_no_events_in_advance() -> None:
+    """ValidationBased picks its sigmas from the run's outputs: schedule_events (and so
+    calibrate_schedule) once accounted it as sigma_0 at every index, while the run, after four
+    validation plateaus, used sigma_0 / 8; both now refuse it, as count_within_budget did."""
+    adaptive = ValidationBased(1.0, 0.5, m=1, threshold=0.01, period=1, validation_set="public")
+    with pytest.raises(ValueError, match="adaptive"):
+        schedule_events(adaptive, 5, sampling_probability=0.01, steps_per_epoch=10)
+    with pytest.raises(ValueError, match="adaptive"):
+        calibrate_schedule(
+            lambda p: ValidationBased(p, 0.5, m=1, threshold=0.01, period=1, validation_set="public"),
+            length=5, epsilon=2.0, delta=1e-5, accountant="rdp", sampling_probability=0.01,
+            steps_per_epoch=10)
+    with pytest.raises(ValueError, match="adaptive"):
+        count_within_budget(adaptive, epsilon=2.0, delta=1e-5, accountant="rdp",
+                            sampling_probability=0.01, steps_per_epoch=10)
+
+
+def test_steps_per_epoch_with_one_sigma_per_step_is_refused() -> None:
+    """A list of sigmas is one sigma per step: steps_per_epoch beside it was ignored, so five
+    per-epoch sigmas of 100 steps each were accounted as 5 releases (epsilon 0.15 instead of
+    0.77 for the 500 releases)."""
+    sigmas = [4.0, 3.5, 3.0, 2.5, 2.0]
+    with pytest.raises(ValueError, match="steps_per_epoch is for an epoch schedule"):
+        schedule_events(sigmas, 5, sampling_probability=0.01, steps_per_epoch=100)
+    with pytest.raises(ValueError, match="steps_per_epoch is for an epoch schedule"):
+        schedule_events(Constant(2.0, unit="step"), 5, sampling_probability=0.01,
+                        steps_per_epoch=100)
+    # one sigma per step, spelled out, is accounted as 500 releases
+    per_step = schedule_events(np.repeat(sigmas, 100), 500, sampling_probability=0.01)
+    assert sum(count for _, count in flatten(per_step)) == 500

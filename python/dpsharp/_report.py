@@ -261,13 +261,15 @@ def calibrate_noise(
     options: dict[str, Any] | None = None,
     epsilon_tolerance: float | None = None,
     require_certified: bool = True,
+    sampling_probability: float = 1.0,
 ) -> float:
     """The noise multiplier sigma with epsilon(delta) of ``count`` runs of ``event_for(sigma)``
     under accountant ``name`` in [target (1 - rtol), target], from
     :func:`dpsharp.calibrate.noise_multiplier` (conservative: achieved <= target), so that the
     command and the API give one number for one question. ``epsilon_tolerance`` is absolute
     (Opacus' convention) and becomes rtol = tolerance / target (at most 0.25); without it,
-    the API's default rtol."""
+    the API's default rtol. ``sampling_probability`` only names the run's rate in the search's
+    messages (``event_for`` builds the events)."""
     from dpsharp import calibrate
 
     options = dict(options or {})
@@ -279,6 +281,7 @@ def calibrate_noise(
             target_epsilon,
             delta,
             steps=count,
+            sampling_probability=sampling_probability,
             accountant=lambda: accountant(name, **options),
             event=lambda sigma, _q: event_for(sigma),
             require_certified=require_certified,

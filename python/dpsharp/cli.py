@@ -367,7 +367,7 @@ def _run_epsilon(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------- calibrate
 def _run_calibrate(args: argparse.Namespace) -> int:
     import dpsharp
-    from dpsharp._report import evaluate, format_bound, format_epsilon
+    from dpsharp._report import evaluate, format_bound
 
     names = _accountant_names(args, [args.accountant])
     name = names[0]
@@ -387,8 +387,9 @@ def _run_calibrate(args: argparse.Namespace) -> int:
     else:
         certified = bool(result.fields.get("certified"))
         kind = "certified upper bound" if certified else "approximation"
-        achieved = format_epsilon(result.fields.get("epsilon"), 6,
-                                  side="upper" if certified else "nearest")
+        # significant digits: a target of 1e-9 read "achieved 0.000001" at six decimals
+        achieved = format_bound(result.fields.get("epsilon"), ".7g",
+                                side="upper" if certified else "nearest")
         print(f"dpsharp {dpsharp.__version__} calibration ({name} accountant, {run.sampling} sampling)")
         # rounded up: more noise only lowers epsilon, so the printed sigma meets the target too
         print(f"noise multiplier = {format_bound(sigma, '.6g', side='upper')}")
@@ -413,6 +414,7 @@ def _calibrate_noise(args: argparse.Namespace, template: Any, name: str) -> floa
             delta=args.delta,
             options=template.accountant_options(name),
             require_certified=not args.allow_approximation,
+            sampling_probability=template.sampling_probability,
         )
     except ValueError as exc:
         message = str(exc).replace("pass allow_approximation=True", "pass --allow-approximation")

@@ -559,6 +559,12 @@ def schedule_events(
     """
     length = require_count("length", length)
     if isinstance(schedule, NoiseSchedule):
+        if schedule.adaptive:
+            raise ValueError(
+                f"schedule: {type(schedule).__name__} is adaptive (its sigmas are decided online, "
+                "from the run's outputs), so its events are not known in advance; run it in a "
+                "PrivacyEngine with adaptive_noise=True (a privacy filter enforces the budget)"
+            )
         unit: Unit = schedule.unit
         sigmas = schedule.sequence(length)
     else:
@@ -567,6 +573,13 @@ def schedule_events(
         if sigmas.size < length:
             raise ValueError(f"length must be <= {sigmas.size} (the sigmas given), got {length}")
         sigmas = sigmas[:length]
+    if steps_per_epoch is not None and unit != "epoch":
+        raise ValueError(
+            "steps_per_epoch is for an epoch schedule (one sigma per epoch); "
+            + ("a list of sigmas is one sigma per step" if not isinstance(schedule, NoiseSchedule)
+               else f"this schedule's unit is {unit!r}")
+            + ": give one sigma per step, or an epoch-unit NoiseSchedule"
+        )
     poisson = sampling_probability is not None
     shuffled = batch_size is not None or dataset_size is not None
     if poisson == shuffled:
@@ -648,9 +661,10 @@ def count_within_budget(
     """
     target, delta, rho = _check_target(epsilon, delta, rho)
     max_count = require_count("max_count", max_count, minimum=1)
-    if isinstance(schedule, ValidationBased):
+    if schedule.adaptive:
         raise ValueError(  # noqa: TRY004 - a valid schedule, but not one known in advance
-            "schedule: a ValidationBased schedule is decided online; run it in the engine"
+            f"schedule: {type(schedule).__name__} is adaptive (decided online); run it in the "
+            "engine"
         )
     acc = _new_accountant(accountant, _relation_options(accountant_options, event_options))
     for t in range(max_count):
