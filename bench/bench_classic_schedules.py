@@ -23,6 +23,8 @@ import os
 import subprocess
 import sys
 
+from _results import write_lines
+
 #: Run in a child: the dpsharp package of the directory given first (past an editable
 #: install's import hook, which would otherwise pick the installed checkout).
 _CHILD = """import json, sys, time
@@ -78,9 +80,7 @@ def main() -> None:
                      f"(x{theirs['seconds'] / ours['seconds']:.1f}), {same}")
         print(line, flush=True)
         lines.append(line)
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        f.write("\n".join(lines) + "\n")
+    write_lines(args.out, lines)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ import subprocess
 import sys
 import time
 
+from _results import write_lines
 from dpsharp import Gaussian, PLDAccountant, PoissonSampled
 
 DELTA = 1e-5
@@ -108,9 +109,7 @@ def main() -> None:
     if args.against:
         lines.extend(_against(args))
     print("\n".join(lines))
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        f.write("\n".join(lines) + "\n")
+    write_lines(args.out, lines)
     if mismatches:
         raise SystemExit(1)
 

@@ -23,6 +23,7 @@ from typing import Any
 from dp_accounting.pld import privacy_loss_distribution as peer
 from dp_accounting.privacy_accountant import NeighboringRelation
 
+from _results import write_lines
 from dpsharp import PLDAccountant
 from dpsharp.accountants import _pld_lattice
 from dpsharp.events import DiscreteLaplace, RandomizedResponse
@@ -90,9 +91,7 @@ def main() -> None:
                     f"1e-4 {peer_text} {peer_seconds:.2f}s")
             print(line, flush=True)
             lines.append(line)
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        f.write("\n".join(lines) + "\n")
+    write_lines(args.out, lines)
 
 
 if __name__ == "__main__":
