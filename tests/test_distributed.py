@@ -325,3 +325,25 @@ def test_distributed_loader_union_is_the_single_process_poisson_batch() -> None:
     assert parts[1].local_expected_batch_size == pytest.approx(0.3 * 17)
     with pytest.raises(ValueError, match="rank"):
         DistributedPoissonDataLoader(ds, sample_rate=0.3, rank=3, world_size=3)
+
+
+def test_a_failed_all_reduce_leaves_no_partial_share_in_the_gradients(monkeypatch) -> None:
+    """A rank's own release carries sigma / sqrt(W) of the noise: if the all-reduce that sums
+    the shares fails, no gradient may be left for a step to take."""
+    from dpsharp.torch import NoiseGenerator, PerSampleClipper
+    from dpsharp.torch import distributed as distributed_module
+
+    def fail(params: Any, group: Any) -> None:
+        raise RuntimeError("connection reset by peer")
+
+    monkeypatch.setattr(distributed_module, "group_rank_and_size", lambda group: (0, WORLD))
+    monkeypatch.setattr(distributed_module, "require_agreement", lambda *a, **k: None)
+    monkeypatch.setattr(distributed_module, "all_reduce_gradients", fail)
+    model = torch.nn.Linear(D, K)
+    clipper = PerSampleClipper(model, max_grad_norm=CLIP)
+    torch.nn.functional.cross_entropy(model(torch.randn(4, D)), torch.zeros(4, dtype=torch.long)
+                                      ).backward()
+    with pytest.raises(RuntimeError, match="connection reset"):
+        distributed_module.distributed_release(clipper, noise_multiplier=1.0,
+                                               expected_batch_size=4.0, noise=NoiseGenerator(0))
+    assert all(p.grad is None for p in model.parameters())

@@ -225,3 +225,17 @@ def test_full_data_event_and_replace_one_sensitivity() -> None:
         assert diff <= math.sqrt(2) + 1e-12
     with pytest.raises(ValueError, match="sampling_probability 1"):
         DPPCA(2, 16.0, 0.5).full_data_event()
+
+
+def test_rows_whose_squares_underflow_are_normalised_to_norm_at_most_one() -> None:
+    """A finite row of entries about 1e-162 has subnormal squares: divided by its plain norm it
+    kept norm up to 1.66, and its outer product (the record's change of A^T A, which the noise
+    is calibrated to bound by 1 in Frobenius norm) reached 2.74. With noise 0 and q = 1 the top
+    eigenvalue of A^T A is that record's ||x||^2."""
+    row = np.array([[1.4404947341071113e-162, 1.4723025245070847e-162,
+                     1.5437613970018632e-162, 2.632919880860827e-162]])
+    for data in (row, np.full((1, 3), 2.7186831132685565e-162), np.full((1, 784), 1e-300),
+                 np.full((1, 5), 1e300)):
+        pca = DPPCA(1, 0.0, 1.0, seed=0)
+        pca.fit(data)
+        assert 0.999 < float(pca.eigenvalues[0]) <= 1.0

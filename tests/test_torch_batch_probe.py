@@ -442,3 +442,89 @@ def test_mode_changes_go_through_train_and_flags_are_restored():
     assert probe_batch(model, (torch.randn(4, 4),)).passed
     assert torch.equal(model[0].layer.weight, weight) and not model[0].merged
     assert [m.training for m in model.modules()] == [True, True, True, False]
+
+
+class CentredWhileTraining(nn.Module):
+    """x - x.mean(0) in training mode only (a hand-written batch norm, an in-model
+    augmentation): in eval mode it passes every example through unchanged."""
+
+    def forward(self, x):
+        return x - x.mean(dim=0, keepdim=True) if self.training else x
+
+
+class BatchMaxScaled(nn.Module):
+    """x / max |x| over the whole batch (per-tensor dynamic scaling): only the example that
+    holds the maximum moves the others."""
+
+    def forward(self, x):
+        return x / x.abs().max()
+
+
+def _mixing_model(middle: nn.Module) -> nn.Module:
+    return nn.Sequential(nn.Linear(4, 6), middle, nn.Linear(6, 2))
+
+
+def _clipped_sum_without_probe(model: nn.Module, x, y) -> torch.Tensor:
+    """The released clipped sum (sigma = 0, C = 1, the probe off) of one full batch."""
+    data = TensorDataset(x, y)
+    engine, model, optimizer, loader = _private(
+        model, ShuffledDataLoader(data, batch_size=len(x), seed=1), noise_multiplier=0.0,
+        batch_probe=False)
+    next(iter(loader))
+    optimizer.zero_grad()
+    F.cross_entropy(model(x), y, reduction="sum").backward()
+    optimizer.step()
+    return torch.cat([p.grad.reshape(-1) for p in model.parameters()]) * len(x)
+
+
+@pytest.mark.parametrize("middle", [CentredWhileTraining, BatchMaxScaled])
+def test_mixing_the_eval_mode_copy_run_misses_is_refused(middle):
+    """Two ways a model mixes examples that replacing example b by a copy of example 0 in eval
+    mode does not show: mixing only in training mode (the probe repeats the copy run in the
+    model's own modes) and a maximum over the batch that example b does not hold (the probe
+    also replaces example b by example 0 scaled to 4 times the batch's largest magnitude).
+    Without the probe one example then moves the clipped sum (C = 1) by more than 2C, the
+    replace-one bound of per-example clipping."""
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(8, 4, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 2, (8,), generator=g)
+    neighbour = x.clone()
+    neighbour[7] *= 60.0  # example 7 replaced (it now holds the batch maximum)
+    sums = []
+    for batch in (x, neighbour):
+        torch.manual_seed(0)
+        sums.append(_clipped_sum_without_probe(_mixing_model(middle()).double(), batch, y))
+    assert float((sums[0] - sums[1]).norm()) > 2.0
+    for seed in range(5):  # whichever example holds the maximum
+        torch.manual_seed(seed)
+        model = _mixing_model(middle())
+        data = TensorDataset(torch.randn(60, 4), torch.randint(0, 2, (60,)))
+        engine, model, optimizer, loader = _private(
+            model, PoissonDataLoader(data, sample_rate=0.2, seed=seed))
+        batch, _ = next(iter(loader))
+        with pytest.raises(ValueError, match="mixes examples"):
+            model(batch)
+        assert engine.accountant.is_empty and optimizer.releases == 0
+
+
+def test_training_mode_runs_restore_the_buffers_they_update():
+    """The probe's training-mode runs leave a module's buffers (running statistics of its own
+    input, per example, here a call counter and a running mean) as they were."""
+
+    class Tracking(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = nn.Linear(4, 2)
+            self.register_buffer("calls", torch.zeros(()))
+            self.register_buffer("running", torch.zeros(4))
+
+        def forward(self, x):
+            if self.training:
+                self.calls += 1
+                self.running.mul_(0.9).add_(0.1 * x[0])
+            return self.layer(x)
+
+    model = Tracking()
+    result = probe_batch(model, (torch.randn(5, 4),))
+    assert result.passed
+    assert float(model.calls) == 0.0 and torch.equal(model.running, torch.zeros(4))

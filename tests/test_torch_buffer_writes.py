@@ -7,6 +7,8 @@ watches every buffer and refuses a backward pass after a forward that wrote one.
 """
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -49,7 +51,11 @@ def test_a_running_statistic_is_refused_before_anything_is_released(statistic) -
     x[3, 2] = 123.456
     with pytest.raises(RuntimeError, match=r"buffers \['0.seen_max'\] were written"):
         model(x).sum().backward()
-    # the refused batch is not in the clipped sum: a noiseless release carries nothing of it
+    # the release of the refused batch is refused as a whole (a failed pass); dropped with
+    # reset(), a noiseless release carries nothing of it
+    with pytest.raises(RuntimeError, match="backward pass of this release failed"):
+        clipper.release(noise_multiplier=0.0, expected_batch_size=8.0, noise=NoiseGenerator(0))
+    clipper.reset()
     clipper.release(noise_multiplier=0.0, expected_batch_size=8.0, noise=NoiseGenerator(0))
     assert all(p.grad is None or not p.grad.any() for p in model.parameters())
     clipper.remove()
@@ -62,13 +68,19 @@ def test_a_quantisation_observer_is_refused_under_the_engine() -> None:
     model = nn.Sequential(observer, nn.Linear(4, 1))
     x, y = torch.randn(32, 4), torch.randn(32, 1)
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=8)
-    engine = PrivacyEngine()
-    model, optimizer, loader = engine.make_private(
-        model, torch.optim.SGD(model.parameters(), lr=0.1), loader, max_grad_norm=1.0,
-        noise_multiplier=5.0, delta=1e-5, seed=0)
-    xb, yb = next(iter(loader))
-    with pytest.raises(RuntimeError, match="activation_post_process"):
-        ((model(xb) - yb) ** 2).mean().backward()
+    # The observer's scale follows the batch's range, so the first-batch probe refuses the
+    # model as mixing examples (in its training mode); without the probe, the observer's
+    # buffer writes are refused at the backward pass.
+    for probe, error, match in ((True, ValueError, "mixes examples"),
+                                (False, RuntimeError, "activation_post_process")):
+        engine, fresh = PrivacyEngine(), copy.deepcopy(model)
+        private_model, optimizer, private_loader = engine.make_private(
+            fresh, torch.optim.SGD(fresh.parameters(), lr=0.1), loader,
+            max_grad_norm=1.0, noise_multiplier=5.0, delta=1e-5, seed=0, batch_probe=probe)
+        xb, yb = next(iter(private_loader))
+        with pytest.raises(error, match=match):
+            ((private_model(xb) - yb) ** 2).mean().backward()
+        assert engine.accountant.is_empty
 
 
 class CallCounter(nn.Module):

@@ -354,6 +354,29 @@ def test_layer_called_twice_is_summed_not_stacked():
     check(Twice(), torch.randn(5, 4), torch.randn(5, 4), mse, bound=0.3)
 
 
+def test_layers_called_with_their_input_by_keyword():
+    """``layer(input=x)`` (torch's keyword) reaches the patched Linear, Conv and Embedding
+    forwards as ``layer(x)`` does; a second input is refused."""
+
+    class Keywords(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(7, 4)
+            self.conv = nn.Conv1d(4, 4, 3, padding=1)
+            self.lin = nn.Linear(4, 2)
+
+        def forward(self, idx):
+            h = self.conv(input=self.emb(input=idx).transpose(1, 2)).mean(dim=2)
+            return self.lin(input=torch.tanh(h))
+
+    check(Keywords(), torch.randint(0, 7, (5, 6)), torch.randn(5, 2), mse, bound=0.2)
+    layer = nn.Linear(3, 2)
+    clipper = PerSampleClipper(layer, max_grad_norm=1.0)
+    with pytest.raises(TypeError, match="takes one input"):
+        layer(torch.randn(2, 3), input=torch.randn(2, 3))
+    clipper.remove()
+
+
 def test_conv_groupnorm_cnn():
     model = nn.Sequential(
         nn.Conv2d(2, 4, 3, stride=2, padding=1), nn.GroupNorm(2, 4), nn.ReLU(),

@@ -146,3 +146,47 @@ def test_a_convolution_keeps_each_example_in_its_own_product(monkeypatch) -> Non
 
     moved = float((release(list(range(batch))) - release(list(range(1, batch)))).norm())
     assert 0.99 < moved <= 1.0 + 1e-6
+
+
+def _noise_base_of_bias(n: int, dtype: torch.dtype, monkeypatch) -> float:
+    """The value the release adds the noise to for the bias of a Linear(1, 1) of ``dtype``
+    after a batch of ``n`` examples whose bias gradients all point the same way (1000 each,
+    clipped to C = 1): what the Gaussian mechanism's sensitivity is about."""
+    from dpsharp.torch import clipper as clipper_module
+
+    seen: dict[str, object] = {}
+    release_noise = clipper_module.kernels.release_noise
+
+    def spy(outs, bases, **options):
+        seen["bases"] = [None if b is None else b.detach().double().clone() for b in bases]
+        seen["parameters"] = list(options["parameters"])
+        return release_noise(outs, bases, **options)
+
+    monkeypatch.setattr(clipper_module.kernels, "release_noise", spy)
+    layer = nn.Linear(1, 1).to(dtype)
+    with torch.no_grad():
+        layer.weight.zero_()
+        layer.bias.zero_()
+    clipper = PerSampleClipper(layer, max_grad_norm=1.0, loss_reduction="sum")
+    try:
+        (layer(torch.zeros(n, 1, dtype=dtype)).sum() * 1000.0).backward()
+        clipper.release(noise_multiplier=1.0, expected_batch_size=1.0, noise=NoiseGenerator(0))
+        assert layer.bias.grad.dtype == dtype
+        index = next(k for k, p in enumerate(clipper.parameters) if p is layer.bias)
+        return float(seen["bases"][seen["parameters"].index(index)])
+    finally:
+        clipper.remove()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_summed_gradient_is_not_rounded_to_half_precision_before_the_noise(
+        dtype, monkeypatch) -> None:
+    """Removing one of about 1,000 aligned examples (sensitivity C = 1 by definition) must
+    move the value the noise is added to by at most C (1 + 1e-6). A bfloat16 sum of 1,000
+    has a spacing of 8: rounded before the noise it moved by up to 8 C. The sum is
+    accumulated in float32 and rounded to bfloat16 once, after the noise."""
+    worst = 0.0
+    for n in range(1030, 1050):
+        worst = max(worst, abs(_noise_base_of_bias(n, dtype, monkeypatch)
+                               - _noise_base_of_bias(n - 1, dtype, monkeypatch)))
+    assert 0.98 < worst <= 1.0 + 1e-6

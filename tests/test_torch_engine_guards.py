@@ -134,6 +134,98 @@ def test_a_new_clipper_on_a_model_an_engine_made_private_is_refused() -> None:
         PerSampleClipper(model, max_grad_norm=1.0)
 
 
+def _one_batch(loader):
+    """The first non-empty batch of ``loader`` (drawn, so the next release is its)."""
+    for x, y in loader:
+        if len(y):
+            return x, y
+    raise AssertionError("no non-empty batch")
+
+
+def test_the_engines_clipper_and_noise_release_only_through_the_optimizer() -> None:
+    """A release called on the clipper directly (sigma 0 included), an armed release, or a
+    noise stream rewound by hand would go out without the ledger: refused."""
+    engine, model, optimizer, loader = private()
+    x, y = _one_batch(loader)
+    nn.functional.cross_entropy(model(x), y).backward()
+    for release in (optimizer.clipper.release, optimizer.clipper.arm_release):
+        with pytest.raises(RuntimeError, match="belongs to a DPOptimizer"):
+            release(noise_multiplier=0.0, expected_batch_size=6.0, noise=optimizer.noise)
+    assert all(p.grad is None for p in model.parameters()) and engine.accountant.is_empty
+    state = optimizer.noise.state_dict()
+    optimizer.step()  # the engine's own release goes out and is charged
+    assert optimizer.releases == 1 and not engine.accountant.is_empty
+    with pytest.raises(RuntimeError, match="rewind its stream"):
+        optimizer.noise.load_state_dict(state)
+
+
+@pytest.mark.parametrize("added", ["unfrozen layer", "extra tensor"])
+def test_a_parameter_added_to_the_wrapped_optimizer_is_refused_before_the_charge(added) -> None:
+    """optimizer.add_param_group refuses parameters the clipper does not handle; the wrapped
+    torch optimizer's own add_param_group cannot. Such a parameter would be stepped with its
+    raw gradient: the release is refused before anything is charged."""
+    model = make_model()
+    model[0].weight.requires_grad_(False)
+    engine = PrivacyEngine(accountant="rdp")
+    model, optimizer, loader = engine.make_private(
+        model, torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1),
+        PoissonDataLoader(make_dataset(), sample_rate=RATE, seed=3), noise_multiplier=SIGMA,
+        max_grad_norm=1.0, delta=DELTA, seed=4)
+    if added == "unfrozen layer":
+        extra = model[0].weight
+        extra.requires_grad_(True)
+    else:
+        extra = nn.Parameter(torch.ones(()))
+    optimizer.original_optimizer.add_param_group({"params": [extra]})
+    before = extra.detach().clone()
+    x, y = _one_batch(loader)
+    (nn.functional.cross_entropy(model(x), y) * extra.sum()).backward()
+    with pytest.raises(RuntimeError, match="without clipping or noise"):
+        optimizer.step()
+    assert engine.accountant.is_empty and optimizer.releases == 0
+    assert torch.equal(extra.detach(), before)
+
+
+def test_a_batch_whose_backward_pass_failed_is_not_released() -> None:
+    """A non-finite per-example gradient in the second micro-batch of a release raises; a
+    plain DPOptimizer (no loader to compare the example count with) then refuses to release
+    the first micro-batch alone, which would depend on the failed examples' data."""
+    model = nn.Linear(8, 2)
+    optimizer = DPOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), noise_multiplier=1.0,
+                            max_grad_norm=1.0, expected_batch_size=16.0, module=model, seed=0)
+    good, bad = torch.randn(8, 8), torch.randn(8, 8)
+    bad[3, 0] = float("nan")
+    labels = torch.zeros(8, dtype=torch.long)
+    nn.functional.cross_entropy(model(good), labels).backward()
+    with pytest.raises(FloatingPointError):
+        nn.functional.cross_entropy(model(bad), labels).backward()
+    with pytest.raises(RuntimeError, match="backward pass of this release failed"):
+        optimizer.step()
+    assert optimizer.releases == 0 and model.weight.grad is None
+    optimizer.clipper.reset()  # the user drops the whole release and goes on
+    nn.functional.cross_entropy(model(good), labels).backward()
+    optimizer.step()
+    assert optimizer.releases == 1
+
+
+def test_float16_parameters_are_refused_before_anything_is_charged() -> None:
+    """The release kernels write float32, float64 and bfloat16; a float16 model is refused at
+    make_private, and one cast to float16 afterwards at its next release, before the charge."""
+    engine = PrivacyEngine(accountant="rdp")
+    half = make_model().half()
+    with pytest.raises(ValueError, match="dtype torch.float16.*autocast"):
+        engine.make_private(half, torch.optim.SGD(half.parameters(), lr=0.1),
+                            PoissonDataLoader(make_dataset(), sample_rate=RATE, seed=3),
+                            noise_multiplier=SIGMA, max_grad_norm=1.0, delta=DELTA)
+    engine, model, optimizer, loader = private(batch_probe=False)
+    x, y = _one_batch(loader)
+    nn.functional.cross_entropy(model(x), y).backward()
+    model.half()
+    with pytest.raises(ValueError, match="dtype torch.float16"):
+        optimizer.step()
+    assert engine.accountant.is_empty and optimizer.releases == 0
+
+
 def test_a_clip_rule_whose_factors_do_not_clip_is_refused_before_accumulating() -> None:
     class NoClipping:
         structure = "flat"

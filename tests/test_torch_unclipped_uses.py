@@ -58,13 +58,19 @@ def test_the_layers_own_calls_are_accepted_and_released_exactly() -> None:
 
 
 def test_the_clipper_works_on_after_a_refused_pass() -> None:
-    # The refused pass is dropped whole: the next passes are clipped and released as usual.
+    # The refused pass is dropped whole, and so is the release it belonged to (releasing the
+    # other passes would depend on the refused examples' data) until reset(); then the next
+    # passes are clipped and released as usual.
     torch.manual_seed(0)
     model = FunctionalUse()
     clipper = PerSampleClipper(model, max_grad_norm=1e9, loss_reduction="sum")
     with pytest.raises(RuntimeError, match="outside its layer"):
         model(torch.randn(4, 5)).pow(2).sum().backward()
     x = torch.randn(4, 5)
+    model.out(model.lin(x)).pow(2).sum().backward()
+    with pytest.raises(RuntimeError, match="backward pass of this release failed"):
+        clipper.release(noise_multiplier=0.0, expected_batch_size=1.0, noise=NoiseGenerator(0))
+    clipper.reset()
     model.out(model.lin(x)).pow(2).sum().backward()
     assert clipper.accumulated_batches == 1
     clipper.release(noise_multiplier=0.0, expected_batch_size=1.0, noise=NoiseGenerator(0))
@@ -78,7 +84,8 @@ def test_the_clipper_works_on_after_a_refused_pass() -> None:
 
 def test_a_backward_pass_that_fails_midway_is_dropped_and_training_goes_on() -> None:
     # An exception inside a backward pass (here a hook on an activation; out of memory in
-    # practice) skips the pass's end-of-pass step. The next pass must be clipped as usual.
+    # practice) skips the pass's end-of-pass step. Its release is refused until reset(); the
+    # next pass must be clipped as usual.
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(5, 5), nn.Tanh(), nn.Linear(5, 1))
     clipper = PerSampleClipper(model, max_grad_norm=1e9, loss_reduction="sum")
@@ -87,6 +94,10 @@ def test_a_backward_pass_that_fails_midway_is_dropped_and_training_goes_on() -> 
     with pytest.raises(MemoryError):
         model[2](hidden).pow(2).sum().backward()
     x = torch.randn(4, 5)
+    model(x).pow(2).sum().backward()
+    with pytest.raises(RuntimeError, match="backward pass of this release failed"):
+        clipper.release(noise_multiplier=0.0, expected_batch_size=1.0, noise=NoiseGenerator(0))
+    clipper.reset()
     model(x).pow(2).sum().backward()
     assert clipper.accumulated_batches == 1
     clipper.release(noise_multiplier=0.0, expected_batch_size=1.0, noise=NoiseGenerator(0))

@@ -12,16 +12,20 @@ equal the model input's and the data loader's batch. Two faults pass those check
 * a layer whose input mixes examples (``x - x.mean(0)`` before it, attention across the batch):
   one example changes every other example's gradient, which clipping does not bound.
 
-:func:`probe_batch` looks for both with the model's own batch. It runs the model three times
-without gradients, in eval mode (no dropout; running statistics are not updated), with the
-global RNG forked and seeded alike for the three runs (randomness in the forward draws the same
-numbers in each, and the caller's RNG state is untouched afterwards), and with PyTorch's fused
+:func:`probe_batch` looks for both with the model's own batch. It runs the model without
+gradients, first in eval mode (no dropout), with the global RNG forked and seeded alike for
+every run (randomness in the forward draws the same numbers in each, and the caller's RNG state
+is untouched afterwards), the model's buffers restored afterwards, and with PyTorch's fused
 multi-head attention fast path off (so that the layers inside ``nn.TransformerEncoderLayer``
 are called as modules and seen):
 
 1. the batch as given,
 2. the batch with examples 0 and b swapped (b: the first example that differs from example 0),
 3. the batch with example b replaced by a copy of example 0,
+4. the batch with example b replaced by example 0 scaled so that its largest magnitude is 4
+   times the batch's (floating tensors; others as in run 3): a maximum over the batch (per-
+   tensor dynamic scaling, ``x / x.abs().max()``) moves the other examples only when the
+   changed example holds it, which run 3 leaves to chance;
 
 recording the first tensor input of every probed layer at every call (forward pre-hooks) and
 the model's output. "The batch" is every tensor in the positional and keyword arguments,
@@ -33,8 +37,13 @@ transposes) has B entries:
 
 * run 2 must permute exactly entries 0 and b of that dimension of run 1 (else: the layer sees
   the examples in another dimension, or in none);
-* run 3 must leave every entry but b of run 1 unchanged (else: the layer's input mixes
+* runs 3 and 4 must leave every entry but b of run 1 unchanged (else: the layer's input mixes
   examples).
+
+If some module of the model is in training mode, runs 1, 3 and 4 are repeated in the modules'
+own modes (dropout masks drawn alike from the same seed), for mixing that happens only while
+training (a hand-written batch norm, mixup, ``x - x.mean(0)`` under ``if self.training``); a
+module that updates a buffer there (running statistics) gets it back as it was.
 
 Entries are compared to a relative tolerance of 1e-4 of the largest magnitude in the tensor
 (four units of rounding for float16 and bfloat16, whose results of one example can differ in
@@ -197,12 +206,15 @@ def _close(a: Any, b: Any) -> bool:
 
 
 @contextlib.contextmanager
-def _quiet_run(model: Any) -> Iterator[None]:
-    """No gradients, eval mode (each module's flag restored afterwards), the global RNG forked
-    (restored afterwards), the fused attention fast path off."""
+def _quiet_run(model: Any, *, eval_mode: bool = True) -> Iterator[None]:
+    """No gradients, eval mode (``eval_mode``; else each module's own flag), each module's
+    flag restored afterwards, the model's buffers restored afterwards (a module in training
+    mode may update running statistics), the global RNG forked (restored afterwards), the
+    fused attention fast path off."""
     import torch
 
     modes = [(module, module.training) for module in model.modules()]
+    buffers = [(buffer, buffer.detach().clone()) for buffer in model.buffers()]
     devices = sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
     fastpath = None
     mha = getattr(torch.backends, "mha", None)
@@ -210,7 +222,8 @@ def _quiet_run(model: Any) -> Iterator[None]:
         fastpath = mha.get_fastpath_enabled()
     try:
         with torch.random.fork_rng(devices=devices), torch.no_grad():
-            model.eval()
+            if eval_mode:
+                model.eval()
             if fastpath is not None:
                 mha.set_fastpath_enabled(False)
             yield
@@ -222,6 +235,10 @@ def _quiet_run(model: Any) -> Iterator[None]:
         for module, mode in modes:
             if module.training != mode:
                 module.train(mode)
+        with torch.no_grad():
+            for buffer, saved in buffers:
+                if buffer.shape == saved.shape:
+                    buffer.copy_(saved)
 
 
 def probe_batch(model: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None,
@@ -233,8 +250,9 @@ def probe_batch(model: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] |
     Parameters
     ----------
     model:
-        The ``torch.nn.Module``; it is run three times (or twice without ``mixing``) without
-        gradients, in eval mode; its training flags and the global RNG state are restored.
+        The ``torch.nn.Module``; it is run up to seven times (twice without ``mixing``)
+        without gradients, in eval mode and in its own modes (module docstring); its training
+        flags, its buffers and the global RNG state are restored.
     args, kwargs:
         One batch of the model's inputs, examples in dimension 0.
     layers:
@@ -242,7 +260,7 @@ def probe_batch(model: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] |
         :func:`probed_layers` (every module holding parameters). The model's output is always
         checked too (batch dimension 0).
     mixing:
-        Also run the third, cross-example probe.
+        Also run the cross-example probes (runs 3 and 4, and the training-mode runs).
     seed:
         The seed of every run's forked RNG.
     """
@@ -341,13 +359,29 @@ def _run(model: Any, leaves: list[Any], spec: Any, batched: list[bool], n: int, 
     copy = torch.arange(n)
     copy[other] = 0
 
-    def rebuild(order: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    def reordered(order: Any) -> list[Any]:
         # copies, also of the tensors not permuted: a forward that writes into its inputs
         # must not change the caller's batch
-        new = [x.index_select(0, order.to(x.device)) if b
-               else x.clone() if isinstance(x, torch.Tensor) else x
-               for x, b in zip(leaves, batched)]
-        return _pytree.tree_unflatten(new, spec)
+        return [x.index_select(0, order.to(x.device)) if b
+                else x.clone() if isinstance(x, torch.Tensor) else x
+                for x, b in zip(leaves, batched)]
+
+    def outlier() -> list[Any] | None:
+        """The batch with example ``other`` replaced by example 0 scaled up until its largest
+        magnitude is 4 times the batch's (floating tensors; the others copy example 0, as in
+        the copy run); None when no floating tensor can be scaled."""
+        new = reordered(copy)
+        scaled = False
+        for k, (x, b) in enumerate(zip(leaves, batched)):
+            if not (b and x.is_floating_point() and bool(torch.isfinite(x).all())):
+                continue
+            largest = float(x.abs().max())
+            row = x[0] if float(x[0].abs().max()) > 0.0 else x[other]
+            row_largest = float(row.abs().max())
+            if largest > 0.0 and row_largest > 0.0:
+                new[k][other] = row * (4.0 * largest / row_largest)
+                scaled = True
+        return new if scaled else None
 
     seen: dict[str, list[Any]] = {}
     kinds: dict[str, tuple[str, int]] = {}
@@ -401,37 +435,65 @@ def _run(model: Any, leaves: list[Any], spec: Any, batched: list[bool], n: int, 
                 "(a sequence-first layer whose sequence length equals the batch size passes "
                 "the batch-size checks)")
 
-    def check_copy(key: str, index: int, after: Any) -> None:
-        if "copy" in first_leak or index >= len(seen.get(key, ())):
-            return
-        before = seen[key][index]
-        kind, dim = kinds[key]
-        if before.shape != after.shape or before.dim() <= dim or before.shape[dim] != n:
-            return
-        keep = torch.tensor([k for k in range(n) if k != other], device=before.device)
-        if not _close(before.index_select(dim, keep), after.index_select(dim, keep)):
-            label = "the model's output" if key == OUTPUT else f"the input of {key} ({kind})"
-            first_leak["copy"] = (
-                f"{label} changed for the other examples of the batch when example {other} "
-                "changed: the model mixes examples before it (batch statistics, x - "
-                "x.mean(0), attention across the batch), so one example's gradient depends on "
-                "the others and clipping per example does not bound its influence")
+    def copy_check(change: str) -> Any:
+        """The check that a run with example ``other`` changed (as ``change`` says) left every
+        other example's entries as they were in the recorded run."""
 
-    def forward(order: Any) -> None:
-        call_args, call_kwargs = rebuild(order)
+        def check(key: str, index: int, after: Any) -> None:
+            if "copy" in first_leak or index >= len(seen.get(key, ())):
+                return
+            before = seen[key][index]
+            kind, dim = kinds[key]
+            if before.shape != after.shape or before.dim() <= dim or before.shape[dim] != n:
+                return
+            keep = torch.tensor([k for k in range(n) if k != other], device=before.device)
+            if not _close(before.index_select(dim, keep), after.index_select(dim, keep)):
+                label = "the model's output" if key == OUTPUT else f"the input of {key} ({kind})"
+                first_leak["copy"] = (
+                    f"{label} changed for the other examples of the batch when example {other} "
+                    f"was {change}: the model mixes examples before it (batch statistics, x - "
+                    "x.mean(0), a maximum over the batch, attention across the batch), so one "
+                    "example's gradient depends on the others and clipping per example does "
+                    "not bound its influence")
+
+        return check
+
+    def forward(new_leaves: list[Any]) -> None:
+        call_args, call_kwargs = _pytree.tree_unflatten(new_leaves, spec)
         torch.manual_seed(seed)
         capture(OUTPUT, _first_output(model(*call_args, **call_kwargs)))
 
+    def check_run(check: Any, new_leaves: list[Any] | None) -> None:
+        if new_leaves is None or "copy" in first_leak:
+            return
+        phase["record"] = False
+        phase["calls"] = {}
+        phase["check"] = check
+        forward(new_leaves)
+
+    def record() -> None:
+        seen.clear()
+        phase["record"] = True
+        forward(reordered(torch.arange(n)))
+
+    def mixing_runs(mode: str) -> None:
+        check_run(copy_check(f"replaced by a copy of example 0{mode}"), reordered(copy))
+        check_run(copy_check("replaced by example 0 scaled to 4 times the batch's largest "
+                             f"input magnitude{mode}"), outlier())
+
     try:
         with _quiet_run(model):
-            forward(torch.arange(n))
-            phase["record"] = False
-            phase["check"] = check_swap
-            forward(swap)
+            record()
+            check_run(check_swap, reordered(swap))
             if mixing:
-                phase["calls"] = {}
-                phase["check"] = check_copy
-                forward(copy)
+                mixing_runs("")
+        if mixing and "copy" not in first_leak and any(m.training for m in model.modules()):
+            # Mixing only while training (a hand-written batch norm, mixup, x - x.mean(0) under
+            # `if self.training`): the same runs in the model's own modes, dropout masks drawn
+            # alike from the same seed.
+            with _quiet_run(model, eval_mode=False):
+                record()
+                mixing_runs(" (in the model's training mode)")
     finally:
         for handle in handles:
             handle.remove()

@@ -223,6 +223,42 @@ def _require_within_bound(rule: Any, factors: torch.Tensor, norms: torch.Tensor,
         )
 
 
+def _accumulator_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a parameter's clipped sum is accumulated in until its release: float32 for a
+    half-precision parameter, its own dtype otherwise.
+
+    The sum of B clipped gradients rounded to the parameter's dtype before the noise is added
+    errs by up to half a unit of the sum's magnitude (about B C), and that error depends on
+    every example: in bfloat16 (8 significant bits) removing one of about 1,000 aligned
+    examples moved the noiseless sum by 8 C, where the noise is calibrated to C. Accumulated
+    in float32 the same moves by at most about B 2^-24 C more than C (the float32 rounding of
+    the summed gradient, as for a float32 parameter); the noise is added in float32 and the
+    result rounded to bfloat16 once, after the noise, which is post-processing."""
+    import torch
+
+    return torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
+
+
+def _require_releasable_dtypes(module: Any, params: list[Any]) -> None:
+    """Refuse trainable parameters of a dtype the release kernels do not write (float32,
+    float64 and bfloat16 are written; a float16 model, ``model.half()``, is not): refused when
+    the clipper is built (``module`` given) and again before a release, so that a model cast
+    afterwards fails before anything is charged."""
+    from dpsharp.torch import kernels
+
+    names = {id(p): name for name, p in module.named_parameters()} if module is not None else {}
+    for param in params:
+        try:
+            kernels.dtype_code(param.dtype)
+        except ValueError:
+            name = names.get(id(param), f"of shape {tuple(param.shape)}")
+            raise ValueError(
+                f"parameter {name} has dtype {param.dtype}: the noise release writes float32, "
+                "float64 and bfloat16 parameters only. Keep the parameters in float32 and run "
+                "the forward pass under torch.autocast(dtype=torch.float16), or use bfloat16"
+            ) from None
+
+
 def _without_vanishing_factors(factors: torch.Tensor, usages: list[Any]) -> torch.Tensor:
     """The clip factors (float64, >= 0) with every factor c for which c |scale| falls below
     float32's smallest normal number (2^-126) for some usage's loss scale set to zero: that
@@ -350,6 +386,7 @@ class PerSampleClipper:
                 self._params.append(p)
         if not self._params:
             raise ValueError("module has no trainable parameters (requires_grad=True)")
+        _require_releasable_dtypes(module, self._params)
         self._index = {id(p): k for k, p in enumerate(self._params)}
 
         if clipping == "flat":
@@ -446,6 +483,12 @@ class PerSampleClipper:
         self._finish_order: list[int] = []  # parameter indices in the last backward's order
         self._armed: _ArmedRelease | None = None  # arm_release() waiting for a backward pass
         self._released_in_backward = False  # the last backward pass did the armed release
+        # A backward pass of the release under way failed (a non-finite per-example gradient,
+        # an exception inside the pass): its examples were not accumulated, so releasing the
+        # rest would depend on their data. Cleared by reset().
+        self._lot_failed = False
+        # Set by the owning DPOptimizer around its own release (the only one allowed then).
+        self._owner_releasing = False
         self._removed = False
         # dimension 0 of the model's first input tensor in every forward (with grad enabled)
         # since the last backward pass finished: the batch the clipped layers must see
@@ -609,7 +652,8 @@ class PerSampleClipper:
         """Outside any backward pass, drop a pass that recorded usages but never reached its
         end-of-pass step (an exception inside it, caught by the caller, e.g. out of memory):
         its examples were never clipped, and its pending step would otherwise block every
-        later pass from queueing its own (they would all go unclipped, silently)."""
+        later pass from queueing its own (they would all go unclipped, silently). The release
+        it belonged to is then refused until :meth:`reset` (:meth:`check_releasable`)."""
         import torch
 
         current = getattr(torch._C, "_current_graph_task_id", None)
@@ -622,6 +666,7 @@ class PerSampleClipper:
         end-of-pass step queued for it."""
         self._pending = []
         self._callback_queued = False
+        self._lot_failed = True
         if self._open_arena is not None:
             self._open_arena.close_pass(id(self))
             self._open_arena = None
@@ -664,6 +709,9 @@ class PerSampleClipper:
     def _finish_backward(self) -> None:
         try:
             self._finish_pass()
+        except BaseException:
+            self._lot_failed = True  # nothing of this pass was accumulated
+            raise
         finally:
             # the gradients materialised during the pass are read: their memory may go again
             if self._open_arena is not None:
@@ -844,21 +892,22 @@ class PerSampleClipper:
             p = self._params[k]
             factors = flat_factors if flat_factors is not None else factors_all[:, k].contiguous()
             acc = accumulators[k]
+            wide = _accumulator_dtype(p.dtype)
             if pid in tied:
                 out = (acc if acc is not None
-                       else torch.zeros(p.shape, dtype=p.dtype, device=p.device))
-                kernels.clip_accumulate_noise(out, per_example=tied[pid], factors=factors,
-                                              base=out)
+                       else torch.zeros(p.shape, dtype=wide, device=p.device))
+                rows = tied[pid] if tied[pid].dtype == wide else tied[pid].to(wide)
+                kernels.clip_accumulate_noise(out, per_example=rows, factors=factors, base=out)
                 accumulators[k] = out
                 continue
             if acc is None:
                 contribution = summed_rows.pop(pid, None)
                 if contribution is None:
                     contribution = us[0].clipped_sum(p, factors)
-                if contribution.dtype == p.dtype and contribution.is_contiguous():
+                if contribution.dtype == wide and contribution.is_contiguous():
                     accumulators[k] = contribution
                 else:
-                    accumulators[k] = contribution.to(p.dtype).contiguous()
+                    accumulators[k] = contribution.to(wide).contiguous()
                 rest = us[1:]  # the other uses of a tied weight (ghost path), added in place
             else:  # a later backward pass of the same release: add in place
                 rest = us
@@ -923,11 +972,13 @@ class PerSampleClipper:
     def _rounding_shrink(params: list[Any]) -> float:
         """1 / (1 + 4 u) for the coarsest half-precision dtype u among ``params``, else 1.
 
-        A half-precision parameter's clipped sum is rounded to its dtype, accumulated into its
-        gradient buffer and has the noise added in that dtype: up to three roundings, each at
-        most u = 2^-8 (bfloat16) or 2^-11 (float16) relative, which would put one example's
-        contribution up to 0.12% above C (a bfloat16 LayerNorm, measured). Clip factors times
-        this keep it within C; float32 and float64 parameters' roundings stay inside the
+        A half-precision parameter's clipped sum used to be rounded to its dtype, accumulated
+        into its gradient buffer and have the noise added in that dtype: up to three
+        roundings, each at most u = 2^-8 (bfloat16) or 2^-11 (float16) relative, which put
+        one example's contribution up to 0.12% above C (a bfloat16 LayerNorm, measured). The
+        sum is now accumulated in float32 (:func:`_accumulator_dtype`) and rounded once after
+        the noise; the shrink is kept for the roundings of the per-example terms formed from
+        half-precision tensors. Float32 and float64 parameters' roundings stay inside the
         clipping's 1e-6 tolerance and need none."""
         import torch
 
@@ -957,6 +1008,7 @@ class PerSampleClipper:
 
         if self._removed:
             raise RuntimeError("this clipper was removed")
+        self._require_owner_release()
         sigma = require_real("noise_multiplier", noise_multiplier)
         if sigma < 0.0:
             raise ValueError(f"noise_multiplier must be in [0, inf), got {sigma!r}")
@@ -979,6 +1031,7 @@ class PerSampleClipper:
         self._drop_failed_pass()
         if self._pending:
             raise RuntimeError("release() called in the middle of a backward pass")
+        self.check_releasable()
         if self._released_in_backward and self._batches == 0:
             raise RuntimeError(
                 "this release already went out at the end of the backward pass (arm_release); "
@@ -1018,10 +1071,42 @@ class PerSampleClipper:
                               key=key.key, release=key.release, rank=key.rank, scale=1.0 / b,
                               parameters=order)
         for k, out in zip(order, outs):
-            params[k].grad = out
+            # a half-precision parameter's sum and noise were added in float32: one rounding
+            # to its dtype now, after the noise (post-processing)
+            params[k].grad = out if out.dtype == params[k].dtype else out.to(params[k].dtype)
         self._accumulators = [None] * len(self._params)
         self._examples = 0
         self._batches = 0
+
+    def _require_owner_release(self) -> None:
+        """A clipper a :class:`~dpsharp.torch.DPOptimizer` owns releases through that
+        optimizer's ``step()`` only: a release called on the clipper directly would reach no
+        ledger (and could go out with any noise, sigma = 0 included)."""
+        owner_ref = getattr(self, "_dpsharp_optimizer", None)
+        owner = owner_ref() if owner_ref is not None else None
+        if owner is not None and not self._owner_releasing:
+            raise RuntimeError(
+                "this clipper belongs to a DPOptimizer, which releases its noisy gradients in "
+                "optimizer.step() (charged by its engine, counted by the optimizer); a release "
+                "called on the clipper directly would be neither. Call optimizer.step(), or "
+                "build a separate PerSampleClipper for releases of your own"
+            )
+
+    def check_releasable(self) -> None:
+        """Raise unless the accumulated clipped sums can be released: no backward pass of this
+        release failed (:attr:`_lot_failed`, cleared by :meth:`reset`), and every trainable
+        parameter still has a dtype the noise kernels write (the model may have been cast
+        since the clipper was built). A :class:`~dpsharp.torch.DPOptimizer` asks before it
+        charges anything."""
+        if self._lot_failed:
+            raise RuntimeError(
+                "a backward pass of this release failed (a non-finite per-example gradient, or "
+                "an exception inside the pass): its examples were not accumulated, and "
+                "releasing the others would depend on their data, so nothing is released. "
+                "Resume from the last checkpoint; reset() drops the whole release if you "
+                "decide to go on without it"
+            )
+        _require_releasable_dtypes(None, self._params)
 
     def arm_release(self, *, noise_multiplier: float, expected_batch_size: float,
                     noise: NoiseGenerator) -> None:
@@ -1043,6 +1128,7 @@ class PerSampleClipper:
         self._release_arguments(noise_multiplier, expected_batch_size, noise)
         if self._pending:
             raise RuntimeError("arm_release() called in the middle of a backward pass")
+        self.check_releasable()
         if self._armed is not None:
             raise RuntimeError("a release is already armed; run the backward pass (or reset())")
         if self._batches:
@@ -1062,6 +1148,7 @@ class PerSampleClipper:
         self._batches = 0
         self._armed = None
         self._released_in_backward = False
+        self._lot_failed = False
         self._input_batches = set()
         self._output_batches = set()
         if self._rule is not None:

@@ -162,7 +162,14 @@ def distributed_release(clipper: Any, *, noise_multiplier: float, expected_batch
         expected_batch_size=expected_batch_size,
         noise=noise,
     )
-    all_reduce_gradients(clipper.parameters, group)
+    try:
+        all_reduce_gradients(clipper.parameters, group)
+    except BaseException:
+        # This rank's share carries sigma / sqrt(W) of the noise only (and a failed all-reduce
+        # may have summed part of it): never leave it in p.grad for a step to take.
+        for param in clipper.parameters:
+            param.grad = None
+        raise
 
 
 def require_agreement(values: dict[str, float], *, device: Any = None, group: Any = None) -> None:

@@ -588,16 +588,18 @@ class PrivacyEngine:
         batch_probe:
             Probe the first training batch (the first forward pass of ``module`` with
             gradients enabled, before its backward pass and before anything is charged or
-            released) with :func:`dpsharp.torch.batch_probe.probe_batch`: three forward passes
-            without gradients, in eval mode, of the batch as given, with two examples swapped
-            and with one example replaced, checking that every clipped layer sees the examples
+            released) with :func:`dpsharp.torch.batch_probe.probe_batch`: forward passes
+            without gradients, in eval mode and in the model's own training modes, of the batch
+            as given, with two examples swapped and with one example replaced (by a copy of
+            another, and by an outlier), checking that every clipped layer sees the examples
             in its batch dimension (not, e.g., a sequence-first (L, B, ...) input with L = B,
             which the batch-size checks pass and which would be clipped per position) and that
             no layer's input mixes examples (``x - x.mean(0)``); and that the model's input is
             not the loader's batch with its examples moved out of dimension 0 (a loop feeding
             ``x.transpose(0, 1)``, which the swap cannot see). A fault raises ValueError
             naming the layer, from that forward pass, and again at every later one. The
-            training flags and the RNG state are restored, so the run is otherwise unchanged.
+            training flags, the buffers and the RNG state are restored, so the run is
+            otherwise unchanged.
             A batch of one example (or of equal examples, or an empty Poisson batch) has nothing
             to swap: the probe waits for the next batch; inputs given as a ``PackedSequence``
             are not probed (logged). ``batch_probe=False`` skips it (only
@@ -819,7 +821,8 @@ class PrivacyEngine:
                 if hasattr(error, "add_note"):
                     error.add_note(
                         "(raised by make_private's batch probe, which runs the model's first "
-                        "training batch without gradients and in eval mode before training)")
+                        "training batch without gradients, in eval mode and in its own modes, before "
+                        "training)")
                 raise
             finally:
                 running[0] = False
@@ -1352,7 +1355,7 @@ class PrivacyEngine:
                 notes.append(
                     f"the noise multiplier was chosen adaptively ({self._adaptive_reason}); the "
                     f"budget was enforced by the {_FILTER_NAMES[kind]}, which proves "
-                    f"({budget.epsilon:g}, {budget.delta:g})-DP for the whole run; the "
+                    f"({budget.epsilon:g}, {budget.delta!r})-DP for the whole run; the "
                     f"composition of the realised noise multipliers reads {reading:.6g}, which "
                     "is not a guarantee for adaptively chosen noise"
                 )

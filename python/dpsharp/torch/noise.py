@@ -98,6 +98,9 @@ class NoiseGenerator:
         )
         self._rank = rank
         self._releases = 0
+        self._drawn_here = 0  # releases drawn in this process (never restored)
+        # A weak reference to the DPOptimizer releasing with this generator, set by it.
+        self._owner: Any = None
 
     @property
     def secure(self) -> bool:
@@ -129,6 +132,7 @@ class NoiseGenerator:
             key = self._seed
             release = self._releases
         self._releases += 1
+        self._drawn_here += 1
         return ReleaseKey(key=key, release=release, rank=self._rank)
 
     def state_dict(self) -> dict[str, Any]:
@@ -137,7 +141,21 @@ class NoiseGenerator:
                 "releases": self._releases}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` output (a secure generator only restores its counter)."""
+        """Restore :meth:`state_dict` output (a secure generator only restores its counter).
+
+        A seeded generator that has drawn noise in this process for an optimizer an engine
+        accounts refuses: the state would rewind the stream, and the next releases would
+        repeat noise already released (two releases with the same noise reveal the
+        difference of their clipped sums without noise)."""
+        owner = self._owner() if self._owner is not None else None
+        if (not self._secure and self._drawn_here and owner is not None
+                and getattr(owner, "accounted", False)):
+            raise RuntimeError(
+                f"load_state_dict refused: this noise generator has drawn {self._drawn_here} "
+                "releases in this process for an optimizer an engine accounts, and a loaded "
+                "state would rewind its stream (the next releases would repeat noise already "
+                "released). Load checkpoints into a fresh engine and optimizer when resuming"
+            )
         if bool(state.get("secure")) != self._secure:
             raise ValueError(
                 f"state secure={state.get('secure')!r} does not match this generator's "

@@ -18,9 +18,10 @@ Clipping and noise are done by :class:`dpsharp.torch.PerSampleClipper` and
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import torch
 
@@ -34,6 +35,20 @@ __all__ = ["BudgetExhausted", "DPOptimizer", "NoisyAdaGrad", "NoisyAdam", "Noisy
 #: The attribute a DPOptimizer sets on its clipper (a weak reference to itself): a clipper
 #: releases through one optimizer only.
 _CLIPPER_OWNER = "_dpsharp_optimizer"
+
+
+@contextlib.contextmanager
+def _owner_release(clipper: Any) -> Iterator[None]:
+    """Let the owning optimizer's release through the clipper's refusal of releases called on
+    it directly (``PerSampleClipper._require_owner_release``)."""
+    if not hasattr(clipper, "_owner_releasing"):
+        yield
+        return
+    clipper._owner_releasing = True
+    try:
+        yield
+    finally:
+        clipper._owner_releasing = False
 
 
 class BudgetExhausted(RuntimeError):
@@ -191,6 +206,7 @@ class DPOptimizer(torch.optim.Optimizer):
             rule.bind(self._max_grad_norm, self._expected_batch_size)
             rule.gradient_noise_multiplier(self._noise_multiplier)  # 2 sigma_b > sigma?
         handled = {id(p) for p in clipper.parameters}
+        self._handled_ids = handled
         # Frozen parameters (requires_grad=False: a frozen base under LoRA adapters) may stay
         # in the optimizer, as optimizer(model.parameters()) puts them there: they get no
         # gradient, so the optimizer skips them; every release checks that this still holds.
@@ -218,6 +234,10 @@ class DPOptimizer(torch.optim.Optimizer):
         elif seed is not None or secure:
             raise ValueError("give seed / secure or a ready noise generator, not both")
         self.noise = noise
+        try:
+            noise._owner = weakref.ref(self)
+        except AttributeError:  # a generator object that takes no attributes
+            pass
         # Distributed data parallel: each rank releases its clipped sum plus an independent
         # noise share and the results are all-reduced (dpsharp.torch.distributed).
         self.distributed = bool(distributed)
@@ -504,35 +524,33 @@ class DPOptimizer(torch.optim.Optimizer):
         return None
 
     def _release_and_step(self) -> None:
-        for param in self._frozen_params:
-            if param.requires_grad or param.grad is not None:
-                raise RuntimeError(
-                    f"a parameter of shape {tuple(param.shape)} was frozen when the model was "
-                    "made private and now has requires_grad=True or a gradient; its gradient "
-                    "is not clipped or noised. Unfreeze parameters before make_private"
-                )
+        self._require_only_clipped_parameters()
+        check_releasable = getattr(self.clipper, "check_releasable", None)
+        if check_releasable is not None:
+            check_releasable()  # before anything is charged
         # Validated before the charge: a sigma the count's noise leaves no room for is refused
         # before anything is charged or released.
         gradient_sigma = self.gradient_noise_multiplier
         for charge in self._charge_hooks:
             charge(self)  # may raise: then nothing has been released
         examples = int(getattr(self.clipper, "accumulated_examples", 0))
-        if self.distributed:
-            from dpsharp.torch.distributed import distributed_release
+        with _owner_release(self.clipper):
+            if self.distributed:
+                from dpsharp.torch.distributed import distributed_release
 
-            distributed_release(
-                self.clipper,
-                noise_multiplier=gradient_sigma,
-                expected_batch_size=self._expected_batch_size,
-                noise=self.noise,
-                group=self.process_group,
-            )
-        else:
-            self.clipper.release(
-                noise_multiplier=gradient_sigma,
-                expected_batch_size=self._expected_batch_size,
-                noise=self.noise,
-            )
+                distributed_release(
+                    self.clipper,
+                    noise_multiplier=gradient_sigma,
+                    expected_batch_size=self._expected_batch_size,
+                    noise=self.noise,
+                    group=self.process_group,
+                )
+            else:
+                self.clipper.release(
+                    noise_multiplier=gradient_sigma,
+                    expected_batch_size=self._expected_batch_size,
+                    noise=self.noise,
+                )
         # The noisy gradient is in p.grad now: the release counts as done even if what follows
         # raises, so that a retry of the same lot is a new release, charged again.
         try:
@@ -551,6 +569,30 @@ class DPOptimizer(torch.optim.Optimizer):
             for hook in self._release_hooks:
                 hook(self)
         self.original_optimizer.step()
+
+    def _require_only_clipped_parameters(self) -> None:
+        """Refuse a release while the wrapped optimizer would step a parameter the clipper
+        does not handle with its own gradient: one frozen at make_private and unfrozen since,
+        or one added to ``original_optimizer`` afterwards (``add_param_group`` of this
+        optimizer refuses those; the wrapped optimizer's own does not). Its raw gradient would
+        go out unclipped and without noise."""
+        handled = self._handled_ids
+        for group_index, group in enumerate(self.original_optimizer.param_groups):
+            for param in group["params"]:
+                if id(param) in handled or not (param.requires_grad or param.grad is not None):
+                    continue
+                frozen = any(param is p for p in self._frozen_params)
+                raise RuntimeError(
+                    f"optimizer.param_groups[{group_index}] holds a parameter of shape "
+                    f"{tuple(param.shape)} that "
+                    + ("was frozen when the model was made private and now has "
+                       "requires_grad=True or a gradient" if frozen else
+                       "the private model's clipper does not handle (added to the wrapped "
+                       "optimizer after make_private)")
+                    + "; its gradient would be stepped without clipping or noise, so nothing "
+                    "was released. Unfreeze parameters before make_private, and keep every "
+                    "trained parameter in the private model"
+                )
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
         """Release one noisy gradient and take one step of the wrapped optimizer.

@@ -120,6 +120,24 @@ class PCAProjection(torch.nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, frozen"
 
 
+def _unit_rows(rows: torch.Tensor) -> torch.Tensor:
+    """Each float64 row scaled to L2 norm at most 1 (a zero row stays zero: it has no
+    direction, and its outer product has norm 0).
+
+    The sensitivity argument needs ||x||_2 <= 1 for every row as computed. A row is first
+    divided by its largest magnitude (entries in [-1, 1], the largest exactly 1), so the squares
+    of the norm cannot underflow: dividing by the plain norm of a row of entries about 1e-162,
+    whose squares are subnormal and keep few digits, left rows of norm up to 1.66 (outer
+    products of Frobenius norm 2.74, where the noise is calibrated to 1). The norm of the scaled
+    row is then >= 1 and accurate to a few units of rounding; dividing by it times (1 + 2^-50)
+    leaves every norm below 1."""
+    largest = rows.abs().amax(dim=1, keepdim=True)
+    nonzero = largest > 0
+    scaled = rows / torch.where(nonzero, largest, 1.0)
+    norms = torch.linalg.vector_norm(scaled, dim=1, keepdim=True) * (1.0 + 2.0**-50)
+    return torch.where(nonzero, scaled / torch.where(nonzero, norms, 1.0), 0.0)
+
+
 class DPPCA:
     """Differentially private PCA (Abadi et al. 2016, section 3.2; Dwork et al. 2014).
 
@@ -201,9 +219,7 @@ class DPPCA:
             raise ValueError(f"k must be in [1, d={dim}], got {self.k}")
         keep = torch.rand(n, generator=self._generator, dtype=torch.float64) < self.sampling_probability
         sample = rows[keep]
-        norms = torch.linalg.vector_norm(sample, dim=1, keepdim=True)
-        # A zero row has no direction; it stays zero (its outer product has norm 0 <= 1).
-        unit = torch.where(norms > 0, sample / torch.where(norms > 0, norms, 1.0), 0.0)
+        unit = _unit_rows(sample)
         second_moment = unit.T @ unit
         if self.noise_multiplier > 0.0:
             second_moment = second_moment + symmetric_gaussian_noise(

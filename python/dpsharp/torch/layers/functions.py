@@ -427,6 +427,15 @@ def _any_trainable(params: Sequence[nn.Parameter | None]) -> bool:
     return any(p is not None and p.requires_grad for p in params)
 
 
+def _single_input(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The one input of a single-input layer's forward, given by position or by its keyword
+    (``input`` for torch's layers, ``x`` for Hugging Face's Conv1D)."""
+    if len(args) + len(kwargs) != 1:
+        raise TypeError(f"{type(module).__name__}.forward() takes one input, got "
+                        f"{len(args)} positional and {len(kwargs)} keyword arguments")
+    return args[0] if args else next(iter(kwargs.values()))
+
+
 def patch_module(module: nn.Module, kind: str, handle: LayerHandle) -> None:
     """Replace ``module.forward`` (an instance attribute; ``del module.forward`` restores it)."""
     original = type(module).forward.__get__(module)
@@ -437,7 +446,8 @@ def patch_module(module: nn.Module, kind: str, handle: LayerHandle) -> None:
         if transposed:
             handle.usage_type = TransposedLinearUsage  # type: ignore[attr-defined]
 
-        def forward(x: torch.Tensor) -> torch.Tensor:
+        def forward(*args: Any, **kwargs: Any) -> torch.Tensor:
+            x = _single_input(module, args, kwargs)
             weight, bias = module.weight, module.bias
             if not (torch.is_grad_enabled()
                     and (weight.requires_grad or (bias is not None and bias.requires_grad))):
@@ -446,7 +456,8 @@ def patch_module(module: nn.Module, kind: str, handle: LayerHandle) -> None:
                 raise ValueError("DP training needs batched inputs (a leading batch dimension)")
             return _LinearFn.apply(x, weight.t() if transposed else weight, bias, handle)
     elif kind == "conv":
-        def forward(x: torch.Tensor) -> torch.Tensor:
+        def forward(*args: Any, **kwargs: Any) -> torch.Tensor:
+            x = _single_input(module, args, kwargs)
             if not torch.is_grad_enabled() or not _any_trainable([module.weight, module.bias]):
                 return original(x)
             expected = 3 if isinstance(module, nn.Conv1d) else 4
@@ -455,7 +466,8 @@ def patch_module(module: nn.Module, kind: str, handle: LayerHandle) -> None:
                                  f"{type(module).__name__}, got {x.dim()}-D")
             return _ConvFn.apply(x, module.weight, module.bias, handle)
     elif kind == "embedding":
-        def forward(x: torch.Tensor) -> torch.Tensor:
+        def forward(*args: Any, **kwargs: Any) -> torch.Tensor:
+            x = _single_input(module, args, kwargs)
             if not torch.is_grad_enabled() or not module.weight.requires_grad:
                 return original(x)
             if x.dim() < 1:
@@ -508,7 +520,8 @@ def patch_module(module: nn.Module, kind: str, handle: LayerHandle) -> None:
             reduce_dims = tuple(range(1, x.dim() - len(shape)))
             return _AffineFn.apply(xhat, module.weight, None, handle, shape, reduce_dims)
     elif kind == "layernorm":
-        def forward(x: torch.Tensor) -> torch.Tensor:
+        def forward(*args: Any, **kwargs: Any) -> torch.Tensor:
+            x = _single_input(module, args, kwargs)
             if not torch.is_grad_enabled() or not _any_trainable([module.weight, module.bias]):
                 return original(x)
             k = len(module.normalized_shape)
@@ -522,7 +535,8 @@ def patch_module(module: nn.Module, kind: str, handle: LayerHandle) -> None:
             return _AffineFn.apply(xhat, module.weight, module.bias, handle, view_shape,
                                    reduce_dims)
     elif kind == "groupnorm":
-        def forward(x: torch.Tensor) -> torch.Tensor:
+        def forward(*args: Any, **kwargs: Any) -> torch.Tensor:
+            x = _single_input(module, args, kwargs)
             if not torch.is_grad_enabled() or not _any_trainable([module.weight, module.bias]):
                 return original(x)
             xhat = F.group_norm(x, module.num_groups, None, None, module.eps)
