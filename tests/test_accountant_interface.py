@@ -133,3 +133,25 @@ def test_composed_counts_is_a_live_view_that_a_load_detaches() -> None:
     accountant.load_state_dict(saved)
     assert dict(accountant.composed_counts) == {Gaussian(1.0): 3}
     assert dict(view) == {Gaussian(1.0): 3, Gaussian(2.0): 2}
+
+
+@pytest.mark.parametrize("name", ["rdp", "pld"])
+def test_a_load_refused_part_way_leaves_the_state_as_it_was(name: str) -> None:
+    """A checkpoint whose second ledger item the accountant refuses (a sampling without
+    replacement under add/remove) raises, and the accountant keeps its 5,000 steps: it used to
+    be left holding the checkpoint's first item alone, with a far smaller epsilon (4.59 -> 1.04
+    for RDP), as if the load had succeeded."""
+    from dpsharp.accountants import accountant as make_accountant
+    from dpsharp.events import PoissonSampled, SampledWithoutReplacement
+
+    held = make_accountant(name).compose(PoissonSampled(Gaussian(1.0), 0.01), 5000)
+    before = (held.epsilon(1e-5), held.ledger, dict(held.composed))
+    state = make_accountant(name).compose(PoissonSampled(Gaussian(1.0), 0.01), 10).state_dict()
+    refused = make_accountant(name, neighbouring="replace_one").compose(
+        SampledWithoutReplacement(Gaussian(1.0), 10, 1000), 3).state_dict()
+    state["ledger"] = state["ledger"] + refused["ledger"]
+    with pytest.raises(UnsupportedEventError):
+        held.load_state_dict(state)
+    assert (held.epsilon(1e-5), held.ledger, dict(held.composed)) == before
+    fresh = make_accountant(name).compose(PoissonSampled(Gaussian(1.0), 0.01), 5000)
+    assert held.epsilon(1e-5) == fresh.epsilon(1e-5)

@@ -96,6 +96,21 @@ def test_optimal_composition_matches_brute_force(eps: float, delta: float, k: in
         assert ours == pytest.approx(_rr_composition_delta(eps, delta, k, eps_total), rel=1e-10, abs=1e-15)
 
 
+def test_optimal_composition_delta_where_it_rounds_to_one() -> None:
+    """k = 100 releases of pure 10-DP at total epsilon 10: delta_0 = 1 - e^-990 (exact, from
+    the formula at 60 digits), 1 in double precision. The log of delta_0 rounded to a hair above
+    0 and log1p(-e^0) raised a math domain error; the answer is 1."""
+    import mpmath
+
+    with mpmath.workdps(60):
+        eps, k, total = mpmath.mpf(10), 100, mpmath.mpf(10)
+        exact = sum(mpmath.binomial(k, l) * max(0, mpmath.e ** ((k - l) * eps)
+                                                - mpmath.e ** total * mpmath.e ** (l * eps))
+                    for l in range(k + 1)) / (1 + mpmath.e**eps) ** k
+        assert float(exact) == 1.0 and 1 - exact < mpmath.mpf(10) ** -400
+    assert optimal_composition_delta(10.0, 0.0, 100, 10.0) == 1.0
+
+
 def test_optimal_composition_epsilon_inverse_and_ordering() -> None:
     eps, delta, k, target = 0.05, 1e-9, 2000, 1e-5
     best = optimal_composition_epsilon(eps, delta, k, target_delta=target)
@@ -118,6 +133,12 @@ def test_amplification_by_subsampling() -> None:
     assert big == pytest.approx(1000.0 + math.log(0.5))
     with pytest.raises(ValueError, match="sampling_probability"):
         amplify_by_subsampling(1.0, 0.0, 0.0)
+    # q delta below the smallest subnormal double: never 0 (that would claim pure DP), but the
+    # smallest positive double, which bounds the true product 1e-325 from above
+    tiny_epsilon, tiny_delta = amplify_by_subsampling(1.0, 1e-5, 1e-320)
+    assert tiny_delta == math.ulp(0.0) and tiny_delta > 1e-320 * 1e-5
+    assert tiny_epsilon > 0.0
+    assert amplify_by_subsampling(1.0, 0.0, 1e-320)[1] == 0.0  # pure DP stays pure
 
 
 def test_gaussian_calibrations() -> None:

@@ -226,6 +226,21 @@ def test_gdp_epsilon_is_never_below_the_exact_epsilon(delta: float, mu: float) -
         assert mp_delta(eps, mu) >= mpmath.mpf(delta) * (1 - 1e-9)  # and tight
 
 
+@pytest.mark.parametrize(("delta", "mu"), [(1e-5, 1e5), (1e-100, 1e6),
+                                           (1.740889224438308e-277, 4393.017925450863),
+                                           (8.85358576758028e-15, 20304.661920845818)])
+def test_gdp_epsilon_at_large_mu_is_never_below_the_exact_epsilon(delta: float, mu: float) -> None:
+    """For large mu, a = mu / 2 - eps / mu is a difference of two terms about mu / 2 each and
+    errs by about 2^-52 mu: the exact delta at the returned epsilon was up to 3.9e-11 above
+    the target (mu = 1e6) with a margin that did not grow with mu. 150-digit mpmath."""
+    eps = gdp_epsilon(delta, mu)
+    with mpmath.workdps(150):
+        e, m = mpmath.mpf(eps), mpmath.mpf(mu)
+        exact = mpmath.ncdf(-e / m + m / 2) - mpmath.exp(e) * mpmath.ncdf(-e / m - m / 2)
+        assert exact <= mpmath.mpf(delta)
+        assert exact >= mpmath.mpf(delta) * (1 - 1e-6)  # and tight
+
+
 @pytest.mark.parametrize("mu", [0.02, 0.3, 1.0])
 @pytest.mark.parametrize("gap", [1e-15, 1e-10, 1e-9])
 def test_gdp_epsilon_just_below_delta_at_zero_returns(mu: float, gap: float) -> None:

@@ -235,6 +235,8 @@ def optimal_composition_delta(epsilon: float, delta: float, steps: int, epsilon_
     if steps == 0:
         return 0.0
     log_d0 = _kov_log_delta0(epsilon, steps, epsilon_total)
+    if log_d0 >= 0.0:
+        return 1.0  # delta_0 rounds to 1 (it is at most 1): so does the total
     log_keep = steps * math.log1p(-delta) + (math.log1p(-math.exp(log_d0)) if log_d0 > -math.inf else 0.0)
     return -math.expm1(log_keep)
 
@@ -279,9 +281,14 @@ def amplify_by_subsampling(epsilon: float, delta: float, sampling_probability: f
     epsilon = require_epsilon(epsilon)
     delta = _require_delta_closed(delta, "delta")
     q = require_probability("sampling_probability", sampling_probability)
+    amplified_delta = q * delta
+    if amplified_delta == 0.0 and q > 0.0 and delta > 0.0:
+        # q delta below the smallest subnormal rounds to 0, which would claim pure DP: report the
+        # smallest positive double instead (an upper bound on the true product).
+        amplified_delta = math.ulp(0.0)
     if epsilon > 30.0:  # e^eps - 1 may overflow: eps + log(q + (1 - q) e^-eps)
-        return epsilon + math.log(q + (1.0 - q) * math.exp(-epsilon)), q * delta
-    return math.log1p(q * math.expm1(epsilon)), q * delta
+        return epsilon + math.log(q + (1.0 - q) * math.exp(-epsilon)), amplified_delta
+    return math.log1p(q * math.expm1(epsilon)), amplified_delta
 
 
 # --------------------------------------------------------------------------- Gaussian

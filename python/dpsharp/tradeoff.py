@@ -166,13 +166,18 @@ def _log_mills_drop(a: np.ndarray, mu: np.ndarray) -> np.ndarray:
     return out
 
 
-def _log_delta_margin(log_delta: Any) -> Any:
+def _log_delta_margin(log_delta: Any, mu: Any) -> Any:
     """How far below log(target) the evaluated log delta must be for the answer to count as
-    on the safe side: 2^-40 plus 8 ulp of |log delta|. The evaluation of log delta(eps; mu)
-    (:func:`_log_mills_drop`) was measured within 2.9e-13 of 60-digit mpmath over mu from 1e-8
-    to 30 (the rounding of -a^2 / 2 near log delta = -450 dominates); the margin covers that,
-    and moves epsilon by about 1e-12 relative."""
-    return 2.0**-40 + 8.0 * 2.0**-52 * abs(log_delta)
+    on the safe side: 2^-40 plus 8 ulp of |log delta|, plus 16 ulp of mu times
+    (sqrt(2 |log delta|) + 2). The evaluation of log delta(eps; mu) (:func:`_log_mills_drop`)
+    was measured within 2.9e-13 of 60-digit mpmath over mu from 1e-8 to 30 (the rounding of
+    -a^2 / 2 near log delta = -450 dominates). For large mu, a = mu / 2 - eps / mu is a
+    difference of two terms about mu / 2 each, so it errs by about 2^-52 mu, and log delta,
+    whose slope in a is about |a| <= sqrt(2 |log delta|) + 2, by |a| times that: 4e-11 of a
+    log delta of -11.5 at mu = 1e5, past the first two terms (checked against 150-digit
+    mpmath up to mu = 1e6). The margin moves epsilon by about 1e-12 relative."""
+    return (2.0**-40 + 8.0 * 2.0**-52 * abs(log_delta)
+            + 16.0 * 2.0**-52 * mu * (np.sqrt(2.0 * abs(log_delta)) + 2.0))
 
 
 def _log1mexp(x: np.ndarray) -> np.ndarray:
@@ -237,7 +242,7 @@ def _gdp_epsilons(log_delta: np.ndarray, mu: np.ndarray) -> np.ndarray:
     vectorised evaluations whatever the number of elements, where a root finder per element
     costs as many for each one (a schedule of a thousand distinct noise multipliers asks for a
     thousand at once)."""
-    margin = _log_delta_margin(log_delta)  # (elementwise)
+    margin = _log_delta_margin(log_delta, mu)  # (elementwise)
 
     def safe(eps: np.ndarray, rows: np.ndarray) -> np.ndarray:
         return _gdp_log_delta(eps, mu[rows]) - log_delta[rows] <= -margin[rows]
@@ -353,9 +358,8 @@ def gdp_mu_for(epsilon: float, delta: float) -> float:
         if hi > 700:  # pragma: no cover - delta < 1 is always reached by a finite mu
             raise ValueError(f"no finite mu reaches delta={delta!r} at epsilon={epsilon!r}")
     log_mu = brentq(gap, lo, hi, xtol=1e-15, rtol=4 * np.finfo(float).eps, maxiter=500)
-    margin = _log_delta_margin(log_target)
-
     def safe(mu: float) -> bool:
+        margin = _log_delta_margin(log_target, mu)
         return float(_gdp_log_delta(np.array(eps), np.array(mu))) - log_target <= -margin
 
     mu = math.exp(log_mu)

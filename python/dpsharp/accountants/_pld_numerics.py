@@ -824,7 +824,10 @@ class ComposedPLD:
         mass, constant, low_mass = self._curve_terms(pessimistic)
         losses = self.losses
         above = losses > epsilon
-        value = float(np.dot(mass[above], -np.expm1(epsilon - losses[above])))
+        # np.sum of the products, not np.dot: BLAS sums in an order that depends on its thread
+        # count, and the answer must be a function of the multiset alone (NumPy's pairwise sum
+        # is the same whatever the threads)
+        value = float(np.sum(mass[above] * -np.expm1(epsilon - losses[above])))
         value *= 1.0 + self._slack(pessimistic)
         value += constant
         first = self.start * self.grid_step
@@ -910,7 +913,7 @@ class ComposedPLD:
             anchor = first
             a_sum = float(mass.sum())
             shifted = np.exp(-(self.losses - first))  # e^{-(l_k - a)} <= 1, no division
-            b_sum = float(np.dot(mass, shifted))
+            b_sum = float(np.sum(mass * shifted))  # (not np.dot: see delta)
             slack = self._slack(pessimistic)
             a_sum, b_sum = a_sum * (1.0 + slack), b_sum * (1.0 - slack)
             a_sum += constant + low_mass
@@ -1597,8 +1600,9 @@ def coarsened(pld: DiscretePLD, factor: int, *, pessimistic: bool) -> DiscretePL
     by_row = padded.reshape(rows, factor)
     upper_weight = np.expm1(-np.arange(factor) * pld.grid_step) / math.expm1(-factor * pld.grid_step)
     mass = np.zeros(rows + 1)
-    mass[:rows] = by_row @ (1.0 - upper_weight)
-    mass[1:] += by_row @ upper_weight
+    # row sums of products, not matrix products (BLAS orders its sums by its thread count)
+    mass[:rows] = (by_row * (1.0 - upper_weight)).sum(axis=1)
+    mass[1:] += (by_row * upper_weight).sum(axis=1)
     # Round-off of the spread (weights within 8 u each, sums of `factor` products and one more
     # addition): at most gamma_{factor + 9} times 2 ||m||_1 in l1; the mass it may have lost
     # (within the grid's range) is moved to its top point, which only raises every delta.

@@ -247,12 +247,24 @@ class Accountant(abc.ABC):
                 f"{self._neighbouring.value!r}"
             )
         ledger = [(event_from_dict(item), require_count("count", count)) for item, count in state["ledger"]]
+        # A ledger this accountant refuses part-way (an event it cannot analyse, or a second
+        # distinct event where it takes one) must leave the state as it was, as a refused
+        # compose does: the accountant's attributes are kept (the reset and the composes below
+        # rebind them, none is changed in place) and put back on any failure.
+        saved = dict(self.__dict__)
         self._counts = {}
         self._ledger = []
         self._version += 1
         self._reset_caches()
-        for event, count in ledger:
-            self.compose(event, count)
+        try:
+            for event, count in ledger:
+                self.compose(event, count)
+        except BaseException:
+            version = self._version
+            self.__dict__.clear()
+            self.__dict__.update(saved)
+            self._version = version + 1  # views taken during the failed load are stale
+            raise
 
     # ------------------------------------------------------------------ subclass hooks
     @abc.abstractmethod

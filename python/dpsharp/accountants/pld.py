@@ -1229,10 +1229,11 @@ class PLDAccountant(Accountant):
 
         The budget starts at ``_TAIL_BUDGET`` and is refined once to suit the delta found; both
         answers are certified, so the smaller is returned. (Keeping the first one when it is
-        smaller keeps delta(epsilon(delta)) <= delta: epsilon(delta) was computed with the
-        budget of delta, which the first pass uses whenever delta >= 1e-7, while an upper delta
-        just below a power of ten would otherwise move the second pass to a ten times smaller
-        budget and another composition.)"""
+        smaller keeps delta(epsilon(delta)) <= delta up to a few units of rounding, the two
+        being summed differently: epsilon(delta) was computed with the budget of delta, which
+        the first pass uses whenever delta >= 1e-7, while an upper delta just below a power of
+        ten would otherwise move the second pass to a ten times smaller budget and another
+        composition.)"""
         tail = _TAIL_BUDGET
         gaussian = self._exact_gaussian()
         if gaussian is not None:  # exact: no grid, no FFT (_pld_gaussian)
@@ -1333,15 +1334,19 @@ class PLDAccountant(Accountant):
         )
 
     # ------------------------------------------------------------------ f-DP
-    def tradeoff(self, alphas: Sequence[float] | np.ndarray, *, symmetrised: bool = False) -> np.ndarray:
-        """Certified lower bound on the trade-off curve f(alpha) of the composition.
+    def tradeoff(self, alphas: Sequence[float] | np.ndarray, *, symmetrised: bool = True) -> np.ndarray:
+        """Certified lower bound on the trade-off curve f(alpha) of the composition: the
+        composition is f-DP with this f.
 
         f(alpha) = sup_eps [1 - delta(eps) - e^eps alpha] (the envelope duality of Dong, Roth, Su
         2019, Prop. 2.12); using the certified upper delta at the grid points (a subset of all
-        eps) gives a curve below the true one. Under add/remove with Poisson sampling, the
-        default is the remove direction's curve f (the pair P = mixture, Q = N(0,1)) and
-        ``symmetrised=True`` gives min{f, f^-1}** (Bu et al. 2020, Section 2.2), whose delta curve is
-        the pointwise maximum over both directions.
+        eps) gives a curve below the true one. f-DP holds for both orders of a neighbouring
+        pair, so where the composition is asymmetric (Poisson sampling under add/remove) the
+        curve is min{f, f^-1}** over the two directions (Bu et al. 2020, Section 2.2; Dong,
+        Roth, Su 2019, the symmetrised C_p(f) of their subsampling theorem), whose delta curve
+        is the pointwise maximum of both directions' curves. ``symmetrised=False`` gives the
+        first direction's curve alone (the remove pair P = mixture, Q = N(0, 1)): a bound on
+        T(P, Q) of that pair, not an f-DP guarantee of an asymmetric composition by itself.
         """
         alphas = require_real_array("alphas", alphas)
         if alphas.ndim != 1:
@@ -1381,7 +1386,9 @@ class PLDAccountant(Accountant):
         if self.is_empty:
             return 0.0
         gaussian_mu = self._gaussian_mu()
-        if self._exact_gaussian() is not None:  # exactly gaussian_mu-GDP (_pld_gaussian)
+        if gaussian_mu == 0.0 or self._exact_gaussian() is not None:
+            # exactly gaussian_mu-GDP (_pld_gaussian); 0: every noise multiplier so large that
+            # 1 / sigma^2 underflows, and the answer is at most gaussian_mu
             return gaussian_mu
         results = self._bounds_at(0, _TAIL_BUDGET, True)
         curves = [r.delta_curve(pessimistic=True) for r in results]
@@ -1397,6 +1404,10 @@ class PLDAccountant(Accountant):
 
         high = gaussian_mu if math.isfinite(gaussian_mu) else 1.0
         while not certified(high):
+            if math.isfinite(gaussian_mu):
+                # the PLD's curve certifies nothing below the exact bound (any mu it certifies
+                # is above it): the exact bound is the answer, never a larger mu or inf
+                return gaussian_mu
             high *= 2.0
             if high > 1e6:
                 return math.inf
@@ -1415,10 +1426,12 @@ class PLDAccountant(Accountant):
             if _continuous.is_leaf(inner):
                 return math.inf
             if isinstance(inner, SingleEpochTreeAggregation):
-                total += count / inner.equivalent_noise_multiplier**2
+                total += count * _inverse_square(inner.equivalent_noise_multiplier)
                 continue
             sigma = inner.noise_multiplier if isinstance(inner, Gaussian) else inner.event.noise_multiplier  # type: ignore[attr-defined]
-            total += count / sigma**2
+            # 1 / sigma^2 without the OverflowError of sigma**2 (sigma = 1e200: 0) or the
+            # division by an underflowed 0 (sigma = 1e-200: inf)
+            total += count * _inverse_square(sigma)
         return math.sqrt(total)
 
     def _options(self) -> dict[str, Any]:
@@ -1897,10 +1910,14 @@ def _tradeoff_from_curves(
     eps = curves[0][0]
     delta = curves[0][1]
     for other_eps, other_delta in curves[1:]:
+        # Below a curve's first grid point its delta is not bounded from above by the curve
+        # (delta is non-increasing), so the merged grid starts at the later first point; above
+        # a curve's last grid point its delta is at most its value there. A short curve (the
+        # add direction of a Poisson-sampled Gaussian, whose loss stops at -log(1 - q)) thus
+        # keeps the other curve's large epsilons, where the small alphas' terms come from.
         lo = max(eps[0], other_eps[0])
-        hi = min(eps[-1], other_eps[-1])
         grid = np.union1d(eps, other_eps)
-        grid = grid[(grid >= lo) & (grid <= hi)]
+        grid = grid[grid >= lo]
         # Each curve is non-increasing, so its value at the next grid point of its own is a
         # lower bound and at the previous grid point an upper bound: use the upper one.
         def upper_at(e: np.ndarray, d: np.ndarray, x: np.ndarray) -> np.ndarray:
