@@ -213,6 +213,24 @@ USAGE_ERRORS = [
     (["bench", "precision", "--output", "/proc/version"], "--output"),
     (["bench", "speed", "--output", "/proc/version/dir"], "--output"),
     (["demo", "--output", "/proc/version"], "--output"),
+    # counts past 2^53, rates below the smallest normal double, the audit's and demo's flags
+    # named as flags (they were named as the API's arguments, or not at all)
+    (["curve", "--dataset-size", "60000", "--batch-size", "256", "--steps",
+      "99999999999999999999", "--noise-multiplier", "1.1", "--delta", "1e-5", "--output",
+      "c.png"], "--steps"),
+    (["epsilon", "--sample-rate", "1e-400", "--steps", "10", "--noise-multiplier", "1",
+      "--delta", "1e-5"], "--sample-rate"),
+    (["audit", "--sample-rate", "1.5"], "--sample-rate"),
+    (["audit", "--noise-multiplier", "-1"], "--noise-multiplier"),
+    (["audit", "--confidence", "1"], "--confidence"),
+    (["audit", "--seed", "-1"], "--seed"),
+    (["audit", "--canaries", "1"], "--canaries"),
+    (["demo", "--seed", "-1"], "--seed"),
+    (["epsilon", *MNIST, "--plot", "e.txtz"], "--plot"),
+    (["curve", *MNIST, "--output", "c.txtz"], "--output"),
+    (["audit", "--plot", "a.txtz"], "--plot"),
+    (["calibrate", "--accountant", "all", "--target-epsilon", "3", "--dataset-size", "60000",
+      "--batch-size", "256", "--epochs", "60", "--delta", "1e-5"], "--accountant"),
 ]
 
 
@@ -963,3 +981,50 @@ def test_calibrate_prints_a_tiny_achieved_epsilon_in_significant_digits(
     assert Fraction(certified) <= Fraction(printed[1]) <= Fraction("1e-9")
     status, out, err = run_cli(capsys, *base, "--target-epsilon", "1e9")
     assert status == 2 and "q=0.01" in err and "nothing to calibrate" in err
+
+
+@pytest.mark.parametrize("argv", [
+    ["epsilon", "--dataset-size", "60000", "--batch-size", "256", "--epochs", "1e308",
+     "--noise-multiplier", "1.1", "--delta", "1e-5"],
+    ["epsilon", "--sample-rate", "1e-300", "--epochs", "1e10", "--noise-multiplier", "1.1",
+     "--delta", "1e-5"],
+])
+def test_huge_values_are_one_line_errors_not_tracebacks(
+        argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """Epoch counts whose step count overflows raised OverflowError with a traceback (exit 1);
+    they are a one-line error naming epochs (exit 2)."""
+    status, _, err = run_cli(capsys, *argv)
+    assert status == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "epochs" in lines[0] and "2^53" in lines[0], err
+
+
+def test_huge_noise_multiplier_is_answered(capsys: pytest.CaptureFixture[str]) -> None:
+    """sigma = 1e200: epsilon 0 and the exact GDP bound 0 (the statement raised OverflowError
+    in sigma**2)."""
+    status, out, err = run_cli(capsys, "epsilon", "--dataset-size", "60000", "--batch-size",
+                               "256", "--epochs", "1", "--noise-multiplier", "1e200",
+                               "--delta", "1e-5", "--accountant", "pld", "--json")
+    assert status == 0, err
+    assert json.loads(out)["accountants"]["pld"]["epsilon"] == 0.0
+
+
+def test_epochs_never_drop_a_fractional_last_step() -> None:
+    """T = ceil(E n / B): 1.0000000005 epochs of a full batch are 2 steps (an absolute 1e-9
+    taken off before the ceiling made them 1); a decimal the double cannot hold (0.1 epochs of
+    n = 1000, B = 100: 1.0000000000000000555 in binary) is the whole number it spells."""
+    from dpsharp._dpsgd import steps_for_epochs
+
+    assert steps_for_epochs(1.0000000005, 1000, 1000) == 2
+    assert steps_for_epochs(1.0000000000000002, 5, 5) == 2  # the double just above 1
+    assert steps_for_epochs(0.1, 1000, 100) == 1
+    assert steps_for_epochs(3.0, 60000, 256) == math.ceil(3 * 60000 / 256)
+    assert steps_for_epochs(60, 60000, 256) == MNIST_STEPS
+
+
+def test_the_statement_prints_delta_exactly(capsys: pytest.CaptureFixture[str]) -> None:
+    """delta = 1.0000004e-5 was printed as 1e-05 (six digits to nearest): a smaller delta than
+    the epsilon was computed at."""
+    status, out, _ = run_cli(capsys, "epsilon", *MNIST[:-2], "--delta", "1.0000004e-5",
+                             "--accountant", "pld")
+    assert status == 0 and "1.0000004e-05" in out and "1e-05)" not in out

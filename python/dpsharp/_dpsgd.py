@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 
 from dpsharp._validation import require_count, require_positive_finite
 from dpsharp.events import (
@@ -106,11 +107,30 @@ def resolve_neighbouring(
     return relation
 
 
+#: The largest step count taken from an epoch count (the integers a double holds exactly).
+MAX_STEPS = 2**53
+
+
 def steps_for_epochs(epochs: float, dataset_size: int, batch_size: int) -> int:
     """T = ceil(epochs * n / B), the step count of TF Privacy's ``compute_dp_sgd_privacy``
-    (rounding up, so a fractional last step is charged, never dropped)."""
+    (rounding up, so a fractional last step is charged, never dropped).
+
+    The product is taken exactly from the double ``epochs``. A decimal epoch count a double
+    cannot hold (0.1) is off by at most half a unit of its last place, 2^-53 relative: where
+    the exact product lies within that of a whole number k of steps, k is what the decimal
+    meant and is taken; anything further above k is a fractional last step (1.0000000005 epochs
+    of n = B is 2 steps). ValueError above 2^53 steps."""
     epochs = require_positive_finite("epochs", epochs)
-    return math.ceil(epochs * dataset_size / batch_size - 1e-9)
+    exact = Fraction(epochs) * dataset_size / batch_size
+    if exact > MAX_STEPS:
+        raise ValueError(
+            f"epochs={epochs!r} with dataset_size={dataset_size} and batch_size={batch_size} "
+            f"gives more than 2^53 steps; epochs must be at most {MAX_STEPS * batch_size / dataset_size:.6g}"
+        )
+    nearest = round(exact)
+    if nearest >= 1 and abs(exact - nearest) <= Fraction(nearest, 2**53):
+        return int(nearest)
+    return math.ceil(exact)
 
 
 @dataclass(frozen=True)

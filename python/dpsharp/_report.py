@@ -393,15 +393,38 @@ def describe(fields: dict[str, Any], *, with_warning: bool = True) -> str:
     return text
 
 
+def _parameter_text(value: float, *, side: str) -> str:
+    """``value`` in six significant digits: as ``format(value, ".6g")`` where that text reads
+    back as the same double (0.01 is the run's 0.01), else rounded towards ``side``
+    (:func:`format_bound`)."""
+    text = format(value, ".6g")
+    return text if float(text) == value else format_bound(value, ".6g", side=side)
+
+
 def run_description(run: DPSGDRun, *, delta: float, epochs: float | None = None,
                     sample_rate_only: bool = False) -> str:
-    """The run in one sentence: sizes (or the sampling rate alone), length, noise, delta."""
-    length = (f"{epochs:g} epochs = {run.steps} steps" if epochs is not None
-              else f"{run.steps} steps = {run.epochs:.4g} epochs")
-    data = (f"Poisson sampling rate q = {run.sampling_probability:.6g}" if sample_rate_only
+    """The run in one sentence: sizes (or the sampling rate alone), length, noise, delta.
+
+    "E epochs" means ceil(E n / B) steps, as the command line's ``--epochs`` counts them; a run
+    whose passes over the data took another number of steps (a loader's epochs of ceil(n / B)
+    batches) is described by its steps, with its passes beside them, so that the statement
+    reproduces with ``--steps``. The sampling rate is rounded up and the noise multiplier down
+    (a run recomputed from the printed numbers is charged at least as much); delta is printed
+    exactly."""
+    from dpsharp._dpsgd import steps_for_epochs
+
+    if epochs is None:
+        length = f"{run.steps} steps = {run.epochs:.4g} epochs"
+    elif steps_for_epochs(epochs, run.dataset_size, run.batch_size) == run.steps:
+        length = f"{epochs:g} epochs = {run.steps} steps"
+    else:
+        length = f"{run.steps} steps (in {epochs:g} passes over the data)"
+    rate = _parameter_text(run.sampling_probability, side="upper")
+    data = (f"Poisson sampling rate q = {rate}" if sample_rate_only
             else f"{run.dataset_size} examples, batch size {run.batch_size}")
-    return (f"DP-SGD with {data}, {length}, noise multiplier {run.noise_multiplier:g} "
-            f"(noise std / clipping norm), delta = {delta:g}.")
+    sigma = _parameter_text(run.noise_multiplier, side="lower")
+    return (f"DP-SGD with {data}, {length}, noise multiplier {sigma} "
+            f"(noise std / clipping norm), delta = {delta!r}.")
 
 
 def print_statement(
@@ -433,7 +456,7 @@ def print_statement(
         best = min(certified, key=lambda r: math.inf if r.fields["epsilon"] is None
                    else r.fields["epsilon"])
         print(
-            f"The run is ({format_epsilon(best.fields['epsilon'])}, {delta:g})-DP under "
+            f"The run is ({format_epsilon(best.fields['epsilon'])}, {delta!r})-DP under "
             f"{RELATION_NAMES[run.neighbouring.value]} neighbouring (certified, {best.name} "
             "accountant). Approximations are labelled and are not bounds."
         )
@@ -487,10 +510,10 @@ def write_tradeoff_figure(
     if "gdp_clt" in data:
         curves[f"G_mu, CLT mu = {data['gdp_mu_clt']:.3g} (approx.)"] = data["gdp_clt"]
     shown = format_bound(data["epsilon_pld"], ".3g", side="upper")
-    curves[f"({shown}, {delta:g})-DP, tight"] = data["eps_delta"]
+    curves[f"({shown}, {delta!r})-DP, tight"] = data["eps_delta"]
     if "eps_delta_rdp" in data:
         shown = format_bound(data["epsilon_rdp"], ".3g", side="upper")
-        curves[f"({shown}, {delta:g})-DP, RDP"] = data["eps_delta_rdp"]
+        curves[f"({shown}, {delta!r})-DP, RDP"] = data["eps_delta_rdp"]
     not_drawn = []
     if "gdp_certified" not in data:
         mu = data["gdp_mu_certified"]

@@ -85,12 +85,24 @@ class _Parser(argparse.ArgumentParser):
 
 # ---------------------------------------------------------------------------- flag types
 def _positive_int(text: str) -> int:
+    """An integer in [1, 2^53] (the integers a double holds exactly: counts beyond are not
+    meaningful here and overflow the computations that take them)."""
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    if not 1 <= value <= 2**53:
+        raise argparse.ArgumentTypeError(f"must be an integer in [1, 2^53], got {text!r}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
     return value
 
 
@@ -111,6 +123,34 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _non_negative_float(text: str) -> float:
+    value = _finite_float(text)
+    if value < 0.0:
+        raise argparse.ArgumentTypeError(f"must be in [0, inf), got {text!r}")
+    return value
+
+
+def _probability(text: str) -> float:
+    value = _finite_float(text)
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text!r}")
+    return value
+
+
+def _open_unit(text: str) -> float:
+    value = _finite_float(text)
+    if not 0.0 < value < 1.0:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1), got {text!r}")
+    return value
+
+
+def _at_least_two(text: str) -> int:
+    value = _positive_int(text)
+    if value < 2:
+        raise argparse.ArgumentTypeError(f"must be an integer in [2, 2^53], got {text!r}")
+    return value
+
+
 def _delta(text: str) -> float:
     value = _finite_float(text)
     if not 0.0 < value < 1.0:
@@ -127,6 +167,10 @@ def _sample_rate(text: str) -> Fraction:
             f"must be a number in (0, 1] (e.g. 0.01 or 256/60000), got {text!r}") from None
     if not 0 < value <= 1:
         raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text!r}")
+    if float(value) < sys.float_info.min:
+        raise argparse.ArgumentTypeError(
+            f"must be in (0, 1] and at least {sys.float_info.min:.6g} (the smallest normal "
+            f"double), got {text!r}")
     return value
 
 
@@ -267,7 +311,9 @@ def _accountant_names(args: argparse.Namespace, requested: Sequence[str] | None)
     return names
 
 
-def _check_plot_flag(args: argparse.Namespace, flag: str) -> None:
+def _check_plot_flag(args: argparse.Namespace, flag: str, *, image: Path | None = None) -> None:
+    """Plotting needs matplotlib; an ``image`` file's suffix must be a format it writes
+    (checked before any work is done)."""
     try:
         import matplotlib  # noqa: F401
     except ImportError:
@@ -275,6 +321,15 @@ def _check_plot_flag(args: argparse.Namespace, flag: str) -> None:
             f"argument {flag}: plotting needs matplotlib, which is not installed "
             "(pip install \"dpsharp[plot]\")"
         )
+    if image is not None and image.suffix:
+        from matplotlib.backend_bases import FigureCanvasBase
+
+        formats = FigureCanvasBase.get_supported_filetypes()
+        if image.suffix[1:].lower() not in formats:
+            args._parser.error(
+                f"argument {flag}: the file type {image.suffix!r} of {str(image)!r} is not one "
+                f"matplotlib writes ({', '.join('.' + f for f in sorted(formats))})"
+            )
 
 
 # ---------------------------------------------------------------------------- demo
@@ -322,7 +377,7 @@ def _run_epsilon(args: argparse.Namespace) -> int:
     if args.plot_classic and args.plot is None:
         args._parser.error("argument --plot-classic: needs --plot FILE.png")
     if args.plot is not None:
-        _check_plot_flag(args, "--plot")
+        _check_plot_flag(args, "--plot", image=args.plot)
     results = [evaluate(run, name, args.delta) for name in names]
     document: dict[str, Any] = {
         "inputs": _inputs(run, args),
@@ -367,8 +422,11 @@ def _run_epsilon(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------- calibrate
 def _run_calibrate(args: argparse.Namespace) -> int:
     import dpsharp
-    from dpsharp._report import evaluate, format_bound
+    from dpsharp._report import RELATION_NAMES, evaluate, format_bound
 
+    if args.accountant == "all":
+        args._parser.error("argument --accountant: calibrate takes one accountant's name, not "
+                           "'all'")
     names = _accountant_names(args, [args.accountant])
     name = names[0]
     template = _run_from_args(args, noise_multiplier=1.0)
@@ -390,12 +448,14 @@ def _run_calibrate(args: argparse.Namespace) -> int:
         # significant digits: a target of 1e-9 read "achieved 0.000001" at six decimals
         achieved = format_bound(result.fields.get("epsilon"), ".7g",
                                 side="upper" if certified else "nearest")
-        print(f"dpsharp {dpsharp.__version__} calibration ({name} accountant, {run.sampling} sampling)")
+        relation = RELATION_NAMES[run.neighbouring.value]
+        print(f"dpsharp {dpsharp.__version__} calibration ({name} accountant, {run.sampling} "
+              f"sampling, {relation} neighbouring)")
         # rounded up: more noise only lowers epsilon, so the printed sigma meets the target too
         print(f"noise multiplier = {format_bound(sigma, '.6g', side='upper')}")
         print(
             f"achieved epsilon = {achieved} at "
-            f"delta = {args.delta:g} "
+            f"delta = {args.delta!r} "
             f"({kind}; target {args.target_epsilon:g}) after {run.steps} steps"
         )
     return 0
@@ -425,7 +485,7 @@ def _calibrate_noise(args: argparse.Namespace, template: Any, name: str) -> floa
 def _run_curve(args: argparse.Namespace) -> int:
     from dpsharp._report import HIDDEN_GDP_MU, format_bound, write_tradeoff_figure
 
-    _check_plot_flag(args, "--output")
+    _check_plot_flag(args, "--output", image=args.output)
     run = _run_from_args(args)
     data = write_tradeoff_figure(run, args.delta, args.output,
                                  title=f"{_run_title(run, args)}, T={run.steps}")
@@ -437,7 +497,7 @@ def _run_curve(args: argparse.Namespace) -> int:
     else:
         print(f"Trade-off curve written to {args.output}.")
         epsilon = format_bound(data["epsilon_pld"], ".4f", side="upper")
-        print(f"epsilon({args.delta:g}) = {epsilon} (tight accountant, certified)")
+        print(f"epsilon({args.delta!r}) = {epsilon} (tight accountant, certified)")
         if data["gdp_mu_informative"]:
             mu = format_bound(data["gdp_mu_certified"], ".4g", side="upper")
             print(f"certified GDP mu = {mu} (proven: the curve lies above G_mu)")
@@ -541,7 +601,8 @@ def _build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--batch-size", type=_positive_int, default=256, help="expected batch size (default 256)")
     demo.add_argument("--lr", type=_positive_float, default=2e-2, help="Adam learning rate (default 0.02)")
     demo.add_argument("--max-grad-norm", type=_positive_float, default=1.0, help="clipping norm (default 1)")
-    demo.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    demo.add_argument("--seed", type=_non_negative_int, default=0,
+                      help="random seed, an integer >= 0 (default 0)")
     demo.add_argument("--no-progress", action="store_true", help="no progress bar")
     demo.add_argument("--plot-classic", action="store_true",
                       help="also draw the classic composition bound in epsilon_vs_epoch.png "
@@ -608,23 +669,24 @@ def _build_parser() -> argparse.ArgumentParser:
 # ---------------------------------------------------------------------------- audit
 def _add_audit_command(commands: Any) -> None:
     audit = commands.add_parser("audit", help="one-run privacy audit of DP-SGD with canaries")
-    audit.add_argument("--noise-multiplier", type=_finite_float, default=2.0, metavar="S",
+    audit.add_argument("--noise-multiplier", type=_non_negative_float, default=2.0, metavar="S",
                        help="noise std / clipping bound (default 2)")
     audit.add_argument("--max-grad-norm", type=_positive_float, default=1.0, metavar="C",
                        help="clipping bound (default 1)")
     audit.add_argument("--steps", type=_positive_int, default=100, metavar="T",
                        help="noisy steps (default 100)")
-    audit.add_argument("--sample-rate", type=_finite_float, default=0.05, metavar="Q",
+    audit.add_argument("--sample-rate", type=_probability, default=0.05, metavar="Q",
                        help="Poisson sampling rate (default 0.05)")
-    audit.add_argument("--canaries", type=_positive_int, default=1000, metavar="M",
+    audit.add_argument("--canaries", type=_at_least_two, default=1000, metavar="M",
                        help="gradient canaries, each included with probability 1/2 (default 1000)")
     audit.add_argument("--canary-type", choices=("gradient", "input"), default="gradient",
                        help="white-box gradient canaries, or input-space canaries scored from "
                        "the final model only (black-box; weaker) (default gradient)")
-    audit.add_argument("--confidence", type=_finite_float, default=0.95, metavar="P",
+    audit.add_argument("--confidence", type=_open_unit, default=0.95, metavar="P",
                        help="confidence of the lower bound, in (0, 1) (default 0.95)")
     audit.add_argument("--delta", type=_delta, default=1e-5, help="delta (default 1e-5)")
-    audit.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    audit.add_argument("--seed", type=_non_negative_int, default=0,
+                       help="random seed, an integer >= 0 (default 0)")
     audit.add_argument("--json", action="store_true", help="print one JSON object")
     audit.add_argument("--plot", type=_output_file, metavar="FILE.png",
                        help="also draw the canaries' scores")
@@ -635,6 +697,8 @@ def _add_audit_command(commands: Any) -> None:
 def _run_audit(args: argparse.Namespace) -> int:
     from dpsharp.torch.audit import audit_digits
 
+    if args.plot:
+        _check_plot_flag(args, "--plot", image=args.plot)
     result = audit_digits(
         noise_multiplier=args.noise_multiplier, max_grad_norm=args.max_grad_norm,
         steps=args.steps, sample_rate=args.sample_rate, delta=args.delta,
@@ -666,14 +730,18 @@ def _version() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (0 ok, 1 a failed audit, 2 usage error,
-    bad input or a file that cannot be read or written: one line on stderr, no traceback)."""
+    bad input, a value out of a computation's range or a file that cannot be read or written:
+    one line on stderr, no traceback)."""
     parser = _build_parser()
     args = parser.parse_args(argv)
     try:
         return int(args.handler(args))
-    except (ValueError, TypeError, ImportError, OSError) as exc:
+    except (ValueError, TypeError, ImportError, OSError, ArithmeticError) as exc:
         if isinstance(exc, OSError) and exc.filename is not None:
             text = f"{exc.strerror or exc}: {exc.filename!r}"
+        elif isinstance(exc, (OverflowError, ZeroDivisionError)):
+            text = (f"a value is outside the range this computation supports "
+                    f"({type(exc).__name__}: {exc}); use smaller or larger values")
         else:
             text = str(exc)
         message = " ".join(text.split())

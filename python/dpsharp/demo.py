@@ -331,7 +331,7 @@ def run_demo(args: argparse.Namespace) -> int:
     output = Path(args.output)
     output.mkdir(parents=True, exist_ok=True)
     print(f"dpsharp demo: DP training on scikit-learn digits, NoisyAdam, budget "
-          f"(epsilon = {args.target_epsilon:g}, delta = {args.delta:g}), {args.epochs} epochs")
+          f"(epsilon = {args.target_epsilon:g}, delta = {args.delta!r}), {args.epochs} epochs")
     result = train(target_epsilon=args.target_epsilon, delta=args.delta, epochs=args.epochs,
                    batch_size=args.batch_size, lr=args.lr, max_grad_norm=args.max_grad_norm,
                    seed=args.seed, progress=not args.no_progress)

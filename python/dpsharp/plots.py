@@ -102,7 +102,7 @@ def epsilon_vs_epochs(
         yscale = _auto_scale([ys for _, ys in series.values()])
     axes.set_yscale(yscale)
     axes.set_xlabel("epochs")
-    axes.set_ylabel(f"epsilon at delta = {delta:g}" + (" (log scale)" if yscale == "log" else ""))
+    axes.set_ylabel(f"epsilon at delta = {delta!r}" + (" (log scale)" if yscale == "log" else ""))
     axes.set_title(title or "privacy loss against epochs")
     axes.grid(True, which="both" if yscale == "log" else "major", alpha=0.3)
     if series:
