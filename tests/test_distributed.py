@@ -145,12 +145,18 @@ def _worker(rank: int, port: int, out: str) -> None:
 
         # 5. The ranks disagree (rank 1 with half the noise multiplier, then another
         # expected batch size): refused on every rank, nothing released.
-        for sigma, batch in ((3.0 / (1 + rank), 4.0), (3.0, 4.0 + rank)):
+        # Then the same expected batch from datasets of different sizes: rank 1 samples at
+        # half the rate rank 0 is told (the expected batch alone cannot show it).
+        sized = torch.utils.data.TensorDataset(torch.randn(20 * (1 + rank), D), torch.zeros(
+            20 * (1 + rank), dtype=torch.long))
+        uneven = DistributedPoissonDataLoader(sized, expected_batch_size=10.0, seed=3)
+        for sigma, batch, source in ((3.0 / (1 + rank), 4.0, None), (3.0, 4.0 + rank, None),
+                                     (3.0, 10.0, uneven)):
             clipper = PerSampleClipper(big, max_grad_norm=2.0)
             big.weight.grad = None
             try:
                 distributed_release(clipper, noise_multiplier=sigma, expected_batch_size=batch,
-                                    noise=NoiseGenerator(9, rank=rank))
+                                    noise=NoiseGenerator(9, rank=rank), loader=source)
                 result.setdefault("mismatch", []).append(None)
             except ValueError as error:
                 result.setdefault("mismatch", []).append((str(error), big.weight.grad is None))
@@ -269,12 +275,16 @@ def test_ranks_that_disagree_on_the_privacy_parameters_are_refused(
         results: list[dict[str, Any]]) -> None:
     """A rank with half the noise multiplier would make the all-reduced noise 0.71 of what
     every rank's accountant charges; a rank with another expected batch size (sampling rate or
-    dataset size) another mechanism. Both are refused on every rank before anything is
-    released, naming the parameter and the range of the ranks' values."""
+    dataset size) another mechanism, and so does a rank whose dataset has another size at the
+    same expected batch (another sampling rate; a torch DataLoader's batch size is read per
+    rank, so the expected batches always agree). All are refused on every rank before anything
+    is released, naming the parameter and the range of the ranks' values."""
     for r in results:
-        (first, first_empty), (second, second_empty) = r["mismatch"]
+        (first, first_empty), (second, second_empty), (third, third_empty) = r["mismatch"]
         assert "noise_multiplier in [1.5, 3.0]" in first and first_empty
         assert "expected_batch_size in [4.0, 5.0]" in second and second_empty
+        assert "sample_rate in [0.25, 0.5]" in third and "dataset_size in [20.0, 40.0]" in third
+        assert third_empty
 
 
 def test_the_rank_split_is_read_only() -> None:

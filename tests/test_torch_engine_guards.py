@@ -15,6 +15,7 @@ from torch import nn  # noqa: E402
 from torch.utils.data import (  # noqa: E402
     DataLoader,
     RandomSampler,
+    SequentialSampler,
     SubsetRandomSampler,
     TensorDataset,
     WeightedRandomSampler,
@@ -245,11 +246,22 @@ def test_a_clip_rule_whose_factors_do_not_clip_is_refused_before_accumulating() 
 
 
 # -------------------------------------------------------------------------- torch samplers
+class _EvenIndices(SequentialSampler):
+    """A subclass of a default sampler that leaves out every odd record."""
+
+    def __iter__(self):
+        return iter(range(0, len(self.data_source), 2))
+
+
 @pytest.mark.parametrize("sampler", [
     lambda n: SubsetRandomSampler(range(n // 2)),
     lambda n: WeightedRandomSampler([1.0] * n, n),
     lambda n: RandomSampler(range(n), replacement=True),
     lambda n: RandomSampler(range(n), num_samples=n // 2),
+    # a default sampler over another "dataset" (the first half of the indices), and a subclass
+    # that yields a subset: both were accepted, and the held-out records trained on
+    lambda n: SequentialSampler(range(n // 2)),
+    lambda n: _EvenIndices(range(n)),
 ])
 def test_a_sampler_the_dp_loader_would_drop_is_refused(sampler) -> None:
     dataset = make_dataset()

@@ -83,7 +83,11 @@ def _outwards(value: float, direction: float, attempt: int) -> float:
 def epsilon_bounds(delta: float, mu2_low: float, mu2_high: float) -> tuple[float, float]:
     """(lower, upper) on the exact epsilon(delta) of a mu-GDP pair with mu^2 in
     [mu2_low, mu2_high]: delta_{mu_low}(lower) >= delta (so the exact epsilon is at least
-    lower, or lower is 0) and delta_{mu_high}(upper) <= delta, both checked at 50 digits."""
+    lower, or lower is 0) and delta_{mu_high}(upper) <= delta, both checked at 50 digits.
+    mu^2 = 0 (every noise multiplier so large that 1 / sigma^2 underflows): the pair is one
+    distribution, epsilon 0."""
+    if mu2_high == 0.0:
+        return 0.0, 0.0
     upper = _root(delta, math.sqrt(mu2_high))
     if math.isinf(upper):  # epsilon beyond the largest double: no finite certificate
         lower = _root(delta, math.sqrt(mu2_low))
@@ -118,6 +122,8 @@ def delta_bounds(epsilon: float, mu2_low: float, mu2_high: float) -> tuple[float
     Phi(-eps/mu + mu/2) <= Phi(-40) < 1e-349 (dropping the subtracted term), so (0, the
     smallest positive double) brackets it; the 50-digit formula is not evaluated there (its
     two terms agree to about mu^2 / eps relative, and mpmath's erfc overflows near eps 1e300)."""
+    if mu2_high == 0.0:  # one distribution (1 / sigma^2 underflowed): delta 0
+        return 0.0, 0.0
     mu_high = math.sqrt(mu2_high)
     if -epsilon / mu_high + mu_high / 2.0 <= -40.0:
         return 0.0, math.nextafter(0.0, 1.0)

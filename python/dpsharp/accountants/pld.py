@@ -1863,7 +1863,7 @@ def _loss_variance(leaf: Event) -> float:
         return min(mu2, leaf.sampling_probability**2 * math.expm1(min(mu2, 700.0)))
     inner = leaf.event if isinstance(leaf, Shuffled) else leaf
     if isinstance(inner, Laplace):
-        return 1.0 / inner.scale**2
+        return _inverse_square(inner.scale)
     if isinstance(inner, _atoms.ATOM_EVENTS):
         return _atoms.event_variance(inner)
     if _continuous.is_leaf(inner):

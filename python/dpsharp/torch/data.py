@@ -704,17 +704,22 @@ def require_whole_dataset_sampler(loader: DataLoader[Any], *, allowed: tuple[typ
     """Refuse a torch DataLoader whose sampler does more than order the whole dataset.
 
     The DP loaders replace the sampler and draw from every record of ``loader.dataset``. That
-    is only what the user meant for torch's default samplers (``SequentialSampler``, and
-    ``RandomSampler`` without replacement over the whole dataset; ``allowed`` adds others, e.g.
+    is only what the user meant for torch's default samplers over ``loader.dataset`` itself
+    (``SequentialSampler``, and ``RandomSampler`` without replacement over the whole dataset;
+    their exact classes, not subclasses; ``allowed`` adds others over the same dataset, e.g.
     ``DistributedSampler`` for the distributed loader). A subset sampler would have held-out
     records trained on, and a weighted or with-replacement sampler has no sampling rate the
     accountant could be told, so both are refused here rather than silently dropped."""
     from torch.utils.data import RandomSampler, SequentialSampler
 
     sampler = loader.sampler
-    if isinstance(sampler, SequentialSampler) or isinstance(sampler, allowed):
+    # The exact classes, over this very dataset: a subclass may yield any subset, and
+    # SequentialSampler(range(10)) orders another "dataset" (the first ten indices).
+    if type(sampler) is SequentialSampler and sampler.data_source is loader.dataset:
         return
-    if isinstance(sampler, RandomSampler):
+    if isinstance(sampler, allowed) and getattr(sampler, "dataset", loader.dataset) is loader.dataset:
+        return
+    if type(sampler) is RandomSampler:
         whole = not sampler.replacement and sampler.num_samples == len(sampler.data_source)
         if whole and sampler.data_source is loader.dataset:
             return

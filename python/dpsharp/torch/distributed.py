@@ -136,14 +136,16 @@ def all_reduce_gradients(params: list[torch.Tensor], group: Any = None) -> None:
 
 
 def distributed_release(clipper: Any, *, noise_multiplier: float, expected_batch_size: float,
-                        noise: Any, group: Any = None) -> None:
+                        noise: Any, group: Any = None, loader: Any = None) -> None:
     """One distributed noisy release: ``p.grad = (sum_r clipped_sum_r + N(0, (sigma C)^2)) / B``
     on every rank of ``group``.
 
     Each rank releases its own clipped sum with the noise share sigma / sqrt(W) (its generator's
     rank word makes its stream distinct), then the results are summed over ranks. Must be called
     by every rank of the group at every logical step (an empty local batch included: that rank
-    contributes its noise share only).
+    contributes its noise share only). ``loader`` (the optimizer's attached loader, if any):
+    its sampling rate and dataset size must agree over the ranks too (a rank whose dataset is
+    twice another's would sample at twice the rate it is told, with the same expected batch).
     """
     rank, world = group_rank_and_size(group)
     if noise.rank != rank:
@@ -151,11 +153,14 @@ def distributed_release(clipper: Any, *, noise_multiplier: float, expected_batch
             f"the noise generator's rank ({noise.rank}) must be this process's rank ({rank}) so "
             "that ranks draw distinct noise"
         )
+    values = {"noise_multiplier": float(noise_multiplier),
+              "expected_batch_size": float(expected_batch_size),
+              "max_grad_norm": float(clipper.overall_bound)}
+    if loader is not None:
+        values.update(sample_rate=float(loader.sample_rate),
+                      dataset_size=float(loader.dataset_size))
     require_agreement(
-        {"noise_multiplier": float(noise_multiplier),
-         "expected_batch_size": float(expected_batch_size),
-         "max_grad_norm": float(clipper.overall_bound)},
-        device=clipper.parameters[0].device if clipper.parameters else None, group=group,
+        values, device=clipper.parameters[0].device if clipper.parameters else None, group=group,
     )
     clipper.release(
         noise_multiplier=float(noise_multiplier) / math.sqrt(world),

@@ -544,6 +544,7 @@ class DPOptimizer(torch.optim.Optimizer):
                     expected_batch_size=self._expected_batch_size,
                     noise=self.noise,
                     group=self.process_group,
+                    loader=self._loader,
                 )
             else:
                 self.clipper.release(
