@@ -67,7 +67,7 @@ import sys
 from collections.abc import Sequence
 from fractions import Fraction
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, Callable, NoReturn
 
 __all__ = ["main"]
 
@@ -84,26 +84,27 @@ class _Parser(argparse.ArgumentParser):
 
 
 # ---------------------------------------------------------------------------- flag types
-def _positive_int(text: str) -> int:
-    """An integer in [1, 2^53] (the integers a double holds exactly: counts beyond are not
-    meaningful here and overflow the computations that take them)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
-    if not 1 <= value <= 2**53:
-        raise argparse.ArgumentTypeError(f"must be an integer in [1, 2^53], got {text!r}")
-    return value
+def _int_in(interval: str, low: int, high: int | None) -> Callable[[str], int]:
+    """An argument type: an integer in [low, high] (no upper end for None), refused naming
+    ``interval`` otherwise."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer in {interval}, got {text!r}") from None
+        if value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"must be an integer in {interval}, got {text!r}")
+        return value
+
+    return parse
 
 
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
-    return value
+# Counts up to 2^53: the integers a double holds exactly (counts beyond are not meaningful
+# here and overflow the computations that take them).
+_positive_int = _int_in("[1, 2^53]", 1, 2**53)
+_at_least_two = _int_in("[2, 2^53]", 2, 2**53)
+_non_negative_int = _int_in("[0, inf)", 0, None)
 
 
 def _finite_float(text: str) -> float:
@@ -116,46 +117,27 @@ def _finite_float(text: str) -> float:
     return value
 
 
-def _positive_float(text: str) -> float:
-    value = _finite_float(text)
-    if value <= 0.0:
-        raise argparse.ArgumentTypeError(f"must be in (0, inf), got {text!r}")
-    return value
+def _float_in(interval: str, low: float, high: float, *, include_low: bool,
+              include_high: bool) -> Callable[[str], float]:
+    """An argument type: a finite number in ``interval`` (``"(0, 1]"`` for low = 0 excluded,
+    high = 1 included), refused naming the interval otherwise."""
+
+    def parse(text: str) -> float:
+        value = _finite_float(text)
+        above = value >= low if include_low else value > low
+        below = value <= high if include_high else value < high
+        if not (above and below):
+            raise argparse.ArgumentTypeError(f"must be in {interval}, got {text!r}")
+        return value
+
+    return parse
 
 
-def _non_negative_float(text: str) -> float:
-    value = _finite_float(text)
-    if value < 0.0:
-        raise argparse.ArgumentTypeError(f"must be in [0, inf), got {text!r}")
-    return value
-
-
-def _probability(text: str) -> float:
-    value = _finite_float(text)
-    if not 0.0 < value <= 1.0:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text!r}")
-    return value
-
-
-def _open_unit(text: str) -> float:
-    value = _finite_float(text)
-    if not 0.0 < value < 1.0:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1), got {text!r}")
-    return value
-
-
-def _at_least_two(text: str) -> int:
-    value = _positive_int(text)
-    if value < 2:
-        raise argparse.ArgumentTypeError(f"must be an integer in [2, 2^53], got {text!r}")
-    return value
-
-
-def _delta(text: str) -> float:
-    value = _finite_float(text)
-    if not 0.0 < value < 1.0:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1), got {text!r}")
-    return value
+_positive_float = _float_in("(0, inf)", 0.0, math.inf, include_low=False, include_high=False)
+_non_negative_float = _float_in("[0, inf)", 0.0, math.inf, include_low=True, include_high=False)
+_probability = _float_in("(0, 1]", 0.0, 1.0, include_low=False, include_high=True)
+_open_unit = _float_in("(0, 1)", 0.0, 1.0, include_low=False, include_high=False)
+_delta = _open_unit
 
 
 def _sample_rate(text: str) -> Fraction:
