@@ -125,7 +125,8 @@ def steps_for_epochs(epochs: float, dataset_size: int, batch_size: int) -> int:
     if exact > MAX_STEPS:
         raise ValueError(
             f"epochs={epochs!r} with dataset_size={dataset_size} and batch_size={batch_size} "
-            f"gives more than 2^53 steps; epochs must be at most {MAX_STEPS * batch_size / dataset_size:.6g}"
+            f"gives more than 2^53 steps; epochs must be at most "
+            f"{MAX_STEPS * batch_size / dataset_size:.6g}"
         )
     nearest = round(exact)
     if nearest >= 1 and abs(exact - nearest) <= Fraction(nearest, 2**53):

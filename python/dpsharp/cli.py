@@ -92,7 +92,8 @@ def _int_in(interval: str, low: int, high: int | None) -> Callable[[str], int]:
         try:
             value = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"must be an integer in {interval}, got {text!r}") from None
+            raise argparse.ArgumentTypeError(
+                f"must be an integer in {interval}, got {text!r}") from None
         if value < low or (high is not None and value > high):
             raise argparse.ArgumentTypeError(f"must be an integer in {interval}, got {text!r}")
         return value

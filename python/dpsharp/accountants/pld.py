@@ -1334,7 +1334,8 @@ class PLDAccountant(Accountant):
         )
 
     # ------------------------------------------------------------------ f-DP
-    def tradeoff(self, alphas: Sequence[float] | np.ndarray, *, symmetrised: bool = True) -> np.ndarray:
+    def tradeoff(self, alphas: Sequence[float] | np.ndarray, *,
+                 symmetrised: bool = True) -> np.ndarray:
         """Certified lower bound on the trade-off curve f(alpha) of the composition: the
         composition is f-DP with this f.
 

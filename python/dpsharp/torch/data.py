@@ -717,7 +717,8 @@ def require_whole_dataset_sampler(loader: DataLoader[Any], *, allowed: tuple[typ
     # SequentialSampler(range(10)) orders another "dataset" (the first ten indices).
     if type(sampler) is SequentialSampler and sampler.data_source is loader.dataset:
         return
-    if isinstance(sampler, allowed) and getattr(sampler, "dataset", loader.dataset) is loader.dataset:
+    over = getattr(sampler, "dataset", loader.dataset)  # (DistributedSampler's dataset)
+    if isinstance(sampler, allowed) and over is loader.dataset:
         return
     if type(sampler) is RandomSampler:
         whole = not sampler.replacement and sampler.num_samples == len(sampler.data_source)

@@ -821,8 +821,8 @@ class PrivacyEngine:
                 if hasattr(error, "add_note"):
                     error.add_note(
                         "(raised by make_private's batch probe, which runs the model's first "
-                        "training batch without gradients, in eval mode and in its own modes, before "
-                        "training)")
+                        "training batch without gradients, in eval mode and in its own "
+                        "modes, before training)")
                 raise
             finally:
                 running[0] = False
