@@ -31,6 +31,7 @@ from torch.utils.data import TensorDataset  # noqa: E402
 
 from _gaussian_reference import exact_epsilon_bisect  # noqa: E402
 from _peer_reference import poisson_gaussian_epsilon  # noqa: E402
+from _torch_training import train_steps  # noqa: E402
 
 from dpsharp.events import Gaussian, PoissonSampled  # noqa: E402
 from dpsharp.torch import (  # noqa: E402
@@ -74,20 +75,12 @@ def private(model=None, *, n: int = 50, q: float = 0.2, sigma: float = 1.0, seed
 
 def train(optimizer, loader, model, steps: int) -> int:
     """Up to ``steps`` releases (fewer if the budget stops them); returns how many."""
-    done = 0
+    before = optimizer.releases
     try:
-        while done < steps:
-            for x, y in loader:
-                optimizer.zero_grad()
-                if len(y):
-                    nn.functional.cross_entropy(model(x), y).backward()
-                optimizer.step()
-                done += 1
-                if done == steps:
-                    break
+        train_steps(model, optimizer, loader, steps)
     except BudgetExhausted:
         pass
-    return done
+    return optimizer.releases - before
 
 
 def checkpoint(engine, model, optimizer) -> dict:
