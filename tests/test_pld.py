@@ -812,18 +812,52 @@ def test_delta_does_not_depend_on_the_blas_thread_count() -> None:
     assert default == single
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "known defect: the pessimistic discretisation splits a cell's mass by r = e^a Q / P, and "
-    "(1 - r) loses digits when P and Q nearly coincide (q = 1e-12): the certified delta(0) is "
-    "1.1e-4 relative (1.5e-17 absolute) below the exact total variation"))
-def test_certified_delta_at_a_tiny_sampling_rate_is_not_below_the_exact_value() -> None:
-    """One Poisson-subsampled Gaussian step: delta(0) is the total variation
-    q (2 Phi(1 / (2 sigma)) - 1), in closed form (50-digit mpmath)."""
-    q, sigma = 1e-12, 3.0
-    acc = PLDAccountant().compose(PoissonSampled(Gaussian(sigma), q))
+def _exact_total_variation_of_sampled_gaussian(q: float, sigma: float) -> mpmath.mpf:
+    """q (2 Phi(1 / (2 sigma)) - 1): the total variation (delta at epsilon 0) of one Poisson-
+    subsampled Gaussian step in either direction, and of the replace-one pair
+    q G_mu + (1 - q) Id of sampling without replacement (Dong, Roth, Su 2019, Thm 4.2), mu =
+    1 / sigma; 50-digit mpmath."""
     with mpmath.workdps(50):
-        exact = mpmath.mpf(q) * (2 * mpmath.ncdf(1 / (2 * mpmath.mpf(sigma))) - 1)
-    assert acc.delta(0.0) >= exact
+        return mpmath.mpf(q) * (2 * mpmath.ncdf(1 / (2 * mpmath.mpf(sigma))) - 1)
+
+
+@pytest.mark.parametrize(("q", "sigma"), [
+    (1e-12, 3.0),  # the linear-space discretisation
+    (1e-9, 1.0),
+    (1e-12, 1e3),  # both far tails underflow: the log-space one
+    (1e-12, 1e8),
+])
+def test_certified_delta_at_a_tiny_sampling_rate_is_not_below_the_exact_value(
+        q: float, sigma: float) -> None:
+    """One Poisson-subsampled Gaussian step, delta(0) against its closed form. A cell's split
+    between its ends was r = e^a Q / P with P and Q both 1 - O(q): 1 - r kept only the digits
+    above their ulp, and delta(0) read 1.1e-4 relative below the exact value at q = 1e-12,
+    sigma = 3 (2.6% at sigma = 1e3, 0 at sigma = 1e8)."""
+    acc = PLDAccountant().compose(PoissonSampled(Gaussian(sigma), q))
+    exact = _exact_total_variation_of_sampled_gaussian(q, sigma)
+    assert exact <= acc.delta(0.0) <= exact * (1 + 1e-4)
+
+
+@pytest.mark.parametrize("dataset_size", [10**6, 10**9, 10**12])
+def test_certified_delta_of_sampling_without_replacement_is_not_below_the_exact_value(
+        dataset_size: int) -> None:
+    """The replace-one pair of one record drawn from n without replacement, delta(0) against
+    the closed form q (2 Phi(mu / 2) - 1): its log-space discretisation split the cells by the
+    same ratio of two nearly equal masses."""
+    acc = PLDAccountant(neighbouring="replace_one").compose(
+        SampledWithoutReplacement(Gaussian(2.0), 1, dataset_size))
+    exact = _exact_total_variation_of_sampled_gaussian(1 / dataset_size, 2.0)
+    assert exact <= acc.delta(0.0) <= exact * (1 + 1e-8)
+
+
+@pytest.mark.parametrize("scale", [1e4, 1e8, 1e12])
+def test_certified_delta_of_a_wide_laplace_is_not_below_the_exact_value(scale: float) -> None:
+    """Laplace(b) with shift 1: delta(0) = 1 - e^{-1 / (2 b)} in closed form. At b = 1e8 the
+    split of the cells from their log masses read 6e-9 relative below it."""
+    acc = PLDAccountant().compose(Laplace(scale))
+    with mpmath.workdps(50):
+        exact = -mpmath.expm1(-1 / (2 * mpmath.mpf(scale)))
+    assert exact <= acc.delta(0.0) <= exact * (1 + 1e-9)
 
 
 def test_noise_so_large_that_its_inverse_square_underflows_is_answered() -> None:
@@ -835,3 +869,11 @@ def test_noise_so_large_that_its_inverse_square_underflows_is_answered() -> None
     assert gaussian.epsilon_bounds(1e-5) == (0.0, 0.0) and gaussian.gdp_mu() == 0.0
     laplace = PLDAccountant().compose(Laplace(1e300), 3)
     assert laplace.epsilon(1e-5) == 0.0 and laplace.delta(0.5) == 0.0
+
+
+def test_a_loss_beyond_the_grid_is_a_value_error_naming_the_mechanism() -> None:
+    """Laplace(1e-300) has loss 1e300, which no grid of 2^40 steps reaches: the refusal names
+    the mechanism and its scale as a ValueError (it was a bare RuntimeError)."""
+    acc = PLDAccountant().compose(Laplace(1e-300))
+    with pytest.raises(ValueError, match=r"Laplace mechanism \(scale 1e-300\)"):
+        acc.epsilon(1e-5)

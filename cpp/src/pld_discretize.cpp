@@ -2,7 +2,9 @@
 // argument why each is on the right side).
 #include <algorithm>
 #include <cmath>
+#include <sstream>
 #include <stdexcept>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -42,6 +44,28 @@ std::int64_t checked_points(double grid_step, GridRange range) {
   return n;
 }
 
+// The error for a mechanism whose privacy-loss tail does not fall below the tail budget
+// within 2^40 grid steps: its parameter puts the loss beyond what this grid can hold.
+std::string beyond_grid(const char* which, const MechanismParams& params, double grid_step) {
+  const bool laplace = params.mechanism == Mechanism::kLaplace;
+  const char* name = laplace ? "Laplace"
+                     : params.mechanism == Mechanism::kGaussian ? "Gaussian"
+                     : params.mechanism == Mechanism::kSampledSymmetric
+                         ? "Gaussian sampled without replacement"
+                         : "Poisson-subsampled Gaussian";
+  std::ostringstream message;
+  message.precision(17);
+  message << "the " << which << " tail of the privacy loss of the " << name << " mechanism ("
+          << (laplace ? "scale " : "noise multiplier ") << params.parameter;
+  if (params.mechanism != Mechanism::kGaussian && !laplace) {
+    message << ", sampling rate " << params.sampling_rate;
+  }
+  message << ") does not vanish within 2^40 grid steps of " << grid_step
+          << ": its loss lies beyond what the grid can hold (a noise parameter this small gives "
+          << "no useful guarantee)";
+  return message.str();
+}
+
 }  // namespace
 
 GridRange grid_range(const MechanismParams& params, double grid_step, double top_tail,
@@ -59,7 +83,7 @@ GridRange grid_range(const MechanismParams& params, double grid_step, double top
   // delta(l) is non-increasing: find the smallest k >= 1 with delta(k h) <= top_tail.
   std::int64_t hi = 1;
   while (!top_ok(hi)) {
-    if (hi > kLimit) throw std::runtime_error("privacy loss tail does not vanish");
+    if (hi > kLimit) throw std::invalid_argument(beyond_grid("upper", params, grid_step));
     hi *= 2;
   }
   std::int64_t lo = hi / 2;  // top_ok(lo) is false unless lo == 0
@@ -75,7 +99,7 @@ GridRange grid_range(const MechanismParams& params, double grid_step, double top
   std::int64_t good = highest - 1;
   std::int64_t step = 1;
   while (!bottom_ok(good)) {
-    if (step > kLimit) throw std::runtime_error("privacy loss lower tail does not vanish");
+    if (step > kLimit) throw std::invalid_argument(beyond_grid("lower", params, grid_step));
     good = highest - 1 - step;
     step *= 2;
   }
@@ -127,6 +151,10 @@ struct GaussianFamilyTable {
   std::vector<double> log_ratio_step;
   // ratio = e^{log_ratio} (0 below the support).
   std::vector<double> ratio;
+  // excess_coefficient = E - (1 - q) = expm1(+-l) + q with its sign (negative below the
+  // support; e^{+-l} when q = 1), the weight of the null normal in the excess P - e^{a} Q of a
+  // cell above the point (see excess_over_tilted).
+  std::vector<double> excess_coefficient;
 };
 
 // Grid points per thread at least in the threaded loops below (each point costs a few special
@@ -142,6 +170,7 @@ GaussianFamilyTable gaussian_family_table(bool remove, double q, double grid_ste
   table.exp_loss.resize(static_cast<std::size_t>(size));
   table.log_ratio_step.resize(static_cast<std::size_t>(size));
   table.ratio.resize(static_cast<std::size_t>(size));
+  table.excess_coefficient.resize(static_cast<std::size_t>(size));
   const double support_floor = q < 1.0 ? std::log1p(-q) : kNegInf;
   const double signed_step_growth = std::expm1(remove ? grid_step : -grid_step);
   parallel_ranges<Threads::kOwnThreads>(size, kPointsPerThread, threads, [&](std::int64_t lo, std::int64_t hi) {
@@ -149,12 +178,14 @@ GaussianFamilyTable gaussian_family_table(bool remove, double q, double grid_ste
       const double loss = static_cast<double>(first + i) * grid_step;
       const double signed_loss = remove ? loss : -loss;
       const auto at = static_cast<std::size_t>(i);
+      table.excess_coefficient[at] = q < 1.0 ? std::expm1(signed_loss) + q  // E - (1 - q)
+                                             : std::exp(signed_loss);
       if (q < 1.0 && signed_loss <= support_floor) {
         table.log_ratio[at] = kNegInf;
         table.log_ratio_step[at] = kNaN;
         table.ratio[at] = 0.0;
       } else if (q < 1.0) {
-        const double above_floor = std::expm1(signed_loss) + q;  // E - (1 - q)
+        const double above_floor = table.excess_coefficient[at];
         table.ratio[at] = above_floor / q;
         table.log_ratio[at] = std::log(table.ratio[at]);
         table.log_ratio_step[at] =
@@ -162,7 +193,7 @@ GaussianFamilyTable gaussian_family_table(bool remove, double q, double grid_ste
       } else {
         table.log_ratio[at] = signed_loss;
         table.log_ratio_step[at] = remove ? grid_step : -grid_step;
-        table.ratio[at] = std::exp(signed_loss);
+        table.ratio[at] = table.excess_coefficient[at];  // e^{+-l}
       }
       table.exp_loss[at] = std::exp(loss);
     }
@@ -170,22 +201,62 @@ GaussianFamilyTable gaussian_family_table(bool remove, double q, double grid_ste
   return table;
 }
 
-// Linear-space tails of the Poisson-subsampled Gaussian pairs (q = 1: the Gaussian pair), the same
-// quantities as loss_tails() in pld_tails.cpp with two erfc calls per point instead of six
-// log-CDFs, from the point's log_ratio (see GaussianFamilyTable). remove: {L > l} = {x > x_l};
-// add: {L > l} = {x < x_l} (see pld_tails.cpp), with x_l = (log_ratio + mu^2 / 2) / mu.
-LinearTails gaussian_family_tails(bool remove, double mu, double q, double log_ratio) noexcept {
+// The two normal components' tails at a loss l, oriented by the loss: the null N(0, 1) and the
+// shifted N(mu, 1) masses of {L > l} (survival) and {L <= l} (cdf).
+struct NormalTails {
+  double null_survival;
+  double null_cdf;
+  double shifted_survival;
+  double shifted_cdf;
+};
+
+// remove: {L > l} = {x > x_l}; add: {L > l} = {x < x_l} (see pld_tails.cpp), with x_l =
+// (log_ratio + mu^2 / 2) / mu, from the point's log_ratio (see GaussianFamilyTable); two erfc
+// calls.
+NormalTails gaussian_normal_tails(bool remove, double mu, double log_ratio) noexcept {
   if (log_ratio == kNegInf) {
-    return remove ? LinearTails{1.0, 0.0, 1.0, 0.0} : LinearTails{0.0, 1.0, 0.0, 1.0};
+    return remove ? NormalTails{1.0, 0.0, 1.0, 0.0} : NormalTails{0.0, 1.0, 0.0, 1.0};
   }
   const double x = (log_ratio + 0.5 * mu * mu) / mu;
   double null_above, null_below, shifted_above, shifted_below;
   normal_tails(x, null_above, null_below);
   normal_tails(x - mu, shifted_above, shifted_below);
-  const double mixture_above = (1.0 - q) * null_above + q * shifted_above;
-  const double mixture_below = (1.0 - q) * null_below + q * shifted_below;
-  if (remove) return {mixture_above, mixture_below, null_above, null_below};
-  return {null_below, null_above, mixture_below, mixture_above};
+  if (remove) return {null_above, null_below, shifted_above, shifted_below};
+  return {null_below, null_above, shifted_below, shifted_above};
+}
+
+// (P-mass, Q-mass) of a set from its null and shifted normal masses: remove P = (1 - q) N(0, 1)
+// + q N(mu, 1), Q = N(0, 1); add the other way round.
+std::pair<double, double> pair_masses(bool remove, double q, double null_mass,
+                                      double shifted_mass) noexcept {
+  const double mixture = (1.0 - q) * null_mass + q * shifted_mass;
+  return remove ? std::pair{mixture, null_mass} : std::pair{null_mass, mixture};
+}
+
+// Linear-space tails of the Poisson-subsampled Gaussian pairs (q = 1: the Gaussian pair), the same
+// quantities as loss_tails() in pld_tails.cpp with two erfc calls per point instead of six
+// log-CDFs.
+LinearTails gaussian_family_tails(bool remove, double mu, double q, double log_ratio) noexcept {
+  const NormalTails t = gaussian_normal_tails(remove, mu, log_ratio);
+  const auto [survival_p, survival_q] = pair_masses(remove, q, t.null_survival, t.shifted_survival);
+  const auto [cdf_p, cdf_q] = pair_masses(remove, q, t.null_cdf, t.shifted_cdf);
+  return {survival_p, cdf_p, survival_q, cdf_q};
+}
+
+// P(S) - e^{a} Q(S) for a set S of outputs above the loss a, from its null and shifted normal
+// masses N and S and the point's excess_coefficient c = E_a - (1 - q) (E_a = e^{+-a}), without
+// forming P and Q: remove P - e^a Q = q S - (e^a - 1 + q) N = q S - c N; add P - e^a Q =
+// N - e^a ((1 - q) N + q S) = e^a ((e^{-a} - 1 + q) N - q S) = e^a (c N - q S). Forming P and Q
+// first loses everything below their ulp: at q = 1e-12 both are 1 - O(q) and their difference
+// came out 1e-4 relative too small. Rounded up by kExcessSlack times the terms' magnitudes, so
+// that a cell's split leans to its upper point (pessimistic; see pld.hpp).
+double excess_over_tilted(bool remove, double q, double coefficient, double exp_loss,
+                          double null_mass, double shifted_mass) noexcept {
+  const double shifted_term = q * shifted_mass;
+  const double null_term = coefficient * null_mass;
+  const double slack = kExcessSlack * (std::abs(shifted_term) + std::abs(null_term));
+  return remove ? shifted_term - null_term + slack
+                : exp_loss * (null_term - shifted_term + slack);
 }
 
 // The normal masses of a narrow cell [m - d, m + d] of the output x, without the cancellation
@@ -286,15 +357,15 @@ DiscretePld discretize_pessimistic_linear(const MechanismParams& params, double 
   out.mass.assign(static_cast<std::size_t>(n), 0.0);
   std::vector<double> upper(static_cast<std::size_t>(n), 0.0);
   double* lower = out.mass.data();
-  const double spread_denominator = -std::expm1(-grid_step);
+  const double inverse_spread = 1.0 / -std::expm1(-grid_step);
   const double* log_ratio_step = table.log_ratio_step.data() + base;
   const double* ratio = table.ratio.data() + base;
+  const double* coefficient = table.excess_coefficient.data() + base;
   const double half_mu = 0.5 * mu;
   const double half_inverse_mu = 0.5 / mu;
   const double inverse_mu = 1.0 / mu;
-  const double inverse_spread = 1.0 / spread_denominator;
   parallel_ranges<Threads::kOwnThreads>(n - 1, kPointsPerThread, threads, [&](std::int64_t lo, std::int64_t hi) {
-    LinearTails a{};
+    NormalTails a{};
     bool have_a = false;  // whether `a` holds the tails at point i (kept from the cell before)
     for (std::int64_t i = lo; i < hi; ++i) {
       // The cell (l_i, l_{i+1}] of the loss is the x interval between x_i and x_{i+1},
@@ -304,42 +375,45 @@ DiscretePld discretize_pessimistic_linear(const MechanismParams& params, double 
       // normal instead of two tails each; the others as the difference of the tails at its ends.
       double null_mass = 0.0;
       double shifted_mass = 0.0;
-      double p = 0.0;
-      double q_mass = 0.0;
       const double half_step = half_inverse_mu * log_ratio_step[i];
       const double centre = log_ratio[i] * inverse_mu + half_mu + half_step;
       // e^{mu m - mu^2 / 2} = e^{(log_ratio_i + log_ratio_{i+1}) / 2} at the centre m.
       const double tilt = std::sqrt(ratio[i] * ratio[i + 1]);
       if (narrow_cell_masses(centre, std::abs(half_step), mu, tilt, null_mass, shifted_mass)) {
-        const double mixture = (1.0 - q) * null_mass + q * shifted_mass;
-        p = remove ? mixture : null_mass;
-        q_mass = remove ? null_mass : mixture;
         have_a = false;
       } else {
-        if (!have_a) a = gaussian_family_tails(remove, mu, q, log_ratio[i]);
-        const LinearTails b = gaussian_family_tails(remove, mu, q, log_ratio[i + 1]);
-        p = cell_mass(a.survival_p, a.cdf_p, b.survival_p, b.cdf_p);
-        q_mass = cell_mass(a.survival_q, a.cdf_q, b.survival_q, b.cdf_q);
+        if (!have_a) a = gaussian_normal_tails(remove, mu, log_ratio[i]);
+        const NormalTails b = gaussian_normal_tails(remove, mu, log_ratio[i + 1]);
+        null_mass = cell_mass(a.null_survival, a.null_cdf, b.null_survival, b.null_cdf);
+        shifted_mass =
+            cell_mass(a.shifted_survival, a.shifted_cdf, b.shifted_survival, b.shifted_cdf);
         a = b;
         have_a = true;
       }
+      const double p = pair_masses(remove, q, null_mass, shifted_mass).first;
       if (p > 0.0) {
-        // r = e^{a} Q(cell) / P(cell) in [e^{-h}, 1]; weight at b = p (1 - r) / (1 - e^{-h}).
-        const double r = q_mass / p * exp_loss[i];
-        const double upper_fraction = std::clamp((1.0 - r) * inverse_spread, 0.0, 1.0);
-        upper[static_cast<std::size_t>(i)] = p * upper_fraction;
-        lower[i] = p * (1.0 - upper_fraction);
+        // The weight at b keeps the cell's P- and Q-masses: (P - e^{a} Q) / (1 - e^{-h}), in
+        // [0, P] (rounded up, see excess_over_tilted).
+        const double excess =
+            excess_over_tilted(remove, q, coefficient[i], exp_loss[i], null_mass, shifted_mass);
+        const double at_upper = std::clamp(excess * inverse_spread, 0.0, p);
+        upper[static_cast<std::size_t>(i)] = at_upper;
+        lower[i] = p - at_upper;
       }
     }
   });
   // Mass at or below the bottom point moves up to it.
   out.mass[0] = gaussian_family_tails(remove, mu, q, log_ratio[0]).cdf_p + out.mass[0];
   for (std::int64_t i = 1; i < n; ++i) out.mass[i] = upper[i - 1] + out.mass[i];
-  // Mass above the top point l_t: Q-mass e^{l_t} at l_t and the rest, delta(l_t), at +inf.
-  const LinearTails top = gaussian_family_tails(remove, mu, q, log_ratio[n - 1]);
-  const double at_top = std::min(top.survival_q * exp_loss[n - 1], top.survival_p);
-  out.mass[n - 1] += at_top;
-  out.infinity_mass = std::max(top.survival_p - at_top, 0.0);
+  // Mass above the top point l_t: Q-mass e^{l_t} at l_t and the rest, delta(l_t) = P - e^{l_t} Q
+  // of {L > l_t} (from the normal masses, see excess_over_tilted), at +inf.
+  const NormalTails top = gaussian_normal_tails(remove, mu, log_ratio[n - 1]);
+  const double top_p = pair_masses(remove, q, top.null_survival, top.shifted_survival).first;
+  out.infinity_mass =
+      std::clamp(excess_over_tilted(remove, q, coefficient[n - 1], exp_loss[n - 1],
+                                    top.null_survival, top.shifted_survival),
+                 0.0, top_p);
+  out.mass[n - 1] += top_p - out.infinity_mass;
   return out;
 }
 
@@ -347,6 +421,47 @@ GaussianFamilyTable table_for(const MechanismParams& params, double grid_step, s
                               std::int64_t last, int threads) {
   const GaussianFamilyPair pair = gaussian_family_pair(params);
   return gaussian_family_table(pair.remove, pair.q, grid_step, first, last, threads);
+}
+
+// log(P - e^{a} Q) of the cell (a, b] of a Gaussian-family or kSampledSymmetric pair, from the
+// tails at its ends, rounded up. Both ends in one direction: that direction's excess from the
+// cell's component masses (GaussianExcess). A kSampledSymmetric cell whose tails switch
+// direction, A at a and B at b (where the two deltas cross): its P- and Q-masses are A's tails
+// at a less B's at b, so P - e^{a} Q = [delta_A(a) - delta_B(a)] + B's excess on the cell, the
+// gap with delta_B(a) rounded down.
+double gaussian_cell_log_excess(const MechanismParams& params, double loss_a,
+                                const GaussianPointTails& a, const GaussianPointTails& b) {
+  const bool switched = a.excess.remove != b.excess.remove;
+  const GaussianExcess at_a =
+      switched ? GaussianExcess(b.excess.remove, params.sampling_rate, loss_a) : a.excess;
+  const ComponentLogTails from =
+      switched ? gaussian_component_log_tails(at_a, 1.0 / params.parameter) : a.components;
+  const ComponentLogTails& to = b.components;
+  const double log_null =
+      log_cell_mass(from.null_survival, from.null_cdf, to.null_survival, to.null_cdf);
+  const double log_shifted = log_cell_mass(from.shifted_survival, from.shifted_cdf,
+                                           to.shifted_survival, to.shifted_cdf);
+  const double excess = at_a.log_of(log_null, log_shifted, true);
+  if (!switched) return excess;
+  const double other_delta = at_a.log_of(from.null_survival, from.shifted_survival, false);
+  return log_add_exp(log_diff(a.log_delta, other_delta), excess) + kExcessSlack;
+}
+
+// The tails of the log-space discretisation at one grid point (with the Gaussian family's parts).
+struct LogPoint {
+  LossTails tails;
+  GaussianPointTails gaussian;
+};
+
+LogPoint log_point(const MechanismParams& params, double loss) noexcept {
+  LogPoint point{};
+  if (params.mechanism == Mechanism::kLaplace) {
+    point.tails = loss_tails(params, loss);
+  } else {
+    point.gaussian = gaussian_point_tails(params, loss);
+    point.tails = gaussian_loss_tails(point.gaussian);
+  }
+  return point;
 }
 
 }  // namespace
@@ -358,38 +473,46 @@ DiscretePld discretize_pessimistic(const MechanismParams& params, double grid_st
     return discretize_pessimistic_linear(
         params, grid_step, range, table_for(params, grid_step, range.lowest, range.highest, 1), 1);
   }
-  std::vector<LossTails> tails(static_cast<std::size_t>(n));
-  for (std::int64_t i = 0; i < n; ++i) {
-    tails[i] = loss_tails(params, static_cast<double>(range.lowest + i) * grid_step);
-  }
   DiscretePld out;
   out.offset = range.lowest;
   out.mass.assign(static_cast<std::size_t>(n), 0.0);
+  LogPoint a = log_point(params, static_cast<double>(range.lowest) * grid_step);
   // Mass at or below the bottom point moves up to it (a larger loss: pessimistic).
-  out.mass[0] += std::exp(tails[0].log_cdf_p);
+  out.mass[0] += std::exp(a.tails.log_cdf_p);
   // Each cell (a, b] is spread onto {a, b} keeping its P-mass and its Q-mass (= E_P[Y; cell]):
-  // weight at b = p (1 - r) / (1 - e^{-h}) with r = e^{a} Q(cell) / P(cell) in [e^{-h}, 1].
+  // weight at b = (P - e^{a} Q) / (1 - e^{-h}), the excess formed from the pair's parts
+  // (gaussian_cell_log_excess, laplace_log_excess).
   const double spread_denominator = -std::expm1(-grid_step);
+  const double cell_bracket = laplace_cell_bracket(grid_step);
   for (std::int64_t i = 0; i + 1 < n; ++i) {
-    const LossTails& a = tails[i];
-    const LossTails& b = tails[i + 1];
-    const double log_p = log_cell_mass(a.log_survival_p, a.log_cdf_p, b.log_survival_p, b.log_cdf_p);
-    if (log_p == kNegInf) continue;
-    const double log_q = log_cell_mass(a.log_survival_q, a.log_cdf_q, b.log_survival_q, b.log_cdf_q);
     const double loss_a = static_cast<double>(range.lowest + i) * grid_step;
-    const double p = std::exp(log_p);
-    double upper_fraction = -std::expm1(log_q - log_p + loss_a) / spread_denominator;
-    upper_fraction = std::clamp(upper_fraction, 0.0, 1.0);
-    out.mass[i + 1] += p * upper_fraction;
-    out.mass[i] += p * (1.0 - upper_fraction);
+    const double loss_b = static_cast<double>(range.lowest + i + 1) * grid_step;
+    const LogPoint b = log_point(params, loss_b);
+    const double log_p = log_cell_mass(a.tails.log_survival_p, a.tails.log_cdf_p,
+                                       b.tails.log_survival_p, b.tails.log_cdf_p);
+    if (log_p != kNegInf) {
+      const double log_excess =
+          params.mechanism == Mechanism::kLaplace
+              ? laplace_log_excess(params.parameter, loss_a, loss_b, cell_bracket)
+              : gaussian_cell_log_excess(params, loss_a, a.gaussian, b.gaussian);
+      const double p = std::exp(log_p);
+      const double upper_fraction =
+          std::clamp(std::exp(log_excess - log_p) / spread_denominator, 0.0, 1.0);
+      out.mass[i + 1] += p * upper_fraction;
+      out.mass[i] += p * (1.0 - upper_fraction);
+    }
+    a = b;
   }
-  // Mass above the top point l_t: spread onto {l_t, +inf}: Q-mass / e^{-l_t} at l_t and the rest,
-  // delta(l_t), at +inf.
+  // Mass above the top point l_t: spread onto {l_t, +inf}: delta(l_t) = P - e^{l_t} Q of
+  // {L > l_t} at +inf and the rest, the Q-mass / e^{-l_t}, at l_t.
   const double top_loss = static_cast<double>(range.highest) * grid_step;
-  const LossTails& top = tails[n - 1];
-  if (top.log_survival_p != kNegInf) {
-    out.mass[n - 1] += std::exp(std::min(top.log_survival_q + top_loss, top.log_survival_p));
-    out.infinity_mass = std::exp(log_diff(top.log_survival_p, top.log_survival_q + top_loss));
+  if (a.tails.log_survival_p != kNegInf) {
+    const double above = std::exp(a.tails.log_survival_p);
+    const double log_delta = params.mechanism == Mechanism::kLaplace
+                                 ? laplace_log_excess(params.parameter, top_loss, kInf, kNaN)
+                                 : a.gaussian.log_delta;
+    out.infinity_mass = std::min(std::exp(log_delta), above);
+    out.mass[n - 1] += above - out.infinity_mass;
   }
   return out;
 }

@@ -25,14 +25,21 @@
 //    and contract_onto_grid on the centred and on half-width cells) and the one with the
 //    largest mean loss is kept (each is certified).
 //
-// All tails are evaluated in log space (log_normal_cdf, log_add_exp, log_sub_exp). Rounding
-// errors of double precision (relative ~1e-12 on a cell mass) are not certified.
+// All tails are evaluated in log space (log_normal_cdf, log_add_exp, log_sub_exp), or in linear
+// space where no tail at the range's ends underflows. What a pessimistic rounding moves up, a
+// cell's excess P - e^{a} Q, is formed from the pair's parts (the two normals of a Gaussian-family
+// pair, the atoms and the continuous part of the Laplace pair), never as the difference of P and
+// Q (which agree to 1 - O(q) under a small sampling rate), and is rounded up by an allowance for
+// its own arithmetic (kExcessSlack). Rounding errors of the tails themselves (relative ~1e-12 on
+// a cell mass) are not certified.
 #pragma once
 
 #include <complex>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
+
+#include "dpsharp/numerics.hpp"
 
 namespace dpsharp::pld {
 
@@ -71,8 +78,73 @@ struct LossTails {
 
 LossTails loss_tails(const MechanismParams& params, double loss) noexcept;
 
-// log delta(eps) of the (continuous) pair at eps = loss; -inf when delta is 0.
+// log delta(eps) of the (continuous) pair at eps = loss; -inf when delta is 0. Formed without
+// the difference P(L > l) - e^{l} Q(L > l) of two nearly equal numbers (GaussianExcess,
+// laplace_log_excess) and rounded up by its round-off allowance.
 double log_hockey_stick(const MechanismParams& params, double loss) noexcept;
+
+// The excess P(S) - e^{a} Q(S) of a set S of outputs whose losses exceed a is what a pessimistic
+// rounding moves up (a cell's weight at its upper end, the mass at +inf). Under a small sampling
+// rate, or a large noise, P and Q are both 1 - O(q) and their difference loses everything below
+// their ulp (at q = 1e-12: 1e-4 relative), so it is formed from the pair's parts instead. The
+// allowance for its own rounding (a few ulps of the terms, which may cancel) is added, relative
+// kExcessSlack per unit of the terms' magnitudes (of their logarithms, in log space).
+inline constexpr double kExcessSlack = 8.0 * 0x1p-53;
+
+// The excess P(S) - e^{a} Q(S) of sets S above the loss a in one direction of a Gaussian-family
+// pair (remove: P = (1 - q) N(0, 1) + q N(mu, 1), Q = N(0, 1); add: the other way round; q = 1
+// the Gaussian pair), from their null N(0, 1) and shifted N(mu, 1) component log masses log N(S)
+// and log S(S) (log_of): remove q S - c N, add e^{a} (c N - q S), with c = e^{+-a} - (1 - q)
+// (e^{a} when q = 1) of either sign; rounded up (or down) by its allowance; -inf when not
+// positive.
+struct GaussianExcess {
+  GaussianExcess() = default;
+  GaussianExcess(bool remove_direction, double q, double loss) noexcept;
+  double log_of(double log_null, double log_shifted, bool round_up) const noexcept;
+
+  bool remove = true;
+  double log_q = 0.0;
+  double log1mq = kNegInf;       // log(1 - q)
+  double scale = 0.0;            // log of the factor e^{a} (add) or 1 (remove)
+  double magnitude = 0.0;        // |a|, for the allowance
+  bool positive = true;          // c > 0 (a inside the direction's support)
+  double log_coefficient = 0.0;  // log |c|
+};
+
+// The log masses of the two components on {L > a} (survival) and {L <= a} (cdf), a the loss
+// of `at`.
+struct ComponentLogTails {
+  double null_survival;
+  double null_cdf;
+  double shifted_survival;
+  double shifted_cdf;
+};
+
+ComponentLogTails gaussian_component_log_tails(const GaussianExcess& at, double mu) noexcept;
+
+// The tails of a Gaussian-family or kSampledSymmetric pair at a loss: those of the direction
+// that holds them (for kSampledSymmetric the one with the larger delta(l)), its excess at l
+// (direction, sampling rate: 1 for kGaussian) and log delta(l).
+struct GaussianPointTails {
+  ComponentLogTails components;
+  GaussianExcess excess;
+  double log_delta;
+};
+
+GaussianPointTails gaussian_point_tails(const MechanismParams& params, double loss) noexcept;
+
+// The pair's tails (loss_tails) from them.
+LossTails gaussian_loss_tails(const GaussianPointTails& t) noexcept;
+
+// log(P(S) - e^{lower} Q(S)) of the Laplace pair (kLaplace, scale b) on S = {lower < L <= upper}
+// (upper may be +inf), in closed form from its two atoms at -+1/b and its continuous part; rounded
+// up; -inf when S is empty. `cell_bracket`: laplace_cell_bracket(upper - lower) when already at
+// hand (NaN: computed here), for a cell within the continuous part.
+double laplace_log_excess(double scale, double lower, double upper, double cell_bracket) noexcept;
+
+// log(4 sinh^2(width / 4)), the continuous part's factor for a cell of this width (see
+// laplace_log_excess).
+double laplace_cell_bracket(double width) noexcept;
 
 // A PLD on the grid {k h : offset <= k < offset + mass.size()} plus a mass at +inf.
 struct DiscretePld {
