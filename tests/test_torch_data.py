@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import math
 
 import numpy as np
@@ -89,6 +90,121 @@ def test_empty_poisson_batches_are_yielded_with_shapes() -> None:
         assert loader.last_batch_size == 0
     x, _ = list(PoissonDataLoader(Pairs(), sample_rate=1e-9, steps_per_epoch=1, seed=1))[0]
     assert tuple(x.shape) == (0, 2, 3)
+
+
+class _Records(Dataset):
+    """Records with a tensor, a label, an integer id and a string (as a file name would be)."""
+
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, i: int):
+        return {"x": torch.full((3,), float(i)), "y": i % 2, "id": i, "name": f"record_{i}"}
+
+
+class _Encoding(collections.UserDict):
+    """A UserDict batch, as transformers.BatchEncoding is (a UserDict, not a dict)."""
+
+
+def _empty_draw(collate_fn):
+    loader = PoissonDataLoader(_Records(), sample_rate=1e-12, steps_per_epoch=1, seed=0,
+                               collate_fn=collate_fn)
+    (batch,) = list(loader)
+    assert loader.last_batch_size == 0
+    return batch
+
+
+def test_an_empty_poisson_batch_carries_nothing_of_any_record() -> None:
+    """An empty draw is built from one collated record with every row removed: its per-record
+    strings and ids (default_collate keeps strings as a list) and every field of a UserDict
+    batch (which the tensor walk did not enter, so the batch held record 0 whole) must go too;
+    a field that is not per record cannot be emptied and is refused by name."""
+    batch = _empty_draw(None)  # default_collate
+    assert batch["x"].shape == (0, 3) and batch["y"].shape == (0,) and batch["id"].shape == (0,)
+    assert batch["name"] == []
+    listed = _empty_draw(lambda records: {
+        "x": torch.stack([r["x"] for r in records]), "names": [r["name"] for r in records]})
+    assert listed["x"].shape == (0, 3) and listed["names"] == []
+    encoding = _empty_draw(lambda records: _Encoding(
+        x=torch.stack([r["x"] for r in records]), y=torch.tensor([r["y"] for r in records])))
+    assert isinstance(encoding, _Encoding)
+    assert encoding["x"].shape == (0, 3) and encoding["y"].shape == (0,)
+    with pytest.raises(TypeError, match=r"the batch\['longest'\] is a int"):
+        _empty_draw(lambda records: {"x": torch.stack([r["x"] for r in records]),
+                                     "longest": max(len(r["name"]) for r in records)})
+    with pytest.raises(TypeError, match="0-d tensor"):
+        _empty_draw(lambda records: (torch.stack([r["x"] for r in records]),
+                                     torch.tensor(float(records[0]["id"]))))
+
+
+def test_a_logical_batch_left_between_its_chunks_is_finished_by_the_next_iteration() -> None:
+    """A break between the chunks of a logical batch left the loader refusing every later
+    iteration (and every checkpoint); the next iteration now yields the batch's remaining
+    chunks first, so each logical batch still arrives whole, in order."""
+    def make():
+        return PoissonDataLoader(index_dataset(60), sample_rate=0.4, steps_per_epoch=4, seed=5,
+                                 max_physical_batch_size=5)
+
+    whole = [ids(b) for b in make()]
+    loader = make()
+    seen: list[list[int]] = []
+    for batch in loader:
+        seen.append(ids(batch))
+        if len(seen) == 2:
+            break
+    assert not loader.logical_batch_complete
+    with pytest.raises(RuntimeError, match="middle of a logical batch"):
+        loader.state_dict()
+    for batch in loader:
+        seen.append(ids(batch))
+    assert [i for chunk in seen for i in chunk] == [i for chunk in whole for i in chunk]
+    assert loader.logical_batch_complete and loader.position == 4
+
+
+def test_interleaved_iterators_share_one_stream() -> None:
+    """A suspended iterator and a new one take turns on one stream: every chunk of every
+    logical batch once, in order (nothing drawn twice, nothing skipped)."""
+    def make():
+        return PoissonDataLoader(index_dataset(60), sample_rate=0.4, steps_per_epoch=4, seed=5,
+                                 max_physical_batch_size=5)
+
+    whole = [i for batch in make() for i in ids(batch)]
+    loader = make()
+    first, second = iter(loader), iter(loader)
+    taken: list[int] = []
+    for turn in range(100):
+        try:
+            taken += ids(next(first if turn % 2 else second))
+        except StopIteration:
+            break
+    taken += [i for batch in first for i in ids(batch)]  # (first stops at the epoch's end)
+    assert taken == whole and loader.position == 4
+
+
+def test_a_failed_fetch_is_retried_not_skipped() -> None:
+    class Flaky(Dataset):
+        failures = 1
+
+        def __len__(self) -> int:
+            return 40
+
+        def __getitem__(self, i: int):
+            if i >= 20 and Flaky.failures:
+                Flaky.failures -= 1
+                raise OSError("transient read error")
+            return torch.tensor([float(i)]), i
+
+    loader = WithoutReplacementDataLoader(Flaky(), batch_size=40, steps_per_epoch=1, seed=0,
+                                          max_physical_batch_size=10)
+    got: list[int] = []
+    with pytest.raises(OSError):
+        for batch in loader:
+            got += ids(batch)
+    for batch in loader:  # the rest of that logical batch, the failed chunk first
+        got += ids(batch)
+        if loader.logical_batch_complete:
+            break
+    assert sorted(got) == list(range(40)) and loader.logical_batches_drawn == 1
 
 
 def test_reshuffling_covers_every_example_once_per_epoch() -> None:

@@ -198,16 +198,46 @@ class _Randomness:
 
 
 # ---------------------------------------------------------------------------------- batches
-def _map_tensors(fn: Callable[[torch.Tensor], torch.Tensor], value: Any) -> Any:
+_PLAIN_VALUES = (str, bytes, int, float, complex, bool, type(None))
+
+
+def _empty_batch(value: Any, where: str = "the batch") -> Any:
+    """The batch of no records with the structure of ``value``, a collated batch of one record:
+    every tensor (and numpy array) cut to 0 rows, every per-record list of a plain value (a
+    string or number, as ``default_collate`` leaves them: one entry) emptied, and mappings
+    (also ``UserDict`` ones such as ``transformers.BatchEncoding``), named tuples, tuples and
+    lists of those rebuilt around them. Anything else (a 0-d tensor, a bare value) came from
+    that record and is not per record, so it cannot be emptied: TypeError (naming its place and
+    type, not its value), rather than a batch that carries it."""
     if isinstance(value, torch.Tensor):
-        return fn(value)
+        if value.dim() == 0:
+            raise TypeError(
+                f"{where} is a 0-d tensor (not one row per record), so an empty batch cannot be "
+                "built from collate_fn's output without keeping the sampled-out record's value; "
+                "make collate_fn return per-record tensors and lists"
+            )
+        return value[:0]
+    if isinstance(value, np.ndarray) and value.ndim > 0:
+        return value[:0]
+    if isinstance(value, Mapping):
+        emptied = {key: _empty_batch(v, f"{where}[{key!r}]") for key, v in value.items()}
+        try:
+            return type(value)(emptied)
+        except TypeError:
+            return emptied
     if isinstance(value, tuple) and hasattr(value, "_fields"):
-        return type(value)(*(_map_tensors(fn, v) for v in value))
+        return type(value)(*(_empty_batch(v, f"{where}.{name}")
+                             for name, v in zip(value._fields, value)))
     if isinstance(value, (list, tuple)):
-        return type(value)(_map_tensors(fn, v) for v in value)
-    if isinstance(value, dict):
-        return {key: _map_tensors(fn, v) for key, v in value.items()}
-    return value
+        if len(value) == 1 and isinstance(value[0], _PLAIN_VALUES):
+            return type(value)()  # the record's one plain value
+        return type(value)(_empty_batch(v, f"{where}[{i}]") for i, v in enumerate(value))
+    raise TypeError(
+        f"{where} is a {type(value).__name__}, neither a tensor nor a per-record list: an "
+        "empty logical batch (a Poisson draw of no records) cannot be built from "
+        "collate_fn's output without keeping the sampled-out record's value; make collate_fn "
+        "return per-record tensors and lists"
+    )
 
 
 def fixed_parameter(name: str, doc: str) -> Any:
@@ -263,6 +293,7 @@ class DPDataLoader:
         self._position = 0  # logical batches drawn in the current epoch
         self._logical_batches = 0  # logical batches drawn in total
         self._lot_open = False  # a logical batch has chunks still to yield
+        self._open_chunks: list[np.ndarray] = []  # its chunks not yet yielded
         self._last_batch_size = 0
         # logical batches this object has drawn (not restored from a checkpoint): once one is
         # drawn, load_state_dict would rewind the sampler (see there)
@@ -366,11 +397,12 @@ class DPDataLoader:
         raise NotImplementedError
 
     def __iter__(self) -> Iterator[Any]:
-        if self._lot_open:
-            raise RuntimeError(
-                "a logical batch of this loader is still being yielded by another iterator; "
-                "finish it before iterating again"
-            )
+        """The physical batches of the rest of this epoch (or of a new one). A logical batch
+        left part-way (a ``break`` between its chunks, or a failed fetch) is finished first:
+        its remaining chunks are yielded before anything new is drawn. Iterators share the
+        loader's state: two of them interleaved yield one stream between them, each chunk
+        once."""
+        yield from self._yield_open_lot()
         if self._epoch == 0 or self._position >= self.steps_per_epoch:
             self._epoch += 1
             self._position = 0
@@ -383,11 +415,19 @@ class DPDataLoader:
             self._last_batch_size = int(len(indices))
             for callback in list(self._listeners):
                 callback(self, self._last_batch_size)
-            chunks = self._chunks(indices)
-            for number, chunk in enumerate(chunks):
-                self._lot_open = number + 1 < len(chunks)
-                yield self._fetch(chunk)
-            self._lot_open = False
+            self._open_chunks = self._chunks(indices)
+            self._lot_open = True
+            yield from self._yield_open_lot()
+
+    def _yield_open_lot(self) -> Iterator[Any]:
+        """Yield the open logical batch's remaining chunks; a chunk leaves the list only once
+        it is fetched, so a fetch that raises is retried by the next iteration."""
+        while self._open_chunks:
+            batch = self._fetch(self._open_chunks[0])
+            del self._open_chunks[0]
+            self._lot_open = bool(self._open_chunks)
+            yield batch
+        self._lot_open = False
 
     def _chunks(self, indices: np.ndarray) -> list[np.ndarray]:
         limit = self.max_physical_batch_size
@@ -401,8 +441,8 @@ class DPDataLoader:
             return tuple(tensor[index] for tensor in self.dataset.tensors)
         if len(indices) == 0:
             # An empty batch with the right shapes and dtypes: collate one record, keep none of
-            # its rows (only the public shape is used).
-            return _map_tensors(lambda t: t[:0], self.collate_fn([self.dataset[0]]))
+            # its rows or per-record values (only the public structure is used).
+            return _empty_batch(self.collate_fn([self.dataset[0]]))
         return self.collate_fn([self.dataset[int(i)] for i in indices])
 
     # ----------------------------------------------------------------- checkpoints
@@ -457,6 +497,7 @@ class DPDataLoader:
         self._position = require_count("position", state["position"])
         self._logical_batches = require_count("logical_batches", state["logical_batches"])
         self._lot_open = False
+        self._open_chunks = []
         self._load_extra_state(state["extra"])
 
     def _config(self) -> dict[str, Any]:
