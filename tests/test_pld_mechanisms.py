@@ -285,3 +285,15 @@ def test_tree_aggregation_rdp() -> None:
     accountant.compose(SingleEpochTreeAggregation(2.0, (10, 40, 30)))
     # d = ceil(log2(41)) = 6: alpha d / (2 sigma^2)
     np.testing.assert_allclose(accountant.rdp(), [2.0 * 6 / 8.0, 10.0 * 6 / 8.0], rtol=1e-15)
+
+
+@pytest.mark.parametrize("buckets", [2, 10**6, 10**18])
+def test_randomized_response_total_variation_is_not_below_the_exact_value(buckets: int) -> None:
+    """Replace one, delta(0) = P(own) - P(other) = 1 - p exactly (the two lists differ in one
+    answer's bucket). The own bucket's mass was formed as 1 - p (k - 1) / k, which lost p / k
+    to cancellation: at p = 1 - 2^-53, k = 1e18 delta(0) read 1% below 1 - p."""
+    p = 1.0 - 1e-16
+    acc = dpsharp.PLDAccountant(neighbouring="replace_one").compose(
+        RandomizedResponse(p, buckets))
+    exact = 1 - mpmath.mpf(p)
+    assert exact <= acc.delta(0.0) <= exact * (1 + 1e-9)

@@ -92,7 +92,9 @@ def _every_atom(
     """:func:`atoms` with the atoms of zero mass kept (the order of :func:`_exact_losses`)."""
     if mechanism in (RR_REPLACE, RR_ZERO_REMOVE, RR_ZERO_ADD):
         p, k = float(parameter), float(rate)
-        own = 1.0 - p * (k - 1.0) / k  # P(own bucket) = 1 - p + p/k
+        # P(own bucket) = (1 - p) + p/k: as 1 - p (k - 1) / k it lost p / k to cancellation
+        # once p (k - 1) / k rounds near 1 (k = 1e18, p = 1 - 2^-53: 1% of delta(0))
+        own = (1.0 - p) + p / k
         other = p / k
         if mechanism == RR_REPLACE:
             # log(own / other) = log(1 + k (1 - p) / p)
