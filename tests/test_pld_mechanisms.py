@@ -297,3 +297,25 @@ def test_randomized_response_total_variation_is_not_below_the_exact_value(bucket
         RandomizedResponse(p, buckets))
     exact = 1 - mpmath.mpf(p)
     assert exact <= acc.delta(0.0) <= exact * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("scale", [0.1, 1 / 3, 7e-5, 30.0, 2.0**-300 * 3.3, 1e100 / 7])
+@pytest.mark.parametrize("sensitivity", [1, 2, 51, 700])
+def test_discrete_laplace_loss_brackets_hold_the_exact_products(
+        scale: float, sensitivity: int) -> None:
+    """The brackets of the losses a m of the discrete Laplace atoms, from the exact rounding
+    error of each double product (vectorised), against the products at 60 digits: each
+    bracket holds its exact loss, and is one double wide exactly when the product is
+    inexact."""
+    _, masses = _pld_atoms.atoms(_pld_atoms.DISCRETE_LAPLACE, scale, sensitivity)
+    below, above = _pld_atoms.atom_loss_brackets(_pld_atoms.DISCRETE_LAPLACE, scale, sensitivity)
+    factors = [sensitivity, *(sensitivity - 2 * x for x in range(1, sensitivity)), -sensitivity]
+    _, every_mass = _pld_atoms._every_atom(_pld_atoms.DISCRETE_LAPLACE, scale, sensitivity)
+    kept = [m for m, mass in zip(factors, every_mass) if mass > 0.0]
+    assert len(kept) == len(below) == len(masses)
+    with mpmath.workdps(60):
+        for low, high, m in zip(below, above, kept):
+            exact = mpmath.mpf(scale) * m
+            assert mpmath.mpf(float(low)) <= exact <= mpmath.mpf(float(high))
+            assert (low == high) == (mpmath.mpf(float(low)) == exact)
+            assert high <= np.nextafter(low, np.inf)

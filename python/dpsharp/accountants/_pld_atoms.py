@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from typing import Any
 
 import mpmath
 import numpy as np
@@ -140,7 +141,12 @@ def atom_loss_brackets(
     """(below, above): for each atom of :func:`atoms` (the same order), the doubles at or below
     and at or above its exact loss, the closed form evaluated at 40 digits from the double
     parameters (the double of :func:`atoms` when it is exact, else it and its neighbour)."""
-    _, masses = _every_atom(mechanism, parameter, rate)
+    losses, masses = _every_atom(mechanism, parameter, rate)
+    if mechanism == DISCRETE_LAPLACE:
+        brackets = _product_brackets(float(parameter), int(rate), losses)
+        if brackets is not None:
+            below, above = brackets
+            return below[masses > 0.0], above[masses > 0.0]
     with mpmath.workdps(40):
         exact = [value for value, mass in zip(_exact_losses(mechanism, parameter, rate), masses)
                  if mass > 0.0]
@@ -148,6 +154,39 @@ def atom_loss_brackets(
                           math.nextafter(float(x), -math.inf) for x in exact])
         above = np.array([float(x) if mpmath.mpf(float(x)) >= x else
                           math.nextafter(float(x), math.inf) for x in exact])
+    return below, above
+
+
+def _veltkamp_split(x: Any) -> tuple[Any, Any]:
+    """(high, low) with x = high + low exactly, each of at most 26 significant bits (Veltkamp;
+    no overflow for |x| < 2^996)."""
+    scaled = 134217729.0 * x  # 2^27 + 1
+    high = scaled - (scaled - x)
+    return high, x - high
+
+
+def _product_brackets(
+    a: float, sensitivity: int, losses: npt.NDArray[np.float64]
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]] | None:
+    """(below, above) of the discrete Laplace losses a m (m = s, s - 2, ..., -s, the order of
+    :func:`_every_atom`, whose doubles ``losses`` are the rounded products), from the exact
+    rounding error of each product (Dekker's two-product: a m = p + e exactly, with the
+    Veltkamp split of both factors into 26-bit halves), vectorised instead of one mpmath
+    product per atom. None where the split is not exact (a factor or product near the ends
+    of the double range, or |m| >= 2^53)."""
+    if sensitivity >= 2**53 or not (2.0**-400 < a < 2.0**400):
+        return None
+    m = np.concatenate(([float(sensitivity)],
+                        sensitivity - 2.0 * np.arange(1, sensitivity, dtype=np.float64),
+                        [-float(sensitivity)]))
+    product = a * m
+    if not np.array_equal(product, losses) or not np.all(np.abs(product) < 2.0**900):
+        return None
+    a_high, a_low = _veltkamp_split(np.float64(a))
+    m_high, m_low = _veltkamp_split(m)
+    error = ((a_high * m_high - product) + a_high * m_low + a_low * m_high) + a_low * m_low
+    below = np.where(error < 0.0, np.nextafter(product, -np.inf), product)
+    above = np.where(error > 0.0, np.nextafter(product, np.inf), product)
     return below, above
 
 
