@@ -297,9 +297,28 @@ def _transform_threads(size: int) -> int:
     return threads_for_caller() if size >= _THREADED_FROM else 1
 
 
+#: The largest transform taken (2^26 points: 512 MiB for one complex half spectrum). The
+#: compositions of bench/bench_pld.py stay below 2^21; a window beyond this one (2^31 steps of
+#: Laplace(1): 4e8 points; of a Poisson-subsampled Gaussian at sigma 5e-4: 4e10) asked for
+#: tens to hundreds of GiB and was killed for memory.
+MAX_TRANSFORM_POINTS = 1 << 26
+
+
+def _require_transform_size(size: int) -> None:
+    if size > MAX_TRANSFORM_POINTS:
+        raise ValueError(
+            f"this composition needs a transform of {size} points (about "
+            f"{size * 16 / 2**31:.3g} GiB per complex array), beyond the {MAX_TRANSFORM_POINTS} "
+            "points the tight accountant takes: its privacy loss spans too many grid steps. "
+            "Compose fewer steps per accountant, ask at a coarser precision, or account the "
+            "run with the RDP accountant (a looser bound, in memory independent of the steps)"
+        )
+
+
 def certified_forward(values: np.ndarray, size: int) -> np.ndarray:
     """``rfft(values, size)`` by the transform of ``pld_transforms.cpp`` (error:
     :func:`forward_error`)."""
+    _require_transform_size(size)
     return _core.pld_certified_rfft(
         np.ascontiguousarray(values, dtype=float), size, threads=_transform_threads(size)
     )
@@ -310,6 +329,7 @@ def certified_forward_pair(
 ) -> tuple[np.ndarray, np.ndarray]:
     """``(rfft(first, size), rfft(second, size))`` by one complex transform of ``first + i
     second`` (``pld_transforms.cpp``: half the work of two; error: :func:`_pair_errors`)."""
+    _require_transform_size(size)
     return _core.pld_certified_rfft_pair(  # type: ignore[no-any-return]
         np.ascontiguousarray(first, dtype=float),
         np.ascontiguousarray(second, dtype=float),
@@ -321,6 +341,7 @@ def certified_forward_pair(
 def certified_inverse(spectrum: np.ndarray, size: int) -> np.ndarray:
     """``irfft(spectrum, size)`` by the transform of ``pld_transforms.cpp`` (error:
     :func:`inverse_error`)."""
+    _require_transform_size(size)
     return _core.pld_certified_irfft(
         np.ascontiguousarray(spectrum, dtype=complex), size, threads=_transform_threads(size)
     )
@@ -1854,8 +1875,10 @@ def _pruned_reach(pld: DiscretePLD, size: int, count: int) -> int | None:
     cheapest = cost - points * math.log2(points) if points is not None and points < size else cost
     if _PRUNED_COST * mass.size * _reach_at_least(pld, size, count) >= cheapest:
         return None  # no certificate's K is below that: skip the coarse grid's transform
-    coarse = pld.coarse_moduli(gap)
-    if coarse is not None and coarse[0] < size:
+    # (a coarse grid no smaller than the circle saves nothing: not transformed, which at a
+    # large count would be a transform far above the circle's own size)
+    coarse = pld.coarse_moduli(gap) if points is not None and points < size else None
+    if coarse is not None:
         points, bound = coarse
         hot = np.flatnonzero(bound > threshold)
         last = int(hot[-1]) if hot.size else 0

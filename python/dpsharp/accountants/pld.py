@@ -368,7 +368,9 @@ class PLDAccountant(Accountant):
     run is composed in two stages (``compose_staged``), whose blocks move their round-off to
     their top losses; where that is more than 1% of the delta asked (of half the delta found,
     for a delta query), the one-stage composition is computed too and the smaller of the two
-    certified bounds returned (:meth:`_fine_value`).
+    certified bounds returned (:meth:`_fine_value`). A composition whose transforms would need
+    more than 2^26 points (``_pld_numerics.MAX_TRANSFORM_POINTS``; billions of steps of a
+    mechanism with a wide loss) is refused with a ValueError naming the size, not allocated.
 
     One composition, one certified number: :meth:`epsilon`, the upper end of
     :meth:`epsilon_bounds`, :meth:`guarantee` and every entry point built on them (the
