@@ -157,6 +157,17 @@ struct GaussianFamilyTable {
   std::vector<double> excess_coefficient;
 };
 
+// c = e^{l} - (1 - q) at the signed loss l (e^{l} when q = 1), with its sign. For q < 1/2 as
+// expm1(l) + q, two terms exact to an ulp of their own size that cancel only next to the
+// support's floor l = log(1 - q). For q >= 1/2 as (1 - q) expm1(l - log(1 - q)), 1 - q exact
+// there (Sterbenz): expm1(l) + q cancelled numbers near -1 and 1 into one near 1 - q, and under
+// q = 1 - 1e-12 the add direction's last cells before its top came out up to 37% off in delta.
+double support_excess(double signed_loss, double q, double log1mq) noexcept {
+  if (q >= 1.0) return std::exp(signed_loss);
+  if (q < 0.5) return std::expm1(signed_loss) + q;
+  return (1.0 - q) * std::expm1(signed_loss - log1mq);
+}
+
 // Grid points per thread at least in the threaded loops below (each point costs a few special
 // functions, some tens of nanoseconds).
 constexpr std::int64_t kPointsPerThread = std::int64_t{1} << 13;
@@ -178,8 +189,7 @@ GaussianFamilyTable gaussian_family_table(bool remove, double q, double grid_ste
       const double loss = static_cast<double>(first + i) * grid_step;
       const double signed_loss = remove ? loss : -loss;
       const auto at = static_cast<std::size_t>(i);
-      table.excess_coefficient[at] = q < 1.0 ? std::expm1(signed_loss) + q  // E - (1 - q)
-                                             : std::exp(signed_loss);
+      table.excess_coefficient[at] = support_excess(signed_loss, q, support_floor);
       if (q < 1.0 && signed_loss <= support_floor) {
         table.log_ratio[at] = kNegInf;
         table.log_ratio_step[at] = kNaN;
