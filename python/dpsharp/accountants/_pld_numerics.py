@@ -297,10 +297,10 @@ def _transform_threads(size: int) -> int:
     return threads_for_caller() if size >= _THREADED_FROM else 1
 
 
-#: The largest transform taken (2^26 points: 512 MiB for one complex half spectrum). The
-#: compositions of bench/bench_pld.py stay below 2^21; a window beyond this one (2^31 steps of
-#: Laplace(1): 4e8 points; of a Poisson-subsampled Gaussian at sigma 5e-4: 4e10) asked for
-#: tens to hundreds of GiB and was killed for memory.
+#: The largest transform taken (2^26 points: 512 MiB for one complex half spectrum).
+#: Poisson-subsampled Gaussian runs of 3,000 to 1e7 steps use at most 1.6e6 points; beyond
+#: this (2^31 steps of Laplace(1): 6.4e9 points; of a Poisson-subsampled Gaussian at sigma
+#: 5e-4: 2.8e14) the transforms asked for tens of GiB and more and were killed for memory.
 MAX_TRANSFORM_POINTS = 1 << 26
 
 
