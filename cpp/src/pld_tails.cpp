@@ -18,11 +18,6 @@ LossTails certain_below() noexcept { return {kNegInf, 0.0, kNegInf, 0.0}; }
 
 constexpr double kLogHalf = -0.6931471805599453;
 
-// log(expm1(y)) for y > 0, without overflow.
-double log_expm1(double y) noexcept {
-  return y > 36.0 ? y + std::log1p(-std::exp(-y)) : std::log(std::expm1(y));
-}
-
 // P = Lap(1, b), Q = Lap(0, b): L(x) = (|x| - |x - 1|)/b, equal to 1/b for x >= 1, -1/b for
 // x <= 0 and (2x - 1)/b in between; {L > l} = {x > (b l + 1)/2} for -1/b <= l < 1/b.
 LossTails laplace(double b, double loss) noexcept {

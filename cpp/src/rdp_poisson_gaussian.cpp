@@ -47,12 +47,6 @@ constexpr std::size_t kMaxIntervals = 4000;
 // Orders above this are refused (the integer sum costs O(alpha)).
 constexpr double kMaxOrder = 1e6;
 
-// log(expm1(y)) for y > 0.
-double log_expm1(double y) noexcept {
-  if (y > 0.5) return y + std::log1p(-std::exp(-y));
-  return std::log(std::expm1(y));
-}
-
 // 1/k! for k = 2..21 scaled by 2 (so the series below starts at 1), and 1/(k(k-1)) for
 // k = 2..21: Taylor coefficients used near 0, where the closed forms cancel.
 constexpr double kInvFactorialTimes2[20] = {

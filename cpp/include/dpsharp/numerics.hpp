@@ -35,6 +35,13 @@ inline double log_sub_exp(double a, double b) noexcept {
   return a + (x > -0.6931471805599453 ? std::log(-std::expm1(x)) : std::log1p(-std::exp(x)));
 }
 
+// log(expm1(y)) for y > 0, without overflow (y + log(1 - e^{-y}) above 1/2, where expm1 would
+// overflow for large y and the complement loses nothing).
+inline double log_expm1(double y) noexcept {
+  if (y > 0.5) return y + std::log1p(-std::exp(-y));
+  return std::log(std::expm1(y));
+}
+
 // log(Phi(x)) for the standard normal CDF, accurate to double precision in both tails:
 // erfc for x > -20, the asymptotic Mills-ratio series below (where erfc would underflow).
 double log_normal_cdf(double x) noexcept;
