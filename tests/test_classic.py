@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from fractions import Fraction
 
 import pytest
 
@@ -163,6 +164,14 @@ def test_classic_accountant_laplace_basic_is_exact_sum() -> None:
     adv = ClassicAccountant("advanced").compose(Laplace(20.0), 1000)
     kov_bound = extended_advanced_composition([0.05], [0.0], delta_slack=1e-5, form="kov", counts=[1000])[0]
     assert adv.epsilon(1e-5) == pytest.approx(min(kov_bound, 50.0), rel=1e-9)
+
+
+def test_classic_laplace_epsilon_is_not_below_its_exact_reciprocal() -> None:
+    """Laplace(b) is (1/b, 0)-DP with 1/b exact in rationals: for the double 4/3, 1/b lies just
+    above 0.75, the double nearest to it, so one release's basic epsilon is above 0.75."""
+    scale = 4.0 / 3.0
+    epsilon = ClassicAccountant("basic").compose(Laplace(scale)).epsilon(1e-5)
+    assert Fraction(epsilon) >= 1 / Fraction(scale) > Fraction(0.75)
 
 
 @pytest.mark.parametrize("composition", ["basic", "advanced", "optimal"])

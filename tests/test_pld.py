@@ -10,6 +10,7 @@ digits.
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import mpmath
 import numpy as np
@@ -99,25 +100,74 @@ def test_laplace_pure_dp_bounds() -> None:
     assert acc.delta(3.0) == 0.0  # exactly: the largest loss 1/1 + 4/2 is a grid point
 
 
+def _largest_laplace_loss(scales_counts: list[tuple[float, int]]) -> Fraction:
+    """M = sum_i c_i / b_i exactly, for the double scales b_i as given."""
+    return sum((Fraction(count) / Fraction(scale) for scale, count in scales_counts), Fraction(0))
+
+
+def _at_least(value: Fraction) -> float:
+    """The smallest double >= ``value``."""
+    nearest = float(value)
+    return nearest if Fraction(nearest) >= value else math.nextafter(nearest, math.inf)
+
+
 @pytest.mark.parametrize(
     "scales_counts",
     [[(0.5, 2), (4.0, 3)], [(2.0 / 3.0, 2), (1.0 / 3.0, 1)], [(1.0, 7)], [(8.0, 2), (0.25, 1)]],
 )
 def test_laplace_compositions_are_exactly_pure_dp(scales_counts: list[tuple[float, int]]) -> None:
     """sum_i c_i Laplace(b_i) is (M, 0)-DP with M = sum_i c_i / b_i, and M is its largest loss
-    (closed form): delta(M) = 0 exactly and epsilon(delta) <= M at every delta, also below the
-    FFT's round-off floor; just below M, delta(M - t) >= (1/2)^n (1 - e^-t) (n = sum c_i: every
-    loss at its atom 1/b_i, which has probability 1/2 under P = Lap(1, b))."""
+    (closed form, in exact rationals: the double 2/3 is below 2/3, so M is above 6 there):
+    delta = 0 exactly from the first double at or above M, and epsilon(delta) <= it at every
+    delta, also below the FFT's round-off floor; just below M, delta(M - t) >= (1/2)^n (1 - e^-t)
+    (n = sum c_i: every loss at its atom 1/b_i, which has probability 1/2 under P = Lap(1, b))."""
     acc = PLDAccountant()
     for scale, count in scales_counts:
         acc.compose(Laplace(scale), count)
-    largest = math.fsum(count / scale for scale, count in scales_counts)
+    exact_largest = _largest_laplace_loss(scales_counts)
+    largest = _at_least(exact_largest)
     steps = sum(count for _, count in scales_counts)
     assert acc.delta(largest) == 0.0 and acc.delta_bounds(largest)[1] == 0.0
     for delta in (1e-2, 1e-9, 1e-40):
         assert acc.epsilon(delta) <= largest
-    t = 0.01
-    assert acc.delta(largest - t) >= 0.5**steps * -math.expm1(-t)
+    for below in (math.nextafter(largest, 0.0), largest - 0.01):
+        if Fraction(below) < exact_largest:
+            gap = exact_largest - Fraction(below)
+            with mpmath.workdps(40):
+                atoms = mpmath.mpf(0.5) ** steps * -mpmath.expm1(-mpmath.mpf(gap.numerator) / gap.denominator)
+            assert acc.delta(below) >= atoms > 0
+
+
+@pytest.mark.parametrize("scale", [4.0 / 3.0, 1.0 / 0.3, 1.0 / 0.7, 10.0 / 3.0])
+def test_laplace_largest_loss_is_not_rounded_down(scale: float) -> None:
+    """1/b in double precision is rounded to the nearest double; for b = 4/3 that is 0.75,
+    below the true 1/b (the double 4/3 is below 4/3). delta at that rounded value is the atom's
+    1/2 (1 - e^{0.75 - 1/b}) > 0 (closed form, mpmath); it read 0 while the core took 1/b to
+    the nearest double."""
+    nearest = 1.0 / scale
+    exact = 1 / Fraction(scale)
+    acc = PLDAccountant().compose(Laplace(scale))
+    assert acc.delta(_at_least(exact)) == 0.0
+    if Fraction(nearest) < exact:
+        gap = exact - Fraction(nearest)
+        with mpmath.workdps(40):
+            atom = -mpmath.expm1(-mpmath.mpf(gap.numerator) / gap.denominator) / 2
+        assert acc.delta(nearest) >= atom > 0
+
+
+def test_reciprocal_rounded_up_against_exact_rationals() -> None:
+    """The core's 1/x rounded up is the smallest double at or above the rational 1/x."""
+    from dpsharp._native import core
+
+    rng = np.random.default_rng(7)
+    values = np.concatenate([rng.uniform(0.01, 100.0, 2000), 10.0 ** rng.uniform(-300, 300, 2000),
+                             [1.0, 0.5, 3.0, 4.0 / 3.0, 0.1, 5e-324, 1e308]])
+    for x in values:
+        got = core.reciprocal_rounded_up(float(x))
+        if x < 1 / 1.7976931348623157e308:  # 1/x overflows
+            assert got == math.inf
+        else:
+            assert got == _at_least(1 / Fraction(float(x)))
 
 
 def test_laplace_scale_off_the_binary_grid_stays_sound() -> None:

@@ -18,17 +18,20 @@ LossTails certain_below() noexcept { return {kNegInf, 0.0, kNegInf, 0.0}; }
 
 constexpr double kLogHalf = -0.6931471805599453;
 
-// P = Lap(1, b), Q = Lap(0, b): L(x) = (|x| - |x - 1|)/b, equal to 1/b for x >= 1, -1/b for
-// x <= 0 and (2x - 1)/b in between; {L > l} = {x > (b l + 1)/2} for -1/b <= l < 1/b.
+// P = Lap(1, b), Q = Lap(0, b): L(x) = (|x| - |x - 1|)/b, equal to eps0 = 1/b for x >= 1, -eps0
+// for x <= 0 and (2x - 1)/b in between; {L > l} = {x > (b l + 1)/2} for -eps0 <= l < eps0, so
+// P(L <= l) = e^{-(eps0 - l)/2} / 2 and Q(L > l) = e^{-(eps0 + l)/2} / 2 there. eps0 is 1/b
+// rounded up (laplace_top_loss): the exact pair of scale 1/eps0 <= b, which dominates the pair of
+// scale b (a larger shift of the Laplace location family is less private), so the largest loss
+// is never understated by the rounding of 1/b.
 LossTails laplace(double b, double loss) noexcept {
-  const double eps0 = 1.0 / b;
+  const double eps0 = laplace_top_loss(b);
   if (loss >= eps0) return certain_below();
   if (loss < -eps0) return certain_above();
-  const double x = 0.5 * (b * loss + 1.0);
   LossTails t;
-  t.log_cdf_p = kLogHalf - (1.0 - x) / b;
+  t.log_cdf_p = kLogHalf - 0.5 * (eps0 - loss);
   t.log_survival_p = std::log1p(-std::exp(t.log_cdf_p));
-  t.log_survival_q = kLogHalf - x / b;
+  t.log_survival_q = kLogHalf - 0.5 * (eps0 + loss);
   t.log_cdf_q = std::log1p(-std::exp(t.log_survival_q));
   return t;
 }
@@ -146,7 +149,7 @@ double laplace_cell_bracket(double width) noexcept {
 
 double laplace_log_excess(double scale, double lower, double upper,
                           double cell_bracket) noexcept {
-  const double eps0 = 1.0 / scale;
+  const double eps0 = laplace_top_loss(scale);
   double log_excess = kNegInf;
   // The atom at -eps0 (x <= 0; P = e^{-eps0} / 2, Q = 1 / 2): (e^{-eps0} - e^{a}) / 2.
   if (lower < -eps0 && upper >= -eps0) {

@@ -42,6 +42,16 @@ inline double log_expm1(double y) noexcept {
   return std::log(std::expm1(y));
 }
 
+// 1 / x rounded up: the smallest double r >= 1 / x for a positive x (the correctly rounded
+// quotient, moved up one ulp where it fell below; the product r x - 1 is exact in one fma, so
+// its sign decides). +inf where 1 / x overflows. Where a bound is read off a reciprocal (the
+// largest privacy loss 1/b of a Laplace release), rounding it down would understate it.
+inline double reciprocal_rounded_up(double x) noexcept {
+  const double r = 1.0 / x;
+  if (std::isfinite(r) && std::fma(r, x, -1.0) < 0.0) return std::nextafter(r, kInf);
+  return r;
+}
+
 // log(Phi(x)) for the standard normal CDF, accurate to double precision in both tails:
 // erfc for x > -20, the asymptotic Mills-ratio series below (where erfc would underflow).
 double log_normal_cdf(double x) noexcept;

@@ -136,6 +136,11 @@ GaussianPointTails gaussian_point_tails(const MechanismParams& params, double lo
 // The pair's tails (loss_tails) from them.
 LossTails gaussian_loss_tails(const GaussianPointTails& t) noexcept;
 
+// The largest privacy loss eps0 of the Laplace pair of scale b: 1/b rounded up
+// (reciprocal_rounded_up), so that the pair analysed, of scale 1/eps0 <= b, dominates the pair
+// asked for. Every Laplace formula here reads its loss support [-eps0, eps0] from this.
+inline double laplace_top_loss(double scale) noexcept { return reciprocal_rounded_up(scale); }
+
 // log(P(S) - e^{lower} Q(S)) of the Laplace pair (kLaplace, scale b) on S = {lower < L <= upper}
 // (upper may be +inf), in closed form from its two atoms at -+1/b and its continuous part; rounded
 // up; -inf when S is empty. `cell_bracket`: laplace_cell_bracket(upper - lower) when already at

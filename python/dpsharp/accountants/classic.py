@@ -69,6 +69,7 @@ from typing import Any
 import numpy as np
 from scipy.optimize import minimize_scalar
 
+from dpsharp._native import core as _core
 from dpsharp._validation import (
     require_count,
     require_delta,
@@ -220,7 +221,7 @@ class ClassicAccountant(Accountant):
         from ``gaussian_epsilons`` (noise multiplier -> eps_0 at this delta_0) where given."""
         base, q = _mechanism(leaf)
         if isinstance(base, Laplace):
-            eps0, d0 = 1.0 / base.scale, 0.0
+            eps0, d0 = _core.reciprocal_rounded_up(base.scale), 0.0  # 1/b, never below it
         elif isinstance(base, PureDP):  # (epsilon, 0)-DP by definition
             eps0, d0 = base.epsilon, 0.0
         else:

@@ -58,7 +58,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from fractions import Fraction
 import math
+import sys
 from dataclasses import dataclass
 from itertools import islice
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
@@ -358,10 +360,13 @@ class PLDAccountant(Accountant):
     Notes
     -----
     ``epsilon(delta)`` is always a certified upper bound (up to double-precision round-off of
-    about 1e-12 relative in the cell masses, and of an ulp or two in the largest loss of a
-    Laplace, discrete Laplace or randomized-response release, whose double value is taken as
-    exact: within that of the top loss delta may read up to the top atom's mass times it,
-    about 1e-16, below the exact value; neither is certified. The round-off of the FFT
+    about 1e-12 relative in the cell masses, up to 1e-7 relative in the far tail of a noise
+    multiplier of 1e4 or more, where each leaf's delta is below 1e-20, and of an ulp or two in the largest loss of a
+    discrete Laplace or randomized-response release, whose double value is taken as exact:
+    within that of the top loss delta may read up to the top atom's mass times it, about 1e-16,
+    below the exact value; neither is certified. A Laplace release's largest loss 1/b is rounded
+    up, and a composition of Laplace releases alone answers delta = 0 from the first double at
+    or above sum_i c_i / b_i, its exact pure-DP epsilon, whatever the grid. The round-off of the FFT
     composition is covered by a proven bound, see ``_pld_numerics``), computed on the grid the
     precision implies. A delta below twice that bound is refused (except for a composition of
     pure-DP mechanisms, whose largest loss bounds epsilon at every delta without an FFT). A long
@@ -612,13 +617,14 @@ class PLDAccountant(Accountant):
         return 1.0
 
     def _laplace_losses(self) -> list[float]:
-        """The largest privacy loss 1/b of each distinct Laplace event (its atom), collected
-        over the leaves in the order of self._counts (which only grows), each leaf once."""
+        """The largest privacy loss 1/b of each distinct Laplace event (its atom; 1/b rounded
+        up, as the core analyses it), collected over the leaves in the order of self._counts
+        (which only grows), each leaf once."""
         seen = self._laplace_seen
         for leaf in islice(self._counts, seen[0], None):
             inner = leaf.event if isinstance(leaf, Shuffled) else leaf
             if isinstance(inner, Laplace):
-                seen[1].add(1.0 / inner.scale)
+                seen[1].add(_core.reciprocal_rounded_up(inner.scale))
             elif isinstance(inner, _atoms.ATOM_EVENTS):  # losses within 1e-12 of a dyadic value
                 seen[1].update(_atoms.alignment_losses(inner, self._neighbouring))
         seen[0] = len(self._counts)
@@ -917,6 +923,7 @@ class PLDAccountant(Accountant):
         self._leaf_variances: list[float] = []
         self._base_steps: dict[tuple[int, int], float] = {}
         self._laplace_seen: list[Any] = [0, set()]  # (leaves looked at, their Laplace losses)
+        self._laplace_bound_memo: list[Any] = [None, None]  # (multiset key, _laplace_largest_loss)
         self._gaussian_memo: list[Any] = []  # [(events, steps), _exact_gaussian's value]
         self._lattice_memo: list[Any] = []  # [(events, steps), _exact_lattice's value]
         self._directions_memo: list[Any] = []  # [events, _directions' value]
@@ -962,8 +969,10 @@ class PLDAccountant(Accountant):
                     return exact
                 return result.epsilon(delta, pessimistic=True, hint=self._hint(result, delta))
 
-            return self._worst_direction(certified_epsilon, refinement, tail,
-                                         delta_of=lambda value: delta)
+            value = self._worst_direction(certified_epsilon, refinement, tail,
+                                          delta_of=lambda value: delta)
+            bound = self._laplace_largest_loss()
+            return value if bound is None else min(value, bound)
         # The lower bound is the largest direction's. A direction whose certified upper bound
         # (the coarse pessimistic pass of _worst_direction, usually kept from the upper bound's
         # query) is at most the running lower bound cannot raise it: its optimistic composition
@@ -1171,6 +1180,34 @@ class PLDAccountant(Accountant):
         self._lattice_memo = [key, value]
         return value
 
+    def _laplace_largest_loss(self) -> float | None:
+        """For a composition of Laplace releases only, the smallest double at or above its
+        largest privacy loss M = sum_i c_i / b_i (each 1/b_i rounded up, as the core analyses
+        it, and the sum taken exactly in rationals); None for any other composition.
+
+        delta(epsilon) = 0 for epsilon >= M and epsilon(delta) <= M at every delta: a statement
+        about the mechanism, not the grid. On a grid that holds every atom (:func:`_laplace_aligned`)
+        the composition's support says the same; where a 1/b is no multiple of a grid step (1/b
+        = 1/3, or the double 4/3, whose reciprocal lies just above 0.75) the grid rounds each atom
+        up to its next point, and its support alone would put the pure-DP epsilon up to a step
+        per release above M."""
+        key = (len(self._counts), self._steps())
+        memo = self._laplace_bound_memo
+        if memo[0] == key:
+            return memo[1]
+        bound: float | None = None
+        total = Fraction(0)
+        for leaf, count in self._counts.items():
+            inner = leaf.event if isinstance(leaf, Shuffled) else leaf
+            if not isinstance(inner, Laplace):
+                break
+            total += count * Fraction(min(_core.reciprocal_rounded_up(inner.scale), _LARGEST_FLOAT))
+        else:
+            nearest = float(min(total, Fraction(_LARGEST_FLOAT)))
+            bound = nearest if Fraction(nearest) >= total else math.nextafter(nearest, math.inf)
+        self._laplace_bound_memo = [key, bound]
+        return bound
+
     def _bounded_loss_only(self) -> bool:
         """Whether every composed event is a Laplace, discrete Laplace or randomized response
         mechanism (bounded loss: the support bound and the top atom answer without the FFT,
@@ -1243,6 +1280,9 @@ class PLDAccountant(Accountant):
         lattice = self._exact_lattice()
         if lattice is not None:  # exact: no grid, no FFT (_pld_lattice)
             return max(part.delta(epsilon, upper=True) for part in lattice), tail
+        bound = self._laplace_largest_loss()
+        if bound is not None and epsilon >= bound:
+            return 0.0, tail
         best, best_tail = math.inf, tail
         for _ in range(2):
             upper = self._worst_direction(
@@ -1456,6 +1496,9 @@ _MAX_STEP = 16.0
 _SHORT_LEVELS = 12
 #: Laplace alignment looks for a grid step at most this many times finer than the formula's.
 _ALIGN_RANGE = 16.0
+
+#: The largest finite double (a Laplace loss bound beyond it is +inf).
+_LARGEST_FLOAT = sys.float_info.max
 #: Above this many distinct mechanism events, noise multipliers are rounded onto a grid (see
 #: :func:`_quantized` and :meth:`PLDAccountant._rounding_quantum`).
 _LEAF_BUDGET = 512
