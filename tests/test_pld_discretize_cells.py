@@ -125,3 +125,40 @@ def test_add_direction_near_full_sampling_is_not_below_the_exact_curve(
         assert got >= exact * (1 - 1e-11), (loss, got, exact)
         checked += 1
     assert checked >= 3
+
+
+def _exact_delta(mechanism: int, epsilon: float, sigma: float, q: float) -> mp.mpf:
+    """delta(eps) of the Gaussian (q = 1) or Poisson remove pair with shift 1 and noise s =
+    sigma: P = (1 - q) N(0, s^2) + q N(1, s^2), Q = N(0, s^2); {L > eps} = {x > x_eps}, x_eps =
+    s^2 log((e^eps - (1 - q)) / q) + 1/2, so delta = q Phi-bar((x - 1) / s) - c Phi-bar(x / s),
+    c = e^eps - (1 - q)."""
+    if mechanism == _ADD:
+        return _exact_add_delta(epsilon, sigma, q)
+    with mp.workdps(60):
+        s, q_, eps = mp.mpf(sigma), mp.mpf(q), mp.mpf(epsilon)
+        c = mp.exp(eps) - 1 + q_
+        x = s**2 * mp.log(c / q_) + mp.mpf(1) / 2
+        return q_ * mp.ncdf(-(x - 1) / s) - c * mp.ncdf(-x / s)
+
+
+@pytest.mark.parametrize(
+    ("mechanism", "sigma", "q", "step"),
+    [(_GAUSSIAN, 1e5, 1.0, 1e-4), (_GAUSSIAN, 3e5, 1.0, 1e-7), (_REMOVE, 1e6, 0.1, 1e-6),
+     (_ADD, 1e6, 0.5, 1e-6), (_REMOVE, 1e3, 0.5, 1e-5)],
+)
+def test_far_tail_of_a_large_noise_multiplier_is_not_below_the_exact_curve(
+        mechanism: int, sigma: float, q: float, step: float) -> None:
+    """delta at the top grid points (the mass sent to +inf and the upper cells), 1e-30 to 1e-20,
+    against mpmath. The excess q S - c N cancels there to about mu / x of its terms (mu = 1 /
+    sigma), so the null and the shifted normal's tails must be of one set: their thresholds
+    x and x - mu rounded separately differ by an ulp of x, and delta read up to 1.2e-7
+    relative below exact at sigma = 1e6 (3.7e-9 at 1e5, 5e-11 at 1e3)."""
+    offset, mass, infinity = core.pld_discretize(mechanism, sigma, q, step, 1e-20, 1e-20, True)
+    mass = np.asarray(mass)
+    losses = (offset + np.arange(mass.size)) * step
+    for loss in losses[-min(mass.size, 12):]:
+        exact = _exact_delta(mechanism, float(loss), sigma, q)
+        if exact <= 0:
+            continue
+        got = math.fsum((mass * np.clip(-np.expm1(loss - losses), 0.0, None)).tolist()) + infinity
+        assert exact <= got <= exact * (1 + 1e-6), (loss, got, exact)

@@ -42,6 +42,14 @@ inline double log_expm1(double y) noexcept {
   return std::log(std::expm1(y));
 }
 
+// The rounding error of a sum: a + b = sum + two_sum_residual(a, b, sum) exactly for sum = fl(a + b)
+// (Knuth's TwoSum, six operations, any order of magnitude; needs IEEE arithmetic, no fast-math).
+inline double two_sum_residual(double a, double b, double sum) noexcept {
+  const double b_virtual = sum - a;
+  const double a_virtual = sum - b_virtual;
+  return (a - a_virtual) + (b - b_virtual);
+}
+
 // 1 / x rounded up: the smallest double r >= 1 / x for a positive x (the correctly rounded
 // quotient, moved up one ulp where it fell below; the product r x - 1 is exact in one fma, so
 // its sign decides). +inf where 1 / x overflows. Where a bound is read off a reciprocal (the

@@ -360,8 +360,7 @@ class PLDAccountant(Accountant):
     Notes
     -----
     ``epsilon(delta)`` is always a certified upper bound (up to double-precision round-off of
-    about 1e-12 relative in the cell masses, up to 1e-7 relative in the far tail of a noise
-    multiplier of 1e4 or more, where each leaf's delta is below 1e-20, and of an ulp or two in the largest loss of a
+    about 1e-12 relative in the cell masses, and of an ulp or two in the largest loss of a
     discrete Laplace or randomized-response release, whose double value is taken as exact:
     within that of the top loss delta may read up to the top atom's mass times it, about 1e-16,
     below the exact value; neither is certified. A Laplace release's largest loss 1/b is rounded
