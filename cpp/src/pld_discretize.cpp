@@ -15,13 +15,6 @@
 namespace dpsharp::pld {
 namespace {
 
-constexpr double kLogHalf = -0.6931471805599453;
-
-double log_diff(double a, double b) noexcept {
-  if (a <= b) return kNegInf;
-  return log_sub_exp(a, b);
-}
-
 // log P(a < L <= b) from the tails at a and b, using the complementary CDF where the survival
 // function is close to 1 so that no digits cancel.
 double log_cell_mass(double log_survival_a, double log_cdf_a, double log_survival_b,

@@ -7,16 +7,8 @@
 namespace dpsharp::pld {
 namespace {
 
-// log_sub_exp that treats a rounding-induced a < b as an empty difference.
-double log_diff(double a, double b) noexcept {
-  if (a <= b) return kNegInf;
-  return log_sub_exp(a, b);
-}
-
 LossTails certain_above() noexcept { return {0.0, kNegInf, 0.0, kNegInf}; }
 LossTails certain_below() noexcept { return {kNegInf, 0.0, kNegInf, 0.0}; }
-
-constexpr double kLogHalf = -0.6931471805599453;
 
 // P = Lap(1, b), Q = Lap(0, b): L(x) = (|x| - |x - 1|)/b, equal to eps0 = 1/b for x >= 1, -eps0
 // for x <= 0 and (2x - 1)/b in between; {L > l} = {x > (b l + 1)/2} for -eps0 <= l < eps0, so

@@ -35,6 +35,17 @@ inline double log_sub_exp(double a, double b) noexcept {
   return a + (x > -0.6931471805599453 ? std::log(-std::expm1(x)) : std::log1p(-std::exp(x)));
 }
 
+// log(e^a - e^b) for a > b, and -inf (an empty difference) for a <= b: where a and b are two
+// rounded logarithms of masses of which the first contains the second, a rounding-induced a < b
+// means a difference below their rounding.
+inline double log_diff(double a, double b) noexcept {
+  if (a <= b) return kNegInf;
+  return log_sub_exp(a, b);
+}
+
+// log(1/2).
+inline constexpr double kLogHalf = -0.6931471805599453;
+
 // log(expm1(y)) for y > 0, without overflow (y + log(1 - e^{-y}) above 1/2, where expm1 would
 // overflow for large y and the complement loses nothing).
 inline double log_expm1(double y) noexcept {
