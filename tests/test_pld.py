@@ -155,6 +155,37 @@ def test_laplace_largest_loss_is_not_rounded_down(scale: float) -> None:
         assert acc.delta(nearest) >= atom > 0
 
 
+@pytest.mark.parametrize(("q", "steps"), [(1e-8, 10**8), (1e-3, 7), (0.5, 3), (1 - 1e-9, 2)])
+def test_add_direction_loss_is_bounded_by_minus_steps_log_one_minus_q(q: float, steps: int) -> None:
+    """Under Poisson sampling the add pair's loss L(x) = -log(1 - q + q e^{mu x - mu^2/2}) is
+    below -log(1 - q) at every x, so T releases never exceed -T log(1 - q) (mpmath, 40 digits):
+    the bound the accountant applies to that direction sits at or above it, within a few ulps;
+    the remove direction's loss is unbounded."""
+    acc = PLDAccountant().compose(PoissonSampled(Gaussian(0.5), q), steps)
+    with mpmath.workdps(40):
+        exact = -steps * mpmath.log1p(-mpmath.mpf(q))
+    bound = acc._largest_loss("add")
+    assert exact <= bound <= exact * (1 + 1e-14)
+    assert acc._largest_loss("remove") == math.inf
+
+
+@pytest.mark.slow
+def test_tiny_rate_long_run_is_bounded_by_the_add_directions_largest_loss() -> None:
+    """q = 1e-8, sigma = 0.5, 10^8 steps: the add direction's FFT composition is void at delta
+    1e-5 (its proven round-off bound, 2.3e-5, is above it), and the answer fell back on the
+    grid's support, 10^8 steps of 2^-20 = 95.37, where the mechanism's loss never exceeds
+    -T log(1 - q) = 1.000000005 in that direction. The RDP accountant's bound (1.05) is an
+    independent upper bound that the tight one must not exceed."""
+    event = PoissonSampled(Gaussian(0.5), 1e-8)
+    acc = PLDAccountant().compose(event, 10**8)
+    epsilon = acc.epsilon(1e-5)
+    with mpmath.workdps(40):
+        largest = -(10**8) * mpmath.log1p(-mpmath.mpf(1e-8))
+    assert epsilon <= largest * (1 + 1e-14)
+    assert epsilon <= dpsharp.RDPAccountant().compose(event, 10**8).epsilon(1e-5)
+    assert acc.delta(epsilon) <= 1e-5
+
+
 def test_reciprocal_rounded_up_against_exact_rationals() -> None:
     """The core's 1/x rounded up is the smallest double at or above the rational 1/x."""
     from dpsharp._native import core

@@ -363,9 +363,11 @@ class PLDAccountant(Accountant):
     about 1e-12 relative in the cell masses, and of an ulp or two in the largest loss of a
     discrete Laplace or randomized-response release, whose double value is taken as exact:
     within that of the top loss delta may read up to the top atom's mass times it, about 1e-16,
-    below the exact value; neither is certified. A Laplace release's largest loss 1/b is rounded
-    up, and a composition of Laplace releases alone answers delta = 0 from the first double at
-    or above sum_i c_i / b_i, its exact pure-DP epsilon, whatever the grid. The round-off of the FFT
+    below the exact value; neither is certified. Where every composed event's loss is bounded in
+    a direction (a Laplace release by 1/b, rounded up; a Poisson-sampled Gaussian in the add
+    direction by -log(1 - q)), that direction answers delta = 0 from the first double at or above
+    the sum of the bounds, whatever the grid: a Laplace-only composition's exact pure-DP
+    epsilon. The round-off of the FFT
     composition is covered by a proven bound, see ``_pld_numerics``), computed on the grid the
     precision implies. A delta below twice that bound is refused (except for a composition of
     pure-DP mechanisms, whose largest loss bounds epsilon at every delta without an FFT). A long
@@ -922,7 +924,7 @@ class PLDAccountant(Accountant):
         self._leaf_variances: list[float] = []
         self._base_steps: dict[tuple[int, int], float] = {}
         self._laplace_seen: list[Any] = [0, set()]  # (leaves looked at, their Laplace losses)
-        self._laplace_bound_memo: list[Any] = [None, None]  # (multiset key, _laplace_largest_loss)
+        self._largest_loss_memo: list[Any] = [None, math.inf]  # (key, _largest_loss of it)
         self._gaussian_memo: list[Any] = []  # [(events, steps), _exact_gaussian's value]
         self._lattice_memo: list[Any] = []  # [(events, steps), _exact_lattice's value]
         self._directions_memo: list[Any] = []  # [events, _directions' value]
@@ -968,10 +970,9 @@ class PLDAccountant(Accountant):
                     return exact
                 return result.epsilon(delta, pessimistic=True, hint=self._hint(result, delta))
 
-            value = self._worst_direction(certified_epsilon, refinement, tail,
-                                          delta_of=lambda value: delta)
-            bound = self._laplace_largest_loss()
-            return value if bound is None else min(value, bound)
+            return self._worst_direction(certified_epsilon, refinement, tail,
+                                         delta_of=lambda value: delta,
+                                         limit=lambda value, bound: min(value, max(bound, 0.0)))
         # The lower bound is the largest direction's. A direction whose certified upper bound
         # (the coarse pessimistic pass of _worst_direction, usually kept from the upper bound's
         # query) is at most the running lower bound cannot raise it: its optimistic composition
@@ -1010,12 +1011,16 @@ class PLDAccountant(Accountant):
         tail: float,
         *,
         delta_of: Callable[[float], float] | None = None,
+        limit: Callable[[float, float], float] | None = None,
     ) -> float:
         """max over the directions of ``upper_value`` (an epsilon or a delta, non-decreasing
         under mean-preserving spreads) of the pessimistic composition at ``refinement``
         (each fine composition's value by :meth:`_fine_value`; ``delta_of`` maps a value to
         the delta it stands for: the query's delta for an epsilon, the value for a delta;
         None for a value that does not depend on the route, e.g. the support's largest loss).
+        ``limit(value, bound)`` lowers each direction's value by what the bound
+        :meth:`_largest_loss` on its privacy loss implies (every route's value, the coarse
+        checks' too: the bound holds for the mechanism, whatever the grid).
 
         The first direction (remove) is composed on the fine grid; any other is skipped when a
         certified upper bound of its value is already at most the running maximum. Three
@@ -1044,7 +1049,14 @@ class PLDAccountant(Accountant):
         direction's FFTs; the answer is still a function of the multiset only."""
         directions = self._directions()
         step = self._grid_step(refinement)
-        best = self._fine_value(upper_value, directions[0], step, tail, delta_of)
+
+        def bounded(direction: str) -> Callable[[ComposedPLD], float]:
+            bound = self._largest_loss(direction) if limit is not None else math.inf
+            if limit is None or math.isinf(bound):
+                return upper_value
+            return lambda result: limit(upper_value(result), bound)
+
+        best = self._fine_value(bounded(directions[0]), directions[0], step, tail, delta_of)
         steps = self._steps()
         block = _check_block(steps)
         # Rounding every count up to a multiple of the block adds at most (block - 1) steps per
@@ -1063,10 +1075,11 @@ class PLDAccountant(Accountant):
         factors = tuple(max(factor / coarsening, 1.0) for factor in _COARSE_FACTORS)
         rounded_last = coarsening > 1.0
         for direction in directions[1:]:
+            value_of = bounded(direction)
             coarse = math.inf
             if block > 1:  # the end of the block of steps: one composition for its steps
                 try:
-                    coarse = upper_value(self._composed(
+                    coarse = value_of(self._composed(
                         direction, True, _COARSE_FACTORS[0] * step, tail, coarse=True, block=block
                     ))
                 except ValueError:  # below the coarse round-off floor: no shortcut there
@@ -1076,7 +1089,7 @@ class PLDAccountant(Accountant):
             for index, factor in enumerate(factors):  # the coarsest grid first: the cheapest
                 own = rounded_last and index == len(factors) - 1 and factor > 1.0
                 try:
-                    coarse = upper_value(
+                    coarse = value_of(
                         self._composed(direction, True, factor * step, tail, coarse=not own)
                     )
                 except ValueError:  # below the coarse round-off floor: no shortcut there
@@ -1084,7 +1097,7 @@ class PLDAccountant(Accountant):
                 if coarse <= best:
                     break
             if coarse > best:
-                best = max(best, self._fine_value(upper_value, direction, step, tail, delta_of))
+                best = max(best, self._fine_value(value_of, direction, step, tail, delta_of))
         return best
 
     def _fine_value(
@@ -1179,32 +1192,39 @@ class PLDAccountant(Accountant):
         self._lattice_memo = [key, value]
         return value
 
-    def _laplace_largest_loss(self) -> float | None:
-        """For a composition of Laplace releases only, the smallest double at or above its
-        largest privacy loss M = sum_i c_i / b_i (each 1/b_i rounded up, as the core analyses
-        it, and the sum taken exactly in rationals); None for any other composition.
+    def _largest_loss(self, direction: str) -> float:
+        """An upper bound on the composition's privacy loss in ``direction`` (+inf where a
+        composed event's loss is unbounded there): the smallest double at or above M = sum_i c_i
+        M_i, the sum taken exactly in rationals, with M_i the largest loss of event i
+        (:func:`_leaf_largest_loss`: 1/b of a Laplace release, -log(1 - q) of a Poisson-sampled
+        Gaussian in the add direction, each rounded up).
 
-        delta(epsilon) = 0 for epsilon >= M and epsilon(delta) <= M at every delta: a statement
-        about the mechanism, not the grid. On a grid that holds every atom (:func:`_laplace_aligned`)
-        the composition's support says the same; where a 1/b is no multiple of a grid step (1/b
-        = 1/3, or the double 4/3, whose reciprocal lies just above 0.75) the grid rounds each atom
-        up to its next point, and its support alone would put the pure-DP epsilon up to a step
-        per release above M."""
-        key = (len(self._counts), self._steps())
-        memo = self._laplace_bound_memo
+        delta(epsilon) = 0 for epsilon >= M and epsilon(delta) <= M at every delta in that
+        direction: a statement about the mechanism, not the grid, applied to every route
+        (:meth:`_worst_direction`). The grid's own support rounds each event's largest loss up
+        to its next grid point, up to a step per release above M: for 1/b = 1/3, or the double
+        4/3 (whose reciprocal lies just above 0.75), or -log(1 - q) far below the step (q = 1e-8
+        on the finest step 2^-20, where 10^8 releases put the grid's support at 95 against M =
+        1.0, and that support was the answer wherever the FFT's round-off made the composition
+        itself void)."""
+        key = (len(self._counts), self._steps(), direction)
+        memo = self._largest_loss_memo
         if memo[0] == key:
             return memo[1]
-        bound: float | None = None
-        total = Fraction(0)
-        for leaf, count in self._counts.items():
-            inner = leaf.event if isinstance(leaf, Shuffled) else leaf
-            if not isinstance(inner, Laplace):
+        per_loss: dict[float, int] = {}
+        for leaf_key, count in zip(self._exact_keys(direction), self._counts.values()):
+            top = _leaf_largest_loss(leaf_key)
+            if math.isinf(top):
+                per_loss = {}
                 break
-            total += count * Fraction(min(_core.reciprocal_rounded_up(inner.scale), _LARGEST_FLOAT))
-        else:
-            nearest = float(min(total, Fraction(_LARGEST_FLOAT)))
-            bound = nearest if Fraction(nearest) >= total else math.nextafter(nearest, math.inf)
-        self._laplace_bound_memo = [key, bound]
+            per_loss[top] = per_loss.get(top, 0) + count
+        bound = math.inf
+        if per_loss:
+            total = sum((count * Fraction(top) for top, count in per_loss.items()), Fraction(0))
+            if total <= _LARGEST_FLOAT:
+                nearest = float(total)
+                bound = nearest if Fraction(nearest) >= total else math.nextafter(nearest, math.inf)
+        self._largest_loss_memo = [key, bound]
         return bound
 
     def _bounded_loss_only(self) -> bool:
@@ -1279,13 +1299,11 @@ class PLDAccountant(Accountant):
         lattice = self._exact_lattice()
         if lattice is not None:  # exact: no grid, no FFT (_pld_lattice)
             return max(part.delta(epsilon, upper=True) for part in lattice), tail
-        bound = self._laplace_largest_loss()
-        if bound is not None and epsilon >= bound:
-            return 0.0, tail
         best, best_tail = math.inf, tail
         for _ in range(2):
             upper = self._worst_direction(
                 lambda result: result.delta(epsilon, pessimistic=True), 0, tail,
+                limit=lambda value, bound: 0.0 if epsilon >= bound else value,
                 # Half the delta found: at an epsilon that an epsilon query at d answered on
                 # one stage (staged_roundoff > 1% of d), the staged delta is up to d +
                 # staged_roundoff, so it is answered on one stage too and delta(epsilon(d))
@@ -1899,6 +1917,21 @@ def _family_at_least(value: float) -> float:
 def _is_multiple(loss: float, step: float) -> bool:
     ratio = loss / step
     return ratio == math.floor(ratio) and math.floor(ratio) * step == loss
+
+
+def _leaf_largest_loss(key: _Key) -> float:
+    """The largest privacy loss of one discretised event (its key, :meth:`PLDAccountant._leaves`),
+    rounded up; +inf where the loss is unbounded. Laplace of scale b: 1/b
+    (``reciprocal_rounded_up``, as the core analyses it). A Poisson-sampled Gaussian in the add
+    direction: L(x) = -log(1 - q + q e^{mu x - mu^2/2}) < -log(1 - q) (its supremum as x ->
+    -inf), log1p within an ulp and raised by two."""
+    mechanism = key[0]
+    if mechanism == _LAPLACE:
+        return _core.reciprocal_rounded_up(key[1])
+    if mechanism == _ADD and key[2] < 1.0:
+        top = -math.log1p(-key[2])
+        return math.nextafter(math.nextafter(top, math.inf), math.inf)
+    return math.inf
 
 
 def _loss_variance(leaf: Event) -> float:
