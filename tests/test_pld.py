@@ -609,6 +609,32 @@ def test_epsilon_bounds_upper_never_above_epsilon() -> None:
         assert upper - lower <= 1e-2 * upper
 
 
+def test_epsilon_bounds_stops_refining_where_a_halving_closes_little(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """At a precision the lower bound cannot reach (its cells' round-off allowance holds the
+    bracket), each halving of the grid doubles the cost for no digit: refinement stops at the
+    first halving that closes less than a quarter of the bracket, and the bracket returned is
+    the tightest one found (every grid's lower bound is certified)."""
+    acc = PLDAccountant(3e-7).compose(PoissonSampled(Gaussian(2.0), 0.05), 100)
+    found: list[tuple[int, float]] = []
+    original = PLDAccountant._epsilon_side
+
+    def recording(self: PLDAccountant, delta: float, *, pessimistic: bool, refinement: int) -> float:
+        value = original(self, delta, pessimistic=pessimistic, refinement=refinement)
+        if not pessimistic:
+            found.append((refinement, value))
+        return value
+
+    monkeypatch.setattr(PLDAccountant, "_epsilon_side", recording)
+    lower, upper = acc.epsilon_bounds(1e-6)
+    assert [refinement for refinement, _ in found] == list(range(len(found)))
+    assert 2 <= len(found) <= 4
+    gaps = [upper - max(value for _, value in found[: k + 1]) for k in range(len(found))]
+    assert all(after <= 0.75 * before for before, after in zip(gaps[:-2], gaps[1:-1]))
+    assert gaps[-1] > 0.75 * gaps[-2]
+    assert lower == max(value for _, value in found) and lower <= upper
+
+
 _mechanism_events = st.one_of(
     st.builds(Laplace, st.floats(1.0, 20.0)),
     st.builds(Gaussian, st.floats(1.0, 100.0)),
