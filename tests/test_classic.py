@@ -112,6 +112,23 @@ def test_optimal_composition_delta_where_it_rounds_to_one() -> None:
     assert optimal_composition_delta(10.0, 0.0, 100, 10.0) == 1.0
 
 
+@pytest.mark.parametrize(("eps", "k", "target"), [(0.1, 5, 1e-10), (0.1, 5, 1e-6), (0.3, 12, 1e-9)])
+def test_optimal_composition_epsilon_meets_its_target_exactly(eps: float, k: int, target: float) -> None:
+    """The returned epsilon's exact delta (the Kairouz-Oh-Viswanath sum at 60 digits) is within
+    the target. Next to a loss atom the difference (k - 2l) eps - eps' cancels, and eps = 0.1,
+    k = 5, delta = 1e-10 gave a delta 5e-10 relative above the target."""
+    import mpmath
+
+    best = optimal_composition_epsilon(eps, 0.0, k, target_delta=target)
+    with mpmath.workdps(60):
+        e, total = mpmath.mpf(eps), mpmath.mpf(best)
+        exact = mpmath.fsum(mpmath.binomial(k, l) * (mpmath.exp((k - l) * e)
+                                                     - mpmath.exp(total) * mpmath.exp(l * e))
+                            for l in range(k + 1) if (k - 2 * l) * e > total) / (1 + mpmath.exp(e)) ** k
+    assert exact <= target
+    assert optimal_composition_delta(eps, 0.0, k, best) >= exact * (1 - 1e-12)
+
+
 def test_optimal_composition_epsilon_inverse_and_ordering() -> None:
     eps, delta, k, target = 0.05, 1e-9, 2000, 1e-5
     best = optimal_composition_epsilon(eps, delta, k, target_delta=target)

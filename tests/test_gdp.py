@@ -12,10 +12,16 @@ import math
 import pytest
 
 import dpsharp
-from dpsharp.accountants.gdp import CLT_WARNING, GDPAccountant, clt_equivalent_noise, clt_mu
+from dpsharp.accountants.gdp import (
+    CLT_WARNING,
+    GDPAccountant,
+    clt_equivalent_noise,
+    clt_equivalent_noise_for,
+    clt_mu,
+)
 from dpsharp.accountants.registry import available
 from dpsharp.events import Composed, Gaussian, Laplace, PoissonSampled, Repeated
-from dpsharp.tradeoff import gdp_epsilon
+from dpsharp.tradeoff import gdp_delta, gdp_epsilon
 
 N, BATCH = 60000, 256
 Q = BATCH / N
@@ -203,3 +209,38 @@ def test_a_sampled_step_is_never_charged_more_than_the_unsampled_gaussian() -> N
     assert epsilons == sorted(epsilons)
     exact = gdp_epsilon(1e-5, math.sqrt(100) / 1.0)
     assert epsilons[-1] == exact and epsilons[-2] == exact
+
+
+@pytest.mark.parametrize("event", [Gaussian(1e155), PoissonSampled(Gaussian(1.0), 1e-170)])
+def test_a_composed_mu_that_underflows_answers_no_privacy_loss(event: object) -> None:
+    """sigma = 1e155 (1/sigma^2 underflows) or q = 1e-170 (q^2 does): mu = 0, the two releases
+    agree, epsilon and delta are 0 (the zCDP and PLD accountants say the same); it raised
+    "mu must be in (0, inf)", an argument the user never passed."""
+    acc = GDPAccountant().compose(event)
+    assert acc.epsilon(1e-5) == 0.0 and acc.delta(1.0) == 0.0
+    assert acc.guarantee(1e-5).epsilon == 0.0
+
+
+@pytest.mark.parametrize(("mu", "epsilon"), [(8522.664053863713, 36623819.21835454),
+                                             (3.2e5, 3.2e5**2 / 2), (1.0, 0.5), (0.05, 1e-3)])
+def test_gdp_delta_is_not_below_the_closed_form(mu: float, epsilon: float) -> None:
+    """gdp_delta against Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2) at 100 digits: it is
+    the accountant's certified delta of a Gaussian composition, and read up to 6e-12 relative
+    below it before the evaluation's margin was added."""
+    import mpmath
+
+    with mpmath.workdps(100):
+        m, e = mpmath.mpf(mu), mpmath.mpf(epsilon)
+        exact = mpmath.ncdf(-e / m + m / 2) - mpmath.exp(e) * mpmath.ncdf(-e / m - m / 2)
+    got = gdp_delta(epsilon, mu)
+    assert exact <= got <= exact * (1 + 1e-8)
+
+
+def test_clt_equivalent_noise_edges_are_answered_or_named() -> None:
+    """A sampling rate whose square underflows needs no noise (sigma~ = 0, the limit of the
+    formula; it raised ZeroDivisionError), and an accountant that is neither a name nor a
+    factory is refused naming the argument (it raised "'int' object is not callable")."""
+    assert clt_equivalent_noise(1.0, 1e-5, sampling_probability=1e-300, steps=1) == 0.0
+    with pytest.raises(TypeError, match="accountant must be"):
+        clt_equivalent_noise_for(1.0, sampling_probability=0.01, steps=10, delta=1e-5,
+                                 accountant=42)  # type: ignore[arg-type]

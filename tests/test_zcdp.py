@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import mpmath
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -285,3 +286,44 @@ def test_random_sampling_is_refused_below_sigma_one() -> None:
         ZCDPAccountant(batching="sample").compose(PoissonSampled(Gaussian(sigma), q))
     # sigma = 1 is inside the stated range
     ZCDPAccountant(batching="sample").compose(PoissonSampled(Gaussian(1.0), 1.0 / 16.0))
+
+
+def _exact_gaussian_delta(epsilon: float, sigma: float) -> mpmath.mpf:
+    """delta(eps) of the Gaussian mechanism with noise multiplier sigma (Balle and Wang 2018,
+    Theorem 8), mu = 1 / sigma: Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2), 80 digits."""
+    with mpmath.workdps(80):
+        mu, eps = 1 / mpmath.mpf(sigma), mpmath.mpf(epsilon)
+        return mpmath.ncdf(-eps / mu + mu / 2) - mpmath.exp(eps) * mpmath.ncdf(-eps / mu - mu / 2)
+
+
+@pytest.mark.parametrize(("sigma", "delta"), [(1e-20, 1e-5), (5.011872336272715e-16, 1e-300),
+                                              (1e-18, 1e-10), (1e-3, 1e-5)])
+def test_epsilon_of_a_huge_rho_keeps_its_square_root_term(sigma: float, delta: float) -> None:
+    """rho + 2 sqrt(rho log(1/delta)) rounded to nearest lost its second term above rho ~ 1e30:
+    Gaussian(1e-20) answered epsilon = rho = 5e39, where the exact Gaussian delta is 1.0. The
+    zCDP epsilon of a Gaussian release is an upper bound on its exact epsilon, so the exact
+    delta at it must be within the target."""
+    epsilon = dpsharp.ZCDPAccountant().compose(Gaussian(sigma)).epsilon(delta)
+    assert _exact_gaussian_delta(epsilon, sigma) <= delta
+
+
+def test_delta_of_a_large_rho_is_not_below_the_exact_minimum() -> None:
+    """zcdp_delta at rho = 1e14: (alpha - 1)(alpha rho - epsilon) cancels, and the value read
+    1.2e-8 relative below the exact minimum over alpha of the Canonne-Kamath-Steinke bound
+    (golden-section search in mpmath at 60 digits)."""
+    rho = 1e14
+    epsilon = ZCDPAccountant().compose(dpsharp.events.ZCDP(rho)).epsilon(1e-5)
+    with mpmath.workdps(60):
+        r, e = mpmath.mpf(rho), mpmath.mpf(epsilon)
+
+        def log_cks(t: mpmath.mpf) -> mpmath.mpf:
+            a = 1 + mpmath.exp(t)
+            return (a - 1) * (a * r - e) + (a - 1) * mpmath.log(1 - 1 / a) - mpmath.log(a)
+
+        low, high = mpmath.mpf(-40), mpmath.mpf(0)
+        golden = (mpmath.sqrt(5) - 1) / 2
+        for _ in range(200):
+            left, right = high - golden * (high - low), low + golden * (high - low)
+            low, high = (low, right) if log_cks(left) < log_cks(right) else (left, high)
+        exact = mpmath.exp(log_cks((low + high) / 2))
+    assert exact <= zcdp_delta(rho, epsilon) <= exact * (1 + 1e-6)

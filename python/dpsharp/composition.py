@@ -198,12 +198,23 @@ def extended_advanced_composition(
 
 
 # --------------------------------------------------------------------------- optimal (KOV)
-def _kov_log_delta0(epsilon: float, steps: int, eps_total: float) -> float:
+_UNIT_ROUNDOFF = 2.0**-53
+
+def _kov_log_delta0(epsilon: float, steps: int, eps_total: float, *, upper: bool = False) -> float:
     """log of delta_0(eps') = (1+e^eps)^-k sum_l C(k,l) [e^{(k-l) eps} - e^{eps'} e^{l eps}]_+
-    (Kairouz, Oh, Viswanath 2017 Theorem 3.3; Murtagh and Vadhan 2016 for every eps')."""
+    (Kairouz, Oh, Viswanath 2017 Theorem 3.3; Murtagh and Vadhan 2016 for every eps').
+
+    Term l is e^{(k-l) eps} (1 - e^{-g_l}) with g_l = (k - 2l) eps - eps'. With ``upper`` the
+    value is an upper bound despite rounding: each g_l is raised by its rounding, 2 units of
+    roundoff of |k - 2l| eps + eps' (a term next to a loss atom, g_l near 0, has its relative
+    error magnified by 1/g_l: the settled epsilon's delta read 5e-10 relative above its target
+    at eps = 0.1, k = 5, delta = 1e-10), and the logarithm by 8 units of roundoff of its terms'
+    magnitudes (the log-gamma values, the sums)."""
     k = steps
     l = np.arange(k + 1, dtype=float)
     gap = (k - 2.0 * l) * epsilon - eps_total  # positive where the term is positive
+    if upper:
+        gap = gap + 2.0 * _UNIT_ROUNDOFF * (np.abs(k - 2.0 * l) * epsilon + eps_total) + 1e-300
     keep = gap > 0.0
     if not np.any(keep):
         return -math.inf
@@ -214,7 +225,11 @@ def _kov_log_delta0(epsilon: float, steps: int, eps_total: float) -> float:
         log_diff = np.where(gap > math.log(2.0), np.log1p(-np.exp(-gap)), np.log(-np.expm1(-gap)))
     log_terms = log_binom + (k - l) * epsilon + log_diff
     log_norm = k * np.logaddexp(0.0, epsilon)
-    return float(logsumexp(log_terms) - log_norm)
+    value = float(logsumexp(log_terms) - log_norm)
+    if not upper:
+        return value
+    magnitude = float(np.max(gammaln(k + 1.0) + np.abs(log_terms))) + abs(log_norm)
+    return value + 8.0 * _UNIT_ROUNDOFF * magnitude
 
 
 def optimal_composition_delta(epsilon: float, delta: float, steps: int, epsilon_total: float) -> float:
@@ -234,7 +249,7 @@ def optimal_composition_delta(epsilon: float, delta: float, steps: int, epsilon_
     epsilon_total = require_epsilon(epsilon_total, "epsilon_total")
     if steps == 0:
         return 0.0
-    log_d0 = _kov_log_delta0(epsilon, steps, epsilon_total)
+    log_d0 = _kov_log_delta0(epsilon, steps, epsilon_total, upper=True)
     if log_d0 >= 0.0:
         return 1.0  # delta_0 rounds to 1 (it is at most 1): so does the total
     log_keep = steps * math.log1p(-delta) + (math.log1p(-math.exp(log_d0)) if log_d0 > -math.inf else 0.0)
@@ -264,13 +279,18 @@ def optimal_composition_epsilon(epsilon: float, delta: float, steps: int, *, tar
         value = _kov_log_delta0(epsilon, steps, eps_total)
         return max(value, -1e4) - log_room
 
+    def safe(eps_total: float) -> bool:  # delta_0 <= room despite the evaluation's rounding
+        return _kov_log_delta0(epsilon, steps, eps_total, upper=True) <= log_room
+
     hi = steps * epsilon
-    if gap(0.0) <= 0.0:
+    if safe(0.0):
         return 0.0
+    if not safe(hi):  # (next to hi's own rounding: the next doubles up are checked)
+        hi = settle(safe, hi, math.nextafter(hi * (1.0 + 2.0**-40), math.inf))
     root = brentq(gap, 0.0, hi, xtol=1e-300, rtol=1e-14, maxiter=500)
-    # a point where delta_0(eps) <= room (never an epsilon too small); gap(hi) <= 0 (all
+    # a point where delta_0(eps) <= room (never an epsilon too small); safe(hi) holds (all
     # steps' epsilons added: delta_0 = 0)
-    return float(root) if gap(root) <= 0.0 else settle(lambda e: gap(e) <= 0.0, float(root), hi)
+    return float(root) if safe(float(root)) else settle(safe, float(root), hi)
 
 
 # --------------------------------------------------------------------------- amplification

@@ -178,12 +178,16 @@ class GDPAccountant(Accountant):
         mu = self.mu
         if math.isinf(mu):
             return math.inf
+        if mu == 0.0:  # (every mu_i^2 underflowed, e.g. sigma = 1e155: the two releases agree)
+            return 0.0
         return float(gdp_epsilon(delta, mu))
 
     def _delta(self, epsilon: float) -> float:
         mu = self.mu
         if math.isinf(mu):
             return 1.0
+        if mu == 0.0:
+            return 0.0
         return float(gdp_delta(epsilon, mu))
 
     def _options(self) -> dict[str, Any]:
@@ -234,7 +238,8 @@ def clt_equivalent_noise(
     p = require_probability("sampling_probability", sampling_probability)
     steps = require_count("steps", steps, minimum=1)
     mu_star = gdp_mu_for(epsilon, delta)
-    return 1.0 / math.sqrt(math.log1p(mu_star * mu_star / (p * p * steps)))
+    spread = math.log1p(mu_star * mu_star / (p * p * steps)) if p * p * steps > 0.0 else math.inf
+    return 1.0 / math.sqrt(spread)  # (0.0 where p^2 T underflows: no noise is needed)
 
 
 #: The RDP orders of Bu et al. 2020's moments accountant (their Table 1 and Fig. 4):
@@ -279,8 +284,13 @@ def clt_equivalent_noise_for(
         acc = _bu_et_al_moments_accountant()
     elif isinstance(accountant, str):
         acc = make(accountant)
-    else:
+    elif callable(accountant):
         acc = accountant()
+    else:
+        raise TypeError(
+            f"accountant must be None, a registry name or a zero-argument factory, got "
+            f"{accountant!r} ({type(accountant).__name__})"
+        )
     acc.compose(PoissonSampled(Gaussian(sigma), p), steps)
     eps = acc.epsilon(delta)
     return eps, clt_equivalent_noise(eps, delta, sampling_probability=p, steps=steps)

@@ -82,6 +82,18 @@ SAMPLING_WARNING = (
 
 _ALPHA_SEARCH_MAX = 1e8
 
+_UNIT_ROUNDOFF = 2.0**-53
+
+
+def _raised(value: float, magnitude: float) -> float:
+    """``value`` raised past the rounding of its evaluation: by 8 units of roundoff of
+    ``magnitude`` (the sum of the absolute values of the terms it was formed from, each within
+    a few roundings of its exact value), then to the next double. Without it the conversions
+    were rounded to nearest: rho + 2 sqrt(rho log(1/delta)) lost its second term entirely above
+    rho ~ 1e30 (epsilon = rho, where the exact delta is 1), and the CKS delta read 1e-8 relative
+    below exact at rho = 1e14 (the cancellation of alpha rho - epsilon)."""
+    return math.nextafter(value + 8.0 * _UNIT_ROUNDOFF * magnitude, math.inf)
+
 
 def _restricted_alpha_max(alpha_max: object) -> float:
     """``alpha_max`` validated: None (no restriction) reads as +inf; otherwise a real Renyi order
@@ -107,22 +119,30 @@ def zcdp_epsilon_bun_steinke(rho: float, delta: float, *, alpha_max: float | Non
     Proposition 1.3), attained at alpha* = 1 + sqrt(log(1/delta)/rho). With a finite alpha_max
     it is Theorem 3 of Yu et al. 2019, eqs. (15)-(16): (15) when
     delta >= exp(-rho (alpha_max - 1)^2), i.e. alpha* <= alpha_max, else (16) at alpha_max,
-    rho alpha_max + log(1/delta)/(alpha_max - 1).
+    rho alpha_max + log(1/delta)/(alpha_max - 1). Rounded up (:func:`_raised`).
     """
     rho = _require_rho(rho)
     log_inv_delta = -math.log(require_delta(delta))
     limit = _restricted_alpha_max(alpha_max)
     if rho == 0.0:
-        return log_inv_delta / (limit - 1.0)  # 0.0 without a restriction
+        value = log_inv_delta / (limit - 1.0)  # 0.0 without a restriction
+        return _raised(value, value) if value > 0.0 else value
     alpha_star = 1.0 + math.sqrt(log_inv_delta / rho)
     if alpha_star <= limit:
-        return rho + 2.0 * math.sqrt(rho * log_inv_delta)
-    return rho * limit + log_inv_delta / (limit - 1.0)
+        value = rho + 2.0 * math.sqrt(rho * log_inv_delta)
+    else:
+        value = rho * limit + log_inv_delta / (limit - 1.0)
+    return _raised(value, value)  # (positive terms: the value is their magnitude)
 
 
 def _cks_epsilon_at(alpha: float, rho: float, log_inv_delta: float) -> float:
+    """The CKS epsilon at one order alpha > 1 (any order gives a valid epsilon), rounded up
+    (:func:`_raised`; alpha - 1 is exact for the doubles alpha in (1, 2^53))."""
     am1 = alpha - 1.0
-    return alpha * rho + (log_inv_delta + am1 * math.log1p(-1.0 / alpha) - math.log(alpha)) / am1
+    shape = am1 * math.log1p(-1.0 / alpha)
+    log_alpha = math.log(alpha)
+    value = alpha * rho + (log_inv_delta + shape - log_alpha) / am1
+    return _raised(value, alpha * rho + (log_inv_delta + abs(shape) + abs(log_alpha)) / am1)
 
 
 def zcdp_epsilon_cks(rho: float, delta: float, *, alpha_max: float | None = None) -> float:
@@ -131,8 +151,10 @@ def zcdp_epsilon_cks(rho: float, delta: float, *, alpha_max: float | None = None
 
         epsilon = alpha rho + (log(1/delta) + (alpha - 1) log(1 - 1/alpha) - log alpha)/(alpha - 1).
 
-    Never larger than :func:`zcdp_epsilon_bun_steinke` by more than rounding (it is evaluated at
-    the Bun-Steinke alpha too, and the smaller value is returned); clipped below at 0.
+    Never larger than :func:`zcdp_epsilon_bun_steinke` by more than rounding where the
+    Bun-Steinke order lies in the searched range (alpha <= 1e8; it is evaluated there too, and
+    the smaller value is returned): beyond it, for rho below about 1e-16 log(1/delta), at the
+    range's end. Clipped below at 0; rounded up (:func:`_raised`).
     """
     rho = _require_rho(rho)
     log_inv_delta = -math.log(require_delta(delta))
@@ -183,6 +205,15 @@ def zcdp_delta(rho: float, epsilon: float, *, alpha_max: float | None = None) ->
         am1 = alpha - 1.0
         return am1 * (alpha * rho - epsilon) + am1 * math.log1p(-1.0 / alpha) - math.log(alpha)
 
+    def log_upper(alpha: float) -> float:
+        """The smaller of the two at ``alpha``, each rounded up by its terms' magnitudes
+        (:func:`_raised`): (alpha - 1)(alpha rho - epsilon) cancels where epsilon is near
+        alpha rho."""
+        am1 = alpha - 1.0
+        tilt = am1 * (alpha * rho + epsilon)
+        shape = abs(am1 * math.log1p(-1.0 / alpha)) + abs(math.log(alpha))
+        return min(_raised(log_bs(alpha), tilt), _raised(log_cks(alpha), tilt + shape))
+
     alpha_bs = min(max((epsilon + rho) / (2.0 * rho), 1.0 + 1e-12), upper)
     candidates = [alpha_bs, upper]
     lo, hi = math.log(1e-12), math.log(upper - 1.0)
@@ -192,8 +223,10 @@ def zcdp_delta(rho: float, epsilon: float, *, alpha_max: float | None = None) ->
             options={"xatol": 1e-10},
         )
         candidates.append(1.0 + math.exp(float(res.x)))
-    best = min(min(log_bs(a), log_cks(a)) for a in candidates if a > 1.0)
-    return 1.0 if best >= 0.0 else math.exp(best)  # (e^best overflows for rho above ~7e14)
+    best = min(log_upper(a) for a in candidates if a > 1.0)
+    if best >= 0.0:
+        return 1.0  # (e^best overflows for rho above ~7e14)
+    return min(math.nextafter(math.exp(best), math.inf), 1.0)  # (exp within an ulp)
 
 
 def _require_rho(rho: float) -> float:
