@@ -677,3 +677,16 @@ def test_every_public_numeric_argument_is_in_the_table() -> None:
                 if parameter not in covered:
                     missing.append(f"{key}({parameter})")
     assert not missing, f"numeric arguments outside the bad-input table: {missing}"
+
+
+@pytest.mark.parametrize("name", registry.available())
+def test_a_count_beyond_the_largest_float_is_a_value_error_naming_count(name: str) -> None:
+    """Every accountant weighs an event by float(count): 10^400 runs (directly, or as 10^200
+    runs of a 10^200-fold Repeated) overflowed that conversion with a bare OverflowError from
+    inside. Refused as a ValueError naming count, the state unchanged."""
+    acc = dpsharp.accountant(name).compose(Gaussian(2.0), 3)
+    before = acc.composed
+    for event, count in ((Gaussian(1.0), 10**400), (events.Repeated(Gaussian(1.0), 10**200), 10**200)):
+        with pytest.raises(ValueError, match="count must keep"):
+            acc.compose(event, count)
+    assert acc.composed == before

@@ -327,3 +327,15 @@ def test_delta_of_a_large_rho_is_not_below_the_exact_minimum() -> None:
             low, high = (low, right) if log_cks(left) < log_cks(right) else (left, high)
         exact = mpmath.exp(log_cks((low + high) / 2))
     assert exact <= zcdp_delta(rho, epsilon) <= exact * (1 + 1e-6)
+
+
+@pytest.mark.parametrize("delta", [1e-10, 1e-300])
+def test_delta_of_epsilon_is_within_the_target_where_the_best_order_is_huge(delta: float) -> None:
+    """A tiny rho puts the best Renyi order far beyond the searched orders (rho = 1e-30: about
+    1e16; random sampling at sigma = 1e6, q = 1e-9 restricts it to U = 7e12): delta stopped at
+    the search's end, 1e8, and delta(epsilon(1e-10)) came out 37 times the target. Every order
+    gives a valid delta, so the closed-form Bun-Steinke minimum and the restriction's end are
+    candidates too."""
+    for accountant in (ZCDPAccountant().compose(dpsharp.events.ZCDP(1e-30)),
+                       ZCDPAccountant("sample").compose(PoissonSampled(Gaussian(1e6), 1e-9))):
+        assert accountant.delta(accountant.epsilon(delta)) <= delta

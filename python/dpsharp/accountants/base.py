@@ -23,6 +23,7 @@ An accountant turns the events a run performed into a privacy guarantee. The con
 from __future__ import annotations
 
 import abc
+import sys
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, ClassVar, Mapping, TypeVar
@@ -40,6 +41,11 @@ from dpsharp.events import (
 __all__ = ["Accountant", "PrivacyGuarantee", "UnsupportedEventError"]
 
 _STATE_FORMAT = 1
+
+#: The most runs of one event an accountant composes: every accountant weighs an event by its
+#: count as a float, and a larger integer overflowed that conversion (an OverflowError from
+#: deep inside).
+_LARGEST_COUNT = int(sys.float_info.max)
 
 AccountantT = TypeVar("AccountantT", bound="Accountant")
 
@@ -152,6 +158,13 @@ class Accountant(abc.ABC):
         reason = self._unsupported_reason(event, leaves if count else flatten(event))
         if reason is not None:
             raise UnsupportedEventError(reason)
+        for leaf, leaf_count in leaves:
+            total = self._counts.get(leaf, 0) + leaf_count
+            if total > _LARGEST_COUNT:  # (every accountant weighs its events by float(count))
+                raise ValueError(
+                    f"count must keep each composed event's total runs at most about 1.8e308 "
+                    f"(the largest float); got about 1e{len(str(total)) - 1} runs of {leaf!r}"
+                )
         if leaves:
             self._on_compose(leaves)
             for leaf, leaf_count in leaves:
