@@ -686,7 +686,8 @@ def test_a_count_beyond_the_largest_float_is_a_value_error_naming_count(name: st
     inside. Refused as a ValueError naming count, the state unchanged."""
     acc = dpsharp.accountant(name).compose(Gaussian(2.0), 3)
     before = acc.composed
-    for event, count in ((Gaussian(1.0), 10**400), (events.Repeated(Gaussian(1.0), 10**200), 10**200)):
+    repeated = events.Repeated(Gaussian(1.0), 10**200)
+    for event, count in ((Gaussian(1.0), 10**400), (repeated, 10**200)):
         with pytest.raises(ValueError, match="count must keep"):
             acc.compose(event, count)
     assert acc.composed == before

@@ -113,7 +113,8 @@ def test_optimal_composition_delta_where_it_rounds_to_one() -> None:
 
 
 @pytest.mark.parametrize(("eps", "k", "target"), [(0.1, 5, 1e-10), (0.1, 5, 1e-6), (0.3, 12, 1e-9)])
-def test_optimal_composition_epsilon_meets_its_target_exactly(eps: float, k: int, target: float) -> None:
+def test_optimal_composition_epsilon_meets_its_target_exactly(
+        eps: float, k: int, target: float) -> None:
     """The returned epsilon's exact delta (the Kairouz-Oh-Viswanath sum at 60 digits) is within
     the target. Next to a loss atom the difference (k - 2l) eps - eps' cancels, and eps = 0.1,
     k = 5, delta = 1e-10 gave a delta 5e-10 relative above the target."""
@@ -122,9 +123,10 @@ def test_optimal_composition_epsilon_meets_its_target_exactly(eps: float, k: int
     best = optimal_composition_epsilon(eps, 0.0, k, target_delta=target)
     with mpmath.workdps(60):
         e, total = mpmath.mpf(eps), mpmath.mpf(best)
-        exact = mpmath.fsum(mpmath.binomial(k, l) * (mpmath.exp((k - l) * e)
-                                                     - mpmath.exp(total) * mpmath.exp(l * e))
-                            for l in range(k + 1) if (k - 2 * l) * e > total) / (1 + mpmath.exp(e)) ** k
+        terms = [mpmath.binomial(k, l)
+                 * (mpmath.exp((k - l) * e) - mpmath.exp(total) * mpmath.exp(l * e))
+                 for l in range(k + 1) if (k - 2 * l) * e > total]
+        exact = mpmath.fsum(terms) / (1 + mpmath.exp(e)) ** k
     assert exact <= target
     assert optimal_composition_delta(eps, 0.0, k, best) >= exact * (1 - 1e-12)
 

@@ -134,7 +134,8 @@ def test_laplace_compositions_are_exactly_pure_dp(scales_counts: list[tuple[floa
         if Fraction(below) < exact_largest:
             gap = exact_largest - Fraction(below)
             with mpmath.workdps(40):
-                atoms = mpmath.mpf(0.5) ** steps * -mpmath.expm1(-mpmath.mpf(gap.numerator) / gap.denominator)
+                shortfall = mpmath.mpf(gap.numerator) / gap.denominator
+                atoms = mpmath.mpf(0.5) ** steps * -mpmath.expm1(-shortfall)
             assert acc.delta(below) >= atoms > 0
 
 
@@ -619,7 +620,8 @@ def test_epsilon_bounds_stops_refining_where_a_halving_closes_little(
     found: list[tuple[int, float]] = []
     original = PLDAccountant._epsilon_side
 
-    def recording(self: PLDAccountant, delta: float, *, pessimistic: bool, refinement: int) -> float:
+    def recording(self: PLDAccountant, delta: float, *, pessimistic: bool,
+                  refinement: int) -> float:
         value = original(self, delta, pessimistic=pessimistic, refinement=refinement)
         if not pessimistic:
             found.append((refinement, value))

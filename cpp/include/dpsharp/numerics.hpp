@@ -53,8 +53,9 @@ inline double log_expm1(double y) noexcept {
   return std::log(std::expm1(y));
 }
 
-// The rounding error of a sum: a + b = sum + two_sum_residual(a, b, sum) exactly for sum = fl(a + b)
-// (Knuth's TwoSum, six operations, any order of magnitude; needs IEEE arithmetic, no fast-math).
+// The rounding error of a sum: a + b = sum + two_sum_residual(a, b, sum) exactly for
+// sum = fl(a + b) (Knuth's TwoSum, six operations, any order of magnitude; needs IEEE
+// arithmetic, no fast-math).
 inline double two_sum_residual(double a, double b, double sum) noexcept {
   const double b_virtual = sum - a;
   const double a_virtual = sum - b_virtual;

@@ -58,10 +58,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from fractions import Fraction
 import math
 import sys
 from dataclasses import dataclass
+from fractions import Fraction
 from itertools import islice
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
@@ -924,7 +924,8 @@ class PLDAccountant(Accountant):
         self._leaf_variances: list[float] = []
         self._base_steps: dict[tuple[int, int], float] = {}
         self._laplace_seen: list[Any] = [0, set()]  # (leaves looked at, their Laplace losses)
-        self._largest_loss_memo: list[Any] = [None, math.inf]  # (key, _largest_loss of it)
+        # direction -> (multiset key, _largest_loss of it)
+        self._largest_loss_memo: dict[str, tuple[tuple[int, int], float]] = {}
         self._gaussian_memo: list[Any] = []  # [(events, steps), _exact_gaussian's value]
         self._lattice_memo: list[Any] = []  # [(events, steps), _exact_lattice's value]
         self._directions_memo: list[Any] = []  # [events, _directions' value]
@@ -1207,10 +1208,10 @@ class PLDAccountant(Accountant):
         on the finest step 2^-20, where 10^8 releases put the grid's support at 95 against M =
         1.0, and that support was the answer wherever the FFT's round-off made the composition
         itself void)."""
-        key = (len(self._counts), self._steps(), direction)
-        memo = self._largest_loss_memo
-        if memo[0] == key:
-            return memo[1]
+        key = (len(self._counts), self._steps())
+        held = self._largest_loss_memo.get(direction)
+        if held is not None and held[0] == key:
+            return held[1]
         per_loss: dict[float, int] = {}
         for leaf_key, count in zip(self._exact_keys(direction), self._counts.values()):
             top = _leaf_largest_loss(leaf_key)
@@ -1224,7 +1225,7 @@ class PLDAccountant(Accountant):
             if total <= _LARGEST_FLOAT:
                 nearest = float(total)
                 bound = nearest if Fraction(nearest) >= total else math.nextafter(nearest, math.inf)
-        self._largest_loss_memo = [key, bound]
+        self._largest_loss_memo[direction] = (key, bound)
         return bound
 
     def _bounded_loss_only(self) -> bool:
@@ -1325,10 +1326,10 @@ class PLDAccountant(Accountant):
         (halving h) until (upper - lower) <= precision * upper or the FFT circle would exceed
         2^24 points (at most 4 halvings, none with more than 64 distinct events), or a halving
         closes less than a quarter of the bracket (its width is then held by the lower bound's
-        round-off allowance, not the grid); then the wider, still honest, bracket is returned. Below the FFT's round-off floor a
-        composition of bounded losses (Laplace, discrete Laplace, randomized response) is
-        bracketed by its support and its top atom alone (:class:`_Composition`); any other
-        has a lower bound of 0.0 there."""
+        round-off allowance, not the grid); then the wider, still honest, bracket is returned.
+        Below the FFT's round-off floor a composition of bounded losses (Laplace, discrete
+        Laplace, randomized response) is bracketed by its support and its top atom alone
+        (:class:`_Composition`); any other has a lower bound of 0.0 there."""
         delta = require_delta(delta)
         if self.is_empty:
             return 0.0, 0.0
@@ -1526,7 +1527,7 @@ _STALLED_SHARE = 0.75
 #: Laplace alignment looks for a grid step at most this many times finer than the formula's.
 _ALIGN_RANGE = 16.0
 
-#: The largest finite double (a Laplace loss bound beyond it is +inf).
+#: The largest finite double (a bound on the composed loss beyond it is +inf).
 _LARGEST_FLOAT = sys.float_info.max
 #: Above this many distinct mechanism events, noise multipliers are rounded onto a grid (see
 #: :func:`_quantized` and :meth:`PLDAccountant._rounding_quantum`).

@@ -231,7 +231,8 @@ def zcdp_delta(rho: float, epsilon: float, *, alpha_max: float | None = None) ->
         )
         candidates.append(1.0 + math.exp(float(res.x)))
     best = min(log_upper(a) for a in candidates if a > 1.0)
-    if epsilon > rho and (epsilon + rho) / (2.0 * rho) <= min(_restricted_alpha_max(alpha_max), 1e300):
+    best_order = (epsilon + rho) / (2.0 * rho)
+    if epsilon > rho and best_order <= min(_restricted_alpha_max(alpha_max), 1e300):
         # Bun-Steinke's minimum in closed form, at alpha* = (epsilon + rho) / (2 rho), which for
         # a tiny rho lies far beyond the searched orders (rho = 1e-30: alpha* ~ 1e16, where the
         # search's end at 1e8 gave a delta 37 times the one epsilon(delta) was asked for)
@@ -334,7 +335,8 @@ class ZCDPAccountant(Accountant):
         if isinstance(leaf, Shuffled):
             if _leaf_rho(leaf.event) is not None:
                 return None
-            return "only Shuffled(Gaussian) and Shuffled(Laplace) epochs have a zCDP analysis here"
+            return ("only Shuffled(Gaussian), Shuffled(Laplace) and Shuffled(ZCDP) epochs have a "
+                    "zCDP analysis here")
         if isinstance(leaf, PoissonSampled):
             if self._batching != "sample":
                 return (
