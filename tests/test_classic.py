@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import math
 from fractions import Fraction
+from typing import Any
 
 import pytest
 
@@ -112,23 +113,39 @@ def test_optimal_composition_delta_where_it_rounds_to_one() -> None:
     assert optimal_composition_delta(10.0, 0.0, 100, 10.0) == 1.0
 
 
+def _kov_exact_delta(eps: float, k: int, total: float) -> Any:
+    """delta_0(total) of k releases of eps-DP (Kairouz, Oh, Viswanath 2017, Theorem 3.3), the
+    finite sum at 60 digits (an mpmath number: compared with a double, it is not rounded)."""
+    import mpmath
+
+    with mpmath.workdps(60):
+        e, t = mpmath.mpf(eps), mpmath.mpf(total)
+        terms = [mpmath.binomial(k, l) * (mpmath.exp((k - l) * e) - mpmath.exp(t + l * e))
+                 for l in range(k + 1) if (k - 2 * l) * e > t]
+        return mpmath.fsum(terms) / (1 + mpmath.exp(e)) ** k
+
+
 @pytest.mark.parametrize(("eps", "k", "target"), [(0.1, 5, 1e-10), (0.1, 5, 1e-6), (0.3, 12, 1e-9)])
 def test_optimal_composition_epsilon_meets_its_target_exactly(
         eps: float, k: int, target: float) -> None:
     """The returned epsilon's exact delta (the Kairouz-Oh-Viswanath sum at 60 digits) is within
     the target. Next to a loss atom the difference (k - 2l) eps - eps' cancels, and eps = 0.1,
     k = 5, delta = 1e-10 gave a delta 5e-10 relative above the target."""
-    import mpmath
-
     best = optimal_composition_epsilon(eps, 0.0, k, target_delta=target)
-    with mpmath.workdps(60):
-        e, total = mpmath.mpf(eps), mpmath.mpf(best)
-        terms = [mpmath.binomial(k, l)
-                 * (mpmath.exp((k - l) * e) - mpmath.exp(total) * mpmath.exp(l * e))
-                 for l in range(k + 1) if (k - 2 * l) * e > total]
-        exact = mpmath.fsum(terms) / (1 + mpmath.exp(e)) ** k
+    exact = _kov_exact_delta(eps, k, best)
     assert exact <= target
     assert optimal_composition_delta(eps, 0.0, k, best) >= exact * (1 - 1e-12)
+
+
+def test_optimal_composition_epsilon_at_a_target_within_rounding_of_its_delta_at_zero() -> None:
+    """A target equal, to rounding, to delta_0(0) (12 releases of 0.3-DP): the search has no
+    sign change from 0 to bracket, and the epsilon settled on is still within the target by
+    the exact sum (60 digits)."""
+    eps, k = 0.3, 12
+    at_zero = float(_kov_exact_delta(eps, k, 0.0))
+    for target in (at_zero, math.nextafter(at_zero, 1.0)):
+        best = optimal_composition_epsilon(eps, 0.0, k, target_delta=target)
+        assert best >= 0.0 and _kov_exact_delta(eps, k, best) <= target
 
 
 def test_optimal_composition_epsilon_inverse_and_ordering() -> None:

@@ -287,6 +287,8 @@ def optimal_composition_epsilon(epsilon: float, delta: float, steps: int, *, tar
         return 0.0
     if not safe(hi):  # (next to hi's own rounding: the next doubles up are checked)
         hi = settle(safe, hi, math.nextafter(hi * (1.0 + 2.0**-40), math.inf))
+    if gap(0.0) <= 0.0:  # (0 is within the evaluation's rounding of the target: no sign change)
+        return settle(safe, 0.0, hi)
     root = brentq(gap, 0.0, hi, xtol=1e-300, rtol=1e-14, maxiter=500)
     # a point where delta_0(eps) <= room (never an epsilon too small); safe(hi) holds (all
     # steps' epsilons added: delta_0 = 0)
