@@ -241,7 +241,8 @@ def optimal_composition_delta(epsilon: float, delta: float, steps: int, epsilon_
         delta_0(e') = (1 + e^eps)^-k sum_{l=0}^{k} C(k, l) max(0, e^{(k-l) eps} - e^{e'} e^{l eps}).
 
     Optimal: no composition theorem over per-step (epsilon, delta) guarantees can do better.
-    Evaluated in log space (k up to ~10^7 costs O(k)).
+    Evaluated in log space (k up to ~10^7 costs O(k)), with delta_0 raised past the rounding of
+    its evaluation (see ``_kov_log_delta0``), so the value is never below the exact one.
     """
     epsilon = require_epsilon(epsilon)
     delta = _require_delta_closed(delta, "delta")
