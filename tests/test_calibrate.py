@@ -312,3 +312,73 @@ def test_noise_multiplier_matches_dp_accounting_calibration(
         accountant=lambda: dpsharp.RDPAccountant(orders),
     )
     assert theirs * (1 - 2e-6) <= ours <= theirs * (1 + 5e-4)
+
+
+class _RefusesAboveNoise(GDPAccountant):
+    """The exact GDP accountant of plain Gaussian steps, declining (ValueError, as an
+    accountant outside its range does) to answer above a noise multiplier ``ceiling``."""
+
+    def __init__(self, ceiling: float, refused: list[float]) -> None:
+        super().__init__()
+        self.ceiling, self.refused = ceiling, refused
+
+    def epsilon(self, delta: float) -> float:
+        (event, _count), = self.composed
+        if event.noise_multiplier > self.ceiling:
+            self.refused.append(event.noise_multiplier)
+            raise ValueError(f"noise_multiplier above {self.ceiling} is outside this range")
+        return super().epsilon(delta)
+
+
+def test_a_refusal_is_stepped_around_and_the_exact_answer_found() -> None:
+    """A bracketing step that lands where the accountant refuses backs off towards the last
+    answered value: the answer is the exact one (T Gaussians are sqrt(T)/sigma-GDP, Dong, Roth
+    and Su 2022, Corollary 2.13), not a value steered by reading the refusal as epsilon = inf."""
+    eps, delta, steps = 1.0, 1e-5, 1  # the answer is sigma = 3.73; the search starts at 1
+    refused: list[float] = []
+    sigma = calibrate.noise_multiplier(
+        eps, delta, steps=steps, accountant=lambda: _RefusesAboveNoise(3.8, refused))
+    got = float(gdp_epsilon(delta, math.sqrt(steps) / sigma))
+    assert eps * (1 - 1e-4) <= got <= eps
+    assert sigma <= 3.8
+    assert refused, "the search never stepped into the refused range: the test tests nothing"
+
+
+def test_a_refusal_that_cannot_be_stepped_around_is_raised_with_its_reason() -> None:
+    """Every noise multiplier refused: the caller sees the accountant's reason, not a value."""
+    refused: list[float] = []
+    with pytest.raises(ValueError, match=r"cannot answer at noise_multiplier=1\.0.*outside this"):
+        calibrate.noise_multiplier(
+            1.0, 1e-5, steps=1, accountant=lambda: _RefusesAboveNoise(0.0, refused))
+
+
+def test_the_tight_accountants_delta_refusal_is_surfaced_not_read_as_infinite_epsilon() -> None:
+    """The tight accountant cannot certify delta = 1e-8 for 10^6 steps at any noise (its proven
+    FFT round-off bound exceeds it). Reading that refusal as epsilon = inf drove the search to
+    sigma = 39,794 (the RDP accountant's answer for the same target is 5.44); sampling_probability
+    returned 1.04e-9 and steps 313,423 the same way. Each now raises with the accountant's
+    reason and the delta it can certify."""
+    with pytest.raises(ValueError, match=r"cannot answer at noise_multiplier=1\.0.*delta >= "):
+        calibrate.noise_multiplier(1.0, 1e-8, steps=10**6, sampling_probability=1e-3)
+    with pytest.raises(ValueError, match=r"cannot answer.*delta >= "):
+        calibrate.sampling_probability(10.0, 1e-10, noise_multiplier=10.0, steps=10_000)
+    with pytest.raises(ValueError, match=r"cannot answer at .*steps=524288.*262144 steps fit"):
+        calibrate.steps(1.0, 1e-8, noise_multiplier=10.0, sampling_probability=1e-3)
+    # the same noise_multiplier target on the RDP accountant, which answers: its own epsilon
+    sigma = calibrate.noise_multiplier(1.0, 1e-8, steps=10**6, sampling_probability=1e-3,
+                                       accountant="rdp")
+    got = achieved(lambda: dpsharp.accountant("rdp"), sigma, 1e-3, 10**6, 1e-8)
+    assert 1.0 * (1 - 1e-4) <= got <= 1.0
+
+
+def test_steps_answers_max_steps_when_exactly_max_steps_fit() -> None:
+    """Exactly max_steps steps fitting is an answer, not "more than max_steps": T Gaussians of
+    noise sigma are sqrt(T)/sigma-GDP, so the count is the largest T with
+    epsilon(sqrt(T)/sigma) <= target (closed form, Dong, Roth and Su 2022)."""
+    sigma, delta = 2.0, 1e-5
+    eps = float(gdp_epsilon(delta, math.sqrt(28) / sigma)) * (1 + 1e-12)
+    assert float(gdp_epsilon(delta, math.sqrt(29) / sigma)) > eps
+    assert calibrate.steps(eps, delta, noise_multiplier=sigma, accountant="gdp", max_steps=28) == 28
+    assert calibrate.steps(eps, delta, noise_multiplier=sigma, accountant="gdp", max_steps=40) == 28
+    with pytest.raises(ValueError, match="more than max_steps=27"):
+        calibrate.steps(eps, delta, noise_multiplier=sigma, accountant="gdp", max_steps=27)

@@ -15,9 +15,17 @@ the window [target (1 - rtol), target] (default rtol = 1e-4). Each parameter val
 evaluated once (a cache): typically 5-8 accountant evaluations.
 
 Guarantee (conservative): the returned value is one whose epsilon was evaluated and found
-<= target (and >= target (1 - rtol) for the continuous parameters); an error is raised if the
-search cannot find one. Steps are integers: the largest count whose epsilon fits.
+<= target; an error is raised if the search cannot find one. For the continuous parameters it
+is also >= target (1 - rtol), except where the accountant's epsilon jumps across that window
+(an answer piecewise constant in the parameter): then the nearest value found below the window
+is returned and a warning is logged. Steps are integers: the largest count whose epsilon fits.
 An unreachable target raises ValueError saying why.
+
+An accountant that declines to answer at some value (its ValueError or OverflowError: e.g. the
+tight accountant at a delta below what it can certify for that many steps, or a transform past
+its size limit) gives no epsilon there, and the search never reads it as one: a bracketing step
+that lands on a refusal is halved back towards the last answered value, and a refusal the search
+cannot step around raises ValueError with the accountant's reason and the values it did answer.
 
 An answer that is not a proven bound is refused: whether it is comes from the configured
 accountant instance (:attr:`dpsharp.accountants.base.Accountant.certified`: the GDP central
@@ -57,6 +65,9 @@ logger = logging.getLogger(__name__)
 
 _SIGMA_MIN, _SIGMA_MAX = 1e-3, 1e6
 _Q_MIN = 1e-12
+#: How many times a bracketing step is halved back towards an answered value when the
+#: accountant refuses to answer where it lands (a step of at most a factor 16 shrinks to 16^(1/64)).
+_REFUSAL_BACKOFFS = 6
 
 
 def _default_event(noise: float, q: float) -> Event:
@@ -82,6 +93,29 @@ def _allowed(allow_approximation: object, require_certified: object) -> bool:
     return bool(allow_approximation) or not require_certified
 
 
+class _Refusal(Exception):
+    """The accountant declined to answer at one parameter value (its ValueError or
+    OverflowError, e.g. a delta below what it can certify for this many steps, or a transform
+    beyond its size limit). The search backs off from it where it can; the public functions
+    turn one it cannot avoid into a ValueError that carries the accountant's reason."""
+
+    def __init__(
+        self, acc: Accountant, noise: float, q: float, count: int, reason: Exception
+    ) -> None:
+        super().__init__(str(reason))
+        self.accountant, self.noise, self.q, self.count, self.reason = (
+            acc, noise, q, count, reason)
+
+    def explain(self, known: str = "") -> ValueError:
+        """The error a caller sees: where the accountant refused, its reason, what is known."""
+        return ValueError(
+            f"calibration stopped: the accountant {self.accountant!r} cannot answer at "
+            f"noise_multiplier={self.noise!r}, sampling_probability={self.q!r}, "
+            f"steps={self.count} ({type(self.reason).__name__}: {self.reason}){known}. Change "
+            "the target (e.g. the delta the reason names) or calibrate with another accountant"
+        )
+
+
 class _Problem:
     def __init__(
         self,
@@ -95,17 +129,24 @@ class _Problem:
         self.event = event or _default_event
         self.allow_approximation = allow_approximation
         self._logged = False
-        self._cache: dict[tuple[float, float, int], float] = {}
+        self._cache: dict[tuple[float, float, int], float | _Refusal] = {}
         #: Accountant evaluations made (distinct parameter values).
         self.evaluations = 0
 
     def epsilon(self, noise: float, q: float, count: int) -> float:
-        """epsilon(delta) of ``count`` events at (noise, q); each distinct value computed once."""
+        """epsilon(delta) of ``count`` events at (noise, q); each distinct value computed once.
+        Raises :class:`_Refusal` where the accountant declines to answer (also cached)."""
         key = (noise, q, count)
         value = self._cache.get(key)
         if value is None:
-            value = self._cache[key] = self._evaluate(noise, q, count)
+            try:
+                value = self._evaluate(noise, q, count)
+            except _Refusal as refusal:
+                value = refusal
+            self._cache[key] = value
             self.evaluations += 1
+        if isinstance(value, _Refusal):
+            raise value
         return value
 
     def _evaluate(self, noise: float, q: float, count: int) -> float:
@@ -124,7 +165,11 @@ class _Problem:
         except (ValueError, OverflowError) as exc:
             if isinstance(exc, UnsupportedEventError):
                 raise
-            return math.inf  # e.g. a calibration formula outside its range at this noise
+            # A refusal is no epsilon: not "too much epsilon" (reading it as +inf steered the
+            # search to whatever value the accountant happened to answer, e.g. a noise
+            # multiplier 7,000 times too large where the tight accountant cannot certify the
+            # delta asked for at any noise).
+            raise _Refusal(acc, noise, q, count, exc) from exc
         if not result.certified:
             if not self.allow_approximation:
                 why = f" ({result.warning})" if result.warning else ""
@@ -163,6 +208,7 @@ def _solve_window(
     increasing: bool,
     unreachable: Callable[[], str],
     nothing_to_do: Callable[[], str],
+    parameter: str,
 ) -> float:
     """x in [lo_limit, hi_limit] with eps_of(x) in [target (1 - rtol), target], eps_of monotone
     in x (``increasing`` or not). Works on y = log x against g(y) = log eps_of(e^y) - log aim,
@@ -172,7 +218,41 @@ def _solve_window(
     nearest evaluated x below it, with a warning). ValueError with ``unreachable()`` if the
     safe end of the range misses the target, with ``nothing_to_do()`` if the other end
     already meets it.
+
+    Where the accountant refuses to answer (:class:`_Refusal`), a bracketing step backs off
+    towards the last answered point (halving the step, at most ``_REFUSAL_BACKOFFS`` times);
+    a refusal it cannot step around becomes a ValueError naming the refusal and the answered
+    values nearest to it (``parameter`` names x in that message).
     """
+    answered: dict[float, float] = {}  # x -> epsilon, for the refusal message
+
+    def explain(refusal: _Refusal) -> ValueError:
+        known = "; answered: " + ", ".join(
+            f"{parameter}={x:.6g} gives epsilon={answered[x]:.6g}" for x in sorted(answered)
+        ) if answered else ""
+        return refusal.explain(known)
+
+    try:
+        return _solve_window_answered(
+            lambda x: answered.setdefault(x, eps_of(x)), start, lo_limit, hi_limit, target,
+            rtol, increasing=increasing, unreachable=unreachable, nothing_to_do=nothing_to_do)
+    except _Refusal as refusal:
+        raise explain(refusal) from refusal.reason
+
+
+def _solve_window_answered(
+    eps_of: Callable[[float], float],
+    start: float,
+    lo_limit: float,
+    hi_limit: float,
+    target: float,
+    rtol: float,
+    *,
+    increasing: bool,
+    unreachable: Callable[[], str],
+    nothing_to_do: Callable[[], str],
+) -> float:
+    """The search of :func:`_solve_window`; a refusal it cannot step around propagates."""
     floor = target * (1.0 - rtol)
     aim = target * (1.0 - 0.5 * rtol)
     log_aim = math.log(aim)
@@ -216,7 +296,7 @@ def _solve_window(
             raise ValueError(unreachable() if gy > 0.0 else nothing_to_do())
         y_next = min(y_next, limit) if direction > 0 else max(y_next, limit)
         y_prev, g_prev = y, gy
-        y, gy = y_next, g(y_next)
+        y, gy = _answered_step(g, y, y_next)
         if inside(y):
             return math.exp(y)
     else:  # pragma: no cover - the range is finite, so the loop ends by the limits
@@ -257,6 +337,18 @@ def _solve_window(
         "value found below the window", floor, target, math.exp(y_good),
     )
     return math.exp(y_good)
+
+
+def _answered_step(g: Callable[[float], float], y_from: float, y_to: float) -> tuple[float, float]:
+    """(y, g(y)) for the first y the accountant answers on the way from ``y_to`` back towards
+    the answered ``y_from``, halving the distance after each refusal; the last refusal
+    propagates once ``_REFUSAL_BACKOFFS`` halvings found no answer."""
+    for _ in range(_REFUSAL_BACKOFFS):
+        try:
+            return y_to, g(y_to)
+        except _Refusal:
+            y_to = 0.5 * (y_from + y_to)
+    return y_to, g(y_to)
 
 
 def noise_multiplier(
@@ -301,6 +393,7 @@ def noise_multiplier(
             f"target epsilon={epsilon!r} is met by every noise_multiplier >= {_SIGMA_MIN:g} "
             f"(steps={count}, q={q!r}); there is nothing to calibrate"
         ),
+        parameter="noise_multiplier",
     )
 
 
@@ -329,8 +422,11 @@ def sampling_probability(
     def eps_of(q: float) -> float:
         return problem.epsilon(sigma, min(q, 1.0), count)
 
-    if eps_of(1.0) <= epsilon:
-        return 1.0
+    try:
+        if eps_of(1.0) <= epsilon:
+            return 1.0
+    except _Refusal as refusal:
+        raise refusal.explain() from refusal.reason
     return min(1.0, _solve_window(
         eps_of, 0.5, _Q_MIN, 1.0, epsilon, rtol, increasing=True,
         unreachable=lambda: (
@@ -338,6 +434,7 @@ def sampling_probability(
             f"noise_multiplier={sigma!r} and steps={count}: even q={_Q_MIN:g} is too much"
         ),
         nothing_to_do=lambda: "q = 1 fits",  # excluded above
+        parameter="sampling_probability",
     ))
 
 
@@ -354,8 +451,11 @@ def steps(
     require_certified: bool = True,
 ) -> int:
     """The largest number of steps T <= ``max_steps`` with epsilon(T) <= target (epsilon grows
-    with T): doubling, then integer bisection. Raises ValueError if not even one step fits, or
-    if ``max_steps`` steps still fit (the budget allows more than max_steps)."""
+    with T): doubling, then integer bisection. Raises ValueError if not even one step fits, if
+    ``max_steps + 1`` steps still fit (the budget allows more than max_steps), or if the
+    accountant refuses to answer at a count the search needs (e.g. the tight accountant at a
+    delta below what it can certify for that many steps; the message names the largest count
+    found to fit)."""
     epsilon = require_positive_finite("epsilon", epsilon)
     delta = require_delta(delta)
     sigma = require_positive_finite("noise_multiplier", noise_multiplier)
@@ -364,8 +464,15 @@ def steps(
     allowed = _allowed(allow_approximation, require_certified)
     problem = _Problem(accountant, delta, event, allowed)
 
+    good = 0  # the largest count found to fit so far
+
     def fits(count: int) -> bool:
-        return problem.epsilon(sigma, q, count) <= epsilon
+        try:
+            return problem.epsilon(sigma, q, count) <= epsilon
+        except _Refusal as refusal:
+            known = (f"; {good} steps fit (epsilon="
+                     f"{problem.epsilon(sigma, q, good):.6g})" if good else "")
+            raise refusal.explain(known) from refusal.reason
 
     if not fits(1):
         raise ValueError(
@@ -379,9 +486,11 @@ def steps(
     while bad < max_steps and fits(bad):
         good, bad = bad, bad * 2
     if bad >= max_steps and fits(max_steps):
-        raise ValueError(
-            f"the budget allows more than max_steps={max_steps} steps; raise max_steps"
-        )
+        if fits(max_steps + 1):
+            raise ValueError(
+                f"the budget allows more than max_steps={max_steps} steps; raise max_steps"
+            )
+        return max_steps
     bad = min(bad, max_steps)
     while bad - good > 1:
         mid = (good + bad) // 2
