@@ -1012,3 +1012,16 @@ def test_a_long_composition_within_the_limit_is_answered_in_two_stages() -> None
     lower, upper = acc.epsilon_bounds(1e-5)
     rdp = dpsharp.RDPAccountant().compose(PoissonSampled(Gaussian(1.0), 0.01), 2**31)
     assert 0.0 < lower <= upper == acc.epsilon(1e-5) < rdp.epsilon(1e-5)
+
+
+@pytest.mark.parametrize("delta", [1e-10, 1e-5])
+def test_guarantee_of_a_nearly_flat_loss_distribution_does_not_overflow(delta: float) -> None:
+    """sigma = 13,540, q = 1e-6: the discretised loss distribution's second moment is so small
+    that the pruning estimate's room / S2 overflowed (OverflowError converting +inf to an int)
+    in guarantee(), which also asks for the lower bound. The bracket must hold both ends and sit
+    below the RDP accountant's certified epsilon (Mironov, Talwar, Zhang 2019)."""
+    event = PoissonSampled(Gaussian(13540.46), 1e-6)
+    result = PLDAccountant().compose(event, 1000).guarantee(delta)
+    rdp = dpsharp.accountant("rdp").compose(event, 1000).epsilon(delta)
+    assert result.certified
+    assert 0.0 <= result.epsilon_lower <= result.epsilon <= rdp

@@ -1903,14 +1903,16 @@ def _reach_at_least(pld: DiscretePLD, size: int, count: int) -> int:
     ``|F_k|^count > e^-800`` wherever ``M - w_k^2 S2 / 2 > e^(-800 / count)``, ``w_k = 2 pi k /
     size``, and a valid K lies above every such k. (1% below the formula's largest k, far more
     than the rounding of M and S2, so that the bound holds as computed.) Used to skip a
-    certificate that cannot pay."""
+    certificate that cannot pay. At most ``size``: where S2 is so small that the formula passes
+    every frequency (room / S2 overflowed to +inf for a PLD of sigma 13,540, q = 1e-6), no
+    certificate can give a K, and ``size`` is below every one vacuously."""
     if count < 1 or not pld.non_negative:
         return 0
     total, second = pld.second_moment
     room = total - math.exp(-800.0 / count) * (1.0 + 1e-9)
     if room <= 0.0 or second <= 0.0:
         return 0
-    return max(int(0.99 * size * math.sqrt(2.0 * room / second) / (2.0 * math.pi)), 0)
+    return max(int(min(0.99 * size * math.sqrt(2.0 * room / second) / (2.0 * math.pi), size)), 0)
 
 
 #: Cost of a pruned transform (:func:`certified_band`, S masses at K frequencies) against a
