@@ -444,3 +444,143 @@ def test_composition_bounds_past_the_exponential_range_are_infinite(epsilon: flo
     optimal = optimal_composition_epsilon(epsilon, 1e-6, 10, target_delta=1e-4)
     assert 10 * epsilon * (1 - 1e-6) <= optimal <= 10 * epsilon
     assert optimal_composition_epsilon(1e308, 1e-6, 10, target_delta=1e-4) == math.inf
+
+
+# ---------------------------------------------------------------- rounding to the safe side
+# References: exact rationals (Fraction) for the sums and products of the given doubles, and
+# mpmath at 60 digits for the theorems' transcendental formulas. A bound must be at or above
+# the exact value of its formula at the given doubles; 64 units of roundoff above it at most.
+_U = 2.0**-53
+
+
+def _exact_above(value: float, exact: Any, *, scale: Any = None) -> None:
+    """value >= exact, and within 64 units of roundoff of ``scale`` (default: exact) above."""
+    import mpmath
+
+    scale = exact if scale is None else scale
+    assert mpmath.mpf(value) >= exact, (value, exact)
+    assert mpmath.mpf(value) <= exact + 64 * _U * scale + mpmath.mpf(2.0**-1070), (value, exact)
+
+
+def _kov_delta_above(value: float, exact: Any) -> None:
+    """A KOV delta 1 - e^x is raised by the roundings of x = log of what is kept: its scale."""
+    import mpmath
+
+    _exact_above(value, exact, scale=-mpmath.log1p(-exact))
+
+
+def _random_cases(seed: int, count: int) -> list[tuple[float, float, int, float]]:
+    import random
+
+    rng = random.Random(seed)
+    return [
+        (10.0 ** rng.uniform(-4, 0.7), 10.0 ** rng.uniform(-12, -3), rng.randint(1, 10**6),
+         10.0 ** rng.uniform(-12, -2))
+        for _ in range(count)
+    ]
+
+
+def test_basic_composition_is_the_smallest_double_at_or_above_the_exact_sums() -> None:
+    """Ten steps of 0.1 composed to 1.0 rounded to nearest; the exact sum of those doubles is
+    1 + 5.6e-17 (Fraction), so the bound is the next double. Random lists likewise."""
+    import random
+
+    epsilon, delta = basic_composition([0.1] * 10, [1e-7] * 10)
+    assert Fraction(epsilon) >= 10 * Fraction(0.1) > 1
+    assert epsilon == math.nextafter(1.0, 2.0)
+    rng = random.Random(7)
+    below = 0
+    for _ in range(300):
+        eps = [rng.uniform(0.0, 2.0) for _ in range(rng.randint(1, 40))]
+        dels = [rng.uniform(0.0, 1e-6) for _ in eps]
+        got_eps, got_delta = basic_composition(eps, dels)
+        for got, values in ((got_eps, eps), (got_delta, dels)):
+            exact = sum(map(Fraction, values), Fraction(0))
+            assert Fraction(got) >= exact
+            assert Fraction(math.nextafter(got, -math.inf)) < exact  # the smallest such double
+            below += Fraction(math.fsum(values)) < exact
+    assert below > 0, "no sum rounded below its exact value: the sweep tests nothing"
+    # the classical accountant's basic epsilon is the same exact sum, rounded up
+    assert ClassicAccountant("basic").compose(Laplace(10.0), 10).epsilon(1e-5) == epsilon
+
+
+def test_advanced_composition_forms_are_not_below_their_exact_formulas() -> None:
+    """The homogeneous forms (Dwork, Rothblum, Vadhan 2010, Theorem III.3; "A Tail of Two
+    Densities", Claims 14-18; Kairouz, Oh, Viswanath 2017, Theorem 3.4) against mpmath."""
+    import mpmath
+
+    mpmath.mp.dps = 60
+    mp = mpmath.mpf
+    for epsilon, delta, k, slack in _random_cases(11, 60):
+        e, d, s = mp(epsilon), mp(delta), mp(slack)
+        root = mpmath.sqrt(2 * k * mpmath.log(1 / s))
+        a = e * mpmath.expm1(e) if epsilon <= math.log(2.0) else e
+        tanh_sum = k * e * mpmath.expm1(e) / (mpmath.exp(e) + 1)
+        exact = {
+            "drv": root * e + k * e * mpmath.expm1(e),
+            "independent": k * a + root * e,
+            "adaptive": k * a + root * (e + a),
+            "kov": min(k * e, tanh_sum + e * mpmath.sqrt(
+                2 * k * mpmath.log(mpmath.e + mpmath.sqrt(k * e * e) / s)), tanh_sum + root * e),
+        }
+        for form, epsilon_exact in exact.items():
+            got_eps, got_delta = advanced_composition(epsilon, delta, k, delta_slack=slack,
+                                                      form=form)
+            _exact_above(got_eps, epsilon_exact)
+            if form == "kov":
+                _kov_delta_above(got_delta, 1 - (1 - d) ** k * (1 - s))
+            else:
+                _exact_above(got_delta, k * d + s)
+
+
+def test_extended_advanced_composition_is_not_below_its_exact_formulas() -> None:
+    """Heterogeneous steps with repetition counts (Kairouz, Oh, Viswanath 2017, Theorem 3.5;
+    the drv form of the extended advanced composition) against mpmath."""
+    import random
+
+    import mpmath
+
+    mpmath.mp.dps = 60
+    mp = mpmath.mpf
+    rng = random.Random(5)
+    for _ in range(40):
+        n = rng.randint(1, 6)
+        eps = [10.0 ** rng.uniform(-4, 0.5) for _ in range(n)]
+        dels = [10.0 ** rng.uniform(-12, -4) for _ in range(n)]
+        counts = [rng.randint(1, 10**5) for _ in range(n)]
+        slack = 10.0 ** rng.uniform(-12, -2)
+        e = [mp(x) for x in eps]
+        s = mp(slack)
+        sum_sq = sum(c * x * x for c, x in zip(counts, e))
+        linear_drv = sum(c * x * mpmath.expm1(x) for c, x in zip(counts, e))
+        tanh_sum = sum(c * x * mpmath.expm1(x) / (mpmath.exp(x) + 1) for c, x in zip(counts, e))
+        drv = extended_advanced_composition(eps, dels, delta_slack=slack, counts=counts)
+        _exact_above(drv[0], mpmath.sqrt(2 * mpmath.log(1 / s) * sum_sq) + linear_drv)
+        _exact_above(drv[1], sum(c * mp(d) for c, d in zip(counts, dels)) + s)
+        kov = extended_advanced_composition(eps, dels, delta_slack=slack, form="kov",
+                                            counts=counts)
+        _exact_above(kov[0], min(
+            sum(c * x for c, x in zip(counts, e)),
+            tanh_sum + mpmath.sqrt(2 * sum_sq * mpmath.log(mpmath.e + mpmath.sqrt(sum_sq) / s)),
+            tanh_sum + mpmath.sqrt(2 * sum_sq * mpmath.log(1 / s))))
+        keep = (1 - s) * mpmath.fprod((1 - mp(d)) ** c for c, d in zip(counts, dels))
+        _kov_delta_above(kov[1], 1 - keep)
+
+
+@pytest.mark.parametrize("epsilon", [1e-6, 0.3, 1.0, 5.0, 31.0, 200.0, 699.0, 701.0, 900.0])
+def test_amplification_is_not_below_its_exact_formula(epsilon: float) -> None:
+    """(log(1 + q (e^eps - 1)), q delta) (Balle, Barthe, Gaboardi 2018) against mpmath. Above
+    eps = 700 (where e^eps nears the double range) it is evaluated as
+    eps + log(q + (1 - q) e^-eps), whose terms cancel for a small q: raised by their
+    magnitudes there."""
+    import mpmath
+
+    mpmath.mp.dps = 60
+    for q in (1e-300, 1e-13, 1e-7, 3e-3, 0.1, 0.7, 1.0 - 2**-40):
+        delta = 3e-7
+        got_eps, got_delta = amplify_by_subsampling(epsilon, delta, q)
+        exact = mpmath.log1p(mpmath.mpf(q) * mpmath.expm1(mpmath.mpf(epsilon)))
+        _exact_above(got_eps, exact, scale=2 * epsilon if epsilon > 700 else exact)
+        assert Fraction(got_delta) >= Fraction(q) * Fraction(delta)
+        assert Fraction(math.nextafter(got_delta, 0.0)) < Fraction(q) * Fraction(delta)
+    assert amplify_by_subsampling(epsilon, 3e-7, 1.0) == (epsilon, 3e-7)  # nothing to amplify

@@ -13,19 +13,24 @@
   Roth 2014, Theorem A.1; valid only for epsilon < 1) and the analytic Gaussian mechanism of
   Balle and Wang 2018 (exact for every epsilon).
 
-Every function validates its arguments (ValueError naming the argument and the range).
+Every function validates its arguments (ValueError naming the argument and the range). The
+composition and amplification bounds are rounded up (:mod:`dpsharp._rounding`): the returned
+epsilon and delta are never below the exact value of the theorem's formula at the given doubles
+(rounded to nearest, ten steps of epsilon 0.1 composed to 1.0, below the exact 1 + 5.6e-17).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from fractions import Fraction
 
 import numpy as np
 from scipy.optimize import brentq
 from scipy.special import gammaln, logsumexp
 
 from dpsharp._roots import settle
+from dpsharp._rounding import UNIT_ROUNDOFF, fraction_rounded_up, raised, sum_rounded_up
 from dpsharp._validation import (
     require_count,
     require_delta,
@@ -87,10 +92,11 @@ def _pairs(epsilons: Sequence[float], deltas: Sequence[float]) -> tuple[np.ndarr
 # --------------------------------------------------------------------------- basic
 def basic_composition(epsilons: Sequence[float], deltas: Sequence[float]) -> tuple[float, float]:
     """(sum_i epsilon_i, sum_i delta_i): the adaptive composition of (epsilon_i, delta_i)-DP
-    mechanisms ("A Tail of Two Densities", Claim 10). The delta is capped at nothing: a sum >= 1 is returned as
-    is and means no guarantee."""
+    mechanisms ("A Tail of Two Densities", Claim 10), each sum the smallest double at or above
+    the exact sum. The delta is capped at nothing: a sum >= 1 is returned as is and means no
+    guarantee."""
     eps, dels = _pairs(epsilons, deltas)
-    return math.fsum(eps), math.fsum(dels)
+    return sum_rounded_up(eps.tolist()), sum_rounded_up(dels.tolist())
 
 
 # --------------------------------------------------------------------------- advanced
@@ -122,7 +128,9 @@ def advanced_composition(
       k eps (e^eps - 1)/(e^eps + 1) + eps sqrt(2k log(1/delta'))}, 1 - (1 - delta)^k (1 - delta')).
 
     The free parameter delta' is the caller's here; :func:`advanced_composition` is used with
-    it optimised by :class:`dpsharp.accountants.classic.ClassicAccountant`.
+    it optimised by :class:`dpsharp.accountants.classic.ClassicAccountant`. Both totals are
+    rounded up (k delta + delta' exactly; epsilon past its evaluation's rounding). A total
+    delta >= 1 is returned as is and means no guarantee.
     """
     epsilon = require_epsilon(epsilon)
     delta = _require_delta_closed(delta, "delta")
@@ -143,7 +151,9 @@ def advanced_composition(
         return extended_advanced_composition(
             [epsilon], [delta], delta_slack=slack, form="kov", counts=[k]
         )
-    return eps_total, k * delta + slack
+    # (positive terms: the value is their magnitude)
+    delta_total = fraction_rounded_up(k * Fraction(delta) + Fraction(slack))
+    return raised(eps_total, eps_total), delta_total
 
 
 def extended_advanced_composition(
@@ -165,6 +175,8 @@ def extended_advanced_composition(
       delta = 1 - (1 - delta') prod_t (1 - delta_t).
 
     ``counts`` (optional) repeats the t-th pair counts[t] times without materialising it.
+    Both totals are rounded up past their evaluation's rounding. A total delta >= 1 is
+    returned as is and means no guarantee.
     """
     eps, dels = _pairs(epsilons, deltas)
     slack = require_delta(delta_slack, "delta_slack")
@@ -177,29 +189,45 @@ def extended_advanced_composition(
         if len(reps_list) != len(eps):
             raise ValueError("counts must have the same length as epsilons")
         reps = np.asarray(reps_list, dtype=float)
+    # Every term below is non-negative, so a total is its own magnitude for raised(): a few
+    # roundings per term (a product, expm1, tanh, log, sqrt) stay well inside its 8 units.
     sum_sq = math.fsum(reps * eps * eps)
     log_inv = math.log(1.0 / slack)
     if form == "drv":
         with np.errstate(over="ignore"):  # e^eps overflows past 709.78: +inf, as it should be
             linear = math.fsum(reps * eps * np.expm1(eps))
-        return math.sqrt(2.0 * log_inv * sum_sq) + linear, math.fsum(reps * dels) + slack
+        eps_total = math.sqrt(2.0 * log_inv * sum_sq) + linear
+        return raised(eps_total, eps_total), _delta_sum_rounded_up(reps, dels, slack)
     if form != "kov":
         raise ValueError(f"form must be 'drv' or 'kov', got {form!r}")
     with np.errstate(over="ignore", invalid="ignore"):
         tanh_half = np.where(eps > 700.0, 1.0, np.tanh(eps / 2.0))  # (e^x - 1)/(e^x + 1)
     linear = math.fsum(reps * eps * tanh_half)
     candidates = [
-        math.fsum(reps * eps),
         linear + math.sqrt(2.0 * sum_sq * math.log(math.e + math.sqrt(sum_sq) / slack)),
         linear + math.sqrt(2.0 * sum_sq * log_inv),
     ]
+    basic = _delta_sum_rounded_up(reps, eps, 0.0)  # sum eps_t, the first candidate
     log_keep = math.log1p(-slack) + math.fsum(reps * np.log1p(-dels))
-    return min(candidates), -math.expm1(log_keep)
+    # 1 - e^x with x = log_keep <= 0 moves by at most |error of x|, a few roundings of |x|, and
+    # is itself at most |x|: 8 units of roundoff of |x| cover both
+    delta_total = raised(-math.expm1(log_keep), -log_keep)
+    return min(basic, raised(min(candidates), min(candidates))), delta_total
+
+
+def _delta_sum_rounded_up(counts: np.ndarray, values: np.ndarray, extra: float) -> float:
+    """A double >= sum_t counts[t] values[t] + extra for non-negative doubles: exact (the
+    smallest such double) where every count is 1; otherwise raised past the products'
+    roundings (each at most one unit of roundoff of it, or half the smallest subnormal, well
+    inside what :func:`~dpsharp._rounding.raised` adds for the magnitude given it)."""
+    products = counts * values
+    total = sum_rounded_up([*products.tolist(), extra])
+    if np.all(counts == 1.0) or not math.isfinite(total):
+        return total
+    return raised(total, total + len(products) * 2.0**-1074 / UNIT_ROUNDOFF)
 
 
 # --------------------------------------------------------------------------- optimal (KOV)
-_UNIT_ROUNDOFF = 2.0**-53
-
 def _kov_log_delta0(epsilon: float, steps: int, eps_total: float, *, upper: bool = False) -> float:
     """log of delta_0(eps') = (1+e^eps)^-k sum_l C(k,l) [e^{(k-l) eps} - e^{eps'} e^{l eps}]_+
     (Kairouz, Oh, Viswanath 2017 Theorem 3.3; Murtagh and Vadhan 2016 for every eps').
@@ -214,7 +242,7 @@ def _kov_log_delta0(epsilon: float, steps: int, eps_total: float, *, upper: bool
     l = np.arange(k + 1, dtype=float)
     gap = (k - 2.0 * l) * epsilon - eps_total  # positive where the term is positive
     if upper:
-        gap = gap + 2.0 * _UNIT_ROUNDOFF * (np.abs(k - 2.0 * l) * epsilon + eps_total) + 1e-300
+        gap = gap + 2.0 * UNIT_ROUNDOFF * (np.abs(k - 2.0 * l) * epsilon + eps_total) + 1e-300
     keep = gap > 0.0
     if not np.any(keep):
         return -math.inf
@@ -229,7 +257,7 @@ def _kov_log_delta0(epsilon: float, steps: int, eps_total: float, *, upper: bool
     if not upper:
         return value
     magnitude = float(np.max(gammaln(k + 1.0) + np.abs(log_terms))) + abs(log_norm)
-    return value + 8.0 * _UNIT_ROUNDOFF * magnitude
+    return value + 8.0 * UNIT_ROUNDOFF * magnitude
 
 
 def optimal_composition_delta(epsilon: float, delta: float, steps: int, epsilon_total: float) -> float:
@@ -300,18 +328,23 @@ def optimal_composition_epsilon(epsilon: float, delta: float, steps: int, *, tar
 def amplify_by_subsampling(epsilon: float, delta: float, sampling_probability: float) -> tuple[float, float]:
     """(log(1 + q (e^eps - 1)), q delta): an (eps, delta)-DP mechanism run on a Poisson
     subsample with rate q ("A Tail of Two Densities", "privacy amplification by subsampling"; Li, Qardaji, Su
-    2012; tight under add/remove, Balle, Barthe, Gaboardi 2018)."""
+    2012; tight under add/remove, Balle, Barthe, Gaboardi 2018). Both rounded up (q delta
+    exactly)."""
     epsilon = require_epsilon(epsilon)
     delta = _require_delta_closed(delta, "delta")
     q = require_probability("sampling_probability", sampling_probability)
-    amplified_delta = q * delta
-    if amplified_delta == 0.0 and q > 0.0 and delta > 0.0:
-        # q delta below the smallest subnormal rounds to 0, which would claim pure DP: report the
-        # smallest positive double instead (an upper bound on the true product).
-        amplified_delta = math.ulp(0.0)
-    if epsilon > 30.0:  # e^eps - 1 may overflow: eps + log(q + (1 - q) e^-eps)
-        return epsilon + math.log(q + (1.0 - q) * math.exp(-epsilon)), amplified_delta
-    return math.log1p(q * math.expm1(epsilon)), amplified_delta
+    # q delta rounded up exactly: a product below the smallest subnormal is that subnormal, not
+    # 0 (which would claim pure DP)
+    if q == 1.0:
+        return epsilon, delta  # no subsampling: the guarantee itself
+    amplified_delta = fraction_rounded_up(Fraction(q) * Fraction(delta))
+    if epsilon > 700.0:  # e^eps - 1 may overflow: eps + log(q + (1 - q) e^-eps)
+        log_term = math.log(q + (1.0 - q) * math.exp(-epsilon))
+        # (the two terms cancel where q e^eps is small: their magnitudes bound the rounding;
+        # below 700 the direct form has no cancellation)
+        return raised(epsilon + log_term, epsilon - log_term), amplified_delta
+    amplified = math.log1p(q * math.expm1(epsilon))
+    return raised(amplified, amplified), amplified_delta
 
 
 # --------------------------------------------------------------------------- Gaussian

@@ -47,6 +47,7 @@ import threading
 import numpy as np
 
 from dpsharp._native import core as _core
+from dpsharp._rounding import UNIT_ROUNDOFF
 
 __all__ = ["BAND_FRACTION", "BandSpectrum", "CrossingHint"]
 
@@ -58,7 +59,6 @@ __all__ = ["BAND_FRACTION", "BandSpectrum", "CrossingHint"]
 #: after every step measured 0.7-0.9 ms there against 1.1-2.1 ms dense, loaded machine.)
 BAND_FRACTION = 16
 
-_UNIT_ROUNDOFF = 2.0**-53
 #: Grid points that :meth:`BandSpectrum.crossing` walks from its hint before it bisects.
 _WALK = 8
 
@@ -146,7 +146,7 @@ class BandSpectrum:
         scale = 2.0 * abs(total) + (4.0 / size) * float(moduli.sum())
         #: S, which also bounds |A_K| and |W_K| at every K (each is a sum of some of its terms)
         self.scale = scale
-        self.error = (math.log2(max(coefficients.size, 2)) + 24.0) * _UNIT_ROUNDOFF * scale
+        self.error = (math.log2(max(coefficients.size, 2)) + 24.0) * UNIT_ROUNDOFF * scale
 
     def suffix_sums(self, index: int) -> tuple[float, float]:
         """``(A_K, W_K)`` at ``K = index`` (``-1 <= K < size``): the mass above grid point K and
@@ -206,7 +206,7 @@ class BandSpectrum:
         way it goes for the walk's j, and the bisection ends with high = j, low = j - 1, with
         (A, W) at j - 1 evaluated by the same code at the same index: the same floats."""
         last = self.size - 1
-        gap = 2.0 * (margin + 4.0 * _UNIT_ROUNDOFF * (2.0 * self.scale + abs(constant)))
+        gap = 2.0 * (margin + 4.0 * UNIT_ROUNDOFF * (2.0 * self.scale + abs(constant)))
         curve: dict[int, tuple[float, float, float]] = {}
 
         def at(index: int) -> tuple[float, float, float]:

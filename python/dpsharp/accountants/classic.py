@@ -61,8 +61,10 @@ minimum of DRV, 29.04 alone, and KOV Theorem 3.5) and 16.09 with the exact Gauss
 from __future__ import annotations
 
 import math
+import sys
 import threading
 from collections import OrderedDict
+from fractions import Fraction
 from functools import lru_cache
 from typing import Any
 
@@ -70,6 +72,7 @@ import numpy as np
 from scipy.optimize import minimize_scalar
 
 from dpsharp._native import core as _core
+from dpsharp._rounding import fraction_rounded_up
 from dpsharp._validation import (
     require_count,
     require_delta,
@@ -298,7 +301,13 @@ class ClassicAccountant(Accountant):
         delta0 = delta / weight if weight > 0.0 else 1.0
         if delta0 >= 1.0 and weight > 0.0:
             delta0 = 1.0 - 1e-16
-        return math.fsum(count * eps for _, count, eps, _ in self.per_step_guarantees(delta0))
+        # sum_t count_t eps_t exactly, then the smallest double at or above it (a sum rounded
+        # to nearest can be below the exact one)
+        terms = [(count, eps) for _, count, eps, _ in self.per_step_guarantees(delta0)]
+        if any(math.isinf(eps) for _, eps in terms):
+            return math.inf
+        total = sum((count * Fraction(eps) for count, eps in terms), Fraction(0))
+        return fraction_rounded_up(total) if total <= sys.float_info.max else math.inf
 
     def _best_split(self, delta: float) -> tuple[float, float]:
         """(epsilon, fraction) minimising over the slack fraction."""

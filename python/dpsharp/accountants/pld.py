@@ -69,6 +69,7 @@ import numpy as np
 from scipy.special import log_ndtr
 
 from dpsharp._native import core as _core
+from dpsharp._rounding import fraction_rounded_up
 from dpsharp._validation import (
     require_delta,
     require_epsilon,
@@ -1223,8 +1224,7 @@ class PLDAccountant(Accountant):
         if per_loss:
             total = sum((count * Fraction(top) for top, count in per_loss.items()), Fraction(0))
             if total <= _LARGEST_FLOAT:
-                nearest = float(total)
-                bound = nearest if Fraction(nearest) >= total else math.nextafter(nearest, math.inf)
+                bound = fraction_rounded_up(total)
         self._largest_loss_memo[direction] = (key, bound)
         return bound
 

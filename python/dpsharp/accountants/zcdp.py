@@ -47,6 +47,7 @@ from typing import Any
 
 from scipy.optimize import minimize_scalar
 
+from dpsharp._rounding import raised
 from dpsharp._validation import is_real_number, require_delta, require_epsilon, require_real
 from dpsharp.accountants.base import Accountant, PrivacyGuarantee
 from dpsharp.accountants.registry import register
@@ -86,18 +87,6 @@ SAMPLING_WARNING = (
 
 _ALPHA_SEARCH_MAX = 1e8
 
-_UNIT_ROUNDOFF = 2.0**-53
-
-
-def _raised(value: float, magnitude: float) -> float:
-    """``value`` raised past the rounding of its evaluation: by 8 units of roundoff of
-    ``magnitude`` (the sum of the absolute values of the terms it was formed from, each within
-    a few roundings of its exact value), then to the next double. Without it the conversions
-    were rounded to nearest: rho + 2 sqrt(rho log(1/delta)) lost its second term entirely above
-    rho ~ 1e30 (epsilon = rho, where the exact delta is 1), and the CKS delta read 1e-8 relative
-    below exact at rho = 1e14 (the cancellation of alpha rho - epsilon)."""
-    return math.nextafter(value + 8.0 * _UNIT_ROUNDOFF * magnitude, math.inf)
-
 
 def _restricted_alpha_max(alpha_max: object) -> float:
     """``alpha_max`` validated: None (no restriction) reads as +inf; otherwise a real Renyi order
@@ -123,30 +112,30 @@ def zcdp_epsilon_bun_steinke(rho: float, delta: float, *, alpha_max: float | Non
     Proposition 1.3), attained at alpha* = 1 + sqrt(log(1/delta)/rho). With a finite alpha_max
     it is Theorem 3 of Yu et al. 2019, eqs. (15)-(16): (15) when
     delta >= exp(-rho (alpha_max - 1)^2), i.e. alpha* <= alpha_max, else (16) at alpha_max,
-    rho alpha_max + log(1/delta)/(alpha_max - 1). Rounded up (:func:`_raised`).
+    rho alpha_max + log(1/delta)/(alpha_max - 1). Rounded up (:func:`~dpsharp._rounding.raised`).
     """
     rho = _require_rho(rho)
     log_inv_delta = -math.log(require_delta(delta))
     limit = _restricted_alpha_max(alpha_max)
     if rho == 0.0:
         value = log_inv_delta / (limit - 1.0)  # 0.0 without a restriction
-        return _raised(value, value) if value > 0.0 else value
+        return raised(value, value) if value > 0.0 else value
     alpha_star = 1.0 + math.sqrt(log_inv_delta / rho)
     if alpha_star <= limit:
         value = rho + 2.0 * math.sqrt(rho * log_inv_delta)
     else:
         value = rho * limit + log_inv_delta / (limit - 1.0)
-    return _raised(value, value)  # (positive terms: the value is their magnitude)
+    return raised(value, value)  # (positive terms: the value is their magnitude)
 
 
 def _cks_epsilon_at(alpha: float, rho: float, log_inv_delta: float) -> float:
     """The CKS epsilon at one order alpha > 1 (any order gives a valid epsilon), rounded up
-    (:func:`_raised`; alpha - 1 is exact for the doubles alpha in (1, 2^53))."""
+    (:func:`~dpsharp._rounding.raised`; alpha - 1 is exact for the doubles alpha in (1, 2^53))."""
     am1 = alpha - 1.0
     shape = am1 * math.log1p(-1.0 / alpha)
     log_alpha = math.log(alpha)
     value = alpha * rho + (log_inv_delta + shape - log_alpha) / am1
-    return _raised(value, alpha * rho + (log_inv_delta + abs(shape) + abs(log_alpha)) / am1)
+    return raised(value, alpha * rho + (log_inv_delta + abs(shape) + abs(log_alpha)) / am1)
 
 
 def zcdp_epsilon_cks(rho: float, delta: float, *, alpha_max: float | None = None) -> float:
@@ -158,7 +147,7 @@ def zcdp_epsilon_cks(rho: float, delta: float, *, alpha_max: float | None = None
     Never larger than :func:`zcdp_epsilon_bun_steinke` by more than rounding where the
     Bun-Steinke order lies in the searched range (alpha <= 1e8; it is evaluated there too, and
     the smaller value is returned): beyond it, for rho below about 1e-16 log(1/delta), at the
-    range's end. Clipped below at 0; rounded up (:func:`_raised`).
+    range's end. Clipped below at 0; rounded up (:func:`~dpsharp._rounding.raised`).
     """
     rho = _require_rho(rho)
     log_inv_delta = -math.log(require_delta(delta))
@@ -211,12 +200,12 @@ def zcdp_delta(rho: float, epsilon: float, *, alpha_max: float | None = None) ->
 
     def log_upper(alpha: float) -> float:
         """The smaller of the two at ``alpha``, each rounded up by its terms' magnitudes
-        (:func:`_raised`): (alpha - 1)(alpha rho - epsilon) cancels where epsilon is near
+        (:func:`~dpsharp._rounding.raised`): (alpha - 1)(alpha rho - epsilon) cancels where epsilon is near
         alpha rho."""
         am1 = alpha - 1.0
         tilt = am1 * (alpha * rho + epsilon)
         shape = abs(am1 * math.log1p(-1.0 / alpha)) + abs(math.log(alpha))
-        return min(_raised(log_bs(alpha), tilt), _raised(log_cks(alpha), tilt + shape))
+        return min(raised(log_bs(alpha), tilt), raised(log_cks(alpha), tilt + shape))
 
     alpha_bs = min(max((epsilon + rho) / (2.0 * rho), 1.0 + 1e-12), upper)
     # (every order gives a valid delta; the restriction's own end too, where it lies beyond the
@@ -237,7 +226,7 @@ def zcdp_delta(rho: float, epsilon: float, *, alpha_max: float | None = None) ->
         # a tiny rho lies far beyond the searched orders (rho = 1e-30: alpha* ~ 1e16, where the
         # search's end at 1e8 gave a delta 37 times the one epsilon(delta) was asked for)
         square = (epsilon - rho) * (epsilon - rho) / (4.0 * rho)
-        best = min(best, _raised(-square, (epsilon + rho) * (epsilon + rho) / (4.0 * rho)))
+        best = min(best, raised(-square, (epsilon + rho) * (epsilon + rho) / (4.0 * rho)))
     if best >= 0.0:
         return 1.0  # (e^best overflows for rho above ~7e14)
     return min(math.nextafter(math.exp(best), math.inf), 1.0)  # (exp within an ulp)
