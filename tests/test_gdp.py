@@ -244,3 +244,18 @@ def test_clt_equivalent_noise_edges_are_answered_or_named() -> None:
     with pytest.raises(TypeError, match="accountant must be"):
         clt_equivalent_noise_for(1.0, sampling_probability=0.01, steps=10, delta=1e-5,
                                  accountant=42)  # type: ignore[arg-type]
+
+
+def test_a_step_charged_as_the_unsampled_gaussian_is_certified() -> None:
+    """Where the CLT term is at least 1/sigma^2 the step is accounted as the unsampled Gaussian,
+    exactly (1/sigma)-GDP by post-processing (Dong, Roth, Su 2019): no approximation, so the
+    answer is certified, and it lies above the tight accountant's certified epsilon of the same
+    sampled run. One step that does use the CLT makes the whole answer uncertified again."""
+    clamped = PoissonSampled(Gaussian(0.5), 0.9)  # CLT term 0.81 (e^4 - 1) = 43.4 > 4
+    acc = GDPAccountant().compose(clamped, 20)
+    result = acc.guarantee(1e-5)
+    assert result.certified and result.warning is None and not acc.is_approximate
+    assert result.epsilon == gdp_epsilon(1e-5, math.sqrt(20) / 0.5)
+    assert result.epsilon >= dpsharp.accountant("pld").compose(clamped, 20).epsilon(1e-5)
+    acc.compose(PoissonSampled(Gaussian(2.0), 0.01))  # CLT term 2.6e-5 < 1/4: approximated
+    assert acc.is_approximate and not acc.guarantee(1e-5).certified

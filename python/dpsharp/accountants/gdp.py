@@ -95,7 +95,9 @@ class GDPAccountant(Accountant):
       limit and can be far below the true privacy loss for finite T (for example
       q = 0.1, sigma = 1, T = 10 gives epsilon 1.62 at delta 1e-5 while the tight value is
       2.85). Any such composition makes every :meth:`guarantee` carry ``certified=False`` and
-      :data:`CLT_WARNING`. (With p = 1 the event is the plain Gaussian and is composed exactly.)
+      :data:`CLT_WARNING`. (With p = 1 the event is the plain Gaussian and is composed exactly;
+      so is a step whose CLT term is at least 1/sigma^2, which is accounted as the unsampled
+      Gaussian, a bound at every p.)
 
     For a certified GDP parameter of subsampled mechanisms use the tight accountant's
     ``gdp_mu()`` (``dpsharp.accountant("pld")``), which bounds the composed trade-off curve
@@ -146,6 +148,17 @@ class GDPAccountant(Accountant):
         return min(_clt_mu_squared_term(leaf.sampling_probability, leaf.event.noise_multiplier),
                    _inverse_square(leaf.event.noise_multiplier))
 
+    @staticmethod
+    def _leaf_uses_clt(leaf: Event) -> bool:
+        """Whether the leaf's mu^2 is the CLT term (an approximation): a sampled Gaussian whose
+        CLT term is below 1/sigma^2. Where it is not, the step is accounted as the unsampled
+        Gaussian, exactly (1/sigma)-GDP at every q (:meth:`_leaf_mu_squared`): a bound."""
+        if not isinstance(leaf, PoissonSampled) or leaf.sampling_probability == 1.0:
+            return False
+        assert isinstance(leaf.event, Gaussian)
+        sigma = leaf.event.noise_multiplier
+        return _clt_mu_squared_term(leaf.sampling_probability, sigma) < _inverse_square(sigma)
+
     def _on_compose(self, leaves: list[tuple[Event, int]]) -> None:
         # Recomputed from the whole multiset with math.fsum, so the answer is a function of
         # the multiset alone (order of composition and checkpoints cannot change it).
@@ -155,9 +168,7 @@ class GDPAccountant(Accountant):
         self._mu_squared = math.fsum(
             count * self._leaf_mu_squared(leaf) for leaf, count in merged.items()
         )
-        self._approximate = any(
-            isinstance(leaf, PoissonSampled) and leaf.sampling_probability < 1.0 for leaf in merged
-        )
+        self._approximate = any(self._leaf_uses_clt(leaf) for leaf in merged)
 
     def _reset_caches(self) -> None:
         self._mu_squared = 0.0
@@ -171,7 +182,8 @@ class GDPAccountant(Accountant):
 
     @property
     def is_approximate(self) -> bool:
-        """True when a PoissonSampled event was composed (the CLT was used)."""
+        """True when the CLT was used: a PoissonSampled event whose CLT term was below the
+        unsampled Gaussian's 1/sigma^2 was composed."""
         return self._approximate
 
     def _epsilon(self, delta: float) -> float:
