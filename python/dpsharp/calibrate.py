@@ -221,8 +221,8 @@ def _solve_window(
 
     Where the accountant refuses to answer (:class:`_Refusal`), a bracketing step backs off
     towards the last answered point (halving the step, at most ``_REFUSAL_BACKOFFS`` times);
-    a refusal it cannot step around becomes a ValueError naming the refusal and the answered
-    values nearest to it (``parameter`` names x in that message).
+    a refusal it cannot step around becomes a ValueError naming the refusal and every value
+    the accountant did answer (``parameter`` names x in that message).
     """
     answered: dict[float, float] = {}  # x -> epsilon, for the refusal message
 
