@@ -180,9 +180,13 @@ def test_a_parameter_added_to_the_wrapped_optimizer_is_refused_before_the_charge
     optimizer.original_optimizer.add_param_group({"params": [extra]})
     before = extra.detach().clone()
     x, y = _one_batch(loader)
-    (nn.functional.cross_entropy(model(x), y) * extra.sum()).backward()
-    with pytest.raises(RuntimeError, match="without clipping or noise"):
-        optimizer.step()
+    if added == "unfrozen layer":  # (a model parameter: its forward pass is refused first)
+        with pytest.raises(RuntimeError, match=r"not when it was made private.*: 0\.weight"):
+            model(x)
+    else:
+        (nn.functional.cross_entropy(model(x), y) * extra.sum()).backward()
+        with pytest.raises(RuntimeError, match="without clipping or noise"):
+            optimizer.step()
     assert engine.accountant.is_empty and optimizer.releases == 0
     assert torch.equal(extra.detach(), before)
 
@@ -332,3 +336,41 @@ def test_a_checkpoints_noise_multiplier_that_differs_is_logged(caplog) -> None:
         engine.load_state_dict(state)
     assert optimizer.noise_multiplier == SIGMA
     assert "resumed at the checkpoint's noise multiplier 1.0, not the 3.0" in caplog.text
+
+
+@pytest.mark.parametrize("change", ["unfreeze", "add"])
+def test_a_parameter_trainable_only_after_make_private_is_refused_at_the_forward(change) -> None:
+    """A layer frozen when the model was made private and unfrozen later (or a module added
+    later) has no patched layer and no refusing gradient hook: backward() handed it the exact,
+    unclipped batch gradient, which a second plain optimizer applied with no noise while the
+    engine reported a finite epsilon. The forward pass with gradients is now refused, naming
+    the parameters; freezing them again restores training."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
+    model[0].requires_grad_(False)
+    engine = PrivacyEngine(accountant="rdp")
+    loader = PoissonDataLoader(make_dataset(), sample_rate=RATE, seed=3)
+    model, optimizer, loader = engine.make_private(
+        model, torch.optim.SGD(model[2].parameters(), lr=0.1), loader, noise_multiplier=SIGMA,
+        max_grad_norm=1.0, delta=DELTA, seed=4)
+    x, y = next(iter(make_dataset(8)))[0].unsqueeze(0), torch.tensor([1])
+    if change == "unfreeze":
+        model[0].requires_grad_(True)
+        names = "0.weight, 0.bias"
+    else:
+        model.add_module("extra", nn.Linear(2, 2))
+        names = "extra.weight, extra.bias"
+    with pytest.raises(RuntimeError, match=f"not when it was made private.*{names}"):
+        model(x)
+    with torch.no_grad():
+        model(x)  # (no gradient: nothing to clip, nothing refused)
+    if change == "unfreeze":
+        model[0].requires_grad_(False)
+    else:
+        model.extra.requires_grad_(False)
+    for features, labels in loader:
+        nn.functional.cross_entropy(model(features), labels).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        break
+    assert engine.steps == 1

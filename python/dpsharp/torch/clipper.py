@@ -576,10 +576,34 @@ class PerSampleClipper:
         # the torch.func fallback re-runs a module per example inside the backward pass
         if any(getattr(h, "bypass", False) for h in self._handles):
             return
+        self._refuse_unseen_trainable_parameters(module)
         self._drop_failed_pass()
         batch = _leading_dim((*args, *kwargs.values()))
         if batch is not None:
             self._input_batches.add(batch)
+
+    def _refuse_unseen_trainable_parameters(self, module: nn.Module) -> None:
+        """Refuse a forward pass with gradients while the model holds a trainable parameter
+        that was not trainable (or not there) when it was made private: a layer unfrozen or a
+        module added since. Its layer is not patched and has no refusing gradient hook, so
+        backward() would hand it the raw batch gradient, neither clipped nor noised, for any
+        optimizer to apply (progressive unfreezing with a second optimizer did exactly that
+        while the engine reported a finite epsilon)."""
+        # (ids from the parameter list itself, not self._index: a deep copy of the model copies
+        # this hook's clipper with its parameters, but the ids in _index are the originals')
+        index = {id(p) for p in self._params}
+        if all(id(p) in index or not p.requires_grad for p in module.parameters()):
+            return
+        unseen = [name for name, p in module.named_parameters()
+                  if p.requires_grad and id(p) not in index]
+        listed = ", ".join(unseen[:8]) + (", ..." if len(unseen) > 8 else "")
+        raise RuntimeError(
+            f"parameters of the private model that are trainable now but were not when it was "
+            f"made private (unfrozen or added since): {listed}. Their gradients would be "
+            "neither clipped nor noised. Freeze them again (requires_grad_(False)); a model "
+            "whose set of trainable parameters changes needs them trainable (or present) when "
+            "it is made private"
+        )
 
     def _record_output(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
         """Forward hook of the model: record dimension 0 of its first output tensor (the batch
