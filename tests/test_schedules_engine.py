@@ -152,6 +152,10 @@ def test_validation_schedule_in_the_engine() -> None:
     assert engine.adaptive_noise
     report = engine.report()
     assert report.certified is False and "chosen adaptively" in report.warning
+    # ... and so do epsilon() and Opacus' get_epsilon(), which returned the reading silently
+    for query in (engine.epsilon, engine.get_epsilon):
+        with pytest.warns(UserWarning, match="chosen adaptively.*a reading, not a guarantee"):
+            assert query(DELTA) == report.epsilon
 
 
 def test_schedules_say_whether_they_are_adaptive() -> None:

@@ -286,3 +286,23 @@ def test_a_mismatched_accounting_is_not_certified_and_its_epsilon_warns() -> Non
         warnings.simplefilter("error")
         exact = exact_epsilon_bisect(DELTA, 1.0)
         assert honest.get_epsilon(DELTA) == pytest.approx(exact, rel=2e-3)
+
+
+def test_a_budget_on_a_mismatched_accounting_is_refused() -> None:
+    """A budget enforced on the requested (Poisson) accounting of a reshuffling loader stopped
+    the run where that number reached the budget, while the loader's own sampling had cost far
+    more: refused at make_private and when set afterwards. The loader's own accounting takes the
+    same budget."""
+    budget = PrivacyBudget(3.0, DELTA)
+    loader = ShuffledDataLoader(dataset(100), batch_size=10, seed=1)
+    with pytest.raises(ValueError, match="budget is enforced on a bound for the loader's own"):
+        private(loader=loader, accounting="poisson", allow_accounting_mismatch=True,
+                budget=budget)
+    loader = ShuffledDataLoader(dataset(100), batch_size=10, seed=1)
+    engine, *_ = private(loader=loader, accounting="poisson", allow_accounting_mismatch=True)
+    with pytest.raises(ValueError, match="'poisson' accounting asked for"):
+        engine.budget = budget
+    assert engine.budget is None
+    loader = ShuffledDataLoader(dataset(100), batch_size=10, seed=1)
+    honest, *_ = private(loader=loader, budget=budget)
+    assert honest.budget == budget

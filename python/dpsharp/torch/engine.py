@@ -385,6 +385,18 @@ def _made_private(module: torch.nn.Module) -> str | None:
     return None
 
 
+def _mismatch_budget_refusal(accounting: str, sampling: str) -> str:
+    """Why a budget is refused where the accounting is not the loader's sampling: a budget
+    enforced on the requested accounting is no bound for the run (a reshuffling loader accounted
+    as Poisson stopped at the budget's epsilon 3.0 while its own sampling's epsilon was 14.2)."""
+    return (
+        f"a budget is enforced on a bound for the loader's own sampling, and the {accounting!r} "
+        f"accounting asked for (allow_accounting_mismatch=True) is not one for a {sampling!r} "
+        "loader: its epsilon can sit far below the run's. Use the loader's own accounting with "
+        "a budget, or drop the budget and read both epsilons (report().honest_epsilon)"
+    )
+
+
 def _require_flag(name: str, value: object) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be True or False, got {value!r}")
@@ -579,9 +591,10 @@ class PrivacyEngine:
         accounting:
             The sampling to account for (default: the loader's). A different one is refused
             unless ``allow_accounting_mismatch=True``; then both epsilons are reported by
-            :meth:`report` and the budget applies to the requested accounting, whose number is
-            not a bound for the loader's actual sampling: ``report().certified`` is False and
-            :meth:`epsilon` / :meth:`get_epsilon` warn (UserWarning) at every call.
+            :meth:`report`, and the requested accounting's number is not a bound for the
+            loader's actual sampling: ``report().certified`` is False, :meth:`epsilon` /
+            :meth:`get_epsilon` warn (UserWarning) at every call, and a budget is refused (it
+            would be enforced on a number that is no bound for the run).
         seed:
             Seeds the noise stream, and the sampler when the loader is built here (seeded
             runs are for testing and reproducibility; refused in secure mode).
@@ -714,6 +727,8 @@ class PrivacyEngine:
                 "for this loader. Use the loader's own accounting, or pass "
                 "allow_accounting_mismatch=True to get both numbers reported"
             )
+        if mismatch and budget is not None:
+            raise ValueError(_mismatch_budget_refusal(accounting, loader.sampling))
         main = _Ledger(self.accountant_name, self.accountant_options, accounting)
         self._require_support(main, loader, accounting)
         if not main.accountant.certified and not allow_approximation:
@@ -886,12 +901,7 @@ class PrivacyEngine:
         """Opacus' name for :meth:`epsilon`: epsilon(delta) of everything released so far (with
         ``allow_accounting_mismatch=True`` not a bound for the loader's actual sampling, and a
         UserWarning says so: see :meth:`epsilon`)."""
-        if self._honest is not None:
-            warnings.warn(self._mismatch_words(), UserWarning, stacklevel=2)
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", UserWarning)
-                return self.epsilon(delta)
-        return self.epsilon(delta)
+        return self._read_epsilon(delta)
 
     # ----------------------------------------------------------------- soundness checks
     def _approximation_refusal(
@@ -936,6 +946,10 @@ class PrivacyEngine:
                 "before the first release (the filter's proof assumes it), so it cannot be "
                 "set or changed now")
         if budget is not None:
+            if self._honest is not None:
+                assert self.loader is not None
+                raise ValueError(_mismatch_budget_refusal(self._main.accounting,
+                                                          self.loader.sampling))
             if not self._main.accountant.certified and not self.allow_approximation:
                 assert self.loader is not None
                 raise ValueError(self._approximation_refusal(
@@ -1301,12 +1315,25 @@ class PrivacyEngine:
         sampling) this is the requested accounting's number, which is *not* a bound for the
         sampling the loader really does: a UserWarning says so at every call, and
         :meth:`report` gives the loader's own epsilon as ``honest_epsilon`` (its ``certified``
-        is False)."""
+        is False). After a release with adaptively chosen noise a UserWarning likewise says
+        that the number is a reading, not the guarantee."""
+        return self._read_epsilon(delta)
+
+    def _read_epsilon(self, delta: float | None) -> float:
+        """:meth:`epsilon` and :meth:`get_epsilon`: the ledger's epsilon, with a UserWarning
+        (pointing at the caller's line) for each reason it is not the run's guarantee."""
         ledger = self._ledger()
         self._require_consistent()
         delta = require_delta(self._delta_or(delta))
         if self._honest is not None:
-            warnings.warn(self._mismatch_words(), UserWarning, stacklevel=2)
+            warnings.warn(self._mismatch_words(), UserWarning, stacklevel=3)
+        if self._adaptive and not ledger.accountant.is_empty:
+            warnings.warn(
+                f"the noise multiplier was chosen adaptively ({self._adaptive_reason}): this "
+                "epsilon composes the realised noise multipliers as if they had been fixed in "
+                "advance, which is a reading, not a guarantee; report() gives the run's "
+                "statement (certified only under a budget enforced by a privacy filter)",
+                UserWarning, stacklevel=3)
         if ledger.non_private_releases:
             return math.inf
         return ledger.accountant.epsilon(delta)
