@@ -64,11 +64,49 @@ double wor_scaled_bound(double gamma, double sigma, long alpha) {
 
 }  // namespace
 
+double gaussian_order_coefficient(double order, double sigma) noexcept {
+  const double value = (order * 0.5 / sigma) / sigma;
+  return std::nextafter(std::nextafter(value, kInf), kInf);
+}
+
 void gaussian(double sigma, const double* orders, std::size_t n, double* out) {
   check_positive("noise_multiplier", sigma);
   check_orders(orders, n);
-  for (std::size_t i = 0; i < n; ++i) out[i] = orders[i] * 0.5 / (sigma * sigma);
+  for (std::size_t i = 0; i < n; ++i) out[i] = gaussian_order_coefficient(orders[i], sigma);
 }
+
+namespace {
+
+// The Laplace RDP's log argument minus 1, A - 1 = [alpha expm1(beta x) + beta expm1(-alpha x)]
+// / (2 alpha - 1) with beta = alpha - 1, x = 1/b, as its Taylor series: the x^k coefficient of
+// the bracket is alpha beta (beta^(k-1) + (-alpha)^(k-1)) / k!, zero at k = 1. Every term is
+// formed without cancellation (beta^(k-1) - alpha^(k-1) for odd k as -alpha^(k-1) (1 - (beta /
+// alpha)^(k-1)), with expm1 and log1p), and for alpha x <= 1/2 the terms after k = 2 sum to at
+// most a third of it in magnitude, so the sum is within a few units of roundoff.
+double laplace_excess_series(double a, double x) {
+  const double beta = a - 1.0;
+  const double log_ratio = std::log1p(-1.0 / a);  // log(beta / alpha)
+  double sum = 0.0;
+  double alpha_power = a;  // alpha^(k-1), from k = 2
+  double x_power = x * x / 2.0;  // x^k / k!, from k = 2
+  for (int k = 2; k <= 60; ++k) {
+    const double kd = static_cast<double>(k);
+    double coefficient;
+    if (k % 2 == 0) {
+      coefficient = alpha_power * (1.0 + std::exp((kd - 1.0) * log_ratio));
+    } else {
+      coefficient = -alpha_power * -std::expm1((kd - 1.0) * log_ratio);
+    }
+    const double term = x_power * coefficient;
+    sum += term;
+    if (std::abs(term) <= 1e-20 * std::abs(sum)) break;
+    alpha_power *= a;
+    x_power *= x / (kd + 1.0);
+  }
+  return a * beta / (2.0 * a - 1.0) * sum;
+}
+
+}  // namespace
 
 void laplace(double scale, const double* orders, std::size_t n, double* out) {
   check_positive("scale", scale);
@@ -76,17 +114,22 @@ void laplace(double scale, const double* orders, std::size_t n, double* out) {
   for (std::size_t i = 0; i < n; ++i) {
     const double a = orders[i];
     const double beta = a - 1.0;
-    if (beta / scale < 50.0) {
-      // The argument of the log is 1 + (alpha-1)/(2 alpha-1) * [alpha expm1(beta/b)/beta
-      // + expm1(-alpha/b)]; its first-order terms cancel, so form the bracket with expm1 and
-      // take log1p (no cancellation of the leading 1 as alpha -> 1 or b grows).
+    double value;
+    if (a / scale <= 0.5) {
+      value = std::log1p(laplace_excess_series(a, 1.0 / scale)) / beta;
+    } else if (beta / scale < 50.0) {
+      // alpha x > 1/2: the cancelling first-order terms are at most a few times the result,
+      // so forming the bracket with expm1 loses only a few units of roundoff.
       const double bracket = a * std::expm1(beta / scale) / beta + std::expm1(-a / scale);
-      out[i] = std::log1p(beta / (2.0 * a - 1.0) * bracket) / beta;
-      continue;
+      value = std::log1p(beta / (2.0 * a - 1.0) * bracket) / beta;
+    } else {
+      const double first = std::log(a / (2.0 * a - 1.0)) + (a - 1.0) / scale;
+      const double second = std::log((a - 1.0) / (2.0 * a - 1.0)) - a / scale;
+      value = log_add_exp(first, second) / (a - 1.0);
     }
-    const double first = std::log(a / (2.0 * a - 1.0)) + (a - 1.0) / scale;
-    const double second = std::log((a - 1.0) / (2.0 * a - 1.0)) - a / scale;
-    out[i] = log_add_exp(first, second) / (a - 1.0);
+    // Raised past the evaluation's rounding (a few units of roundoff of the value, 32 here;
+    // two doubles more where it is below the normal range); the exact value is positive.
+    out[i] = std::nextafter(std::nextafter(value * (1.0 + 0x1p-48), kInf), kInf);
   }
 }
 

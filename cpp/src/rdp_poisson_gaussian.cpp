@@ -693,7 +693,7 @@ void poisson_gaussian(double q, double sigma, const double* orders, std::size_t 
   for (std::size_t i = 0; i < n; ++i) {
     const double alpha = orders[i];
     if (q == 1.0) {
-      out[i] = alpha * 0.5 / (sigma * sigma);  // no sampling: the Gaussian itself
+      out[i] = gaussian_order_coefficient(alpha, sigma);  // no sampling: the Gaussian itself
       continue;
     }
     if (!finite_shift) {
@@ -708,6 +708,13 @@ void poisson_gaussian(double q, double sigma, const double* orders, std::size_t 
     double log_a;
     if (std::isnan(log_am1) || log_am1 == kInf) {
       log_a = kInf;
+    } else if (log_am1 < -600.0) {
+      // log A = log1p(e^l) <= e^l, and e^l / (alpha - 1) may lie below the normal range (it
+      // read 0 at q = 1e-170, sigma = 1: a claim of pure DP): one exponential of a value
+      // within a few units of roundoff of |l|, raised past that and two doubles more.
+      const double value = std::exp(log_am1 - std::log(alpha - 1.0));
+      out[i] = std::nextafter(std::nextafter(value * (1.0 + 0x1p-40), kInf), kInf);
+      continue;
     } else if (log_am1 < 0.0) {
       log_a = std::log1p(std::exp(log_am1));
     } else {
