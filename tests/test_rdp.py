@@ -506,3 +506,54 @@ def test_a_poisson_sampled_rdp_below_the_double_range_is_not_zero() -> None:
         exact = mpmath.log1p(q * q * mpmath.expm1(1)) / 1
         value = poisson_gaussian_rdp(1e-150, 1.0, [2.0])[0]
         assert exact <= value <= exact * (1 + 1e-11)
+
+
+def _tight_conversion_references(orders, curve, delta=None, epsilon=None):  # type: ignore[no-untyped-def]
+    """The tight RDP conversion (Canonne, Kamath, Steinke 2020, Proposition 12; total
+    variation <= sqrt(1 - e^{-D_alpha}) for the epsilon = 0 shortcut) evaluated at 60 digits on
+    the given doubles: epsilon(delta) or delta(epsilon), minimised over the orders."""
+    mpmath = pytest.importorskip("mpmath")
+    with mpmath.workdps(60):
+        best = mpmath.inf
+        for alpha, value in zip(orders, curve):
+            a, r = mpmath.mpf(float(alpha)), mpmath.mpf(float(value))
+            if delta is not None:
+                d = mpmath.mpf(delta)
+                if d * d >= -mpmath.expm1(-r):
+                    candidate = mpmath.mpf(0)
+                elif a > mpmath.mpf("1.01"):
+                    candidate = r + mpmath.log1p(-1 / a) - (mpmath.log(d) + mpmath.log(a)) / (a - 1)
+                else:
+                    candidate = mpmath.inf
+            else:
+                candidate = mpmath.log(-mpmath.expm1(-r)) / 2 if r > 0 else mpmath.ninf
+                if a > mpmath.mpf("1.01"):
+                    candidate = min(candidate, (a - 1) * (r - epsilon + mpmath.log1p(-1 / a))
+                                    - mpmath.log(a))
+            best = min(best, candidate)
+        return max(best, 0) if delta is not None else min(mpmath.exp(best), 1)
+
+
+def test_rdp_conversions_are_not_below_their_formula() -> None:
+    """epsilon_from_rdp and delta_from_rdp against the same formula at 60 digits: rounded to
+    nearest, delta read up to 5.9e-14 relative below (large |log delta|), a near-zero epsilon
+    8e-14 below, and a D_alpha within an ulp of the epsilon = 0 shortcut's threshold answered 0
+    where the formula gives 0.41. Each is now at or above, within 1e-11 relative."""
+    # the shortcut's threshold: sqrt(1 - e^{-r}) exceeds delta by 5e-18
+    got, _ = epsilon_from_rdp([2.0], [1.6912207771059824], 0.9031642130747976)
+    exact = _tight_conversion_references([2.0], [1.6912207771059824], delta=0.9031642130747976)
+    assert exact > 0.4 and exact <= got <= exact * (1 + 1e-11)
+    orders = np.array([1.02, 1.05, 1.1, 1.5, 2, 3, 4, 5, 8, 10, 16, 20, 32, 64, 128, 256, 1000])
+    curves = [gaussian_rdp(469.42720819147866, orders) * 36.31755276626032,
+              gaussian_rdp(0.6222383860004285, orders),
+              poisson_gaussian_rdp(1e-3, 1.0, orders) * 1000,
+              poisson_gaussian_rdp(0.05, 0.8, orders) * 500]
+    for curve in curves:
+        for epsilon in (0.0, 0.01, 0.7279995540660957, 3.0, 10.0):
+            got, _ = delta_from_rdp(orders, curve, epsilon)
+            exact = _tight_conversion_references(orders, curve, epsilon=epsilon)
+            assert exact <= got <= exact * (1 + 1e-11) + 1e-320, (epsilon, got, float(exact))
+        for delta in (1e-300, 1e-12, 1e-5, 0.3, 0.8240900560644168):
+            got, _ = epsilon_from_rdp(orders, curve, delta)
+            exact = _tight_conversion_references(orders, curve, delta=delta)
+            assert exact <= got <= exact * (1 + 1e-11) + 1e-13, (delta, got, float(exact))
