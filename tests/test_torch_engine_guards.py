@@ -374,3 +374,32 @@ def test_a_parameter_trainable_only_after_make_private_is_refused_at_the_forward
         optimizer.zero_grad()
         break
     assert engine.steps == 1
+
+
+def test_a_draw_the_optimizer_refuses_leaves_the_loader_where_it_was() -> None:
+    """Drawing a new logical batch while the previous one awaits its release is refused; the
+    refused draw used to advance the loader (its count of batches and last batch size), so the
+    pending batch's release was then checked against the refused batch's size, and a checkpoint
+    taken afterwards could not be resumed. The loader's counters now stay put: once the budget
+    is raised the pending batch is released, and the checkpoint resumes."""
+    budget = PrivacyBudget(1.0, DELTA)
+    engine, model, optimizer, loader = private(budget=budget)
+    iterator = iter(loader)
+    with pytest.raises(BudgetExhausted):
+        while True:
+            x, y = next(iterator)
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            optimizer.step()
+    drawn, size, releases = loader.logical_batches_drawn, loader.last_batch_size, engine.steps
+    for _ in range(2):
+        with pytest.raises(RuntimeError):
+            next(iter(loader))  # a new batch while the pending one is not released
+        assert (loader.logical_batches_drawn, loader.last_batch_size) == (drawn, size)
+    engine.budget = PrivacyBudget(100.0, DELTA)
+    optimizer.step()  # the pending batch, checked against its own size
+    assert engine.steps == releases + 1 == loader.logical_batches_drawn
+    state = engine.state_dict()
+    resumed, *_ = private(budget=PrivacyBudget(100.0, DELTA))
+    resumed.load_state_dict(state)
+    assert resumed.steps == engine.steps

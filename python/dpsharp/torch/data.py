@@ -408,13 +408,24 @@ class DPDataLoader:
             self._position = 0
             self._begin_epoch()
         while self._position < self.steps_per_epoch:
+            before = (self._position, self._logical_batches, self._drawn_here,
+                      self._last_batch_size)
             indices = self._draw()
             self._position += 1
             self._logical_batches += 1
             self._drawn_here += 1
             self._last_batch_size = int(len(indices))
-            for callback in list(self._listeners):
-                callback(self, self._last_batch_size)
+            try:
+                for callback in list(self._listeners):
+                    callback(self, self._last_batch_size)
+            except BaseException:
+                # A draw a listener refuses (the optimizer, while the previous batch is not
+                # released) is no draw: the counters stay where they were, so the pending batch
+                # is still the one its release is checked against (and a checkpoint's count of
+                # batches drawn still matches its releases). Its indices are dropped unused.
+                (self._position, self._logical_batches, self._drawn_here,
+                 self._last_batch_size) = before
+                raise
             self._open_chunks = self._chunks(indices)
             self._lot_open = True
             yield from self._yield_open_lot()
