@@ -560,7 +560,9 @@ class PrivacyEngine:
         noise_multiplier, target_epsilon:
             Exactly one. With ``target_epsilon`` (and ``delta``, ``epochs``) sigma is calibrated
             with :mod:`dpsharp.calibrate` on this engine's accountant so that ``epochs`` epochs
-            of this loader cost at most ``target_epsilon``.
+            of this loader cost at most ``target_epsilon``. That installs no budget (as in
+            Opacus): training past ``epochs`` spends more; pass
+            ``budget=PrivacyBudget(target_epsilon, delta)`` too for the engine to stop there.
         delta:
             The delta at which epsilon is reported (default: the budget's delta). May be left
             out with ``noise_multiplier`` and no budget, as in Opacus: then
@@ -597,7 +599,10 @@ class PrivacyEngine:
             would be enforced on a number that is no bound for the run).
         seed:
             Seeds the noise stream, and the sampler when the loader is built here (seeded
-            runs are for testing and reproducibility; refused in secure mode).
+            runs are for testing and reproducibility; refused in secure mode). The noise is a
+            function of the seed alone: two runs with one seed (a sweep over learning rates,
+            say) add the same noise to their releases, so their epsilons do not compose and
+            at most one of them may be published. Without a seed each run draws its own key.
         batch_probe:
             Probe the first training batch (the first forward pass of ``module`` with
             gradients enabled, before its backward pass and before anything is charged or

@@ -65,6 +65,8 @@ class NoiseGenerator:
     seed:
         Integer in [0, 2^64) keying the stream; None draws one from the OS CSPRNG (and stores
         it, so ``state_dict()`` still allows an exact resume). Refused when ``secure=True``.
+        Two generators with one seed produce the same noise: releases of two runs keyed alike
+        are not independent, and their privacy does not compose.
     secure:
         Draw a fresh 256-bit key from the OS CSPRNG at every release; no seed, not replayable.
     rank:
