@@ -376,23 +376,36 @@ def atoms_rdp(
     mechanism: int, parameter: float, rate: float, orders: npt.ArrayLike
 ) -> npt.NDArray[np.float64]:
     """D_alpha(P || Q) of one atom leaf at each order alpha in [1, inf] (module docstring):
-    the Kullback-Leibler divergence at 1, the largest loss at inf."""
+    the Kullback-Leibler divergence at 1, the largest loss at inf. Rounded up: the masses and
+    losses are within a few units of roundoff of their closed forms, and a divergence much
+    smaller than its atoms' losses is a sum whose first-order terms cancel (sum m_i l_i, or
+    sum m_i (e^{t_i} - 1) with t_i = (alpha - 1) l_i): 8 units of roundoff of the terms'
+    magnitudes are added before the logarithm (randomized response at p = 1 - 1e-12 read
+    5.7e-5 relative below its exact divergence without it), and each value is raised past
+    the logarithm's and the division's rounding."""
     losses, masses = atoms(mechanism, parameter, rate)
     log_masses = np.log(masses)
     result = []
     for order in np.atleast_1d(np.asarray(orders, dtype=np.float64)).tolist():
         if order == 1.0:
-            result.append(max(float(np.dot(masses, losses)), 0.0))
+            value = float(np.dot(masses, losses)) + 8.0 * _ULP * float(np.dot(masses,
+                                                                           np.abs(losses)))
         elif math.isinf(order):
-            result.append(max(float(losses.max()), 0.0))
+            top = float(losses.max())
+            value = top + 8.0 * _ULP * abs(top)
         else:
-            t = (order - 1.0) * losses
+            beta = order - 1.0
+            t = beta * losses
             if float(np.abs(t).max()) < 0.5:
                 # log1p(sum m (e^t - 1)) keeps its relative precision as alpha -> 1
-                value = math.log1p(float(np.dot(masses, np.expm1(t)))) / (order - 1.0)
+                growth = np.expm1(t)
+                slack = 8.0 * _ULP * float(np.dot(masses, np.abs(growth) + np.abs(t) * np.exp(t)))
+                excess = float(np.dot(masses, growth)) + slack
+                value = math.log1p(max(excess, 0.0)) * (1.0 + 8.0 * _ULP) / beta
             else:
-                value = float(logsumexp(log_masses + t)) / (order - 1.0)
-            result.append(max(value, 0.0))
+                total = float(logsumexp(log_masses + t))
+                value = (total + 8.0 * _ULP * (1.0 + float(np.abs(t).max()) + abs(total))) / beta
+        result.append(max(math.nextafter(value, math.inf), 0.0))
     return np.array(result, dtype=np.float64)
 
 
