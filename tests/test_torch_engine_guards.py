@@ -403,3 +403,13 @@ def test_a_draw_the_optimizer_refuses_leaves_the_loader_where_it_was() -> None:
     resumed, *_ = private(budget=PrivacyBudget(100.0, DELTA))
     resumed.load_state_dict(state)
     assert resumed.steps == engine.steps
+
+
+def test_copying_the_dp_optimizer_is_refused_with_the_reason() -> None:
+    """copy.deepcopy(optimizer) failed with AttributeError: 'DPOptimizer' object has no
+    attribute 'original_optimizer'; a copy would release outside the engine's ledger with the
+    same noise stream, so it is refused, and the message says how to checkpoint instead."""
+    _, _, optimizer, _ = private()
+    for copier in (copy.copy, copy.deepcopy):
+        with pytest.raises(TypeError, match="cannot be copied.*state_dict"):
+            copier(optimizer)

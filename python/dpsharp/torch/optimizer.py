@@ -70,6 +70,13 @@ def _require_max_grad_norm(value: object) -> float | list[float]:
     return require_positive_finite("max_grad_norm", value)
 
 
+_NO_COPY = (
+    "a DPOptimizer cannot be copied: the copy would draw the same noise stream and release "
+    "outside the ledger of the engine that accounts this one. Checkpoint with state_dict() and "
+    "load it into the optimizer of a new make_private"
+)
+
+
 class DPOptimizer(torch.optim.Optimizer):
     """A differentially private wrapper of ``optimizer``.
 
@@ -625,6 +632,12 @@ class DPOptimizer(torch.optim.Optimizer):
         return True
 
     # ----------------------------------------------------------------- checkpoints
+    def __copy__(self) -> DPOptimizer:
+        raise TypeError(_NO_COPY)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> DPOptimizer:
+        raise TypeError(_NO_COPY)
+
     def state_dict(self) -> dict[str, Any]:
         """The wrapped optimizer's state_dict plus a ``"dpsharp"`` entry (noise stream
         position, release count, sigma, B)."""
