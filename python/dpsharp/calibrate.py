@@ -233,26 +233,24 @@ def _solve_window(
         return refusal.explain(known)
 
     try:
-        return _solve_window_answered(
-            lambda x: answered.setdefault(x, eps_of(x)), start, lo_limit, hi_limit, target,
-            rtol, increasing=increasing, unreachable=unreachable, nothing_to_do=nothing_to_do)
+        return _search_window(lambda x: answered.setdefault(x, eps_of(x)), start,
+                              (lo_limit, hi_limit), (target, rtol), increasing,
+                              (unreachable, nothing_to_do))
     except _Refusal as refusal:
         raise explain(refusal) from refusal.reason
 
 
-def _solve_window_answered(
-    eps_of: Callable[[float], float],
-    start: float,
-    lo_limit: float,
-    hi_limit: float,
-    target: float,
-    rtol: float,
-    *,
-    increasing: bool,
-    unreachable: Callable[[], str],
-    nothing_to_do: Callable[[], str],
+def _search_window(
+    eps_of: Callable[[float], float], start: float, limits: tuple[float, float],
+    window: tuple[float, float], increasing: bool,
+    messages: tuple[Callable[[], str], Callable[[], str]],
 ) -> float:
-    """The search of :func:`_solve_window`; a refusal it cannot step around propagates."""
+    """The search of :func:`_solve_window` (``limits`` = (lo_limit, hi_limit), ``window`` =
+    (target, rtol), ``messages`` = (unreachable, nothing_to_do)); a refusal it cannot step
+    around propagates."""
+    lo_limit, hi_limit = limits
+    target, rtol = window
+    unreachable, nothing_to_do = messages
     floor = target * (1.0 - rtol)
     aim = target * (1.0 - 0.5 * rtol)
     log_aim = math.log(aim)
