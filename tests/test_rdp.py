@@ -508,7 +508,8 @@ def test_a_poisson_sampled_rdp_below_the_double_range_is_not_zero() -> None:
         assert exact <= value <= exact * (1 + 1e-11)
 
 
-def _tight_conversion_references(orders, curve, delta=None, epsilon=None):  # type: ignore[no-untyped-def]
+def _tight_conversion_references(  # type: ignore[no-untyped-def]
+        orders, curve, delta=None, epsilon=None):
     """The tight RDP conversion (Canonne, Kamath, Steinke 2020, Proposition 12; total
     variation <= sqrt(1 - e^{-D_alpha}) for the epsilon = 0 shortcut) evaluated at 60 digits on
     the given doubles: epsilon(delta) or delta(epsilon), minimised over the orders."""

@@ -91,12 +91,10 @@ double laplace_excess_series(double a, double x) {
   double x_power = x * x / 2.0;  // x^k / k!, from k = 2
   for (int k = 2; k <= 60; ++k) {
     const double kd = static_cast<double>(k);
-    double coefficient;
-    if (k % 2 == 0) {
-      coefficient = alpha_power * (1.0 + std::exp((kd - 1.0) * log_ratio));
-    } else {
-      coefficient = -alpha_power * -std::expm1((kd - 1.0) * log_ratio);
-    }
+    // beta^(k-1) + alpha^(k-1) for even k, beta^(k-1) - alpha^(k-1) (negative) for odd k
+    const double coefficient = k % 2 == 0
+        ? alpha_power * (1.0 + std::exp((kd - 1.0) * log_ratio))
+        : alpha_power * std::expm1((kd - 1.0) * log_ratio);
     const double term = x_power * coefficient;
     sum += term;
     if (std::abs(term) <= 1e-20 * std::abs(sum)) break;

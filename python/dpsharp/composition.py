@@ -333,10 +333,10 @@ def amplify_by_subsampling(epsilon: float, delta: float, sampling_probability: f
     epsilon = require_epsilon(epsilon)
     delta = _require_delta_closed(delta, "delta")
     q = require_probability("sampling_probability", sampling_probability)
-    # q delta rounded up exactly: a product below the smallest subnormal is that subnormal, not
-    # 0 (which would claim pure DP)
     if q == 1.0:
         return epsilon, delta  # no subsampling: the guarantee itself
+    # q delta rounded up exactly: a product below the smallest subnormal is that subnormal, not
+    # 0 (which would claim pure DP)
     amplified_delta = fraction_rounded_up(Fraction(q) * Fraction(delta))
     if epsilon > 700.0:  # e^eps - 1 may overflow: eps + log(q + (1 - q) e^-eps)
         log_term = math.log(q + (1.0 - q) * math.exp(-epsilon))

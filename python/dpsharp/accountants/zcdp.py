@@ -200,8 +200,8 @@ def zcdp_delta(rho: float, epsilon: float, *, alpha_max: float | None = None) ->
 
     def log_upper(alpha: float) -> float:
         """The smaller of the two at ``alpha``, each rounded up by its terms' magnitudes
-        (:func:`~dpsharp._rounding.raised`): (alpha - 1)(alpha rho - epsilon) cancels where epsilon is near
-        alpha rho."""
+        (:func:`~dpsharp._rounding.raised`): (alpha - 1)(alpha rho - epsilon) cancels where
+        epsilon is near alpha rho."""
         am1 = alpha - 1.0
         tilt = am1 * (alpha * rho + epsilon)
         shape = abs(am1 * math.log1p(-1.0 / alpha)) + abs(math.log(alpha))
