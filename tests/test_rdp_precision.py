@@ -22,6 +22,9 @@ def check(q: float, sigma: float, alpha: float) -> None:
     # +inf would be allowed by the contract but would also be a failure of the precision goal
     assert np.isfinite(ours), (q, sigma, alpha)
     assert abs(mpmath.mpf(float(ours)) - ref) <= TOLERANCE * ref, (q, sigma, alpha, ours, ref)
+    # an upper bound: the integer orders' sum is raised by its rounding bound, the fractional
+    # orders' quadrature by twice its tolerance
+    assert mpmath.mpf(float(ours)) >= ref, (q, sigma, alpha, ours, ref)
 
 
 # Integer orders: the reference is an exact 50-digit binomial sum (fast).
