@@ -379,7 +379,7 @@ def atoms_rdp(
     the Kullback-Leibler divergence at 1, the largest loss at inf. Rounded up: the masses and
     losses are within a few units of roundoff of their closed forms, and a divergence much
     smaller than its atoms' losses is a sum whose first-order terms cancel (sum m_i l_i, or
-    sum m_i (e^{t_i} - 1) with t_i = (alpha - 1) l_i): 8 units of roundoff of the terms'
+    sum m_i (e^{t_i} - 1) with t_i = (alpha - 1) l_i): 8 ulps (2^-52 each) of the terms'
     magnitudes are added before the logarithm (randomized response at p = 1 - 1e-12 read
     5.7e-5 relative below its exact divergence without it), and each value is raised past
     the logarithm's and the division's rounding."""
