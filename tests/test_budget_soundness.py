@@ -326,6 +326,31 @@ def test_a_sigma_changed_by_hand_under_a_budget_is_refused() -> None:
     assert optimizer.releases == 3
 
 
+def test_a_sigma_set_back_before_the_next_release_is_not_adaptive() -> None:
+    """A sigma changed after a release and set back before the next one leaves every released
+    sigma the one fixed in advance: nothing was chosen online, and the budget goes on (the
+    adaptive flag was sticky from the assignment, refusing every later release). A release
+    that would use a changed sigma is refused, as above, before anything is released; set
+    back, the run goes on as fixed in advance."""
+    budget = PrivacyBudget(20.0, DELTA)
+    engine, model, optimizer, loader = _private("pld", budget=budget)
+    _train(optimizer, loader, model, steps=3)
+    optimizer.noise_multiplier = 3.0
+    optimizer.noise_multiplier = 4.0  # (the value released so far)
+    _train(optimizer, loader, model, steps=2)
+    assert optimizer.releases == 5 and not engine.adaptive_noise
+    optimizer.noise_multiplier = 3.0
+    with pytest.raises(RuntimeError, match="chosen adaptively.*adaptive_noise=True"):
+        _train(optimizer, loader, model, steps=1)
+    assert optimizer.releases == 5
+    optimizer.noise_multiplier = 4.0
+    optimizer.step()  # the refused batch, released at the sigma fixed in advance
+    _train(optimizer, loader, model, steps=1)
+    assert optimizer.releases == 7 and not engine.adaptive_noise
+    assert engine.report().certified
+    assert dict(engine.accountant.composed) == {PoissonSampled(Gaussian(4.0), 1.0): 7}
+
+
 def test_adaptive_noise_without_a_budget_is_reported_uncertified() -> None:
     engine, model, optimizer, loader = _private("pld", sigma=4.0)
     _train(optimizer, loader, model, steps=3)

@@ -252,7 +252,11 @@ class DPOptimizer(torch.optim.Optimizer):
         self.original_optimizer = optimizer
         self._releases = 0
         self._released_here = 0  # releases made in this process (never restored)
-        self._noise_chosen_online = False
+        self._noise_chosen_online = False  # a release was made with a sigma chosen online
+        # Set by a change of sigma after a release other than by a schedule; the next release
+        # is online if its sigma differs from the last one released (None: not known here).
+        self._online_change = False
+        self._released_sigma: float | None = None
         self._budget_checks: list[Callable[[DPOptimizer], str | None]] = []
         self._charge_hooks: list[Callable[[DPOptimizer], None]] = []
         self._release_hooks: list[Callable[[DPOptimizer], None]] = []
@@ -320,8 +324,9 @@ class DPOptimizer(torch.optim.Optimizer):
     @noise_multiplier.setter
     def noise_multiplier(self, value: float) -> None:
         """Change sigma; an attached engine accounts the new value. A change after the first
-        release sets :attr:`noise_chosen_online` (the new sigma may depend on earlier outputs);
-        sigmas fixed in advance belong in a schedule attached before the first release
+        release that the next release uses sets :attr:`noise_chosen_online` (the new sigma may
+        depend on earlier outputs; one set back to the last released value before then does
+        not); sigmas fixed in advance belong in a schedule attached before the first release
         (:func:`dpsharp.torch.schedules.attach_schedule`)."""
         self._set_noise_multiplier(value, online=True)
 
@@ -329,7 +334,7 @@ class DPOptimizer(torch.optim.Optimizer):
         """Set sigma; ``online`` says the value may have been chosen from earlier outputs."""
         sigma = _require_noise_multiplier(value)
         if online and self._releases > 0 and sigma != self._noise_multiplier:
-            self._noise_chosen_online = True
+            self._online_change = True
         self._noise_multiplier = sigma
 
     @property
@@ -378,9 +383,12 @@ class DPOptimizer(torch.optim.Optimizer):
 
     @property
     def noise_chosen_online(self) -> bool:
-        """True once sigma changed after the first release other than by a schedule committed
-        before the first release (sticky)."""
-        return self._noise_chosen_online
+        """True once a release is (or the next would be) made with a sigma changed after the
+        first release other than by a schedule committed before it (sticky from that release
+        on). A sigma changed and set back before the next release leaves the released sigmas
+        as fixed in advance: not online."""
+        return self._noise_chosen_online or (
+            self._online_change and self._noise_multiplier != self._released_sigma)
 
     @property
     def expected_batch_size(self) -> float:
@@ -571,6 +579,9 @@ class DPOptimizer(torch.optim.Optimizer):
                 self.clipper.set_max_grad_norm(bound)
                 self._max_grad_norm = bound
         finally:
+            self._noise_chosen_online = self.noise_chosen_online
+            self._online_change = False
+            self._released_sigma = self._noise_multiplier
             self._releases += 1
             self._released_here += 1
             self._lot_pending = False
@@ -646,7 +657,7 @@ class DPOptimizer(torch.optim.Optimizer):
             "noise": self.noise.state_dict(),
             "releases": self._releases,
             "noise_multiplier": self._noise_multiplier,
-            "noise_chosen_online": self._noise_chosen_online,
+            "noise_chosen_online": self.noise_chosen_online,
             "expected_batch_size": self._expected_batch_size,
         }
         if self.clip_rule is not None:
