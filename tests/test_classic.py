@@ -584,3 +584,16 @@ def test_amplification_is_not_below_its_exact_formula(epsilon: float) -> None:
         assert Fraction(got_delta) >= Fraction(q) * Fraction(delta)
         assert Fraction(math.nextafter(got_delta, 0.0)) < Fraction(q) * Fraction(delta)
     assert amplify_by_subsampling(epsilon, 3e-7, 1.0) == (epsilon, 3e-7)  # nothing to amplify
+
+
+def test_a_rational_past_the_largest_double_rounds_up_to_infinity() -> None:
+    """fraction_rounded_up is the smallest double at or above a rational: the largest finite
+    double itself, +inf just past it (no finite double is an upper bound there)."""
+    import sys
+
+    from dpsharp._rounding import fraction_rounded_up
+
+    largest = Fraction(sys.float_info.max)
+    assert fraction_rounded_up(largest) == sys.float_info.max
+    assert fraction_rounded_up(largest + Fraction(1, 10**9)) == math.inf
+    assert fraction_rounded_up(Fraction(1, 3)) == math.nextafter(1 / 3, 1.0)

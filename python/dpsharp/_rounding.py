@@ -14,11 +14,13 @@ the formula it claims, so these helpers return a double at or above it:
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Iterable
 from fractions import Fraction
 
 #: The unit roundoff of IEEE double precision, 2^-53 (Higham 2002, Section 2.1).
 UNIT_ROUNDOFF = 2.0**-53
+_LARGEST_DOUBLE = Fraction(sys.float_info.max)
 
 
 def raised(value: float, magnitude: float) -> float:
@@ -33,7 +35,10 @@ def raised(value: float, magnitude: float) -> float:
 
 def fraction_rounded_up(exact: Fraction) -> float:
     """The smallest double >= the rational ``exact`` (float() rounds to nearest; one step up
-    where that is below). OverflowError past the largest double, as float() raises."""
+    where that is below); +inf past the largest double (an upper bound that no finite double
+    is)."""
+    if exact > _LARGEST_DOUBLE:
+        return math.inf
     nearest = float(exact)
     return nearest if Fraction(nearest) >= exact else math.nextafter(nearest, math.inf)
 

@@ -197,7 +197,7 @@ def extended_advanced_composition(
         with np.errstate(over="ignore"):  # e^eps overflows past 709.78: +inf, as it should be
             linear = math.fsum(reps * eps * np.expm1(eps))
         eps_total = math.sqrt(2.0 * log_inv * sum_sq) + linear
-        return raised(eps_total, eps_total), _delta_sum_rounded_up(reps, dels, slack)
+        return raised(eps_total, eps_total), _weighted_sum_rounded_up(reps, dels, slack)
     if form != "kov":
         raise ValueError(f"form must be 'drv' or 'kov', got {form!r}")
     with np.errstate(over="ignore", invalid="ignore"):
@@ -207,7 +207,7 @@ def extended_advanced_composition(
         linear + math.sqrt(2.0 * sum_sq * math.log(math.e + math.sqrt(sum_sq) / slack)),
         linear + math.sqrt(2.0 * sum_sq * log_inv),
     ]
-    basic = _delta_sum_rounded_up(reps, eps, 0.0)  # sum eps_t, the first candidate
+    basic = _weighted_sum_rounded_up(reps, eps, 0.0)  # sum eps_t, the first candidate
     log_keep = math.log1p(-slack) + math.fsum(reps * np.log1p(-dels))
     # 1 - e^x with x = log_keep <= 0 moves by at most |error of x|, a few roundings of |x|, and
     # is itself at most |x|: 8 units of roundoff of |x| cover both
@@ -215,7 +215,7 @@ def extended_advanced_composition(
     return min(basic, raised(min(candidates), min(candidates))), delta_total
 
 
-def _delta_sum_rounded_up(counts: np.ndarray, values: np.ndarray, extra: float) -> float:
+def _weighted_sum_rounded_up(counts: np.ndarray, values: np.ndarray, extra: float) -> float:
     """A double >= sum_t counts[t] values[t] + extra for non-negative doubles: exact (the
     smallest such double) where every count is 1; otherwise raised past the products'
     roundings (each at most one unit of roundoff of it, or half the smallest subnormal, well

@@ -61,7 +61,6 @@ minimum of DRV, 29.04 alone, and KOV Theorem 3.5) and 16.09 with the exact Gauss
 from __future__ import annotations
 
 import math
-import sys
 import threading
 from collections import OrderedDict
 from fractions import Fraction
@@ -307,7 +306,7 @@ class ClassicAccountant(Accountant):
         if any(math.isinf(eps) for _, eps in terms):
             return math.inf
         total = sum((count * Fraction(eps) for count, eps in terms), Fraction(0))
-        return fraction_rounded_up(total) if total <= sys.float_info.max else math.inf
+        return fraction_rounded_up(total)
 
     def _best_split(self, delta: float) -> tuple[float, float]:
         """(epsilon, fraction) minimising over the slack fraction."""

@@ -59,7 +59,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import sys
 from dataclasses import dataclass
 from fractions import Fraction
 from itertools import islice
@@ -1222,9 +1221,8 @@ class PLDAccountant(Accountant):
             per_loss[top] = per_loss.get(top, 0) + count
         bound = math.inf
         if per_loss:
-            total = sum((count * Fraction(top) for top, count in per_loss.items()), Fraction(0))
-            if total <= _LARGEST_FLOAT:
-                bound = fraction_rounded_up(total)
+            bound = fraction_rounded_up(
+                sum((count * Fraction(top) for top, count in per_loss.items()), Fraction(0)))
         self._largest_loss_memo[direction] = (key, bound)
         return bound
 
@@ -1527,8 +1525,6 @@ _STALLED_SHARE = 0.75
 #: Laplace alignment looks for a grid step at most this many times finer than the formula's.
 _ALIGN_RANGE = 16.0
 
-#: The largest finite double (a bound on the composed loss beyond it is +inf).
-_LARGEST_FLOAT = sys.float_info.max
 #: Above this many distinct mechanism events, noise multipliers are rounded onto a grid (see
 #: :func:`_quantized` and :meth:`PLDAccountant._rounding_quantum`).
 _LEAF_BUDGET = 512
