@@ -70,9 +70,11 @@ def test_incremental_step_reuses_count_independent_work(monkeypatch: pytest.Monk
 def test_product_error_is_the_formula_or_a_deep_cap() -> None:
     """The round-off bound of a product, on moduli from 1 down to far below the smallest double:
     never below the formula e^upper - e^lower + g_T e^lower (computed entries) or e^upper
-    (others), plus the underflow slack, evaluated at every entry; equal to it bit for bit
-    where e^upper and e^lower are above e^-650; and where e^upper is below, the cap
-    1e-282 (1 + g_T) (with the margin and the slack), which is above e^-650 (1 + g_T)."""
+    (others), plus the underflow slack, evaluated at every entry; equal to it bit for bit,
+    evaluated at the ends of the sums' error intervals (upper raised, lower lowered in the
+    spread and raised in the rounding term, by their evaluation slacks), where e^upper and
+    e^lower are above e^-650; and where e^upper is below, the cap 1e-282 (1 + g_T) (with the
+    margin and the slack), which is above e^-650 (1 + g_T)."""
     rng = np.random.default_rng(5)
     deep_entries = 0
     for _ in range(50):
@@ -84,14 +86,26 @@ def test_product_error_is_the_formula_or_a_deep_cap() -> None:
         upper = np.maximum(upper, lower)
         computed = rng.random(size) < 0.7
         count = int(rng.integers(1, 10**5))
+        terms = int(rng.integers(1, 100))
+        logs = numerics._LogModuli(upper, lower, count, terms, count * 1e-15)
         share = numerics.power_rounding(count)
+        upper_slack, lower_slack = logs.slacks(upper, lower)
+        assert np.all(upper_slack > 0.0) and np.all(lower_slack >= 0.0)
+        assert np.all(lower_slack[np.isfinite(lower)] > 0.0)
         with np.errstate(over="ignore", invalid="ignore", under="ignore"):
-            outer = np.exp(upper)
-            inner = np.exp(lower)
-            spread = outer * -np.expm1(np.minimum(lower - upper, 0.0))
+            plain = np.where(
+                computed,
+                np.exp(upper) * -np.expm1(np.minimum(lower - upper, 0.0)) + share * np.exp(lower),
+                np.exp(upper),
+            ) * numerics._MARGIN + 1e-300
+            raised = upper + upper_slack
+            outer = np.exp(raised)
+            inner = np.exp(lower + lower_slack)
+            spread = outer * -np.expm1(np.minimum((lower - lower_slack) - raised, 0.0))
             rounding = share * inner
         expected = np.where(computed, spread + rounding, outer) * numerics._MARGIN + 1e-300
-        got = numerics._product_error(upper, lower, count, computed)
+        got = numerics._product_error(logs, computed)
+        assert np.all(got >= plain)
         assert np.all(got >= expected)
         normal = (upper > -650.0) & ((lower > -650.0) | ~computed)
         assert np.array_equal(got[normal], expected[normal])
@@ -332,9 +346,9 @@ def test_one_more_step_works_on_the_band_prefix_only(monkeypatch: pytest.MonkeyP
     sizes: list[int] = []
     real = numerics._live_product_error
 
-    def recording(upper, lower, total, computed):  # type: ignore[no-untyped-def]
-        sizes.append(int(upper.size))
-        return real(upper, lower, total, computed)
+    def recording(logs, computed):  # type: ignore[no-untyped-def]
+        sizes.append(int(logs.upper.size))
+        return real(logs, computed)
 
     monkeypatch.setattr(numerics, "_live_product_error", recording)
     accountant.compose(event)
@@ -398,7 +412,11 @@ def test_round_off_bound_on_the_prefix_covers_the_whole_sum() -> None:
         computed[log_modulus > -800.0] = True
         if band is not None:
             computed &= np.arange(half) < band
-        error = numerics._product_error(steps * upper, steps * lower, steps, computed)
+        positive = steps * numerics._positive_log_bound(
+            leaf.transform[0], max(leaf.error, leaf.direct_error)
+        )
+        logs = numerics._LogModuli(steps * upper, steps * lower, steps, 1, positive)
+        error = numerics._product_error(logs, computed)
         multiplicity, weight = numerics._frequency_weights(result.size, step, half)
         noise = float((multiplicity * weight * error).sum())
         assert result.noise >= noise * numerics._MARGIN * (1 - 1e-12)

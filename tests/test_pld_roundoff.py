@@ -401,16 +401,17 @@ def test_products_route_drops_dead_frequencies_within_its_bounds(
         mass /= mass.sum() * (1.0 + 1e-4)
         plds.append(DiscretePLD(-3 + index, mass, float(1.0 - mass.sum()), 2.0**-4))
     counts = [20, 24, 16]
-    lengths: list[int] = []
-    power = numerics._integer_power
+    lengths: list[int] = []  # the live prefix each factor is powered on
+    multiply = numerics._core.pld_multiply_factor
 
-    def recording(values: np.ndarray, exponent: int) -> np.ndarray:
-        lengths.append(values.size)
-        return power(values, exponent)
+    def recording(*args: object) -> int:
+        live = multiply(*args)
+        lengths.append(live)
+        return live
 
-    monkeypatch.setattr(numerics, "_integer_power", recording)
+    monkeypatch.setattr(numerics._core, "pld_multiply_factor", recording)
     result = numerics._compose_by_products(plds, counts, math.log(1e-12), parallel=False)
-    assert lengths[-1] < lengths[0] == result.size // 2 + 1  # frequencies were dropped
+    assert lengths[-1] < lengths[0] <= result.size // 2 + 1  # frequencies were dropped
     check_against_exact(result, plds, counts)
 
 

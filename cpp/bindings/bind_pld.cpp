@@ -284,6 +284,39 @@ void bind_pld(py::module_& m) {
       "(certified_rfft_pair in pld.hpp); componentwise error bound on the sum of the two l1 "
       "norms; `threads` (>= 1) share the work, the bits do not depend on it.");
   m.def(
+      "pld_multiply_factor",
+      [](py::array_t<std::complex<double>, py::array::c_style> product,
+         py::array_t<double, py::array::c_style> upper,
+         py::array_t<double, py::array::c_style> lower,
+         const ComplexArray& factor, std::int64_t live, std::int64_t count, double error,
+         double cutoff) {
+        if (count < 1) throw py::value_error("count must be >= 1");
+        if (live < 0) throw py::value_error("live must be >= 0");
+        for (const py::array* array : {static_cast<const py::array*>(&product),
+                                       static_cast<const py::array*>(&upper),
+                                       static_cast<const py::array*>(&lower),
+                                       static_cast<const py::array*>(&factor)}) {
+          if (array->ndim() != 1 || array->shape(0) < live) {
+            throw py::value_error(
+                "product, upper, lower and factor must be one-dimensional with at least live "
+                "entries");
+          }
+        }
+        std::complex<double>* product_data = product.mutable_data();
+        double* upper_data = upper.mutable_data();
+        double* lower_data = lower.mutable_data();
+        const std::complex<double>* factor_data = factor.data();
+        py::gil_scoped_release release;
+        return pld::multiply_factor(product_data, upper_data, lower_data, factor_data, live, count,
+                                    error, cutoff);
+      },
+      py::arg("product").noconvert(), py::arg("upper").noconvert(), py::arg("lower").noconvert(),
+      py::arg("factor"), py::arg("live"), py::arg("count"), py::arg("error"), py::arg("cutoff"),
+      "In place: upper += count log(|F| + error) and lower += count log |F| (moduli rounded up) "
+      "on the live prefix [0, live); with a cutoff (not NaN) the prefix then shrinks to end at "
+      "the last upper above it, and product *= F^count on it. Returns the new live prefix "
+      "(multiply_factor in pld.hpp).");
+  m.def(
       "pld_certified_irfft",
       [](const ComplexArray& spectrum, std::int64_t size, int threads) {
         require_entries(spectrum, size / 2 + 1, "spectrum");

@@ -102,6 +102,21 @@ def pld_certified_irfft(
     """irfft(spectrum, size) by the transform of pld.hpp (certified_irfft), with an a priori
     normwise error bound; ``threads`` share the work (the bits do not depend on it)."""
 
+def pld_multiply_factor(
+    product: npt.NDArray[np.complex128],
+    upper: npt.NDArray[np.float64],
+    lower: npt.NDArray[np.float64],
+    factor: npt.ArrayLike,
+    live: int,
+    count: int,
+    error: float,
+    cutoff: float,
+) -> int:
+    """In place: on the live prefix [0, live), ``upper += count log(|factor| + error)`` and
+    ``lower += count log |factor|`` (moduli rounded up); with a cutoff (not NaN) the prefix then
+    shrinks to end at the last ``upper`` above it; on that prefix ``product *= factor ** count``
+    (repeated squaring). Returns the new live prefix (multiply_factor in pld.hpp)."""
+
 def pld_certified_band_dft(
     values: npt.ArrayLike, size: int, reach: int, threads: int = 1
 ) -> npt.NDArray[np.complex128]:

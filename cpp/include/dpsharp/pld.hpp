@@ -314,4 +314,18 @@ void certified_rfft_pair(const double* first, std::size_t first_length, const do
                          std::complex<double>* first_out, std::complex<double>* second_out,
                          int threads);
 
+// One factor F^count multiplied into the running product of a composition's spectra on its live
+// prefix [0, live) (count >= 1), with the log-moduli that bound the product's round-off: at
+// every f < live, upper[f] += count log(|F_f|^ + error) and lower[f] += count log |F_f|^, with
+// |F_f|^ an upper bound on the modulus of the computed entry (within 4 u above it, and at least
+// the smallest subnormal), log(|F_f|^ + error) taken without rounding the sum. With a cutoff
+// (not NaN) the live prefix then shrinks to end at the last f whose upper[f] exceeds it, and
+// only that prefix's products are formed: product[f] *= F_f^count by repeated squaring (about
+// 2 log2(count) complex multiplications, each two products and a sum per part). Returns the new
+// live prefix. The caller's argument that an entry past the prefix may be taken as 0 is in
+// _compose_by_products (python/dpsharp/accountants/_pld_numerics.py).
+std::int64_t multiply_factor(std::complex<double>* product, double* upper, double* lower,
+                             const std::complex<double>* factor, std::int64_t live,
+                             std::int64_t count, double error, double cutoff) noexcept;
+
 }  // namespace dpsharp::pld

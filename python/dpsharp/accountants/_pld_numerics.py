@@ -68,7 +68,10 @@ input (their own rounding in the discretisation is outside this bound, see ``pld
    with ``|d_i| <= E_i``: ``|G^ - G| <= prod (a_i + E_i)^{c_i} - prod a_i^{c_i} + g_T prod
    a_i^{c_i}`` with ``a_i >= |F^_i|``; where the product is not formed (0), ``|G| <= prod (a_i +
    E_i)^{c_i}``; above a pruned reach ``|G| <= e^{-800} prod (1 + E_j)^{c_j}``; plus 1e-300 per
-   entry for gradual underflow (:func:`_product_error`: a bound e_f per frequency).
+   entry for gradual underflow (:func:`_product_error`: a bound e_f per frequency). The
+   products are evaluated from the sums ``sum_i c_i log(a_i + E_i)`` and ``sum_i c_i log a_i``,
+   each moved to the end of its proven evaluation-error interval that makes the bound larger
+   (:meth:`_LogModuli.slacks`).
 3. *From the spectrum to delta.* A hockey-stick sum over the window, ``sum_k m_k w_k`` with
    ``w_k = (1 - c rho^{k-K})_+`` (``0 <= c <= 1``, ``rho = e^{-h}``), is ``(1/n) sum_f G_f
    conj(W_f)`` (Parseval), and ``|W_f| / n <= s_f = min(1, (2/n) (1/|1 - w^f| + 1/|1 - rho
@@ -419,29 +422,32 @@ def _frequency_weights_uncached(
     return multiplicity, weight
 
 
-def _product_error(
-    upper: np.ndarray, lower: np.ndarray, total_count: int, computed: np.ndarray
-) -> np.ndarray:
+def _product_error(logs: _LogModuli, computed: np.ndarray) -> np.ndarray:
     """Bound on ``|G^_f - G_f|`` with ``G = prod_i F_i^{c_i}`` exact and ``G^`` the computed
     product of the computed ``F^_i`` (``|F^_i - F_i| <= E_i`` at every frequency) where
     ``computed`` holds, and ``G^ = 0`` elsewhere (part 2), from ``upper = sum_i c_i log(a_i +
     E_i)`` and ``lower = sum_i c_i log a_i`` (``a_i >= |F^_i|``, :class:`_LogModuli`):
-    ``e^upper - e^lower + g_T e^lower`` where computed, ``e^upper`` elsewhere.
+    ``e^upper - e^lower + g_T e^lower`` where computed, ``e^upper`` elsewhere, each sum taken
+    at the end of its computed value's error interval that makes the bound larger
+    (:meth:`_LogModuli.slacks`).
 
     Only the entries with ``upper > -746`` are evaluated: below, ``e^upper`` and ``e^lower``
     (``lower <= upper``) are exactly 0 in double precision, so the bound is ``_UNDERFLOW``
     there either way (a long composition's band is a small part of the circle)."""
-    bound = np.full(upper.shape, _UNDERFLOW)
-    live, values = _live_product_error(upper, lower, total_count, computed)
+    bound = np.full(logs.upper.shape, _UNDERFLOW)
+    live, values = _live_product_error(logs, computed)
     bound[live] = values
     return bound
 
 
 def _live_product_error(
-    upper: np.ndarray, lower: np.ndarray, total_count: int, computed: np.ndarray
+    logs: _LogModuli, computed: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
     """The entries of :func:`_product_error` above the underflow slack (``upper > -746``) and
-    the bound there; every other entry's bound is ``_UNDERFLOW``."""
+    the bound there; every other entry's bound is ``_UNDERFLOW``. (Its sums' evaluation error,
+    :meth:`_LogModuli.slacks`, is far below one unit in the exponent, so the computed sums
+    classify the entries.)"""
+    upper, lower = logs.upper, logs.lower
     live = np.flatnonzero(upper > _EXP_IS_ZERO)
     if not live.size:
         return live, np.zeros(0)
@@ -449,7 +455,8 @@ def _live_product_error(
     live_upper = upper if every else upper[live]
     live_lower = lower if every else lower[live]
     live_computed = computed if every else computed[live]
-    rounding_share = power_rounding(total_count)
+    upper_slack, lower_slack = logs.slacks(live_upper, live_lower)
+    rounding_share = power_rounding(logs.total)
     # Where e^upper is below _DEEP (e^-650, within 60 e-folds of the subnormal doubles), the
     # bound before the slack, at most e^upper (1 + rounding_share), is taken as _DEEP
     # (1 + rounding_share) instead of evaluated, and e^lower enters ``rounding`` as at least
@@ -458,28 +465,39 @@ def _live_product_error(
     # is about 20 times slower, and a staged composition's second stage holds a fifth of its
     # circle within that reach of the underflow (32 powers of the block's round-off floor). A
     # composition's bound is at least its rounding at frequency 0 (about 1e-16 per step), so
-    # the 1e-282 per entry changes no digit of it.
+    # the 1e-282 per entry changes no digit of it. (e^(upper + slack) < 1e-282 there too: the
+    # slack is below 0.6.)
     deep = live_upper <= _LOG_DEEP
     if not deep.any():
-        return live, _normal_product_error(live_upper, live_lower, live_computed, rounding_share)
+        return live, _normal_product_error(
+            live_upper, live_lower, upper_slack, lower_slack, live_computed, rounding_share
+        )
     values = np.full(live.size, _DEEP * (1.0 + rounding_share) * _MARGIN + _UNDERFLOW)
     normal = np.flatnonzero(~deep)
     values[normal] = _normal_product_error(
-        live_upper[normal], live_lower[normal], live_computed[normal], rounding_share
+        live_upper[normal], live_lower[normal], upper_slack[normal], lower_slack[normal],
+        live_computed[normal], rounding_share,
     )
     return live, values
 
 
 def _normal_product_error(
-    upper: np.ndarray, lower: np.ndarray, computed: np.ndarray, rounding_share: float
+    upper: np.ndarray,
+    lower: np.ndarray,
+    upper_slack: np.ndarray,
+    lower_slack: np.ndarray,
+    computed: np.ndarray,
+    rounding_share: float,
 ) -> np.ndarray:
-    """:func:`_live_product_error` at entries with ``upper > _LOG_DEEP``: ``e^upper - e^lower +
-    g_T e^max(lower, _LOG_DEEP)`` where computed, ``e^upper`` elsewhere, with the margin and
-    the slack."""
+    """:func:`_live_product_error` at entries with ``upper > _LOG_DEEP``: with ``U = upper +
+    upper_slack`` and ``L-, L+ = lower -+ lower_slack`` (the ends of the sums' error intervals,
+    :meth:`_LogModuli.slacks`), ``e^U - e^L- + g_T e^max(L+, _LOG_DEEP)`` where computed,
+    ``e^U`` elsewhere, with the margin and the slack."""
     with np.errstate(over="ignore", invalid="ignore", under="ignore"):
-        outer = np.exp(upper)
-        inner = np.exp(np.maximum(lower, _LOG_DEEP))
-        spread = outer * -np.expm1(np.minimum(lower - upper, 0.0))
+        raised = upper + upper_slack
+        outer = np.exp(raised)
+        inner = np.exp(np.maximum(lower + lower_slack, _LOG_DEEP))
+        spread = outer * -np.expm1(np.minimum((lower - lower_slack) - raised, 0.0))
         rounding = rounding_share * inner
     return np.where(computed, spread + rounding, outer) * _MARGIN + _UNDERFLOW
 
@@ -666,9 +684,7 @@ class LeafSpectrum:
         if cached is not None and cached[0] == count:
             return cached[1], cached[2]
         modulus = _modulus_upper(self.transform[:count])
-        with np.errstate(divide="ignore"):
-            upper = np.log(modulus + self.errors(count))
-            lower = np.log(modulus)
+        upper, lower = _log_moduli(modulus, self.errors(count))
         upper.flags.writeable = False
         lower.flags.writeable = False
         self._log_moduli = (count, upper, lower)
@@ -1124,11 +1140,18 @@ def _one_copy(pld: DiscretePLD) -> ComposedPLD:
 @dataclass
 class _LogModuli:
     """``upper = sum_i c_i log(|F^_i| + E_i)`` and ``lower = sum_i c_i log |F^_i|`` (moduli
-    rounded up) per frequency, and T = sum_i c_i: what :func:`_product_error` needs."""
+    rounded up) per frequency, and T = sum_i c_i: what :func:`_product_error` needs; with the
+    number of terms summed into each entry and the positive part of the terms, which bound the
+    sums' own evaluation error (:meth:`slacks`)."""
 
     upper: np.ndarray
     lower: np.ndarray
     total: int
+    #: the number of factors whose terms are summed into each entry
+    terms: int = 0
+    #: ``P = sum_i c_i lambda_i`` with ``lambda_i >= max(0, log(a_i + E_i))`` at every frequency
+    #: (:func:`_positive_log_bound`)
+    positive: float = 0.0
 
     @classmethod
     def of(
@@ -1154,25 +1177,104 @@ class _LogModuli:
             # (the leaf's logarithms over its whole transform are kept; a prefix is a view)
             upper, lower = leaf.log_moduli(leaf.transform.size)
             upper, lower = upper[:reach], lower[:reach]
+            positive = count * _positive_log_bound(
+                leaf.transform[0], max(leaf.error, leaf.direct_error)
+            )
             if out is None:  # 0 + x is x: the first terms are taken as they are
-                out = cls(count * upper, count * lower, count)
+                out = cls(count * upper, count * lower, count, 1, positive)
                 continue
             out.upper += count * upper
             out.lower += count * lower
             out.total += count
+            out.terms += 1
+            out.positive += positive
         return out if out is not None else cls(np.zeros(reach), np.zeros(reach), 0)
 
     def add(self, transform: np.ndarray, error: float | np.ndarray, count: int) -> None:
-        modulus = _modulus_upper(transform)
-        with np.errstate(divide="ignore"):
-            self.upper += count * np.log(modulus + error)
-            self.lower += count * np.log(modulus)
+        upper, lower = _log_moduli(_modulus_upper(transform), error)
+        self.upper += count * upper
+        self.lower += count * lower
         self.total += count
+        self.terms += 1
+        self.positive += count * _positive_log_bound(transform[0], float(np.max(error)))
 
     def merge(self, other: _LogModuli) -> None:
         self.upper += other.upper
         self.lower += other.lower
         self.total += other.total
+        self.terms += other.terms
+        self.positive += other.positive
+
+    def slacks(self, upper: np.ndarray, lower: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Bounds ``D_U``, ``D_L`` on the evaluation errors ``|upper^ - upper|`` and ``|lower^ -
+        lower|`` of the computed sums (here, entries of ``self.upper`` and ``self.lower``): the
+        round-off bound needs ``e^upper - e^lower``, and the sums differ by about ``T E / a``,
+        often only a few hundred ulps of the sums themselves, so their rounding is not a
+        relative ``_MARGIN`` of the bound (at q = 0.01, sigma = 1, 500 steps, the bound
+        evaluated from the computed sums was up to 0.5% below its value from the exact sums).
+
+        Each term ``c log x`` (x = a + E or a) is computed within ``_LOG_TERM = 21 u`` of
+        ``c (|log(a + E)| + |log a|)``. With ``r = E / a``: ``log a`` within 4 ulp (8 u
+        relative, NumPy's logarithm; the compiled core's is within 1 ulp); ``log(a + E)`` as
+        ``log a + log1p(r)`` for r < 1 (:func:`_log_moduli`; ``multiply_factor`` in pld.hpp,
+        with a three-term series for r <= 2^-20), whose parts err by 8 u of ``|log a|``, 8 u
+        of ``log1p(r)`` and 1.5 u of it from the rounding of r, and the sum by u of the result,
+        ``log1p(r) = log(a + E) - log a`` being at most ``|log(a + E)| + |log a|``; for r >= 1
+        directly, 8 u of ``|log(a + E)|`` and the rounding of ``a + E``, at most ``1.01 u <=
+        1.5 u log1p(r)``; then the product by c within u. Any order of summing the n terms
+        errs by at most ``gamma_{n-1}`` times the sum of their moduli (Higham 2002, eq. 4.4),
+        so with ``k = (_LOG_TERM + gamma_n)(1 + gamma_n)``, ``D <= k M`` with ``M = sum_i c_i
+        (|log(a_i + E_i)| + |log a_i|)``. Every term is at most ``lambda_i`` above 0
+        (:func:`_positive_log_bound`), so ``|t| <= -t + 2 c_i lambda_i``, and ``M <= -(upper +
+        lower) + 4 P <= -(upper^ + lower^) + 2 D + 4 P``: ``D <= k (max(-(upper^ + lower^),
+        0) + 4 P) / (1 - 2 k)``, for both sums. (Every modulus is at least the smallest
+        subnormal, so the sums are finite; ``lower^ = -inf`` from another caller, a factor of
+        exactly 0, gives ``D_L = 0`` and the formula ``e^upper`` there.) The raised and lowered
+        sums are then formed by one more rounding each, ``2 u |sum|`` more; the result is raised
+        by 1e-6 relative for the rounding of this evaluation."""
+        kappa = (_LOG_TERM + _gamma(self.terms)) * (1.0 + _gamma(self.terms))
+        with np.errstate(invalid="ignore", over="ignore"):
+            finite = np.isfinite(lower)
+            magnitude = np.maximum(-(upper + np.where(finite, lower, 0.0)), 0.0)
+            shared = kappa * (magnitude + 4.0 * self.positive) / (1.0 - 2.0 * kappa)
+            upper_slack = (shared + 2.0 * _UNIT * np.abs(upper)) * (1.0 + 1e-6)
+            lower_slack = np.where(
+                finite, (shared + 2.0 * _UNIT * np.abs(lower)) * (1.0 + 1e-6), 0.0
+            )
+        return upper_slack, lower_slack
+
+
+_SMALLEST_SUBNORMAL = 5e-324
+#: Bound on the evaluation error of one term ``c log x`` of :class:`_LogModuli`, relative to
+#: ``c (|log(a + E)| + |log a|)`` (see :meth:`_LogModuli.slacks`).
+_LOG_TERM = 21.0 * _UNIT
+
+
+def _log_moduli(modulus: np.ndarray, error: float | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(log(a + E), log a)`` for the moduli a (rounded up; a modulus of 0 taken at the
+    smallest subnormal: any ``a >= |F^|`` serves the bound, and its logarithm stays finite)
+    and the error bounds E, the first without rounding the sum a + E where ``r = E / a < 1``
+    (there its rounding, up to an ulp of a, can be a large part of E): ``log a + log1p(r)``;
+    directly where r >= 1, where the sum's rounding is at most 1.5 u of log1p(r) (see
+    :meth:`_LogModuli.slacks`)."""
+    modulus = np.maximum(modulus, _SMALLEST_SUBNORMAL)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        lower = np.log(modulus)
+        ratio = error / modulus
+        upper = np.where(ratio < 1.0, lower + np.log1p(np.minimum(ratio, 1.0)),
+                         np.log(modulus + error))
+    return upper, lower
+
+
+def _positive_log_bound(zero_frequency: complex, error: float) -> float:
+    """``lambda >= max(0, log(a_f + E))`` at every frequency f of a computed transform whose
+    entry at frequency 0 is ``zero_frequency`` and whose entries err by at most ``error``: the
+    exact transform of non-negative masses peaks at frequency 0, so ``|F^_f| <= |F_0| + E <=
+    |F^_0| + 2 E``, ``a_f + E <= (|F^_0| + 3 E)(1 + 7 u)`` with the rounding up of
+    :func:`_modulus_upper` and of the sum, and ``log x <= x - 1``; computed with room for its
+    own rounding (a few u, added as 8 u)."""
+    peak = (abs(zero_frequency) + 3.0 * error) * (1.0 + 16.0 * _UNIT)
+    return max(peak - 1.0, 0.0) + 8.0 * _UNIT
 
 
 def _pruned_tail(leaves: Sequence[LeafSpectrum], counts: Sequence[int], size: int) -> float:
@@ -1226,7 +1328,7 @@ def _result_of_spectrum(
     reach = live_count if reach is None else reach
     if held_as_band:
         computed = computed & (np.arange(live_count) < band)
-    live, values = _live_product_error(logs.upper, logs.lower, logs.total, computed)
+    live, values = _live_product_error(logs, computed)
     multiplicity, weight = _frequency_weights(size, window.grid_step, reach)
     weighted, weight_sum = _weighted_multiplicity(size, window.grid_step, reach)
     beyond = size // 2 + 1 - reach  # frequencies bounded by `tail`
@@ -1410,27 +1512,26 @@ def _compose_by_products(
         low frequencies for a composition of more than a few PLDs."""
         out = np.ones(half, dtype=complex)
         upper, lower = np.zeros(half), np.zeros(half)
-        total = 0
+        total, terms, positive = 0, 0, 0.0
         top = half
+        cutoff = _EXP_IS_ZERO - 2.0 - rest if rest is not None else math.nan
         for index, transform, error in transforms(chunk):
+            # On [0, top): upper += c log(|F| + E), lower += c log |F| (moduli rounded up, as
+            # :func:`_modulus_upper`), then the live prefix cut at the last upper above the
+            # cutoff, and only that prefix multiplied by F^c (repeated squaring, as
+            # :func:`_integer_power`): every entry above it is set to 0 at the end (the live
+            # prefix only shrinks), whatever its product. (A block of a staged composition keeps
+            # about 2% of its circle: q = 5e-4, sigma = 0.6, 6,250 steps per block.) In the
+            # compiled core, without the GIL: the chunks of a heterogeneous schedule's first
+            # level run on both threads at once.
             count = counts[index]
-            head = transform[:top]
-            modulus = _modulus_upper(head)
-            with np.errstate(divide="ignore", under="ignore"):
-                upper[:top] += count * np.log(modulus + error)
-                lower[:top] += count * np.log(modulus)
+            top = _core.pld_multiply_factor(out, upper, lower, transform, top, count, error,
+                                            cutoff)
             total += count
-            if rest is not None:
-                alive = np.flatnonzero(upper[:top] > _EXP_IS_ZERO - 2.0 - rest)
-                top = int(alive[-1]) + 1 if alive.size else 0
-            # Only the prefix still alive after this factor is powered: every entry above it is
-            # set to 0 at the end (the live prefix only shrinks), whatever its product. (A block
-            # of a staged composition keeps about 2% of its circle: q = 5e-4, sigma = 0.6,
-            # 6,250 steps per block.)
-            with np.errstate(under="ignore"):
-                out[:top] *= _integer_power(head[:top], count)
+            terms += 1
+            positive += count * _positive_log_bound(transform[0], error)
         out[top:] = 0.0
-        return out, _LogModuli(upper, lower, total)
+        return out, _LogModuli(upper, lower, total, terms, positive)
 
     chunks = _chunks(len(plds), _PRODUCT_CHUNKS if parallel else 1)
     partial = parallel_map(product, chunks, threshold=2)
