@@ -218,12 +218,13 @@ DiscretePld coarsen_optimistic(const double* mass, std::size_t size, std::int64_
                                double fine_step, std::int64_t factor);
 
 // log E[e^{t L}; L finite] = log sum_k mass[k] e^{t (offset + k) h} for each exponent t, the
-// exact log moment generating function of the finite part of a discretised PLD (for the Chernoff
-// bounds of the FFT window, see accountants/_pld_numerics.py). -inf when the finite mass is 0.
+// log moment generating function of the finite part of a discretised PLD (for the Chernoff
+// bounds of the FFT window, see accountants/_pld_numerics.py), rounded to nearest: the caller
+// raises it by its evaluation error (DiscretePLD.log_mgf). -inf when the finite mass is 0.
 // Computed by the recurrence e^{t l_{k-1}} = e^{t l_k} e^{-t h} from the end where t l is
 // largest, stopped when the remaining terms are below 1e-18 of the sum so far (relative
-// round-off about size * 1e-16); where the masses near that end are 0 or tiny and the factor
-// would underflow first, by an exact log-sum-exp instead.
+// round-off about 4 size u); where the masses near that end are 0 or tiny and the factor
+// would underflow first, by a log-sum-exp instead.
 std::vector<double> log_mgf(const double* mass, std::size_t size, std::int64_t offset,
                             double grid_step, const std::vector<double>& exponents);
 

@@ -27,12 +27,19 @@ not needed for an epsilon or delta query. The masses are formed (one inverse tra
 mu-GDP) and for coarsening a staged composition's blocks.
 
 Floating point: the sums are evaluated in double precision with pairwise summation; the
-error of one evaluation of ``A_K - c W_K`` (0 <= c <= 1) is bounded by :attr:`BandSpectrum.error`
-= (log2 J + 24) u S, where u = 2^-53 and S bounds the sum of the moduli of the terms (``|D_0|``
-twice and ``(2/n) |D_f| (2 / |1 - w^f| + 2 / |1 - rho w^f|)``); the 24 covers the blocks of
-16 terms summed in order and the few rounded operations of each term (the phases
-``w^{f(K+1)}`` are formed from ``f (K+1) mod n`` in integers, so their argument is exact before
-the final rounding). The error of the coefficients themselves (the leaf transforms, the T-th
+error of one evaluation of ``A_K - c W_K`` (0 <= c < e^h: a query at epsilon between grid
+points K and K + 1 discounts W_K by ``e^{eps - l_K}``) is bounded by
+:attr:`BandSpectrum.error` = (log2 J + 72) u S e^h, where u = 2^-53 and S bounds the sum of
+the moduli of the terms (``|D_0|`` twice and ``(2/n) |D_f| (2 / |1 - w^f| + 2 / |1 - rho
+w^f|)``). The 72 counts, relative to each term's share of S: 52 u for the work of one term, the
+factors ``1 / (1 - w^f)`` and ``1 / (1 - rho w^f)`` formed in NumPy (angle, sine and versine,
+the complex reciprocal and the product with D_f: at most about 23 u with sines within 2 ulp)
+and ``rho`` (a few u more), the phase ``(1 - cos phi, sin phi)`` in the core (at most 11.3 u;
+``w^{f(K+1)}`` is formed from ``f (K+1) mod n`` in integers, so its argument is exact before
+the final roundings) and its combination with ``rho`` for W (5 u), the two products and the
+difference (2 u), about 50 u in all; 12 (+ log2 J) for the pairwise sum (blocks of 16 summed
+in order, then halving); 8 u for the operations after the closed forms (the product by c, the
+difference). The error of the coefficients themselves (the leaf transforms, the T-th
 power and the rotation onto the window) has the proven bound of
 :mod:`dpsharp.accountants._pld_numerics` (``ComposedPLD.noise``), which a dense composition has
 too; the two are added on each side (tests/test_pld_roundoff.py checks them against exact
@@ -146,7 +153,11 @@ class BandSpectrum:
         scale = 2.0 * abs(total) + (4.0 / size) * float(moduli.sum())
         #: S, which also bounds |A_K| and |W_K| at every K (each is a sum of some of its terms)
         self.scale = scale
-        self.error = (math.log2(max(coefficients.size, 2)) + 24.0) * UNIT_ROUNDOFF * scale
+        #: the bound on one evaluation of A_K - c W_K, 0 <= c < e^h (the module docstring)
+        self.error = (
+            (math.log2(max(coefficients.size, 2)) + 72.0) * UNIT_ROUNDOFF * scale
+            * math.exp(grid_step)
+        )
 
     def suffix_sums(self, index: int) -> tuple[float, float]:
         """``(A_K, W_K)`` at ``K = index`` (``-1 <= K < size``): the mass above grid point K and

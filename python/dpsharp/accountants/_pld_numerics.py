@@ -96,7 +96,7 @@ input (their own rounding in the discretisation is outside this bound, see ``pld
    (Cauchy-Schwarz; ``mass_noise``), and the masses' l1 error
    from the spectrum's is at most ``||e||_2`` (Parseval and Cauchy-Schwarz; with the inverse's:
    ``mass_error``). The sums over the formed masses (running suffix sums, the recursion of W,
-   dot products with expm1 weights) err by at most ``gamma_{3n+8}`` relative to the sum of
+   dot products with expm1 weights) err by at most ``gamma_{4n+8}`` relative to the sum of
    their terms' moduli (Section 4.2): the pessimistic curve is evaluated as ``A (1 + g) + C -
    W (1 - g)`` on the clipped masses, the optimistic one as ``A (1 - g) + C - W (1 + g)`` less
    ``4 g`` times the negative mass. A band's closed forms carry their own evaluation bound
@@ -523,9 +523,30 @@ class DiscretePLD:
     grid_step: float
 
     def log_mgf(self, exponents: np.ndarray) -> np.ndarray:
-        """``log E[e^{t L}; L finite]`` for each exponent ``t`` (exact for the finite masses;
-        computed in the C++ core by a recurrence over the grid, see ``pld.hpp``)."""
-        return _core.pld_log_mgf(self.mass, self.offset, self.grid_step, exponents.tolist())
+        """Upper bounds on ``log E[e^{t L}; L finite]`` for each exponent ``t`` (of the stored
+        finite masses), from the C++ core's value (``pld.hpp``) raised by its evaluation error.
+
+        The core walks from the end where ``t l`` is largest with the ratio ``fl(e^{-|t| h})``
+        (exp within 1 ulp): a term k steps away has carried k roundings of the ratio and k
+        products (3 k u relative), the products with the masses and the recursive sum of the
+        K <= n terms gamma_{n} more, the walk's cut-off at most 1e-18 of the sum (its terms
+        dropped); then ``t anchor + log(sum)``, with the anchor a rounded grid loss, three
+        roundings. Where the walk's factor underflows it sums ``e^{log m_k + t l_k - top}``
+        instead, each term relatively within u (|log m_k| + 3 |t l_k| + |top|) + 2 u, with
+        ``|log m_k| <= 745``. Both are within ``gamma_{4 n + 8} + 1e-17 + u (760 + 6 |t| L +
+        4 |value|)`` of the exact value, ``L`` the largest |grid loss| (and a log-MGF
+        multiplied by a step count of 10^7 leaves that, about 1e-7 in the exponent of a tail
+        of at most 1e-12, negligible); the result is raised by it."""
+        values = np.asarray(
+            _core.pld_log_mgf(self.mass, self.offset, self.grid_step, exponents.tolist())
+        )
+        reach = self.grid_step * max(abs(self.offset), abs(self.offset + self.mass.size - 1))
+        with np.errstate(invalid="ignore"):
+            slack = (
+                _gamma(4 * self.mass.size + 8) + 1e-17
+                + _UNIT * (760.0 + 6.0 * np.abs(exponents) * reach + 4.0 * np.abs(values))
+            ) * (1.0 + 1e-6)
+            return np.where(np.isfinite(values), values + slack, values)
 
     @cached_property
     def chernoff_log_mgf(self) -> np.ndarray:
@@ -736,6 +757,17 @@ def _live_reach(leaves: Sequence[LeafSpectrum], counts: Sequence[int], reach: in
     return _last_above(live, reach)
 
 
+def _argument_rounding(epsilon: float, losses: np.ndarray | float) -> np.ndarray | float:
+    """How far to move the argument ``eps - l_k`` of a hockey-stick weight (towards the safe
+    side), with the grid loss ``l_k = (start + k) h`` itself a rounded product: the product
+    and the difference err by at most ``u (2 |l_k| + |eps|)`` together, and the move's own
+    rounding by ``u |eps - l_k - m|``, so a move of ``m = 4 u (|l_k| + |eps|)`` leaves the
+    computed argument on the safe side of the exact one. Absolute: where eps is just below a
+    grid loss the weight is about ``l_k - eps``, and no relative margin on the sum covers an
+    error of ``u |l_k|`` in it."""
+    return 4.0 * _UNIT * (np.abs(losses) + abs(epsilon))
+
+
 @dataclass(frozen=True)
 class ComposedPLD:
     """A composition on the window ``[start, start + size) * grid_step`` with certified slack.
@@ -774,6 +806,9 @@ class ComposedPLD:
     mass_noise: float = 0.0
     mass_error: float = 0.0
     staged_roundoff: float = 0.0
+    #: a bound on the evaluation error of ``infinity_mass`` (added on the pessimistic side,
+    #: subtracted on the optimistic one)
+    infinity_error: float = 0.0
 
     def __post_init__(self) -> None:
         if (self.dense is None) == (self.spectral is None):
@@ -820,19 +855,26 @@ class ComposedPLD:
                 # relative part is applied where the sum is formed (``_slack``).
                 evaluation += 4.0 * self._summation * self._negative_mass
         else:
-            evaluation = self.spectral.error
+            # the band's closed forms, and the addition of this constant to them
+            evaluation = self.spectral.error + 4.0 * _UNIT * (
+                self.infinity_mass + self.above + self.noise + self.spectral.error
+            )
         roundoff = self.noise + evaluation
         if pessimistic:
-            return self.infinity_mass + self.above + roundoff, self.below
-        return self.infinity_mass - self.above - self.below - self.excess - roundoff, 0.0
+            return self.infinity_mass + self.infinity_error + self.above + roundoff, self.below
+        return (self.infinity_mass - self.infinity_error - self.above - self.below - self.excess
+                - roundoff), 0.0
 
     @property
     def _summation(self) -> float:
         """Relative rounding of a hockey-stick sum over the formed masses: the suffix sums (a
         running sum, and W by ``W_j = e^{-h} m_{j+1} + e^{-h} W_{j+1}``, three roundings per
-        step) or a dot product with weights computed by expm1 (within a few ulp): at most
-        gamma_{3 n + 8} of the sum of the moduli of their terms (Higham 2002, Section 4.2)."""
-        return _gamma(3 * self.size + 8)
+        step, and the rounding of ``e^{-h}`` itself, raised to the distance between the terms:
+        one more per step, so that ``exp`` need not be correctly rounded) or a dot product with
+        weights computed by expm1 (within a few ulp; their arguments' rounding is moved apart,
+        :func:`_argument_rounding`): at most gamma_{4 n + 8} of the sum of the moduli of their
+        terms (Higham 2002, Section 4.2)."""
+        return _gamma(4 * self.size + 8)
 
     @cached_property
     def _mass_l1(self) -> float:
@@ -863,8 +905,13 @@ class ComposedPLD:
         above = losses > epsilon
         # np.sum of the products, not np.dot: BLAS sums in an order that depends on its thread
         # count, and the answer must be a function of the multiset alone (NumPy's pairwise sum
-        # is the same whatever the threads)
-        value = float(np.sum(mass[above] * -np.expm1(epsilon - losses[above])))
+        # is the same whatever the threads). Each weight's argument eps - l_k is moved by its
+        # rounding (:func:`_argument_rounding`), which no relative margin covers where eps is
+        # just below a grid loss.
+        arguments = epsilon - losses[above]
+        arguments -= np.copysign(_argument_rounding(epsilon, losses[above]),
+                                 self._slack(pessimistic))
+        value = float(np.sum(mass[above] * -np.expm1(arguments)))
         value *= 1.0 + self._slack(pessimistic)
         value += constant
         first = self.start * self.grid_step
@@ -889,7 +936,9 @@ class ComposedPLD:
         if index >= self.size - 1:
             return min(max(constant, 0.0), 1.0)
         mass_above, weighted_above = self.spectral.suffix_sums(index)
-        discount = math.exp(epsilon - (self.start + index) * h)
+        loss = (self.start + index) * h
+        shift = float(_argument_rounding(epsilon, loss))
+        discount = math.exp(epsilon - loss + (-shift if pessimistic else shift))
         value = mass_above - discount * weighted_above + constant
         return min(max(value, 0.0), 1.0)
 
@@ -949,7 +998,12 @@ class ComposedPLD:
             mass, constant, low_mass = self._curve_terms(pessimistic)
             anchor = first
             a_sum = float(mass.sum())
-            shifted = np.exp(-(self.losses - first))  # e^{-(l_k - a)} <= 1, no division
+            # e^{-(l_k - a)} <= 1, no division; its argument moved by its rounding
+            differences = self.losses - first
+            differences += np.copysign(
+                _argument_rounding(first, self.losses), self._slack(pessimistic)
+            )
+            shifted = np.exp(-differences)
             b_sum = float(np.sum(mass * shifted))  # (not np.dot: see delta)
             slack = self._slack(pessimistic)
             a_sum, b_sum = a_sum * (1.0 + slack), b_sum * (1.0 - slack)
@@ -966,7 +1020,11 @@ class ComposedPLD:
         if a_sum <= delta or b_sum <= 0:
             value = anchor
         else:
-            value = anchor + float(np.log((a_sum - delta) / b_sum))
+            shift = float(np.log((a_sum - delta) / b_sum))
+            # the rounding of the anchor (a grid loss), of the quotient, the logarithm and the
+            # sum: within 4 ulp of |anchor| + |shift|
+            rounding = 4.0 * 2.0**-52 * (abs(anchor) + abs(shift))
+            value = anchor + shift + (rounding if pessimistic else -rounding)
         return max(value, 0.0)
 
     def delta_curve(self, *, pessimistic: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -1004,12 +1062,31 @@ def chernoff_window(log_mgf_total: np.ndarray, log_tail: float) -> tuple[float, 
     return float(lower), float(upper)
 
 
-def chernoff_tails(log_mgf_total: np.ndarray, a: float, b: float) -> tuple[float, float]:
-    """(bound on P(S < a), bound on P(S > b))."""
+def chernoff_tails(
+    log_mgf_total: np.ndarray,
+    a: float,
+    b: float,
+    magnitude: np.ndarray | None = None,
+    terms: int = 1,
+) -> tuple[float, float]:
+    """(bound on P(S < a), bound on P(S > b)): ``exp(M(t) - t b)`` minimised over the exponents
+    (and the mirror below), each exponent raised by its evaluation error. ``magnitude[i]``
+    bounds the sum of the moduli of the ``terms`` terms summed into ``log_mgf_total[i]`` (each
+    a step count times an upper bound on a log-MGF, :meth:`DiscretePLD.log_mgf`; by default the
+    total's own modulus): their products and sum, ``t b`` and the difference err by at most
+    ``gamma_{terms + 3} (magnitude + |t b|)``, and exp by 1 ulp more, covered by ``1 + 4 u``."""
     values = log_mgf_total.tolist() if isinstance(log_mgf_total, np.ndarray) else log_mgf_total
+    sizes = (np.abs(log_mgf_total) if magnitude is None else magnitude).tolist()
     k = len(_EXPONENTS)
-    above = np.exp(min(m - t * b for m, t in zip(values[:k], _EXPONENTS)))
-    below = np.exp(min(m + t * a for m, t in zip(values[k:], _EXPONENTS)))
+    share = _gamma(terms + 3)
+    above = math.exp(min(
+        m - t * b + share * (size + abs(t * b))
+        for m, t, size in zip(values[:k], _EXPONENTS, sizes[:k])
+    )) * (1.0 + 4.0 * _UNIT)
+    below = math.exp(min(
+        m + t * a + share * (size + abs(t * a))
+        for m, t, size in zip(values[k:], _EXPONENTS, sizes[k:])
+    )) * (1.0 + 4.0 * _UNIT)
     return float(min(below, 1.0)), float(min(above, 1.0))
 
 
@@ -1379,6 +1456,10 @@ class _Window:
     log_mgf_total: np.ndarray
     log_finite: float  # log of the composed finite mass
     grid_step: float
+    #: the sum of the moduli of the terms of log_mgf_total (for its evaluation error)
+    log_mgf_magnitude: np.ndarray | None = None
+    #: the number of PLDs whose terms are summed (into log_mgf_total and log_finite)
+    terms: int = 1
 
     @classmethod
     def of(
@@ -1393,10 +1474,13 @@ class _Window:
         longer circle holds the same window with less folded onto it)."""
         grid_step = plds[0].grid_step
         log_mgf_total = np.zeros(2 * _CHERNOFF_T.size)
+        log_mgf_magnitude = np.zeros(2 * _CHERNOFF_T.size)
         support_low = support_high = 0
         log_finite = 0.0
         for pld, count in zip(plds, counts):
-            log_mgf_total += count * pld.chernoff_log_mgf
+            term = count * pld.chernoff_log_mgf
+            log_mgf_total += term
+            log_mgf_magnitude += np.abs(term)
             support_low += count * pld.offset
             support_high += count * (pld.offset + pld.mass.size - 1)
             log_finite += count * math.log1p(-pld.infinity_mass)
@@ -1408,7 +1492,8 @@ class _Window:
         size = _circle_size(max(stop - start + 1, 2))
         if span_counts is not None:
             size = max(size, cls.of(plds, span_counts, log_tail).size)
-        return cls(start, size, support_low, support_low, support_high, log_mgf_total, log_finite, grid_step)
+        return cls(start, size, support_low, support_low, support_high, log_mgf_total, log_finite,
+                   grid_step, log_mgf_magnitude, len(plds))
 
     def result(self, circular: np.ndarray, bounds: _Bounds) -> ComposedPLD:
         """The :class:`ComposedPLD` of the circular composition ``circular`` (index 0 = loss
@@ -1434,15 +1519,23 @@ class _Window:
     def _composed(self, bounds: _Bounds, **masses: Any) -> ComposedPLD:
         window_low = self.start * self.grid_step
         window_high = (self.start + self.size - 1) * self.grid_step
-        below, above = chernoff_tails(self.log_mgf_total, window_low, window_high)
+        below, above = chernoff_tails(
+            self.log_mgf_total, window_low, window_high, self.log_mgf_magnitude, self.terms
+        )
         if self.start <= self.support_low:
             below = 0.0
         if self.start + self.size - 1 >= self.support_high:
             above = 0.0
+        infinity_mass = float(-np.expm1(self.log_finite))
+        # log_finite = sum_i c_i log1p(-p_i): each term within 3 u, the sum gamma_{terms}, of
+        # terms of one sign, so within (3 u + gamma_terms) |log_finite|; 1 - e^x moves by at
+        # most e^x times that, and |x| e^x <= 1 - e^x for x <= 0; expm1 adds 2 u.
+        infinity_error = (5.0 * _UNIT + _gamma(self.terms)) * infinity_mass * (1.0 + 1e-6)
         return ComposedPLD(
             start=self.start,
             **masses,
-            infinity_mass=float(-np.expm1(self.log_finite)),
+            infinity_mass=infinity_mass,
+            infinity_error=infinity_error,
             above=above,
             below=below,
             grid_step=self.grid_step,
@@ -1665,7 +1758,10 @@ def _as_pld(part: ComposedPLD, pessimistic: bool) -> tuple[DiscretePLD, float, f
         # (m - clip)_+ lies in the window: moved to its top point (moving mass to a larger loss
         # only raises every delta). The addition's own rounding is covered by the margin.
         mass[-1] += roundoff * _MARGIN * (1.0 + 4.0 * _UNIT)
-        infinity = min(part.infinity_mass + part.above, 1.0)
+        # (+inf mass rounded up: its evaluation error, then the sum's rounding)
+        infinity = min(
+            (part.infinity_mass + part.infinity_error + part.above) * (1.0 + 4.0 * _UNIT), 1.0
+        )
         return DiscretePLD(part.start, mass, infinity, part.grid_step), 0.0, clipped
     # (clip - m)_+ (mass <= R) is bounded by the top R of clip's mass: for every non-decreasing
     # g >= 0 (a hockey-stick weight, or one composed with any non-negative measure), sum m g >=
@@ -1673,7 +1769,9 @@ def _as_pld(part: ComposedPLD, pessimistic: bool) -> tuple[DiscretePLD, float, f
     # being the sub-measure of clip of mass R that maximises sum . g. So the top R of the mass
     # is removed (sent to loss -inf), which keeps every delta of every composition below.
     _remove_top(mass, roundoff * _MARGIN * (1.0 + 1e-12))
-    pld = DiscretePLD(part.start, mass, part.infinity_mass, part.grid_step)
+    # (+inf mass rounded down: its evaluation error, then the difference's rounding)
+    infinity = max(part.infinity_mass - part.infinity_error, 0.0) * (1.0 - 2.0 * _UNIT)
+    pld = DiscretePLD(part.start, mass, infinity, part.grid_step)
     return pld, part.above + part.below, clipped
 
 
