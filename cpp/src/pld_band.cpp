@@ -12,7 +12,7 @@ namespace {
 constexpr double kPi = 3.14159265358979323846;
 
 // Pairwise summation (blocks of 16 summed in order): the error bound of BandSpectrum.error in
-// _pld_band.py, (log2 J + 24) u sum |t|, assumes at most log2(J / 16) + 16 levels of rounding.
+// _pld_band.py, (log2 J + 72) u S e^h, counts at most log2(J / 16) + 16 levels of rounding here.
 double pairwise_sum(const double* values, std::size_t count) {
   if (count <= 16) {
     double total = 0.0;
