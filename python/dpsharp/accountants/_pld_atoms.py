@@ -30,7 +30,9 @@ values l_i and masses m_i (:func:`atoms`; derivations in :mod:`dpsharp.events`).
   non-negative term only leaves the sum).
 
 The masses are computed in double precision from closed forms (round-off about 1e-16
-relative, like the cell masses of the Gaussian discretisation in the compiled core).
+relative, like the cell masses of the Gaussian discretisation in the compiled core). The
+losses placed on the grid are, for each side, the doubles on that side of the exact closed
+forms (:func:`atom_loss_brackets`), so a rounded loss never moves an atom the wrong way.
 """
 
 from __future__ import annotations
@@ -201,10 +203,18 @@ def discretise_atoms(
     mechanism: int, parameter: float, rate: float, grid_step: float, pessimistic: bool
 ) -> tuple[int, npt.NDArray[np.float64], float]:
     """(offset, masses, infinity mass) of the leaf on the grid {k grid_step}: mass[i] at loss
-    (offset + i) grid_step (module docstring: pessimistic split or optimistic round-down)."""
-    losses, masses = atoms(mechanism, parameter, rate)
-    if not pessimistic:
-        losses, masses = pulled_to_grid(losses, masses, grid_step, nearest=False)
+    (offset + i) grid_step (module docstring: pessimistic split or optimistic round-down). Each
+    atom's loss is the double on its side of the exact closed form (:func:`atom_loss_brackets`:
+    at or above it for the pessimistic side, at or below for the optimistic one), not the
+    rounded double of :func:`atoms`: a loss rounded down by an ulp left, after T releases, the
+    top of the support T ulps low, and the certified delta there 0 where the exact one is
+    not."""
+    _, masses = atoms(mechanism, parameter, rate)
+    below, above = atom_loss_brackets(mechanism, parameter, rate)
+    if pessimistic:
+        losses = above
+    else:
+        losses, masses = pulled_to_grid(below, masses, grid_step, nearest=False)
     offset, out = place_atoms(losses, masses, grid_step, pessimistic)
     return offset, out, 0.0
 

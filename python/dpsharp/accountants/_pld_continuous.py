@@ -327,8 +327,12 @@ def _cell_atoms(
     cuts = _cells(pair, grid_step, tail, 0.0 if pessimistic else 0.5)
     values, margin = pair.loss(cuts)
     if pair.gaussian:
-        ends = np.concatenate(([pair.limit(False)], values, [pair.limit(True)]))
-        slack = np.concatenate(([0.0], margin, [0.0]))
+        limits = [pair.limit(False), pair.limit(True)]
+        ends = np.concatenate((limits[:1], values, limits[1:]))
+        # a finite limit is log(wp / wq) of correctly rounded sums: the quotient and the log
+        # within 3 ulp of it
+        limit_slack = [4.0 * _ULP * (abs(x) + 1.0) if math.isfinite(x) else 0.0 for x in limits]
+        slack = np.concatenate((limit_slack[:1], margin, limit_slack[1:]))
     else:  # Laplace: L is constant beyond the extreme means, which are the end cuts
         ends = np.concatenate((values[:1], values, values[-1:]))
         slack = np.concatenate((margin[:1], margin, margin[-1:]))

@@ -424,6 +424,8 @@ def _mixture_of_gaussians(event: Any, relation: Neighbouring) -> Event:
             "MixtureOfGaussiansDpEvent needs sensitivities >= 0 and sampling_probs in [0, 1] "
             f"summing to 1, got {event.sensitivities!r} and {event.sampling_probs!r}"
         )
+    total = math.fsum(probs)
+    probs = [p / total for p in probs]  # (a distribution: normalised, as GaussianMixture does)
     support = {c for c, p in zip(sensitivities, probs) if c > 0 and p > 0}
     if not support:
         return Composed(())
