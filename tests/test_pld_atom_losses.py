@@ -74,3 +74,26 @@ def test_mixture_probabilities_within_the_tolerance_are_normalised() -> None:
         assert PLDAccountant().compose(given).delta(epsilon) == pytest.approx(
             PLDAccountant().compose(normalised).delta(epsilon), rel=1e-13
         )
+
+
+@pytest.mark.parametrize("a", [8.0, 9.0])
+def test_top_of_the_support_carries_the_masses_rounding(a: float) -> None:
+    """1,000 releases of the discrete Laplace mechanism (a dyadic, so every atom sits on the
+    grid): the only composed loss within a grid step of the top L = 10 a T has mass m^T,
+    m = 1 / (1 + e^{-a}), so delta(eps) = m^T (1 - e^{eps - L}) there. The double m errs by
+    about 1e-16 relative (below the exact m for a = 9, above it for a = 8), which the count
+    turns into 1e-13: before the atoms' masses carried their rounding, the certified delta
+    read 8e-14 relative below the exact one (a = 9) and the lower bound 1e-13 above it
+    (a = 8), at deltas near 3e-3."""
+    steps = 1000
+    accountant = PLDAccountant().compose(DiscreteLaplace(a, 10), steps)
+    top = 10.0 * a * steps
+    step = accountant._grid_step()
+    with mpmath.workdps(60):
+        mass = (1 / (1 + mpmath.exp(-mpmath.mpf(a)))) ** steps
+        for epsilon in (top - step / 2, top - step / 8, math.nextafter(top, 0.0)):
+            exact = mass * (1 - mpmath.exp(mpmath.mpf(epsilon) - mpmath.mpf(top)))
+            lower, upper = accountant.delta_bounds(epsilon)
+            assert accountant.delta(epsilon) >= exact
+            assert upper >= exact
+            assert lower <= exact

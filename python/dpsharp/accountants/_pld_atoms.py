@@ -77,6 +77,7 @@ _MAX_POINTS = 1 << 22
 #: Furthest atom a pool may merge a part of (:func:`pulled_to_grid`).
 _MAX_PULL = 64
 _ULP = 2.0**-52
+_UNIT = 2.0**-53
 
 
 def atoms(
@@ -211,12 +212,32 @@ def discretise_atoms(
     not."""
     _, masses = atoms(mechanism, parameter, rate)
     below, above = atom_loss_brackets(mechanism, parameter, rate)
+    rounding = _mass_rounding(mechanism, parameter, rate)
     if pessimistic:
-        losses = above
+        offset, out = place_atoms(above, masses, grid_step, True, mass_rounding=rounding)
     else:
-        losses, masses = pulled_to_grid(below, masses, grid_step, nearest=False)
-    offset, out = place_atoms(losses, masses, grid_step, pessimistic)
+        # each pool a sum of atoms' masses: within their rounding and gamma of the sum; taken
+        # below it
+        losses, pooled = pulled_to_grid(below, masses, grid_step, nearest=False)
+        shrink = 1.0 - (rounding + _gamma(masses.size + 1)) * (1.0 + 1e-6)
+        offset, out = place_atoms(losses, pooled * shrink, grid_step, False)
     return offset, out, 0.0
+
+
+def _mass_rounding(mechanism: int, parameter: float, rate: float) -> float:
+    """A bound on the relative rounding of every atom mass of :func:`atoms` (closed forms of a
+    few correctly rounded operations, exp and expm1 within 1 ulp): randomized response's
+    (1 - p) + p / k, p / k, (k - 2) p / k, 1 / k and (k - 1) / k within 3 u; the discrete
+    Laplace mechanism's 1 / (1 + r), (1 - r) r^x / (1 + r) and r^s / (1 + r), r = e^{-a}, with
+    the exponentials of the rounded a x, within (8 + a s) u (the product a x errs by up to
+    u a x, which the exponential turns into a relative error). Doubled for room."""
+    if mechanism == DISCRETE_LAPLACE:
+        return 2.0 * (8.0 + float(parameter) * float(rate)) * _UNIT
+    return 8.0 * _UNIT
+
+
+def _gamma(count: int) -> float:
+    return count * _UNIT / (1.0 - count * _UNIT)
 
 
 def place_atoms(
@@ -224,13 +245,22 @@ def place_atoms(
     masses: npt.NDArray[np.float64],
     grid_step: float,
     pessimistic: bool,
+    *,
+    mass_rounding: float = 0.0,
 ) -> tuple[int, npt.NDArray[np.float64]]:
     """(offset, masses) of the finite atoms (``losses``, ``masses``) on the grid
     {k grid_step}: mass[i] at loss (offset + i) grid_step. Pessimistic: each atom split
     between its two neighbouring grid points with its mass and E[e^{-L}] kept (a
     mean-preserving spread of e^{-L}); optimistic: each atom moved down to the grid point
     below it (module docstring). Also used by :mod:`._pld_continuous` for the atoms it makes
-    of a continuous privacy loss."""
+    of a continuous privacy loss.
+
+    With ``mass_rounding`` (a bound on the relative rounding of every given mass), each part
+    of a pessimistic split is raised past its rounding: the given mass's, the share's (two
+    expm1 within 1 ulp and a quotient: 5 u of the share; 1 - share one more u of 1) and the
+    product's, at most (``mass_rounding`` + 8 u) of the atom's mass, so every point's mass is
+    at least the exact split's (more mass only raises every delta). A part that is exactly 0
+    (an atom on a grid point, whose exact upper share is 0 too) stays 0."""
     losses = np.asarray(losses, dtype=np.float64)
     masses = np.asarray(masses, dtype=np.float64)
     h = float(grid_step)
@@ -241,7 +271,12 @@ def place_atoms(
         upper_share = np.where(frac_loss > 0.0, np.expm1(-frac_loss) / math.expm1(-h), 0.0)
         upper_share = np.clip(upper_share, 0.0, 1.0)
         index = np.concatenate((low, low + 1.0))
-        weight = np.concatenate((masses * (1.0 - upper_share), masses * upper_share))
+        lower_part, upper_part = masses * (1.0 - upper_share), masses * upper_share
+        if mass_rounding:
+            raise_by = masses * ((mass_rounding + 8.0 * _UNIT) * (1.0 + 1e-6))
+            lower_part = np.where(lower_part > 0.0, lower_part + raise_by, lower_part)
+            upper_part = np.where(upper_part > 0.0, upper_part + raise_by, upper_part)
+        weight = np.concatenate((lower_part, upper_part))
         used = weight > 0.0  # an atom on a grid point has no upper part
         index, weight = index[used], weight[used]
     else:
