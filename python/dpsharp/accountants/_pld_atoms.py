@@ -229,10 +229,11 @@ def _mass_rounding(mechanism: int, parameter: float, rate: float) -> float:
     few correctly rounded operations, exp and expm1 within 1 ulp): randomized response's
     (1 - p) + p / k, p / k, (k - 2) p / k, 1 / k and (k - 1) / k within 3 u; the discrete
     Laplace mechanism's 1 / (1 + r), (1 - r) r^x / (1 + r) and r^s / (1 + r), r = e^{-a}, with
-    the exponentials of the rounded a x, within (8 + a s) u (the product a x errs by up to
-    u a x, which the exponential turns into a relative error). Doubled for room."""
+    the exponentials of the rounded a x, within (8 + min(a s, 746)) u (the product a x errs by
+    up to u a x, which the exponential turns into a relative error; past a x = 746 the mass is
+    0 and the atom is left out). Doubled for room."""
     if mechanism == DISCRETE_LAPLACE:
-        return 2.0 * (8.0 + float(parameter) * float(rate)) * _UNIT
+        return 2.0 * (8.0 + min(float(parameter) * float(rate), 746.0)) * _UNIT
     return 8.0 * _UNIT
 
 
