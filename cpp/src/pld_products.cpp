@@ -59,8 +59,8 @@ std::complex<double> integer_power(std::complex<double> base, std::int64_t count
 // rounding (up to an ulp of the modulus) can be a large part of a small error: with r = error /
 // modulus, log(modulus) + log1p(r) for r < 1, by the series r - r^2 / 2 + r^3 / 3 where
 // r <= 2^-20 (the next term, r^4 / 4, is below 2^-62 r), and log(modulus + error) directly for
-// r >= 1, where the sum's rounding is at most 1.5 u of log1p(r). Within
-// 8 u of c (|log(modulus + error)| + |log(modulus)|) (see _LogModuli.slacks in _pld_numerics.py).
+// r >= 1, where the sum's rounding is at most 1.5 u of log1p(r). Within 8 u of
+// |log(modulus + error)| + |log(modulus)| (see _LogModuli.slacks in _pld_numerics.py).
 inline double log_raised(double modulus, double log_modulus, double error) noexcept {
   const double ratio = error / modulus;
   if (ratio <= 0x1p-20) return log_modulus + ratio * (1.0 - ratio * (0.5 - ratio / 3.0));
