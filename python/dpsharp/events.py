@@ -767,13 +767,13 @@ class GaussianMixture(Event):
     """The mixture-of-Gaussians mechanism: a release whose laws on neighbouring datasets are
     (up to post-processing) P = sum_i p_i N(c_i, s^2) on the dataset holding the record and
     Q = N(0, s^2) on the one without it, with s = ``noise_multiplier``, c_i = ``sensitivities``
-    (>= 0) and p_i = ``probabilities`` (summing to 1; a sum within 1e-9 of 1 is normalised), all
-    relative to the sensitivity of the
-    released query under the relation of the analysis (Choquette-Choo, Ganesh, Steinke,
-    Thakurta 2023, "Privacy Amplification for Matrix Mechanisms": a record that contributes
-    c_i times, with probability p_i independent of the data). Both orders (remove: P against Q;
-    add: Q against P) are accounted. With one non-zero c it is the Poisson-sampled Gaussian of
-    multiplier s / c and rate the total probability of c.
+    (>= 0) and p_i = ``probabilities`` (summing to 1; a sum within 1e-9 of 1 is normalised),
+    all relative to the sensitivity of the released query under the relation of the analysis
+    (Choquette-Choo, Ganesh, Steinke, Thakurta 2023, "Privacy Amplification for Matrix
+    Mechanisms": a record that contributes c_i times, with probability p_i independent of the
+    data). Both orders (remove: P against Q; add: Q against P) are accounted. With one
+    non-zero c it is the Poisson-sampled Gaussian of multiplier s / c and rate the total
+    probability of c.
 
     The privacy loss of the remove pair, log sum_i p_i e^{(c_i x - c_i^2 / 2) / s^2}, is
     non-decreasing in x (c_i >= 0), so the tight accountant discretises it with a certified
