@@ -23,6 +23,12 @@ UNIT_ROUNDOFF = 2.0**-53
 _LARGEST_DOUBLE = Fraction(sys.float_info.max)
 
 
+def gamma(count: float) -> float:
+    """gamma_k = k u / (1 - k u), the relative error bound of k successive roundings
+    (Higham 2002, Lemma 3.1)."""
+    return count * UNIT_ROUNDOFF / (1.0 - count * UNIT_ROUNDOFF)
+
+
 def raised(value: float, magnitude: float) -> float:
     """``value`` raised past the rounding of its evaluation: by 8 units of roundoff of
     ``magnitude`` (the sum of the absolute values of the terms it was formed from, each within

@@ -46,6 +46,8 @@ import numpy as np
 import numpy.typing as npt
 from scipy.special import logsumexp
 
+from dpsharp._rounding import UNIT_ROUNDOFF as _UNIT
+from dpsharp._rounding import gamma
 from dpsharp.events import DiscreteLaplace, Event, Neighbouring, RandomizedResponse
 
 __all__ = [
@@ -77,7 +79,6 @@ _MAX_POINTS = 1 << 22
 #: Furthest atom a pool may merge a part of (:func:`pulled_to_grid`).
 _MAX_PULL = 64
 _ULP = 2.0**-52
-_UNIT = 2.0**-53
 
 
 def atoms(
@@ -219,7 +220,7 @@ def discretise_atoms(
         # each pool a sum of atoms' masses: within their rounding and gamma of the sum; taken
         # below it
         losses, pooled = pulled_to_grid(below, masses, grid_step, nearest=False)
-        shrink = 1.0 - (rounding + _gamma(masses.size + 1)) * (1.0 + 1e-6)
+        shrink = 1.0 - (rounding + gamma(masses.size + 1)) * (1.0 + 1e-6)
         offset, out = place_atoms(losses, pooled * shrink, grid_step, False)
     return offset, out, 0.0
 
@@ -236,9 +237,6 @@ def _mass_rounding(mechanism: int, parameter: float, rate: float) -> float:
         return 2.0 * (8.0 + min(float(parameter) * float(rate), 746.0)) * _UNIT
     return 8.0 * _UNIT
 
-
-def _gamma(count: int) -> float:
-    return count * _UNIT / (1.0 - count * _UNIT)
 
 
 def place_atoms(

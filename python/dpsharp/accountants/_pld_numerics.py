@@ -149,6 +149,8 @@ import numpy as np
 import scipy.signal
 
 from dpsharp._native import core as _core
+from dpsharp._rounding import UNIT_ROUNDOFF as _UNIT
+from dpsharp._rounding import gamma as _gamma
 from dpsharp.accountants._pld_band import (
     BAND_FRACTION,
     BandSpectrum,
@@ -171,14 +173,6 @@ __all__ = [
 #: Exponents t of the Chernoff bounds (both signs are used).
 _CHERNOFF_T = np.array([0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0])
 _EXPONENTS = tuple(_CHERNOFF_T.tolist())
-
-
-_UNIT = 2.0**-53
-
-
-def _gamma(k: float) -> float:
-    """gamma_k = k u / (1 - k u) (Higham 2002, Lemma 3.1)."""
-    return k * _UNIT / (1.0 - k * _UNIT)
 
 
 #: Relative error of a complex product (Higham 2002, Lemma 3.5; no FMA contraction).
